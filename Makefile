@@ -1,0 +1,40 @@
+# Ballast: the two commands a newcomer needs are `make demo` and `make test`.
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test test-fast lint protos bench clean
+
+$(PY):
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (set PYTHON=...)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+# torch is pinned to 2.13.0 (CPU build on this machine); reinstall when pyproject changes.
+$(STAMP): $(PY) pyproject.toml
+	$(PY) -m pip install --quiet "torch==2.13.0"
+	$(PY) -m pip install --quiet -e ".[dev]"
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(VENV)/bin/ballast demo
+
+test: install
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+# Regenerate the committed gRPC/protobuf stubs (tests fail when they are stale).
+protos: install
+	$(PY) -m grpc_tools.protoc -I protos --python_out=. --pyi_out=. --grpc_python_out=. protos/ballast/v1/*.proto
+
+bench: install
+	@ls benchmarks/*.py >/dev/null 2>&1 && for b in benchmarks/*.py; do $(PY) $$b || exit 1; done || echo "no benchmarks yet"
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -1,0 +1,196 @@
+"""`ballast up` / `down` / `status`: the embedded control plane as child processes of one data dir.
+
+State (pids and addresses) lives in <data-dir>/run/state.json so any later command finds them.
+Children run in their own sessions, so `up` can return and `down` can signal each process group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ballast.config import Settings
+from ballast.health import check
+
+SERVICES = ("store", "profiler", "planner")
+
+
+@dataclass
+class Child:
+    name: str
+    pid: int
+    address: str = ""
+    log: str = ""
+
+
+@dataclass
+class State:
+    children: list[Child] = field(default_factory=list)
+
+    @staticmethod
+    def path(settings: Settings) -> Path:
+        return settings.data_dir / "run" / "state.json"
+
+    @classmethod
+    def load(cls, settings: Settings) -> State | None:
+        path = cls.path(settings)
+        if not path.exists():
+            return None
+        return cls([Child(**c) for c in json.loads(path.read_text())["children"]])
+
+    def save(self, settings: Settings) -> None:
+        path = self.path(settings)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"children": [asdict(c) for c in self.children]}, indent=2))
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of ours counts as gone.
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        return done == 0
+    except ChildProcessError:
+        return True
+
+
+def ensure_token(settings: Settings) -> str:
+    """The embedded admin token, created once (0600) in the data directory."""
+    from services.runtime.auth import new_token
+
+    if settings.token:
+        return settings.token
+    path = settings.token_file
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(new_token() + "\n")
+    return path.read_text().strip()
+
+
+def spawn(settings: Settings, name: str, args: list[str]) -> Child:
+    logs = settings.data_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    log_path = logs / f"{name}.log"
+    env = {**os.environ, "BALLAST_DATA_DIR": str(settings.data_dir), "PYTHONUNBUFFERED": "1"}
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "ballast", *args], stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return Child(name=name, pid=proc.pid, log=str(log_path))
+
+
+def start_all(settings: Settings, executors: int) -> State:
+    state = State()
+    for name in SERVICES:
+        child = spawn(settings, name, ["serve", name])
+        child.address = settings.address(name)
+        state.children.append(child)
+    state.children.append(spawn(settings, "worker", ["worker"]))
+    for i in range(executors):
+        child = spawn(settings, f"executor-{i}", ["serve", "executor", "--index", str(i)])
+        child.address = f"{settings.host}:{settings.executor_port + i}"
+        state.children.append(child)
+    state.save(settings)
+    return state
+
+
+def worker_names(settings: Settings) -> list[str]:
+    """Workers whose heartbeat reached the store recently."""
+    from ballast.client import Client
+    from ballast.v1 import store_pb2
+
+    with Client(store=settings.address("store"), token=settings.resolved_token()) as client:
+        reply = client.store.ListWorkers(store_pb2.ListWorkersRequest(seen_within_s=max(15.0,
+                                         3 * settings.worker_heartbeat_s)), timeout=3)
+    return [w.name for w in reply.workers]
+
+
+def statuses(settings: Settings, state: State) -> list[tuple[str, str, str]]:
+    """(name, address, status) for every child; status is SERVING when healthy."""
+    rows = []
+    workers: list[str] | None = None
+    for child in state.children:
+        if not alive(child.pid):
+            rows.append((child.name, child.address, "EXITED"))
+        elif child.name == "worker":
+            if workers is None:
+                try:
+                    workers = worker_names(settings)
+                except Exception as exc:  # noqa: BLE001 - the store may be down
+                    workers = []
+                    rows.append((child.name, "", f"UNKNOWN: store unreachable ({type(exc).__name__})"))
+                    continue
+            mine = [w for w in workers if w.endswith(f"-{child.pid}")]
+            rows.append((child.name, mine[0] if mine else "", "SERVING" if mine else "NO HEARTBEAT"))
+        else:
+            rows.append((child.name, child.address, check(child.address)))
+    return rows
+
+
+def wait_serving(settings: Settings, state: State, timeout_s: float) -> list[tuple[str, str, str]]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        rows = statuses(settings, state)
+        if all(r[2] == "SERVING" for r in rows):
+            return rows
+        if any(r[2] == "EXITED" for r in rows) or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.3)
+
+
+def stop_all(settings: Settings, state: State, timeout_s: float = 15.0) -> list[str]:
+    """SIGTERM every child's process group, SIGKILL what is left after `timeout_s`. Returns killed names."""
+    for child in reversed(state.children):
+        try:
+            os.killpg(child.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(alive(c.pid) for c in state.children):
+        time.sleep(0.1)
+    killed = []
+    for child in state.children:
+        if alive(child.pid):
+            killed.append(child.name)
+            try:
+                os.killpg(child.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    State.path(settings).unlink(missing_ok=True)
+    return killed
+
+
+def bring_up(settings: Settings, executors: int, timeout_s: float) -> tuple[bool, list[tuple[str, str, str]], str]:
+    """Migrate, start every component, wait for SERVING. On failure everything started is stopped."""
+    from services.store import schema
+
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    existing = State.load(settings)
+    if existing and any(alive(c.pid) for c in existing.children):
+        return False, [], f"already up in {settings.data_dir}; run `ballast down --data-dir {settings.data_dir}` first"
+    ensure_token(settings)
+    schema.upgrade(settings.database_url)
+    state = start_all(settings, executors)
+    rows = wait_serving(settings, state, timeout_s)
+    bad = [r for r in rows if r[2] != "SERVING"]
+    if not bad:
+        return True, rows, f"control plane up in {settings.data_dir} (admin token in {settings.token_file})"
+    lines = []
+    for name, _, status in bad:
+        child = next(c for c in state.children if c.name == name)
+        tail = Path(child.log).read_text(errors="replace").splitlines()[-15:]
+        lines.append(f"{name} did not report SERVING ({status}); last lines of {child.log}:\n" + "\n".join(tail))
+    stop_all(settings, state)
+    return False, rows, "\n".join(lines)

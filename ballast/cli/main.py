@@ -1,0 +1,241 @@
+"""The `ballast` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import grpc
+from rich.console import Console
+from rich.table import Table
+
+from ballast.config import Settings, load_settings
+
+console = Console()
+err = Console(stderr=True)
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return load_settings(data_dir=getattr(args, "data_dir", None))
+
+
+def _client(settings: Settings):
+    from ballast.client import Client
+
+    return Client(store=settings.address("store"), planner=settings.address("planner"),
+                  profiler=settings.address("profiler"), token=settings.resolved_token())
+
+
+def _rpc_failed(exc: grpc.RpcError) -> int:
+    err.print(f"[red]error[/red] {exc.code().name}: {exc.details()}")
+    return 1
+
+
+def _status_table(rows: list[tuple[str, str, str]]) -> Table:
+    table = Table("component", "address", "status")
+    for name, address, status in rows:
+        colour = "green" if status == "SERVING" else "red"
+        table.add_row(name, address, f"[{colour}]{status}[/{colour}]")
+    return table
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from ballast.cli import control_plane as cp
+
+    settings = _settings(args)
+    ok, rows, message = cp.bring_up(settings, args.executors, args.timeout)
+    if rows:
+        console.print(_status_table(rows))
+    if not ok:
+        err.print(message)
+        return 1
+    console.print(message)
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    from ballast.cli import control_plane as cp
+
+    settings = _settings(args)
+    state = cp.State.load(settings)
+    if state is None:
+        console.print(f"nothing running in {settings.data_dir}")
+        return 0
+    killed = cp.stop_all(settings, state)
+    if killed:
+        err.print(f"force-killed after timeout: {', '.join(killed)}")
+    console.print(f"stopped {len(state.children)} processes")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from ballast.cli import control_plane as cp
+
+    settings = _settings(args)
+    state = cp.State.load(settings)
+    if state is None:
+        err.print(f"nothing running in {settings.data_dir}; start it with `ballast up`")
+        return 1
+    rows = cp.statuses(settings, state)
+    if args.json:
+        print(json.dumps([{"component": n, "address": a, "status": s} for n, a, s in rows]))
+    else:
+        console.print(_status_table(rows))
+    return 0 if all(r[2] == "SERVING" for r in rows) else 1
+
+
+def cmd_db(args: argparse.Namespace) -> int:
+    from services.store import schema
+
+    settings = _settings(args)
+    if args.action == "upgrade":
+        schema.upgrade(settings.database_url, args.revision or "head")
+    elif args.action == "downgrade":
+        schema.downgrade(settings.database_url, args.revision or "base")
+    current = schema.current_revision(settings.database_url)
+    console.print(f"database at revision {current or 'none'} (head {schema.head_revision()})")
+    return 0
+
+
+def cmd_sql(args: argparse.Namespace) -> int:
+    from google.protobuf.json_format import MessageToDict
+
+    from ballast.v1 import store_pb2
+
+    settings = _settings(args)
+    with _client(settings) as client:
+        try:
+            reply = client.store.Query(store_pb2.QueryRequest(sql=args.query, row_limit=args.limit,
+                                                              timeout_s=args.timeout))
+        except grpc.RpcError as exc:
+            return _rpc_failed(exc)
+    rows = [MessageToDict(r) for r in reply.rows]
+    if args.json:
+        print(json.dumps({"columns": list(reply.columns), "rows": rows, "truncated": reply.truncated}))
+        return 0
+    table = Table(*reply.columns)
+    for row in rows:
+        table.add_row(*["NULL" if v is None else str(v) for v in row])
+    console.print(table)
+    if reply.truncated:
+        err.print(f"(truncated at {args.limit or 1000} rows; raise --limit)")
+    return 0
+
+
+def cmd_tenant(args: argparse.Namespace) -> int:
+    from ballast.v1 import store_pb2
+
+    settings = _settings(args)
+    with _client(settings) as client:
+        try:
+            reply = client.store.CreateTenant(store_pb2.CreateTenantRequest(name=args.name, admin=args.admin))
+        except grpc.RpcError as exc:
+            return _rpc_failed(exc)
+    console.print(f"tenant {reply.tenant.name} ({reply.tenant.id}); token (shown once):")
+    print(reply.token)
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from services.runtime.logs import configure_logging
+
+    settings = _settings(args)
+    configure_logging(args.service, settings.log_level)
+    if args.service == "store":
+        from services.store.service import main
+    elif args.service == "profiler":
+        from services.profiler.service import main
+    elif args.service == "planner":
+        from services.planner.service import main
+    else:
+        from services.executor.agent import main as agent_main
+
+        return agent_main(settings, args.index)
+    return main(settings)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from services.planner.celery_app import run_worker
+    from services.runtime.logs import configure_logging
+
+    settings = _settings(args)
+    configure_logging("worker", settings.log_level)
+    return run_worker(settings)
+
+
+def cmd_health(args: argparse.Namespace) -> int:
+    from ballast.health import check
+
+    status = check(args.address, args.service, args.timeout)
+    print(status)
+    return 0 if status == "SERVING" else 1
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from ballast.cli.demo import run_demo
+
+    return run_demo(_settings(args), args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ballast", description="Ballast training control plane")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add(name: str, fn, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help)
+        p.add_argument("--data-dir", type=Path, default=None,
+                       help="data directory (default $BALLAST_DATA_DIR or ~/.ballast)")
+        p.set_defaults(fn=fn)
+        return p
+
+    p = add("up", cmd_up, "start store, profiler, planner, a worker and N executor agents")
+    p.add_argument("--executors", type=int, default=2)
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for SERVING")
+    add("down", cmd_down, "stop everything `ballast up` started")
+    p = add("status", cmd_status, "health of every component (exit 0 only if all SERVING)")
+    p.add_argument("--json", action="store_true")
+    p = add("db", cmd_db, "database schema: upgrade | downgrade | current")
+    p.add_argument("action", choices=["upgrade", "downgrade", "current"])
+    p.add_argument("revision", nargs="?", default=None)
+    p = add("sql", cmd_sql, "run a read-only SQL query (platform admin)")
+    p.add_argument("query")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--limit", type=int, default=0, help="row limit (default 1000)")
+    p.add_argument("--timeout", type=float, default=0, help="statement timeout in seconds (default 10)")
+    p = add("tenant", cmd_tenant, "create a tenant and print its token")
+    p.add_argument("action", choices=["create"])
+    p.add_argument("name")
+    p.add_argument("--admin", action="store_true")
+    p = add("serve", cmd_serve, "run one service in the foreground")
+    p.add_argument("service", choices=["store", "profiler", "planner", "executor"])
+    p.add_argument("--index", type=int, default=0, help="executor agent index (port = executor port + index)")
+    add("worker", cmd_worker, "run a Celery planner worker in the foreground")
+    p = add("health", cmd_health, "gRPC health check (exit 0 iff SERVING)")
+    p.add_argument("address")
+    p.add_argument("--service", default="")
+    p.add_argument("--timeout", type=float, default=2.0)
+    p = add("demo", cmd_demo, "bring the control plane up, store examples/gpt-tiny.yaml, read it back, shut down")
+    p.add_argument("--model", type=Path, default=None)
+    p.add_argument("--executors", type=int, default=1)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # noqa: BLE001 - a CLI prints the reason, not a traceback
+        from services.runtime.errors import BallastError
+
+        if isinstance(exc, BallastError):
+            err.print(f"[red]error[/red] {exc}")
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""One place for configuration: defaults that serve the embedded mode, then a file, then environment.
+
+Precedence (last wins): built-in defaults < TOML file (BALLAST_CONFIG or <data_dir>/ballast.toml) <
+environment variables (BALLAST_*). Every service and the CLI read settings through `load_settings`.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+DEFAULT_PORTS = {"store": 50051, "profiler": 50052, "planner": 50053, "executor": 50060}
+
+
+@dataclass(frozen=True)
+class Settings:
+    data_dir: Path
+    database_url: str
+    broker_url: str
+    host: str = "127.0.0.1"
+    store_port: int = DEFAULT_PORTS["store"]
+    profiler_port: int = DEFAULT_PORTS["profiler"]
+    planner_port: int = DEFAULT_PORTS["planner"]
+    executor_port: int = DEFAULT_PORTS["executor"]
+    store_address: str = ""
+    profiler_address: str = ""
+    planner_address: str = ""
+    token: str = ""
+    queue: str = "planner"
+    lease_seconds: float = 60.0
+    sweep_interval_s: float = 5.0
+    visibility_timeout_s: float = 300.0
+    worker_heartbeat_s: float = 5.0
+    log_level: str = "INFO"
+    allowed_model_factories: tuple[str, ...] = ()
+
+    def address(self, service: str) -> str:
+        """host:port where `service` listens (explicit *_address wins)."""
+        explicit = getattr(self, f"{service}_address", "")
+        return explicit or f"{self.host}:{getattr(self, f'{service}_port')}"
+
+    @property
+    def token_file(self) -> Path:
+        return self.data_dir / "admin.token"
+
+    def resolved_token(self) -> str:
+        """The bearer token for clients: BALLAST_TOKEN, else the embedded admin token file."""
+        if self.token:
+            return self.token
+        if self.token_file.exists():
+            return self.token_file.read_text().strip()
+        return ""
+
+
+def _coerce(name: str, value: object) -> object:
+    kind = {f.name: f.type for f in fields(Settings)}[name]
+    if kind == "Path":
+        return Path(str(value)).expanduser()
+    if kind == "int":
+        return int(value)  # type: ignore[arg-type]
+    if kind == "float":
+        return float(value)  # type: ignore[arg-type]
+    if kind.startswith("tuple"):
+        if isinstance(value, str):
+            return tuple(v.strip() for v in value.split(",") if v.strip())
+        return tuple(value)  # type: ignore[arg-type]
+    return str(value)
+
+
+def load_settings(env: dict[str, str] | None = None, **overrides: object) -> Settings:
+    """Build settings from defaults, the optional TOML file, the environment and explicit overrides."""
+    env = dict(os.environ if env is None else env)
+    data_dir = Path(overrides.get("data_dir") or env.get("BALLAST_DATA_DIR") or "~/.ballast").expanduser()
+    values: dict[str, object] = {}
+    config_file = Path(env["BALLAST_CONFIG"]) if env.get("BALLAST_CONFIG") else data_dir / "ballast.toml"
+    if config_file.exists():
+        with config_file.open("rb") as fh:
+            values.update(tomllib.load(fh))
+    names = {f.name for f in fields(Settings)}
+    unknown = set(values) - names
+    if unknown:
+        raise ValueError(f"{config_file}: unknown setting(s) {sorted(unknown)}; known: {sorted(names)}")
+    for name in names:
+        key = f"BALLAST_{name.upper()}"
+        if key in env and env[key] != "":
+            values[name] = env[key]
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    values["data_dir"] = data_dir if "data_dir" not in values else values["data_dir"]
+    values = {k: _coerce(k, v) for k, v in values.items()}
+    dd = values["data_dir"]
+    values.setdefault("database_url", f"sqlite:///{Path(dd) / 'ballast.db'}")  # type: ignore[arg-type]
+    values.setdefault("broker_url", f"sqla+sqlite:///{Path(dd) / 'broker.db'}")  # type: ignore[arg-type]
+    return Settings(**values)  # type: ignore[arg-type]
+

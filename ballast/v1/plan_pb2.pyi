@@ -1,0 +1,155 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from ballast.v1 import common_pb2 as _common_pb2
+from ballast.v1 import fleet_pb2 as _fleet_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class PlanEngine(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PLAN_ENGINE_UNSPECIFIED: _ClassVar[PlanEngine]
+    PLAN_ENGINE_GALVATRON: _ClassVar[PlanEngine]
+    PLAN_ENGINE_VARUNA: _ClassVar[PlanEngine]
+    PLAN_ENGINE_HARMONY: _ClassVar[PlanEngine]
+    PLAN_ENGINE_PATRICKSTAR: _ClassVar[PlanEngine]
+    PLAN_ENGINE_VPIPE: _ClassVar[PlanEngine]
+    PLAN_ENGINE_MANUAL: _ClassVar[PlanEngine]
+    PLAN_ENGINE_BASELINE: _ClassVar[PlanEngine]
+
+class Schedule(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SCHEDULE_UNSPECIFIED: _ClassVar[Schedule]
+    SCHEDULE_GPIPE: _ClassVar[Schedule]
+    SCHEDULE_1F1B: _ClassVar[Schedule]
+    SCHEDULE_VARUNA: _ClassVar[Schedule]
+    SCHEDULE_HARMONY_WRAP: _ClassVar[Schedule]
+PLAN_ENGINE_UNSPECIFIED: PlanEngine
+PLAN_ENGINE_GALVATRON: PlanEngine
+PLAN_ENGINE_VARUNA: PlanEngine
+PLAN_ENGINE_HARMONY: PlanEngine
+PLAN_ENGINE_PATRICKSTAR: PlanEngine
+PLAN_ENGINE_VPIPE: PlanEngine
+PLAN_ENGINE_MANUAL: PlanEngine
+PLAN_ENGINE_BASELINE: PlanEngine
+SCHEDULE_UNSPECIFIED: Schedule
+SCHEDULE_GPIPE: Schedule
+SCHEDULE_1F1B: Schedule
+SCHEDULE_VARUNA: Schedule
+SCHEDULE_HARMONY_WRAP: Schedule
+
+class LayerStrategy(_message.Message):
+    __slots__ = ("layer_index", "stage_index", "dp", "sdp", "tp", "order", "checkpoint", "swap_activations")
+    LAYER_INDEX_FIELD_NUMBER: _ClassVar[int]
+    STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    DP_FIELD_NUMBER: _ClassVar[int]
+    SDP_FIELD_NUMBER: _ClassVar[int]
+    TP_FIELD_NUMBER: _ClassVar[int]
+    ORDER_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    SWAP_ACTIVATIONS_FIELD_NUMBER: _ClassVar[int]
+    layer_index: int
+    stage_index: int
+    dp: int
+    sdp: int
+    tp: int
+    order: _containers.RepeatedScalarFieldContainer[_common_pb2.ParallelDim]
+    checkpoint: bool
+    swap_activations: bool
+    def __init__(self, layer_index: _Optional[int] = ..., stage_index: _Optional[int] = ..., dp: _Optional[int] = ..., sdp: _Optional[int] = ..., tp: _Optional[int] = ..., order: _Optional[_Iterable[_Union[_common_pb2.ParallelDim, str]]] = ..., checkpoint: _Optional[bool] = ..., swap_activations: _Optional[bool] = ...) -> None: ...
+
+class Stage(_message.Message):
+    __slots__ = ("index", "layer_begin", "layer_end", "devices", "predicted_time_s", "predicted_peak_memory_bytes")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAYER_BEGIN_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_PEAK_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    layer_begin: int
+    layer_end: int
+    devices: int
+    predicted_time_s: float
+    predicted_peak_memory_bytes: int
+    def __init__(self, index: _Optional[int] = ..., layer_begin: _Optional[int] = ..., layer_end: _Optional[int] = ..., devices: _Optional[int] = ..., predicted_time_s: _Optional[float] = ..., predicted_peak_memory_bytes: _Optional[int] = ...) -> None: ...
+
+class Prediction(_message.Message):
+    __slots__ = ("iteration_time_s", "throughput_samples_per_s", "peak_memory_bytes", "bubble_fraction", "out_of_memory")
+    ITERATION_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    THROUGHPUT_SAMPLES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    PEAK_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BUBBLE_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    OUT_OF_MEMORY_FIELD_NUMBER: _ClassVar[int]
+    iteration_time_s: float
+    throughput_samples_per_s: float
+    peak_memory_bytes: int
+    bubble_fraction: float
+    out_of_memory: bool
+    def __init__(self, iteration_time_s: _Optional[float] = ..., throughput_samples_per_s: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., bubble_fraction: _Optional[float] = ..., out_of_memory: _Optional[bool] = ...) -> None: ...
+
+class PlanAlternative(_message.Message):
+    __slots__ = ("name", "engine", "prediction", "global_batch_size", "reason", "plan_id")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    PREDICTION_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    PLAN_ID_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    engine: PlanEngine
+    prediction: Prediction
+    global_batch_size: int
+    reason: str
+    plan_id: str
+    def __init__(self, name: _Optional[str] = ..., engine: _Optional[_Union[PlanEngine, str]] = ..., prediction: _Optional[_Union[Prediction, _Mapping]] = ..., global_batch_size: _Optional[int] = ..., reason: _Optional[str] = ..., plan_id: _Optional[str] = ...) -> None: ...
+
+class Plan(_message.Message):
+    __slots__ = ("id", "tenant_id", "model_id", "profile_id", "job_id", "fleet", "engine", "version", "parent_plan_id", "global_batch_size", "micro_batch_size", "num_micro_batches", "schedule", "stages", "layers", "prediction", "alternatives", "explanation", "memory_budget_bytes", "created_at")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    FLEET_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PARENT_PLAN_ID_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MICRO_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    NUM_MICRO_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    STAGES_FIELD_NUMBER: _ClassVar[int]
+    LAYERS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTION_FIELD_NUMBER: _ClassVar[int]
+    ALTERNATIVES_FIELD_NUMBER: _ClassVar[int]
+    EXPLANATION_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    tenant_id: str
+    model_id: str
+    profile_id: str
+    job_id: str
+    fleet: _fleet_pb2.Fleet
+    engine: PlanEngine
+    version: int
+    parent_plan_id: str
+    global_batch_size: int
+    micro_batch_size: int
+    num_micro_batches: int
+    schedule: Schedule
+    stages: _containers.RepeatedCompositeFieldContainer[Stage]
+    layers: _containers.RepeatedCompositeFieldContainer[LayerStrategy]
+    prediction: Prediction
+    alternatives: _containers.RepeatedCompositeFieldContainer[PlanAlternative]
+    explanation: str
+    memory_budget_bytes: int
+    created_at: _timestamp_pb2.Timestamp
+    def __init__(self, id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., model_id: _Optional[str] = ..., profile_id: _Optional[str] = ..., job_id: _Optional[str] = ..., fleet: _Optional[_Union[_fleet_pb2.Fleet, _Mapping]] = ..., engine: _Optional[_Union[PlanEngine, str]] = ..., version: _Optional[int] = ..., parent_plan_id: _Optional[str] = ..., global_batch_size: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., num_micro_batches: _Optional[int] = ..., schedule: _Optional[_Union[Schedule, str]] = ..., stages: _Optional[_Iterable[_Union[Stage, _Mapping]]] = ..., layers: _Optional[_Iterable[_Union[LayerStrategy, _Mapping]]] = ..., prediction: _Optional[_Union[Prediction, _Mapping]] = ..., alternatives: _Optional[_Iterable[_Union[PlanAlternative, _Mapping]]] = ..., explanation: _Optional[str] = ..., memory_budget_bytes: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,465 @@
+import datetime
+
+from google.protobuf import struct_pb2 as _struct_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from ballast.v1 import common_pb2 as _common_pb2
+from ballast.v1 import fleet_pb2 as _fleet_pb2
+from ballast.v1 import job_pb2 as _job_pb2
+from ballast.v1 import model_pb2 as _model_pb2
+from ballast.v1 import plan_pb2 as _plan_pb2
+from ballast.v1 import profile_pb2 as _profile_pb2
+from ballast.v1 import queue_pb2 as _queue_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class GetRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class CreateTenantRequest(_message.Message):
+    __slots__ = ("name", "admin")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ADMIN_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    admin: bool
+    def __init__(self, name: _Optional[str] = ..., admin: _Optional[bool] = ...) -> None: ...
+
+class CreateTenantResponse(_message.Message):
+    __slots__ = ("tenant", "token")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    tenant: _common_pb2.Tenant
+    token: str
+    def __init__(self, tenant: _Optional[_Union[_common_pb2.Tenant, _Mapping]] = ..., token: _Optional[str] = ...) -> None: ...
+
+class ListTenantsRequest(_message.Message):
+    __slots__ = ("page",)
+    PAGE_FIELD_NUMBER: _ClassVar[int]
+    page: _common_pb2.PageRequest
+    def __init__(self, page: _Optional[_Union[_common_pb2.PageRequest, _Mapping]] = ...) -> None: ...
+
+class ListTenantsResponse(_message.Message):
+    __slots__ = ("tenants", "next_page_token")
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    tenants: _containers.RepeatedCompositeFieldContainer[_common_pb2.Tenant]
+    next_page_token: str
+    def __init__(self, tenants: _Optional[_Iterable[_Union[_common_pb2.Tenant, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class AuthenticateRequest(_message.Message):
+    __slots__ = ("token",)
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    def __init__(self, token: _Optional[str] = ...) -> None: ...
+
+class CreateModelRequest(_message.Message):
+    __slots__ = ("spec",)
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    spec: _model_pb2.ModelSpec
+    def __init__(self, spec: _Optional[_Union[_model_pb2.ModelSpec, _Mapping]] = ...) -> None: ...
+
+class ListModelsRequest(_message.Message):
+    __slots__ = ("page", "family", "name")
+    PAGE_FIELD_NUMBER: _ClassVar[int]
+    FAMILY_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    page: _common_pb2.PageRequest
+    family: _model_pb2.ModelFamily
+    name: str
+    def __init__(self, page: _Optional[_Union[_common_pb2.PageRequest, _Mapping]] = ..., family: _Optional[_Union[_model_pb2.ModelFamily, str]] = ..., name: _Optional[str] = ...) -> None: ...
+
+class ListModelsResponse(_message.Message):
+    __slots__ = ("models", "next_page_token")
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedCompositeFieldContainer[_model_pb2.Model]
+    next_page_token: str
+    def __init__(self, models: _Optional[_Iterable[_Union[_model_pb2.Model, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class CreateProfileRequest(_message.Message):
+    __slots__ = ("profile",)
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    profile: _profile_pb2.Profile
+    def __init__(self, profile: _Optional[_Union[_profile_pb2.Profile, _Mapping]] = ...) -> None: ...
+
+class ListProfilesRequest(_message.Message):
+    __slots__ = ("page", "model_id", "device_kind", "model_signature")
+    PAGE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_KIND_FIELD_NUMBER: _ClassVar[int]
+    MODEL_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    page: _common_pb2.PageRequest
+    model_id: str
+    device_kind: str
+    model_signature: str
+    def __init__(self, page: _Optional[_Union[_common_pb2.PageRequest, _Mapping]] = ..., model_id: _Optional[str] = ..., device_kind: _Optional[str] = ..., model_signature: _Optional[str] = ...) -> None: ...
+
+class ListProfilesResponse(_message.Message):
+    __slots__ = ("profiles", "next_page_token")
+    PROFILES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    profiles: _containers.RepeatedCompositeFieldContainer[_profile_pb2.Profile]
+    next_page_token: str
+    def __init__(self, profiles: _Optional[_Iterable[_Union[_profile_pb2.Profile, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class RegisterHostRequest(_message.Message):
+    __slots__ = ("host",)
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    host: _fleet_pb2.Host
+    def __init__(self, host: _Optional[_Union[_fleet_pb2.Host, _Mapping]] = ...) -> None: ...
+
+class UpdateHostStateRequest(_message.Message):
+    __slots__ = ("id", "state", "heartbeat")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    state: _fleet_pb2.HostState
+    heartbeat: bool
+    def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[_fleet_pb2.HostState, str]] = ..., heartbeat: _Optional[bool] = ...) -> None: ...
+
+class ListHostsRequest(_message.Message):
+    __slots__ = ("page", "state", "device_kind")
+    PAGE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_KIND_FIELD_NUMBER: _ClassVar[int]
+    page: _common_pb2.PageRequest
+    state: _fleet_pb2.HostState
+    device_kind: str
+    def __init__(self, page: _Optional[_Union[_common_pb2.PageRequest, _Mapping]] = ..., state: _Optional[_Union[_fleet_pb2.HostState, str]] = ..., device_kind: _Optional[str] = ...) -> None: ...
+
+class ListHostsResponse(_message.Message):
+    __slots__ = ("hosts", "next_page_token")
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    hosts: _containers.RepeatedCompositeFieldContainer[_fleet_pb2.Host]
+    next_page_token: str
+    def __init__(self, hosts: _Optional[_Iterable[_Union[_fleet_pb2.Host, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class CreatePlanRequest(_message.Message):
+    __slots__ = ("plan",)
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    plan: _plan_pb2.Plan
+    def __init__(self, plan: _Optional[_Union[_plan_pb2.Plan, _Mapping]] = ...) -> None: ...
+
+class ListPlansRequest(_message.Message):
+    __slots__ = ("page", "model_id", "job_id", "engine")
+    PAGE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    page: _common_pb2.PageRequest
+    model_id: str
+    job_id: str
+    engine: _plan_pb2.PlanEngine
+    def __init__(self, page: _Optional[_Union[_common_pb2.PageRequest, _Mapping]] = ..., model_id: _Optional[str] = ..., job_id: _Optional[str] = ..., engine: _Optional[_Union[_plan_pb2.PlanEngine, str]] = ...) -> None: ...
+
+class ListPlansResponse(_message.Message):
+    __slots__ = ("plans", "next_page_token")
+    PLANS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    plans: _containers.RepeatedCompositeFieldContainer[_plan_pb2.Plan]
+    next_page_token: str
+    def __init__(self, plans: _Optional[_Iterable[_Union[_plan_pb2.Plan, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class CreateJobRequest(_message.Message):
+    __slots__ = ("spec",)
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    spec: _job_pb2.JobSpec
+    def __init__(self, spec: _Optional[_Union[_job_pb2.JobSpec, _Mapping]] = ...) -> None: ...
+
+class TransitionJobRequest(_message.Message):
+    __slots__ = ("id", "state", "expected_state", "message", "event_type", "attributes", "plan_id")
+    class AttributesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_STATE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    EVENT_TYPE_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    PLAN_ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    state: _job_pb2.JobState
+    expected_state: _job_pb2.JobState
+    message: str
+    event_type: str
+    attributes: _containers.ScalarMap[str, str]
+    plan_id: str
+    def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[_job_pb2.JobState, str]] = ..., expected_state: _Optional[_Union[_job_pb2.JobState, str]] = ..., message: _Optional[str] = ..., event_type: _Optional[str] = ..., attributes: _Optional[_Mapping[str, str]] = ..., plan_id: _Optional[str] = ...) -> None: ...
+
+class ListJobsRequest(_message.Message):
+    __slots__ = ("page", "state", "model_id")
+    PAGE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    page: _common_pb2.PageRequest
+    state: _job_pb2.JobState
+    model_id: str
+    def __init__(self, page: _Optional[_Union[_common_pb2.PageRequest, _Mapping]] = ..., state: _Optional[_Union[_job_pb2.JobState, str]] = ..., model_id: _Optional[str] = ...) -> None: ...
+
+class ListJobsResponse(_message.Message):
+    __slots__ = ("jobs", "next_page_token")
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[_job_pb2.Job]
+    next_page_token: str
+    def __init__(self, jobs: _Optional[_Iterable[_Union[_job_pb2.Job, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class AppendJobEventRequest(_message.Message):
+    __slots__ = ("event",)
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    event: _job_pb2.JobEvent
+    def __init__(self, event: _Optional[_Union[_job_pb2.JobEvent, _Mapping]] = ...) -> None: ...
+
+class ListJobEventsRequest(_message.Message):
+    __slots__ = ("job_id", "after_seq", "page")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    PAGE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    after_seq: int
+    page: _common_pb2.PageRequest
+    def __init__(self, job_id: _Optional[str] = ..., after_seq: _Optional[int] = ..., page: _Optional[_Union[_common_pb2.PageRequest, _Mapping]] = ...) -> None: ...
+
+class ListJobEventsResponse(_message.Message):
+    __slots__ = ("events", "next_page_token")
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[_job_pb2.JobEvent]
+    next_page_token: str
+    def __init__(self, events: _Optional[_Iterable[_Union[_job_pb2.JobEvent, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class WriteIterationMetricsRequest(_message.Message):
+    __slots__ = ("metrics",)
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    metrics: _containers.RepeatedCompositeFieldContainer[_job_pb2.IterationMetric]
+    def __init__(self, metrics: _Optional[_Iterable[_Union[_job_pb2.IterationMetric, _Mapping]]] = ...) -> None: ...
+
+class WriteIterationMetricsResponse(_message.Message):
+    __slots__ = ("written",)
+    WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    written: int
+    def __init__(self, written: _Optional[int] = ...) -> None: ...
+
+class ListIterationMetricsRequest(_message.Message):
+    __slots__ = ("job_id", "from_iteration", "to_iteration", "stage_index", "page")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_ITERATION_FIELD_NUMBER: _ClassVar[int]
+    TO_ITERATION_FIELD_NUMBER: _ClassVar[int]
+    STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PAGE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    from_iteration: int
+    to_iteration: int
+    stage_index: int
+    page: _common_pb2.PageRequest
+    def __init__(self, job_id: _Optional[str] = ..., from_iteration: _Optional[int] = ..., to_iteration: _Optional[int] = ..., stage_index: _Optional[int] = ..., page: _Optional[_Union[_common_pb2.PageRequest, _Mapping]] = ...) -> None: ...
+
+class ListIterationMetricsResponse(_message.Message):
+    __slots__ = ("metrics", "next_page_token")
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    metrics: _containers.RepeatedCompositeFieldContainer[_job_pb2.IterationMetric]
+    next_page_token: str
+    def __init__(self, metrics: _Optional[_Iterable[_Union[_job_pb2.IterationMetric, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class RecordLayerMigrationRequest(_message.Message):
+    __slots__ = ("migration",)
+    MIGRATION_FIELD_NUMBER: _ClassVar[int]
+    migration: _job_pb2.LayerMigration
+    def __init__(self, migration: _Optional[_Union[_job_pb2.LayerMigration, _Mapping]] = ...) -> None: ...
+
+class ListLayerMigrationsRequest(_message.Message):
+    __slots__ = ("job_id", "page")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    page: _common_pb2.PageRequest
+    def __init__(self, job_id: _Optional[str] = ..., page: _Optional[_Union[_common_pb2.PageRequest, _Mapping]] = ...) -> None: ...
+
+class ListLayerMigrationsResponse(_message.Message):
+    __slots__ = ("migrations", "next_page_token")
+    MIGRATIONS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    migrations: _containers.RepeatedCompositeFieldContainer[_job_pb2.LayerMigration]
+    next_page_token: str
+    def __init__(self, migrations: _Optional[_Iterable[_Union[_job_pb2.LayerMigration, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class CreateCheckpointRequest(_message.Message):
+    __slots__ = ("checkpoint",)
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    checkpoint: _job_pb2.Checkpoint
+    def __init__(self, checkpoint: _Optional[_Union[_job_pb2.Checkpoint, _Mapping]] = ...) -> None: ...
+
+class ListCheckpointsRequest(_message.Message):
+    __slots__ = ("job_id", "complete_only", "page")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    PAGE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    complete_only: bool
+    page: _common_pb2.PageRequest
+    def __init__(self, job_id: _Optional[str] = ..., complete_only: _Optional[bool] = ..., page: _Optional[_Union[_common_pb2.PageRequest, _Mapping]] = ...) -> None: ...
+
+class ListCheckpointsResponse(_message.Message):
+    __slots__ = ("checkpoints", "next_page_token")
+    CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    checkpoints: _containers.RepeatedCompositeFieldContainer[_job_pb2.Checkpoint]
+    next_page_token: str
+    def __init__(self, checkpoints: _Optional[_Iterable[_Union[_job_pb2.Checkpoint, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class EnqueueRequestRequest(_message.Message):
+    __slots__ = ("kind", "payload_json", "max_attempts")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_JSON_FIELD_NUMBER: _ClassVar[int]
+    MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    payload_json: str
+    max_attempts: int
+    def __init__(self, kind: _Optional[str] = ..., payload_json: _Optional[str] = ..., max_attempts: _Optional[int] = ...) -> None: ...
+
+class EnqueueRequestResponse(_message.Message):
+    __slots__ = ("request", "created")
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    request: _queue_pb2.QueuedRequest
+    created: bool
+    def __init__(self, request: _Optional[_Union[_queue_pb2.QueuedRequest, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
+
+class ClaimRequestRequest(_message.Message):
+    __slots__ = ("id", "worker", "lease_seconds")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    worker: str
+    lease_seconds: float
+    def __init__(self, id: _Optional[str] = ..., worker: _Optional[str] = ..., lease_seconds: _Optional[float] = ...) -> None: ...
+
+class ClaimRequestResponse(_message.Message):
+    __slots__ = ("claimed", "request")
+    CLAIMED_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    claimed: bool
+    request: _queue_pb2.QueuedRequest
+    def __init__(self, claimed: _Optional[bool] = ..., request: _Optional[_Union[_queue_pb2.QueuedRequest, _Mapping]] = ...) -> None: ...
+
+class RenewLeaseRequest(_message.Message):
+    __slots__ = ("id", "lease_token", "lease_seconds")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    lease_token: str
+    lease_seconds: float
+    def __init__(self, id: _Optional[str] = ..., lease_token: _Optional[str] = ..., lease_seconds: _Optional[float] = ...) -> None: ...
+
+class CompleteRequestRequest(_message.Message):
+    __slots__ = ("id", "lease_token", "result_json", "error")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    RESULT_JSON_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    lease_token: str
+    result_json: str
+    error: str
+    def __init__(self, id: _Optional[str] = ..., lease_token: _Optional[str] = ..., result_json: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
+
+class ListRequestsRequest(_message.Message):
+    __slots__ = ("page", "state", "kind")
+    PAGE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    page: _common_pb2.PageRequest
+    state: _queue_pb2.RequestState
+    kind: str
+    def __init__(self, page: _Optional[_Union[_common_pb2.PageRequest, _Mapping]] = ..., state: _Optional[_Union[_queue_pb2.RequestState, str]] = ..., kind: _Optional[str] = ...) -> None: ...
+
+class ListRequestsResponse(_message.Message):
+    __slots__ = ("requests", "next_page_token")
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    requests: _containers.RepeatedCompositeFieldContainer[_queue_pb2.QueuedRequest]
+    next_page_token: str
+    def __init__(self, requests: _Optional[_Iterable[_Union[_queue_pb2.QueuedRequest, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class ReapExpiredLeasesRequest(_message.Message):
+    __slots__ = ("limit",)
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    limit: int
+    def __init__(self, limit: _Optional[int] = ...) -> None: ...
+
+class ReapExpiredLeasesResponse(_message.Message):
+    __slots__ = ("requests",)
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    requests: _containers.RepeatedCompositeFieldContainer[_queue_pb2.QueuedRequest]
+    def __init__(self, requests: _Optional[_Iterable[_Union[_queue_pb2.QueuedRequest, _Mapping]]] = ...) -> None: ...
+
+class RecordWorkerHeartbeatRequest(_message.Message):
+    __slots__ = ("heartbeat",)
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    heartbeat: _queue_pb2.WorkerHeartbeat
+    def __init__(self, heartbeat: _Optional[_Union[_queue_pb2.WorkerHeartbeat, _Mapping]] = ...) -> None: ...
+
+class ListWorkersRequest(_message.Message):
+    __slots__ = ("seen_within_s",)
+    SEEN_WITHIN_S_FIELD_NUMBER: _ClassVar[int]
+    seen_within_s: float
+    def __init__(self, seen_within_s: _Optional[float] = ...) -> None: ...
+
+class ListWorkersResponse(_message.Message):
+    __slots__ = ("workers",)
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    workers: _containers.RepeatedCompositeFieldContainer[_queue_pb2.WorkerHeartbeat]
+    def __init__(self, workers: _Optional[_Iterable[_Union[_queue_pb2.WorkerHeartbeat, _Mapping]]] = ...) -> None: ...
+
+class QueryRequest(_message.Message):
+    __slots__ = ("sql", "row_limit", "timeout_s")
+    SQL_FIELD_NUMBER: _ClassVar[int]
+    ROW_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    sql: str
+    row_limit: int
+    timeout_s: float
+    def __init__(self, sql: _Optional[str] = ..., row_limit: _Optional[int] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class QueryResponse(_message.Message):
+    __slots__ = ("columns", "rows", "truncated")
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    columns: _containers.RepeatedScalarFieldContainer[str]
+    rows: _containers.RepeatedCompositeFieldContainer[_struct_pb2.ListValue]
+    truncated: bool
+    def __init__(self, columns: _Optional[_Iterable[str]] = ..., rows: _Optional[_Iterable[_Union[_struct_pb2.ListValue, _Mapping]]] = ..., truncated: _Optional[bool] = ...) -> None: ...
+
+class SchemaStatus(_message.Message):
+    __slots__ = ("current_revision", "head_revision", "dialect", "now")
+    CURRENT_REVISION_FIELD_NUMBER: _ClassVar[int]
+    HEAD_REVISION_FIELD_NUMBER: _ClassVar[int]
+    DIALECT_FIELD_NUMBER: _ClassVar[int]
+    NOW_FIELD_NUMBER: _ClassVar[int]
+    current_revision: str
+    head_revision: str
+    dialect: str
+    now: _timestamp_pb2.Timestamp
+    def __init__(self, current_revision: _Optional[str] = ..., head_revision: _Optional[str] = ..., dialect: _Optional[str] = ..., now: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class SchemaStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

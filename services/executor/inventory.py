@@ -1,0 +1,35 @@
+"""What this host offers, discovered without importing torch (agents must start fast)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ballast.v1 import common_pb2, fleet_pb2
+
+_GPU_DIR = Path("/proc/driver/nvidia/gpus")
+
+
+def _host_memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 0
+
+
+def devices(cpu_slots: int = 1) -> list[fleet_pb2.Device]:
+    """NVIDIA GPUs if the driver lists any, else `cpu_slots` CPU worker slots."""
+    gpus = sorted(_GPU_DIR.iterdir()) if _GPU_DIR.is_dir() else []
+    if gpus:
+        return [fleet_pb2.Device(index=i, spec=fleet_pb2.DeviceSpec(kind="nvidia-gpu"), uuid=p.name)
+                for i, p in enumerate(gpus)]
+    memory = _host_memory_bytes()
+    spec = fleet_pb2.DeviceSpec(
+        kind="cpu",
+        memory_bytes=memory // max(1, cpu_slots),
+        host_link=fleet_pb2.Link(kind=fleet_pb2.LINK_KIND_SHARED_MEMORY),
+    )
+    return [fleet_pb2.Device(index=i, spec=spec) for i in range(cpu_slots)]
+
+
+SUPPORTED = [common_pb2.PARALLEL_DIM_DP, common_pb2.PARALLEL_DIM_PP]

@@ -1,0 +1,114 @@
+"""Celery app for planner work. JSON only (pickle refused), acks late, one task at a time.
+
+The broker carries only request ids; state lives in the store (see queue.py). The embedded default
+broker is kombu's SQLAlchemy transport over a SQLite file in the data directory (no server);
+production uses Redis (RabbitMQ also works).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from functools import cache
+
+from celery import Celery
+
+from ballast.config import Settings, load_settings
+from ballast.v1 import queue_pb2, store_pb2
+from services.planner import queue
+from services.runtime.remote import call, store_stubs
+
+log = logging.getLogger("ballast.worker")
+
+TASK = "ballast.planner.run_request"
+HOLD_ENV = "BALLAST_TEST_TASK_HOLD_S"
+
+
+def make_app(settings: Settings) -> Celery:
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    app = Celery("ballast", broker=settings.broker_url, set_as_current=False)
+    # kombu's SQLAlchemy transport hands its options to create_engine and never redelivers anyway.
+    sqla = settings.broker_url.startswith("sqla+")
+    transport = {} if sqla else {"visibility_timeout": int(settings.visibility_timeout_s)}
+    app.conf.update(
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        result_accept_content=["json"],
+        task_ignore_result=True,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        worker_concurrency=1,
+        worker_pool="solo",
+        task_default_queue=settings.queue,
+        broker_transport_options=transport,
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+        worker_send_task_events=False,
+        enable_utc=True,
+    )
+    app.task(name=TASK, bind=False)(_run_request)
+    return app
+
+
+@cache
+def _worker_context() -> tuple[Settings, object, str]:
+    settings = load_settings()
+    _, platform = store_stubs(settings)
+    return settings, platform, f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _run_request(request_id: str) -> None:
+    settings, store, worker = _worker_context()
+    queue.run_request(store, request_id, worker, settings.lease_seconds, float(os.environ.get(HOLD_ENV, "0")))
+
+
+def sender(app: Celery, queue_name: str):
+    """A `send(request_id)` that puts a request id on the planner queue."""
+    return lambda request_id: app.send_task(TASK, args=[request_id], queue=queue_name)
+
+
+class WorkerHeartbeat(threading.Thread):
+    """Writes the worker's liveness to the store, so `ballast status` needs no broker broadcast."""
+
+    def __init__(self, settings: Settings, name: str):
+        super().__init__(name="worker-heartbeat", daemon=True)
+        _, self._store = store_stubs(settings)
+        self._interval = settings.worker_heartbeat_s
+        self._name = name
+        self._queue = settings.queue
+        self._stop = threading.Event()
+
+    def beat(self) -> None:
+        beat = queue_pb2.WorkerHeartbeat(name=self._name, pid=os.getpid(), queues=[self._queue])
+        beat.seen_at.GetCurrentTime()
+        call(self._store.RecordWorkerHeartbeat, store_pb2.RecordWorkerHeartbeatRequest(heartbeat=beat))
+
+    def run(self) -> None:
+        while True:
+            try:
+                self.beat()
+            except Exception as exc:  # noqa: BLE001 - the store may be restarting
+                log.warning("heartbeat failed: %s", exc)
+            if self._stop.wait(self._interval):
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def run_worker(settings: Settings) -> int:
+    """Run a real Celery worker in this process (solo pool: one request at a time)."""
+    app = make_app(settings)
+    name = f"planner@{socket.gethostname()}-{os.getpid()}"
+    heartbeat = WorkerHeartbeat(settings, name)
+    heartbeat.start()
+    try:
+        app.worker_main(["worker", "--pool", "solo", "--concurrency", "1", "-Q", settings.queue, "-n", name,
+                         "--loglevel", settings.log_level, "--without-gossip", "--without-mingle"])
+    finally:
+        heartbeat.stop()
+    return 0

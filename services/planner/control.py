@@ -1,0 +1,81 @@
+"""ExecutorControl.Connect: agents register and heartbeat; the planner keeps a session per host.
+
+Host state is persisted through the store, so a restarted planner sees which hosts it had and
+agents simply reconnect. Instructions (Assign, Repartition, …) are sent through `AgentRegistry.send`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+
+from ballast.v1 import executor_pb2, fleet_pb2, store_pb2, store_pb2_grpc
+from services.runtime.auth import Principal
+from services.runtime.errors import InvalidArgument, NotFound, PermissionDenied
+from services.runtime.remote import call
+from services.runtime.streams import BidiSession
+
+log = logging.getLogger("ballast.control")
+
+
+class AgentRegistry:
+    def __init__(self, store: store_pb2_grpc.StoreServiceStub, heartbeat_interval_s: float = 2.0):
+        self._store = store
+        self._interval = heartbeat_interval_s
+        self._sessions: dict[str, BidiSession] = {}
+        self._lock = threading.Lock()
+
+    def connected(self) -> list[str]:
+        with self._lock:
+            return sorted(self._sessions)
+
+    def send(self, host_id: str, message: executor_pb2.PlannerMessage) -> None:
+        with self._lock:
+            session = self._sessions.get(host_id)
+        if session is None:
+            raise NotFound(f"no agent connected for host {host_id}", field="host_id")
+        session.send(message)
+
+    def connect(self, principal: Principal, inbound: Iterator[executor_pb2.AgentMessage],
+                active: Callable[[], bool]) -> Iterator[executor_pb2.PlannerMessage]:
+        if not principal.admin:
+            raise PermissionDenied("executor agents must use a platform token", fix="use the admin token")
+        first = next(inbound, None)
+        if first is None or first.WhichOneof("body") != "register":
+            raise InvalidArgument("the first message must be register", field="body")
+        host = call(self._store.RegisterHost, store_pb2.RegisterHostRequest(host=first.register.host))
+        host_id = host.id
+
+        def on_message(message: executor_pb2.AgentMessage) -> None:
+            kind = message.WhichOneof("body")
+            if kind == "heartbeat":
+                call(self._store.UpdateHostState, store_pb2.UpdateHostStateRequest(
+                    id=host_id, state=fleet_pb2.HOST_STATE_ONLINE, heartbeat=True))
+            elif kind == "ack":
+                log.info("ack", extra={"host_id": host_id, "instruction_id": message.ack.instruction_id})
+
+        def on_close() -> None:
+            with self._lock:
+                if self._sessions.get(host_id) is session:
+                    del self._sessions[host_id]
+            try:
+                call(self._store.UpdateHostState, store_pb2.UpdateHostStateRequest(
+                    id=host_id, state=fleet_pb2.HOST_STATE_OFFLINE))
+            except Exception:  # noqa: BLE001 - the store may be down; the host will look stale instead
+                log.warning("could not mark host offline", extra={"host_id": host_id})
+
+        session = BidiSession(inbound, on_message, on_close, name=f"agent-{host.name}")
+        with self._lock:
+            old = self._sessions.pop(host_id, None)
+            self._sessions[host_id] = session
+        if old is not None:
+            old.close()
+        session.send(executor_pb2.PlannerMessage(
+            registered=executor_pb2.Registered(host_id=host_id, heartbeat_interval_s=self._interval)))
+        session.start()
+        log.info("agent connected", extra={"host_id": host_id, "host": host.name})
+        try:
+            yield from session.outgoing(active)
+        finally:
+            session.close()

@@ -1,0 +1,80 @@
+"""The planner service: PlannerService, JobService and ExecutorControl on one server, plus the sweeper."""
+
+from __future__ import annotations
+
+from ballast.config import Settings
+from ballast.v1 import executor_pb2, executor_pb2_grpc, services_pb2, services_pb2_grpc
+from services.planner import jobs, queue
+from services.planner.celery_app import make_app, sender
+from services.planner.control import AgentRegistry
+from services.runtime.context import current_principal
+from services.runtime.remote import StoreAuthenticator, anonymous_store, call, store_stubs
+from services.runtime.server import Server, ServerSpec
+from services.runtime.servicer import delegate
+
+PLANNER = services_pb2.DESCRIPTOR.services_by_name["PlannerService"]
+JOBS = services_pb2.DESCRIPTOR.services_by_name["JobService"]
+CONTROL = executor_pb2.DESCRIPTOR.services_by_name["ExecutorControl"]
+
+SEARCH_LATER = "the Galvatron-BMW / Varuna plan search arrives with the planner issue (roadmap row 2)"
+
+
+def build_server(settings: Settings, address: str | None = None, send: queue.Send | None = None) -> Server:
+    as_caller, as_platform = store_stubs(settings)
+    send = send or sender(make_app(settings), settings.queue)
+    registry = AgentRegistry(as_platform)
+    sweeper = queue.Sweeper(as_platform, send, settings.sweep_interval_s)
+
+    def echo(request: services_pb2.EchoRequest, ctx):
+        return queue.submit(as_caller, "diagnostic.echo", {"text": request.text}, send)
+
+    planner = delegate(
+        PLANNER,
+        None,
+        overrides={
+            "Echo": echo,
+            "GetQueuedRequest": lambda request, ctx: call(as_caller.GetQueuedRequest, request),
+        },
+        missing={"Plan": SEARCH_LATER, "GetPlanOperation": SEARCH_LATER},
+    )()
+    job_service = delegate(
+        JOBS,
+        None,
+        overrides={
+            "Submit": lambda request, ctx: jobs.submit(as_caller, request),
+            "Get": lambda request, ctx: call(as_caller.GetJob, request),
+            "List": lambda request, ctx: call(as_caller.ListJobs, request),
+            "Watch": lambda request, ctx: jobs.watch(as_caller, request.job_id, request.after_seq, ctx.is_active),
+            "Cancel": lambda request, ctx: jobs.cancel(as_caller, request),
+        },
+    )()
+    control = delegate(
+        CONTROL,
+        None,
+        overrides={"Connect": lambda inbound, ctx: registry.connect(current_principal(), inbound, ctx.is_active)},
+    )()
+
+    def register(server) -> None:
+        services_pb2_grpc.add_PlannerServiceServicer_to_server(planner, server)
+        services_pb2_grpc.add_JobServiceServicer_to_server(job_service, server)
+        executor_pb2_grpc.add_ExecutorControlServicer_to_server(control, server)
+
+    server = Server(
+        ServerSpec(
+            name="planner",
+            address=address or f"{settings.host}:{settings.planner_port}",
+            register=register,
+            services=[PLANNER.full_name, JOBS.full_name, CONTROL.full_name],
+            authenticate=StoreAuthenticator(anonymous_store(settings)),
+            on_stop=[sweeper.stop],
+        )
+    )
+    server.registry = registry  # type: ignore[attr-defined]
+    sweeper.start()
+    return server
+
+
+def main(settings: Settings) -> int:
+    server = build_server(settings).start()
+    server.wait()
+    return 0

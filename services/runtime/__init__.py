@@ -1,0 +1,1 @@
+"""Runtime shared by the four services: server factory, auth, errors, logging."""

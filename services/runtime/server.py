@@ -1,0 +1,110 @@
+"""One server factory for all four services.
+
+Every server gets: message-size limits, keepalive, the interceptor chain, the standard health
+service, server reflection, and graceful shutdown on SIGTERM/SIGINT (health flips to NOT_SERVING
+first so load balancers stop routing, then in-flight calls get `grace_s` to finish).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable, Iterable
+from concurrent import futures
+from dataclasses import dataclass, field
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from services.runtime.auth import Principal
+from services.runtime.interceptors import CallInterceptor
+
+log = logging.getLogger("ballast.server")
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
+
+@dataclass
+class ServerSpec:
+    """What to serve. `register` adds servicers to the grpc server; `services` are their full names."""
+
+    name: str
+    address: str
+    register: Callable[[grpc.Server], None]
+    services: Iterable[str]
+    authenticate: Callable[[str], Principal] | None = None
+    max_workers: int = 32
+    max_streams: int = 16
+    grace_s: float = 5.0
+    on_stop: list[Callable[[], None]] = field(default_factory=list)
+
+
+class Server:
+    """A started gRPC server with health and reflection; `port` is the bound port (useful with :0)."""
+
+    def __init__(self, spec: ServerSpec):
+        if spec.max_streams >= spec.max_workers:
+            raise ValueError("max_streams must leave workers for unary calls (max_streams < max_workers)")
+        self.spec = spec
+        self.health = health.HealthServicer(experimental_non_blocking=True)
+        self._grpc = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=spec.max_workers, thread_name_prefix=spec.name),
+            interceptors=[CallInterceptor(spec.authenticate, spec.max_streams)],
+            options=[*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)],
+            maximum_concurrent_rpcs=spec.max_workers * 4,
+        )
+        spec.register(self._grpc)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._grpc)
+        self.services = list(spec.services)
+        reflection.enable_server_reflection(
+            [*self.services, health.SERVICE_NAME, reflection.SERVICE_NAME], self._grpc
+        )
+        self.port = self._grpc.add_insecure_port(spec.address)
+        if self.port == 0:
+            raise OSError(f"{spec.name}: cannot bind {spec.address} (port in use?)")
+        self._stopped = threading.Event()
+
+    def start(self, serving: bool = True) -> Server:
+        self._grpc.start()
+        if serving:
+            self.set_serving(True)
+        log.info("listening", extra={"server": self.spec.name, "port": self.port})
+        return self
+
+    def set_serving(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ["", *self.services]:
+            self.health.set(name, status)
+
+    def stop(self, grace_s: float | None = None) -> None:
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self.set_serving(False)
+        for hook in self.spec.on_stop:
+            try:
+                hook()
+            except Exception:  # noqa: BLE001 - shutdown must go on
+                log.exception("stop hook failed")
+        self._grpc.stop(self.spec.grace_s if grace_s is None else grace_s).wait()
+        log.info("stopped", extra={"server": self.spec.name})
+
+    def wait(self) -> None:
+        """Block until SIGTERM/SIGINT (then stop gracefully) or until stop() is called elsewhere."""
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda *_: threading.Thread(target=self.stop, daemon=True).start())
+        self._stopped.wait()
+        self._grpc.wait_for_termination()

@@ -1,0 +1,354 @@
+"""ORM tables of the metadata store.
+
+Enums are stored as their proto names ("JOB_STATE_RUNNING") so SQL users can read them; nested
+protos are stored as JSON (MessageToDict with proto field names). Timestamps are UTC-aware on
+both backends: SQLite drops tzinfo, so `UTCDateTime` normalizes on write and re-attaches on read.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+class UTCDateTime(sa.types.TypeDecorator):
+    """Timezone-aware UTC in, timezone-aware UTC out, on every backend."""
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the store; use timezone-aware UTC")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+JSONType = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+# SQLite only autoincrements INTEGER PRIMARY KEY.
+BigIntPK = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+Id = sa.String(40)
+EnumName = sa.String(40)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSONType, list[Any]: JSONType}
+
+
+def _fk(target: str, ondelete: str | None = None) -> sa.ForeignKey:
+    return sa.ForeignKey(target, ondelete=ondelete)
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(63), unique=True)
+    admin: Mapped[bool] = mapped_column(default=False)
+    token_hash: Mapped[str] = mapped_column(sa.String(64), unique=True)
+    created_at: Mapped[datetime]
+
+
+class Model(Base):
+    __tablename__ = "models"
+    __table_args__ = (
+        sa.UniqueConstraint("tenant_id", "name", name="uq_models_tenant_name"),
+        sa.UniqueConstraint("tenant_id", "signature", name="uq_models_tenant_signature"),
+    )
+    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(Id, _fk("tenants.id"), index=True)
+    name: Mapped[str] = mapped_column(sa.String(200))
+    family: Mapped[str] = mapped_column(EnumName)
+    signature: Mapped[str] = mapped_column(sa.String(64), index=True)
+    parameter_count: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    spec: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(index=True)
+
+
+class Profile(Base):
+    __tablename__ = "profiles"
+    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(Id, _fk("tenants.id"), index=True)
+    model_id: Mapped[str] = mapped_column(Id, _fk("models.id"), index=True)
+    model_signature: Mapped[str] = mapped_column(sa.String(64), index=True)
+    device_kind: Mapped[str] = mapped_column(sa.String(100), index=True)
+    dtype: Mapped[str] = mapped_column(EnumName)
+    software: Mapped[str] = mapped_column(sa.String(200), default="")
+    intra_op_threads: Mapped[int] = mapped_column(default=0)
+    projected: Mapped[bool] = mapped_column(default=False)
+    source_profile_id: Mapped[str | None] = mapped_column(Id, _fk("profiles.id"))
+    non_model_memory_bytes: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    device: Mapped[dict[str, Any]]
+    comm: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(index=True)
+
+    layers: Mapped[list[ProfileLayer]] = relationship(
+        order_by="ProfileLayer.layer_index", cascade="all, delete-orphan"
+    )
+
+
+class ProfileLayer(Base):
+    __tablename__ = "profile_layers"
+    profile_id: Mapped[str] = mapped_column(Id, _fk("profiles.id", "CASCADE"), primary_key=True)
+    layer_index: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(200))
+    kind: Mapped[str] = mapped_column(sa.String(100))
+    parameter_count: Mapped[int] = mapped_column(sa.BigInteger)
+    parameter_bytes: Mapped[int] = mapped_column(sa.BigInteger)
+    gradient_bytes: Mapped[int] = mapped_column(sa.BigInteger)
+    optimizer_state_bytes: Mapped[int] = mapped_column(sa.BigInteger)
+    extra_inputs: Mapped[list[Any]]
+    tied_with: Mapped[list[Any]]
+
+    samples: Mapped[list[ProfileLayerSample]] = relationship(
+        order_by="ProfileLayerSample.micro_batch_size", cascade="all, delete-orphan"
+    )
+
+
+class ProfileLayerSample(Base):
+    __tablename__ = "profile_layer_samples"
+    __table_args__ = (
+        sa.ForeignKeyConstraint(
+            ["profile_id", "layer_index"],
+            ["profile_layers.profile_id", "profile_layers.layer_index"],
+            ondelete="CASCADE",
+        ),
+    )
+    profile_id: Mapped[str] = mapped_column(Id, primary_key=True)
+    layer_index: Mapped[int] = mapped_column(primary_key=True)
+    micro_batch_size: Mapped[int] = mapped_column(primary_key=True)
+    measured: Mapped[bool]
+    forward_s: Mapped[float]
+    backward_s: Mapped[float]
+    recompute_s: Mapped[float]
+    boundary_activation_bytes: Mapped[int] = mapped_column(sa.BigInteger)
+    stashed_activation_bytes: Mapped[int] = mapped_column(sa.BigInteger)
+    output_bytes: Mapped[int] = mapped_column(sa.BigInteger)
+    peak_memory_bytes: Mapped[int] = mapped_column(sa.BigInteger)
+
+
+class Host(Base):
+    __tablename__ = "hosts"
+    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(253), unique=True)
+    address: Mapped[str] = mapped_column(sa.String(300), default="")
+    agent_port: Mapped[int] = mapped_column(default=0)
+    agent_version: Mapped[str] = mapped_column(sa.String(100), default="")
+    state: Mapped[str] = mapped_column(EnumName, index=True)
+    supported_parallelism: Mapped[list[Any]]
+    labels: Mapped[dict[str, Any]]
+    last_heartbeat_at: Mapped[datetime | None]
+    registered_at: Mapped[datetime]
+
+    devices: Mapped[list[Device]] = relationship(order_by="Device.device_index", cascade="all, delete-orphan")
+
+
+class Device(Base):
+    __tablename__ = "devices"
+    host_id: Mapped[str] = mapped_column(Id, _fk("hosts.id", "CASCADE"), primary_key=True)
+    device_index: Mapped[int] = mapped_column(primary_key=True)
+    kind: Mapped[str] = mapped_column(sa.String(100), index=True)
+    memory_bytes: Mapped[int] = mapped_column(sa.BigInteger)
+    peak_flops: Mapped[float]
+    uuid: Mapped[str] = mapped_column(sa.String(100), default="")
+    spec: Mapped[dict[str, Any]]
+
+
+class Plan(Base):
+    __tablename__ = "plans"
+    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(Id, _fk("tenants.id"), index=True)
+    model_id: Mapped[str] = mapped_column(Id, _fk("models.id"), index=True)
+    profile_id: Mapped[str | None] = mapped_column(Id, _fk("profiles.id"))
+    job_id: Mapped[str | None] = mapped_column(Id, _fk("jobs.id"), index=True)
+    engine: Mapped[str] = mapped_column(EnumName)
+    version: Mapped[int]
+    parent_plan_id: Mapped[str | None] = mapped_column(Id, _fk("plans.id"))
+    global_batch_size: Mapped[int]
+    micro_batch_size: Mapped[int]
+    num_micro_batches: Mapped[int]
+    schedule: Mapped[str] = mapped_column(EnumName)
+    pipeline_degree: Mapped[int]
+    iteration_time_s: Mapped[float]
+    throughput_samples_per_s: Mapped[float]
+    peak_memory_bytes: Mapped[int] = mapped_column(sa.BigInteger)
+    out_of_memory: Mapped[bool]
+    memory_budget_bytes: Mapped[int] = mapped_column(sa.BigInteger)
+    fleet: Mapped[dict[str, Any]]
+    stages: Mapped[list[Any]]
+    prediction: Mapped[dict[str, Any]]
+    explanation: Mapped[str] = mapped_column(sa.Text, default="")
+    created_at: Mapped[datetime] = mapped_column(index=True)
+
+    layers: Mapped[list[PlanLayer]] = relationship(
+        order_by="PlanLayer.layer_index", cascade="all, delete-orphan"
+    )
+    candidates: Mapped[list[PlanCandidate]] = relationship(
+        order_by="PlanCandidate.position", cascade="all, delete-orphan"
+    )
+
+
+class PlanLayer(Base):
+    __tablename__ = "plan_layers"
+    plan_id: Mapped[str] = mapped_column(Id, _fk("plans.id", "CASCADE"), primary_key=True)
+    layer_index: Mapped[int] = mapped_column(primary_key=True)
+    stage_index: Mapped[int]
+    dp: Mapped[int]
+    sdp: Mapped[int]
+    tp: Mapped[int]
+    order: Mapped[list[Any]]
+    checkpoint: Mapped[bool]
+    swap_activations: Mapped[bool]
+
+
+class PlanCandidate(Base):
+    __tablename__ = "plan_candidates"
+    plan_id: Mapped[str] = mapped_column(Id, _fk("plans.id", "CASCADE"), primary_key=True)
+    position: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(200))
+    engine: Mapped[str] = mapped_column(EnumName)
+    global_batch_size: Mapped[int]
+    iteration_time_s: Mapped[float]
+    throughput_samples_per_s: Mapped[float]
+    peak_memory_bytes: Mapped[int] = mapped_column(sa.BigInteger)
+    out_of_memory: Mapped[bool]
+    reason: Mapped[str] = mapped_column(sa.Text, default="")
+    candidate_plan_id: Mapped[str | None] = mapped_column(Id)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (sa.Index("ix_jobs_tenant_created", "tenant_id", "created_at"),)
+    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(Id, _fk("tenants.id"))
+    model_id: Mapped[str] = mapped_column(Id, _fk("models.id"), index=True)
+    name: Mapped[str] = mapped_column(sa.String(200), default="")
+    state: Mapped[str] = mapped_column(EnumName, index=True)
+    # No FK: plans.job_id already points here and a cycle would complicate inserts and drops.
+    plan_id: Mapped[str | None] = mapped_column(Id)
+    plan_version: Mapped[int] = mapped_column(default=0)
+    message: Mapped[str] = mapped_column(sa.Text, default="")
+    iteration: Mapped[int] = mapped_column(default=0)
+    last_event_seq: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    spec: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(index=True)
+    updated_at: Mapped[datetime]
+
+
+class JobEvent(Base):
+    __tablename__ = "job_events"
+    job_id: Mapped[str] = mapped_column(Id, _fk("jobs.id", "CASCADE"), primary_key=True)
+    seq: Mapped[int] = mapped_column(sa.BigInteger, primary_key=True)
+    type: Mapped[str] = mapped_column(sa.String(100))
+    state: Mapped[str] = mapped_column(EnumName)
+    message: Mapped[str] = mapped_column(sa.Text, default="")
+    attributes: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(index=True)
+
+
+class IterationMetric(Base):
+    __tablename__ = "iteration_metrics"
+    __table_args__ = (
+        sa.UniqueConstraint(
+            "job_id",
+            "plan_version",
+            "iteration",
+            "stage_index",
+            "replica_index",
+            name="uq_iteration_metrics_row",
+        ),
+        sa.Index("ix_iteration_metrics_job_iteration", "job_id", "iteration"),
+    )
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(Id, _fk("jobs.id", "CASCADE"))
+    iteration: Mapped[int]
+    stage_index: Mapped[int]
+    replica_index: Mapped[int]
+    plan_version: Mapped[int]
+    iteration_time_s: Mapped[float]
+    forward_s: Mapped[float]
+    backward_s: Mapped[float]
+    comm_s: Mapped[float]
+    idle_s: Mapped[float]
+    peak_memory_bytes: Mapped[int] = mapped_column(sa.BigInteger)
+    loss: Mapped[float | None]
+    throughput_samples_per_s: Mapped[float]
+    predicted_iteration_time_s: Mapped[float]
+    recorded_at: Mapped[datetime] = mapped_column(index=True)
+
+
+class LayerMigration(Base):
+    __tablename__ = "layer_migrations"
+    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    job_id: Mapped[str] = mapped_column(Id, _fk("jobs.id", "CASCADE"), index=True)
+    layer_index: Mapped[int]
+    from_stage: Mapped[int]
+    to_stage: Mapped[int]
+    bytes: Mapped[int] = mapped_column(sa.BigInteger)
+    duration_s: Mapped[float]
+    iteration: Mapped[int]
+    plan_version: Mapped[int]
+    created_at: Mapped[datetime]
+
+
+class Checkpoint(Base):
+    __tablename__ = "checkpoints"
+    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    job_id: Mapped[str] = mapped_column(Id, _fk("jobs.id", "CASCADE"), index=True)
+    iteration: Mapped[int]
+    plan_version: Mapped[int]
+    complete: Mapped[bool]
+    created_at: Mapped[datetime]
+
+    layers: Mapped[list[CheckpointLayer]] = relationship(
+        order_by="CheckpointLayer.layer_index", cascade="all, delete-orphan"
+    )
+
+
+class CheckpointLayer(Base):
+    __tablename__ = "checkpoint_layers"
+    checkpoint_id: Mapped[str] = mapped_column(Id, _fk("checkpoints.id", "CASCADE"), primary_key=True)
+    layer_index: Mapped[int] = mapped_column(primary_key=True)
+    uri: Mapped[str] = mapped_column(sa.Text)
+    bytes: Mapped[int] = mapped_column(sa.BigInteger)
+    sha256: Mapped[str] = mapped_column(sa.String(64), default="")
+
+
+class QueuedRequest(Base):
+    __tablename__ = "queued_requests"
+    __table_args__ = (sa.Index("ix_queued_requests_state_lease", "state", "lease_expires_at"),)
+    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(Id, _fk("tenants.id"), index=True)
+    kind: Mapped[str] = mapped_column(sa.String(100))
+    payload_json: Mapped[str] = mapped_column(sa.Text)
+    dedupe_key: Mapped[str] = mapped_column(sa.String(64), unique=True)
+    state: Mapped[str] = mapped_column(EnumName)
+    lease_owner: Mapped[str | None] = mapped_column(sa.String(200))
+    lease_token: Mapped[str | None] = mapped_column(sa.String(64))
+    lease_expires_at: Mapped[datetime | None]
+    attempts: Mapped[int] = mapped_column(default=0)
+    max_attempts: Mapped[int] = mapped_column(default=3)
+    requeues: Mapped[int] = mapped_column(default=0)
+    result_json: Mapped[str | None] = mapped_column(sa.Text)
+    error: Mapped[str | None] = mapped_column(sa.Text)
+    created_at: Mapped[datetime] = mapped_column(index=True)
+    updated_at: Mapped[datetime]
+
+
+class Worker(Base):
+    __tablename__ = "workers"
+    name: Mapped[str] = mapped_column(sa.String(200), primary_key=True)
+    pid: Mapped[int] = mapped_column(default=0)
+    queues: Mapped[list[Any]]
+    seen_at: Mapped[datetime] = mapped_column(index=True)
+    current_request_id: Mapped[str | None] = mapped_column(Id)

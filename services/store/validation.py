@@ -1,0 +1,162 @@
+"""Validation of ModelSpec and JobSpec, independent of transport.
+
+Errors name the proto path of the offending field ("spec.model.transformer.num_heads") and how
+to fix it, so the CLI can point at the exact line of a user's spec file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections.abc import Iterable
+
+from ballast.v1 import job_pb2, model_pb2
+from services.runtime.errors import InvalidArgument
+
+F = model_pb2.ModelFamily
+_CONFIG_FOR_FAMILY = {
+    F.MODEL_FAMILY_GPT: "transformer",
+    F.MODEL_FAMILY_BERT: "transformer",
+    F.MODEL_FAMILY_T5: "transformer",
+    F.MODEL_FAMILY_VIT: "vision",
+    F.MODEL_FAMILY_SWIN: "vision",
+    F.MODEL_FAMILY_CUSTOM: "custom",
+}
+_DOTTED = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
+FACTORY_RE = re.compile(rf"^{_DOTTED}:{_DOTTED}$")
+ALLOWED_FACTORIES_FIX = "ask the platform operator to add it to BALLAST_ALLOWED_MODEL_FACTORIES"
+OPTIMIZERS = ("", "adam", "sgd")
+
+
+def _positive(msg, names: Iterable[str], prefix: str) -> None:
+    for name in names:
+        if getattr(msg, name) <= 0:
+            raise InvalidArgument("must be positive", field=f"{prefix}.{name}", fix=f"set {name} > 0")
+
+
+def _transformer(cfg: model_pb2.TransformerConfig, family: int, prefix: str) -> None:
+    _positive(cfg, ("num_layers", "hidden_size", "num_heads", "vocab_size", "seq_length"), prefix)
+    if cfg.hidden_size % cfg.num_heads:
+        raise InvalidArgument(
+            f"num_heads {cfg.num_heads} does not divide hidden_size {cfg.hidden_size}",
+            field=f"{prefix}.num_heads",
+            fix="pick num_heads that divides hidden_size",
+        )
+    if cfg.max_positions and cfg.max_positions < cfg.seq_length:
+        raise InvalidArgument(
+            f"max_positions {cfg.max_positions} is below seq_length {cfg.seq_length}",
+            field=f"{prefix}.max_positions",
+            fix="set max_positions >= seq_length, or 0 to use seq_length",
+        )
+    if family == F.MODEL_FAMILY_T5:
+        _positive(cfg, ("num_decoder_layers", "decoder_seq_length"), prefix)
+
+
+def _vision(cfg: model_pb2.VisionConfig, family: int, prefix: str) -> None:
+    _positive(cfg, ("image_size", "patch_size", "channels", "num_classes", "hidden_size"), prefix)
+    if cfg.image_size % cfg.patch_size:
+        raise InvalidArgument(
+            f"patch_size {cfg.patch_size} does not divide image_size {cfg.image_size}",
+            field=f"{prefix}.patch_size",
+            fix="pick a patch size that divides the image side",
+        )
+    if cfg.mlp_ratio < 0 or math.isnan(cfg.mlp_ratio):
+        raise InvalidArgument("must not be negative", field=f"{prefix}.mlp_ratio", fix="use e.g. 4.0")
+    if family == F.MODEL_FAMILY_VIT:
+        _positive(cfg, ("num_layers", "num_heads"), prefix)
+        if cfg.hidden_size % cfg.num_heads:
+            raise InvalidArgument(
+                f"num_heads {cfg.num_heads} does not divide hidden_size {cfg.hidden_size}",
+                field=f"{prefix}.num_heads",
+                fix="pick num_heads that divides hidden_size",
+            )
+        return
+    if not cfg.depths:
+        raise InvalidArgument(
+            "Swin needs blocks per stage", field=f"{prefix}.depths", fix="e.g. depths: [2, 2, 6, 2]"
+        )
+    for i, depth in enumerate(cfg.depths):
+        if depth <= 0:
+            raise InvalidArgument(
+                "must be positive", field=f"{prefix}.depths[{i}]", fix="every stage needs a block"
+            )
+    if cfg.head_dim and cfg.hidden_size % cfg.head_dim:
+        raise InvalidArgument(
+            f"head_dim {cfg.head_dim} does not divide hidden_size {cfg.hidden_size}",
+            field=f"{prefix}.head_dim",
+            fix="pick head_dim that divides hidden_size",
+        )
+
+
+def _custom(cfg: model_pb2.CustomModel, allowed_factories: Iterable[str], prefix: str) -> None:
+    field = f"{prefix}.factory"
+    if not FACTORY_RE.match(cfg.factory):
+        raise InvalidArgument(
+            f"factory {cfg.factory!r} is not an import path",
+            field=field,
+            fix='use the form "pkg.module:callable"',
+        )
+    if cfg.factory not in set(allowed_factories):
+        raise InvalidArgument(
+            f"factory {cfg.factory!r} is not allowed", field=field, fix=ALLOWED_FACTORIES_FIX
+        )
+
+
+def validate_model_spec(
+    spec: model_pb2.ModelSpec, allowed_factories: Iterable[str] = (), *, prefix: str = "spec"
+) -> None:
+    """Raise InvalidArgument naming the first bad field; `prefix` is the spec's own proto path."""
+    if spec.family not in _CONFIG_FOR_FAMILY:
+        raise InvalidArgument(
+            "model family is not set", field=f"{prefix}.family", fix="set family, e.g. MODEL_FAMILY_GPT"
+        )
+    family_name = F.Name(spec.family)
+    expected, actual = _CONFIG_FOR_FAMILY[spec.family], spec.WhichOneof("config")
+    if actual != expected:
+        raise InvalidArgument(
+            f"{family_name} needs a {expected} config, got {actual or 'none'}",
+            field=f"{prefix}.{expected}",
+            fix=f"set {expected} (and no other config)",
+        )
+    if expected == "transformer":
+        _transformer(spec.transformer, spec.family, f"{prefix}.transformer")
+    elif expected == "vision":
+        _vision(spec.vision, spec.family, f"{prefix}.vision")
+    else:
+        _custom(spec.custom, allowed_factories, f"{prefix}.custom")
+    if not 0.0 <= spec.dropout < 1.0:  # also rejects NaN
+        raise InvalidArgument(
+            f"dropout {spec.dropout} is outside [0, 1)", field=f"{prefix}.dropout", fix="use 0 to 0.9"
+        )
+
+
+def validate_job_spec(spec: job_pb2.JobSpec, allowed_factories: Iterable[str] = ()) -> None:
+    """Raise InvalidArgument naming the first bad field of a job spec (paths start at "spec")."""
+    if not spec.HasField("model"):
+        raise InvalidArgument("a job needs a model", field="spec.model", fix="set model (a ModelSpec)")
+    validate_model_spec(spec.model, allowed_factories, prefix="spec.model")
+    _positive(spec, ("global_batch_size", "iterations"), "spec")
+    if spec.optimizer.name not in OPTIMIZERS:
+        raise InvalidArgument(
+            f"unknown optimizer {spec.optimizer.name!r}",
+            field="spec.optimizer.name",
+            fix='use "adam" or "sgd"',
+        )
+    if spec.optimizer.learning_rate < 0 or math.isnan(spec.optimizer.learning_rate):
+        raise InvalidArgument("must not be negative", field="spec.optimizer.learning_rate", fix="e.g. 1e-4")
+    if spec.HasField("fleet"):
+        fleet = spec.fleet
+        if not fleet.device.kind:
+            raise InvalidArgument(
+                "fleet device kind is not set", field="spec.fleet.device.kind", fix='e.g. "cpu"'
+            )
+        _positive(fleet, ("devices_per_node", "nodes"), "spec.fleet")
+
+
+def model_signature(spec: model_pb2.ModelSpec) -> str:
+    """Content hash of everything but the name: equal models share profiles whatever they are called."""
+    unnamed = model_pb2.ModelSpec()
+    unnamed.CopyFrom(spec)
+    unnamed.ClearField("name")
+    return hashlib.sha256(unnamed.SerializeToString(deterministic=True)).hexdigest()

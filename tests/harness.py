@@ -1,0 +1,112 @@
+"""Real servers on loopback ports for tests: the store, profiler and planner in-process (real gRPC),
+Celery workers and the CLI as real subprocesses."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ballast.cli.control_plane import ensure_token
+from ballast.client import Client
+from ballast.config import Settings, load_settings
+from services.runtime.server import Server
+from services.store import schema
+from services.store.db import create_engine
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_settings(data_dir: Path, **overrides: object) -> Settings:
+    ports = {f"{name}_port": free_port() for name in ("store", "profiler", "planner")}
+    # Executor agents take executor_port + i: leave a gap so they never collide with the services.
+    ports["executor_port"] = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BALLAST_")}
+    return load_settings(env, data_dir=data_dir, **{**ports, **overrides})
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """Environment that makes a subprocess see the same settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BALLAST_")}
+    for name in ("data_dir", "database_url", "broker_url", "host", "store_port", "profiler_port", "planner_port",
+                 "executor_port", "queue", "lease_seconds", "sweep_interval_s", "visibility_timeout_s",
+                 "worker_heartbeat_s"):
+        env[f"BALLAST_{name.upper()}"] = str(getattr(settings, name))
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+@dataclass
+class Plane:
+    settings: Settings
+    servers: dict[str, Server] = field(default_factory=dict)
+
+    @property
+    def token(self) -> str:
+        return self.settings.resolved_token()
+
+    def client(self, token: str | None = None) -> Client:
+        return Client(store=self.settings.address("store"), planner=self.settings.address("planner"),
+                      profiler=self.settings.address("profiler"), token=self.token if token is None else token)
+
+    def stop(self) -> None:
+        for server in reversed(list(self.servers.values())):
+            server.stop(0.5)
+
+
+def start_plane(settings: Settings, services: tuple[str, ...] = ("store", "profiler", "planner"),
+                send: Callable[[str], None] | None = None) -> Plane:
+    """Migrate, write the admin token, start the requested services in this process."""
+    from services.planner.service import build_server as planner_server
+    from services.profiler.service import build_server as profiler_server
+    from services.store.service import build_server as store_server
+
+    ensure_token(settings)
+    schema.upgrade(settings.database_url)
+    plane = Plane(settings)
+    if "store" in services:
+        plane.servers["store"] = store_server(settings, create_engine(settings.database_url)).start()
+    if "profiler" in services:
+        plane.servers["profiler"] = profiler_server(settings).start()
+    if "planner" in services:
+        plane.servers["planner"] = planner_server(settings, send=send).start()
+    return plane
+
+
+def spawn_cli(settings: Settings, *args: str, extra_env: dict[str, str] | None = None,
+              log: Path | None = None) -> subprocess.Popen:
+    out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - closed with the process
+    return subprocess.Popen([sys.executable, "-m", "ballast", *args], env={**settings_env(settings),
+                            **(extra_env or {})}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                            cwd=ROOT)
+
+
+def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=30)
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 60.0, interval: float = 0.2, what: str = "") -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+        time.sleep(interval)

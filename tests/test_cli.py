@@ -1,0 +1,87 @@
+"""The CLI as a user runs it: up, status, sql, down, demo — real child processes on loopback ports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ballast.cli.control_plane import State, alive
+from tests.harness import ROOT, make_settings, settings_env
+from tests.test_services import list_services
+
+pytestmark = pytest.mark.slow
+
+
+def ballast(settings, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ballast", *args], env=settings_env(settings), cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_up_status_sql_down(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path / "d")
+    data_dir = str(settings.data_dir)
+    up = ballast(settings, "up", "--data-dir", data_dir, "--executors", "2")
+    state = State.load(settings)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert {c.name for c in state.children} == {"store", "profiler", "planner", "worker", "executor-0",
+                                                    "executor-1"}
+        status = ballast(settings, "status", "--data-dir", data_dir, "--json")
+        assert status.returncode == 0, status.stdout + status.stderr
+        assert {r["status"] for r in json.loads(status.stdout)} == {"SERVING"}
+
+        services = set()
+        for name in ("store", "profiler", "planner"):
+            services |= list_services(settings.address(name))
+        assert {"ballast.v1.StoreService", "ballast.v1.ProfilerService", "ballast.v1.PlannerService",
+                "ballast.v1.JobService", "ballast.v1.ExecutorControl"} <= services
+
+        hosts = ballast(settings, "sql", "--data-dir", data_dir, "--json",
+                        "SELECT name, state FROM hosts ORDER BY name")
+        assert hosts.returncode == 0, hosts.stderr
+        rows = json.loads(hosts.stdout)["rows"]
+        assert len(rows) == 2 and {r[1] for r in rows} == {"HOST_STATE_ONLINE"}
+
+        before = json.loads(ballast(settings, "sql", "--json", "--data-dir", data_dir,
+                                    "SELECT count(*) FROM hosts").stdout)["rows"]
+        delete = ballast(settings, "sql", "--data-dir", data_dir, "DELETE FROM hosts")
+        assert delete.returncode != 0 and "read-only" in delete.stderr
+        after = json.loads(ballast(settings, "sql", "--json", "--data-dir", data_dir,
+                                   "SELECT count(*) FROM hosts").stdout)["rows"]
+        assert before == after
+
+        again = ballast(settings, "up", "--data-dir", data_dir)
+        assert again.returncode == 1 and "already up" in again.stderr
+    finally:
+        down = ballast(settings, "down", "--data-dir", data_dir)
+    assert down.returncode == 0, down.stderr
+    assert not [c.name for c in state.children if alive(c.pid)]
+    leftovers = subprocess.run(["pgrep", "-f", data_dir], capture_output=True, text=True).stdout.split()
+    assert leftovers == []
+    assert ballast(settings, "status", "--data-dir", data_dir).returncode == 1
+
+
+def test_up_names_the_component_that_fails(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path / "d")
+    import socket
+
+    # Occupy the planner's port so the planner cannot bind.
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", settings.planner_port))
+        blocker.listen()
+        up = ballast(settings, "up", "--data-dir", str(settings.data_dir), "--executors", "0", "--timeout", "40")
+    assert up.returncode == 1
+    assert "planner did not report SERVING" in up.stderr
+    assert State.load(settings) is None  # everything it started was stopped
+
+
+def test_demo(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path / "demo")
+    demo = ballast(settings, "demo", "--data-dir", str(settings.data_dir))
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    assert "gpt-tiny" in demo.stdout and "MODEL_FAMILY_GPT" in demo.stdout
+    assert State.load(settings) is None

@@ -1,0 +1,292 @@
+"""The production deployment description: compose.yaml, Dockerfile and .dockerignore.
+
+compose.yaml is validated against the Compose Specification schema vendored by `check-jsonschema`
+(nothing is downloaded), then checked for the properties the topology promises: start order, health
+checks, the GPU reservation, and which process may reach the database and the broker.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import tomllib
+from collections.abc import Callable
+from functools import cache
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE_FILE = ROOT / "compose.yaml"
+
+GRPC_PORTS = {"store": 50051, "profiler": 50052, "planner": 50053, "executor": 50060}
+REQUIRED_SERVICES = {"postgres", "redis", "migrate", "planner-worker", *GRPC_PORTS}
+KNOWN_BALLAST_VARS = {
+    "BALLAST_DATABASE_URL",
+    "BALLAST_BROKER_URL",
+    "BALLAST_DATA_DIR",
+    "BALLAST_HOST",
+    "BALLAST_STORE_PORT",
+    "BALLAST_PROFILER_PORT",
+    "BALLAST_PLANNER_PORT",
+    "BALLAST_EXECUTOR_PORT",
+    "BALLAST_STORE_ADDRESS",
+    "BALLAST_PROFILER_ADDRESS",
+    "BALLAST_PLANNER_ADDRESS",
+    "BALLAST_TOKEN",
+}
+DATABASE_CLIENTS = {"store", "migrate"}
+BROKER_CLIENTS = {"planner", "planner-worker"}
+BALLAST_NAME = re.compile(r"\bBALLAST_[A-Z0-9_]+")
+
+
+@cache
+def compose_schema() -> dict[str, Any]:
+    """The Compose Specification schema shipped inside the installed check-jsonschema package."""
+    resource = files("check_jsonschema") / "builtin_schemas" / "vendor" / "compose-spec.json"
+    return json.loads(resource.read_text(encoding="utf-8"))
+
+
+def schema_errors(document: Any) -> list[str]:
+    """Schema violations of `document`, using the validator for the draft the schema declares."""
+    schema = compose_schema()
+    validator_cls = jsonschema.validators.validator_for(schema)
+    validator_cls.check_schema(schema)
+    validator = validator_cls(schema, format_checker=validator_cls.FORMAT_CHECKER)
+    return [
+        f"{'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}"
+        for e in validator.iter_errors(document)
+    ]
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    with COMPOSE_FILE.open(encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return compose["services"]
+
+
+def env_of(service: dict[str, Any]) -> dict[str, str]:
+    """A service's environment as a dict, whichever of the two Compose forms it uses."""
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        return dict(item.split("=", 1) if "=" in item else (item, "") for item in env)
+    return {key: "" if value is None else str(value) for key, value in env.items()}
+
+
+def depends_on(service: dict[str, Any]) -> dict[str, str]:
+    """Dependency name -> condition (Compose's default for the short form is service_started)."""
+    deps = service.get("depends_on") or {}
+    if isinstance(deps, list):
+        return dict.fromkeys(deps, "service_started")
+    return {name: (spec or {}).get("condition", "service_started") for name, spec in deps.items()}
+
+
+def networks_of(service: dict[str, Any]) -> set[str]:
+    """Networks a service joins (Compose puts a service without `networks` on `default`)."""
+    nets = service.get("networks")
+    if nets is None:
+        return {"default"}
+    return set(nets)
+
+
+# --- schema -----------------------------------------------------------------------------------------
+
+
+def test_compose_file_matches_compose_spec(compose: dict[str, Any]) -> None:
+    assert schema_errors(compose) == []
+
+
+@pytest.mark.parametrize(
+    ("breakage", "expected"),
+    [
+        pytest.param(
+            lambda doc: doc["services"]["store"].update(colour="blue"), "'colour'", id="unknown-service-key"
+        ),
+        pytest.param(
+            lambda doc: doc["services"]["store"].update(ports=50051),
+            "services/store/ports: 50051 is not of type 'array'",
+            id="ports-not-a-list",
+        ),
+        pytest.param(
+            lambda doc: doc["services"]["migrate"].update(restart=False),
+            "services/migrate/restart",
+            id="bare-no-restart",
+        ),
+        pytest.param(
+            lambda doc: doc["services"]["store"]["depends_on"]["migrate"].update(condition="service_done"),
+            "services/store/depends_on",
+            id="bad-depends-on-condition",
+        ),
+        pytest.param(lambda doc: doc.update(servics={}), "'servics'", id="unknown-top-level-key"),
+    ],
+)
+def test_schema_rejects_broken_copies(
+    compose: dict[str, Any], breakage: Callable[[dict[str, Any]], None], expected: str
+) -> None:
+    """The validator bites: each deliberate breakage is reported, at the place it was made."""
+    broken = copy.deepcopy(compose)
+    breakage(broken)
+    errors = schema_errors(broken)
+    assert any(expected in error for error in errors), errors
+
+
+# --- topology ---------------------------------------------------------------------------------------
+
+
+def test_required_services_exist(services: dict[str, dict[str, Any]]) -> None:
+    assert REQUIRED_SERVICES <= set(services)
+
+
+@pytest.mark.parametrize("name", sorted(GRPC_PORTS))
+def test_grpc_services_serve_and_health_check_their_own_port(
+    services: dict[str, dict[str, Any]], name: str
+) -> None:
+    service = services[name]
+    port = GRPC_PORTS[name]
+    assert service["command"] == ["ballast", "serve", name]
+    assert env_of(service)[f"BALLAST_{name.upper()}_PORT"] == str(port)
+    test = service["healthcheck"]["test"]
+    assert test[0] == "CMD" and test[1:4] == ["ballast", "health", f"localhost:{port}"], test
+    assert service.get("restart") in {"unless-stopped", "always", "on-failure"}
+
+
+def test_peer_addresses_point_at_services_on_their_ports(services: dict[str, dict[str, Any]]) -> None:
+    for name, service in services.items():
+        for key, value in env_of(service).items():
+            match = re.fullmatch(r"BALLAST_(STORE|PROFILER|PLANNER)_ADDRESS", key)
+            if match:
+                peer = match.group(1).lower()
+                assert value == f"{peer}:{GRPC_PORTS[peer]}", (name, key, value)
+                assert peer in services
+
+
+def test_migrate_runs_once_after_postgres_is_healthy(services: dict[str, dict[str, Any]]) -> None:
+    migrate = services["migrate"]
+    assert migrate["command"] == ["ballast", "db", "upgrade"]
+    assert migrate["restart"] == "no"
+    assert depends_on(migrate)["postgres"] == "service_healthy"
+    assert services["postgres"]["image"].startswith("postgres:16")
+    assert "pg_isready" in services["postgres"]["healthcheck"]["test"]
+
+
+def test_store_starts_after_migration_completes(services: dict[str, dict[str, Any]]) -> None:
+    assert depends_on(services["store"])["migrate"] == "service_completed_successfully"
+
+
+def test_redis_is_health_checked(services: dict[str, dict[str, Any]]) -> None:
+    redis = services["redis"]
+    assert redis["image"].startswith("redis:7")
+    assert "redis-cli ping" in " ".join(redis["healthcheck"]["test"])
+
+
+def test_planner_worker_runs_celery_worker(services: dict[str, dict[str, Any]]) -> None:
+    worker = services["planner-worker"]
+    assert worker["command"] == ["ballast", "worker"]
+    assert "ports" not in worker and "container_name" not in worker, "workers must stay scalable"
+
+
+def test_executor_reserves_nvidia_gpus(services: dict[str, dict[str, Any]]) -> None:
+    devices = services["executor"]["deploy"]["resources"]["reservations"]["devices"]
+    assert any(
+        d.get("driver") == "nvidia" and "gpu" in d.get("capabilities", []) and d.get("count") == "all"
+        for d in devices
+    ), devices
+
+
+def test_only_store_and_migrate_get_the_database(services: dict[str, dict[str, Any]]) -> None:
+    with_db = {name for name, svc in services.items() if "BALLAST_DATABASE_URL" in env_of(svc)}
+    assert with_db == DATABASE_CLIENTS
+    for name in DATABASE_CLIENTS:
+        assert env_of(services[name])["BALLAST_DATABASE_URL"].startswith("postgresql+psycopg://")
+        assert "@postgres:5432/" in env_of(services[name])["BALLAST_DATABASE_URL"]
+
+
+def test_only_store_and_migrate_can_reach_postgres(services: dict[str, dict[str, Any]]) -> None:
+    pg_nets = networks_of(services["postgres"])
+    sharing = {n for n, svc in services.items() if n != "postgres" and networks_of(svc) & pg_nets}
+    assert sharing == DATABASE_CLIENTS
+
+
+def test_planner_and_workers_get_the_redis_broker(services: dict[str, dict[str, Any]]) -> None:
+    for name in BROKER_CLIENTS:
+        assert env_of(services[name])["BALLAST_BROKER_URL"].startswith("redis://redis:6379"), name
+        assert depends_on(services[name])["redis"] == "service_healthy"
+        assert networks_of(services[name]) & networks_of(services["redis"]), name
+
+
+def test_ballast_services_share_a_network(services: dict[str, dict[str, Any]]) -> None:
+    common = set.intersection(*(networks_of(services[n]) for n in [*GRPC_PORTS, "planner-worker"]))
+    assert common
+
+
+def test_only_known_ballast_variables_are_used(services: dict[str, dict[str, Any]]) -> None:
+    used = {key for svc in services.values() for key in env_of(svc) if key.startswith("BALLAST_")}
+    used |= set(BALLAST_NAME.findall(COMPOSE_FILE.read_text(encoding="utf-8")))
+    used |= set(BALLAST_NAME.findall((ROOT / "Dockerfile").read_text(encoding="utf-8")))
+    assert used <= KNOWN_BALLAST_VARS, sorted(used - KNOWN_BALLAST_VARS)
+
+
+def test_secrets_are_required_not_defaulted(services: dict[str, dict[str, Any]]) -> None:
+    """The token must come from the operator (`${VAR:?...}`), never a value baked into the file."""
+    for name, service in services.items():
+        token = env_of(service).get("BALLAST_TOKEN")
+        if token is not None:
+            assert token.startswith("${BALLAST_TOKEN:?"), name
+
+
+def test_named_volumes_are_declared(compose: dict[str, Any], services: dict[str, dict[str, Any]]) -> None:
+    declared = set(compose.get("volumes") or {})
+    for name, service in services.items():
+        for mount in service.get("volumes", []):
+            source = mount.split(":", 1)[0] if isinstance(mount, str) else mount.get("source", "")
+            if source and not source.startswith((".", "/", "~")):
+                assert source in declared, (name, source)
+    assert {"postgres", "redis"} <= {n for n, s in services.items() if s.get("volumes")}
+
+
+def test_services_build_from_the_root_dockerfile(services: dict[str, dict[str, Any]]) -> None:
+    for name, service in services.items():
+        if name in {"postgres", "redis"}:
+            continue
+        build = service["build"]
+        assert build["context"] == "." and build.get("dockerfile", "Dockerfile") == "Dockerfile", name
+
+
+# --- image ------------------------------------------------------------------------------------------
+
+
+def test_dockerfile_basics() -> None:
+    text = (ROOT / "Dockerfile").read_text(encoding="utf-8")
+    assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11-slim$", text, re.M)
+    users = re.findall(r"^USER\s+(\S+)", text, re.M)
+    assert users and users[-1].split(":")[0] not in {"root", "0"}
+    assert re.search(r'^CMD \["ballast", "--help"\]$', text, re.M)
+
+
+def test_dockerfile_torch_pin_matches_pyproject() -> None:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    pins = [d for d in pyproject["project"]["dependencies"] if re.match(r"torch\s*==", d)]
+    assert len(pins) == 1
+    match = re.search(r"^ARG TORCH_VERSION=(\S+)$", (ROOT / "Dockerfile").read_text(encoding="utf-8"), re.M)
+    assert match and pins[0].replace(" ", "") == f"torch=={match.group(1)}"
+
+
+def test_dockerignore_keeps_secrets_and_junk_out_but_sources_in() -> None:
+    patterns = {
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert {".env", ".git/", ".venv/"} <= patterns
+    for needed in ("pyproject.toml", "README.md", "ballast", "services"):
+        assert not any(p.rstrip("/") in {needed, f"{needed}/"} or p == "*.md" for p in patterns), needed

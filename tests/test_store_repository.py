@@ -1,0 +1,869 @@
+"""Repository behaviour on SQLite and PostgreSQL: the same tests, through `empty_database_url`."""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import sqlalchemy as sa
+
+from ballast.v1 import common_pb2, fleet_pb2, job_pb2, model_pb2, plan_pb2, profile_pb2, queue_pb2, store_pb2
+from services.runtime.auth import Principal, hash_token
+from services.runtime.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    SchemaOutOfDate,
+    Unauthenticated,
+    Unavailable,
+)
+from services.store import schema
+from services.store.db import create_engine
+from services.store.repository import Repository
+
+JS = job_pb2.JobState
+ADMIN_TOKEN = "blt_test-admin-token"
+FACTORY = "mypkg.models:build"
+
+
+class FakeClock:
+    """Advances one microsecond per reading so creation order is strict; tests jump it explicitly."""
+
+    def __init__(self) -> None:
+        self.t = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        self.t += timedelta(microseconds=1)
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += timedelta(seconds=seconds)
+
+
+@dataclass
+class Store:
+    repo: Repository
+    engine: sa.Engine
+    clock: FakeClock
+    admin: Principal
+    a: Principal
+    b: Principal
+
+    def count(self, table: str) -> int:
+        with self.engine.connect() as conn:
+            return conn.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar_one()
+
+
+@pytest.fixture
+def store(empty_database_url):
+    schema.upgrade(empty_database_url)
+    engine = create_engine(empty_database_url)
+    clock = FakeClock()
+    repo = Repository(engine, now=clock, allowed_factories=(FACTORY,))
+    admin = repo.ensure_admin(ADMIN_TOKEN)
+    tenants = [
+        repo.create_tenant(admin, store_pb2.CreateTenantRequest(name=name)) for name in ("team-a", "team-b")
+    ]
+    a, b = (repo.authenticate(t.token) for t in tenants)
+    yield Store(repo, engine, clock, admin, a, b)
+    engine.dispose()
+
+
+def gpt(name: str = "gpt-tiny", layers: int = 2, hidden: int = 64) -> model_pb2.ModelSpec:
+    return model_pb2.ModelSpec(
+        name=name,
+        family=model_pb2.MODEL_FAMILY_GPT,
+        transformer=model_pb2.TransformerConfig(
+            num_layers=layers, hidden_size=hidden, num_heads=4, vocab_size=128, seq_length=32
+        ),
+    )
+
+
+def job_spec(name: str = "train", model: model_pb2.ModelSpec | None = None) -> job_pb2.JobSpec:
+    return job_pb2.JobSpec(name=name, model=model or gpt(), global_batch_size=8, iterations=10)
+
+
+def profile_msg(model_id: str, kind: str = "cpu", layers: int = 2) -> profile_pb2.Profile:
+    pr = profile_pb2.Profile(
+        model_id=model_id,
+        device=fleet_pb2.DeviceSpec(kind=kind, memory_bytes=8 << 30, peak_flops=1e12),
+        dtype=common_pb2.DTYPE_FP32,
+        software="torch 2.13.0",
+        intra_op_threads=2,
+        non_model_memory_bytes=123,
+        comm=profile_pb2.CommCalibration(
+            links=[profile_pb2.LinkSample(scope=profile_pb2.LINK_SCOPE_INTRA_NODE, bytes=1 << 20, seconds=0.001)],
+            overlap_slowdown=1.2,
+        ),
+    )
+    for i in range(layers):
+        pr.layers.add(
+            index=i,
+            name=f"block.{i}",
+            kind="block",
+            parameter_count=1000 + i,
+            parameter_bytes=4000,
+            gradient_bytes=4000,
+            optimizer_state_bytes=8000,
+            extra_inputs=[0] if i else [],
+            tied_with=[],
+            samples=[
+                profile_pb2.LayerSample(micro_batch_size=mbs, measured=True, forward_s=0.01 * mbs, backward_s=0.02)
+                for mbs in (1, 2, 4)
+            ],
+        )
+    return pr
+
+
+def plan_msg(model_id: str, *, job_id: str = "", profile_id: str = "", layers: int = 2) -> plan_pb2.Plan:
+    pl = plan_pb2.Plan(
+        model_id=model_id,
+        job_id=job_id,
+        profile_id=profile_id,
+        engine=plan_pb2.PLAN_ENGINE_GALVATRON,
+        global_batch_size=8,
+        micro_batch_size=2,
+        num_micro_batches=4,
+        schedule=plan_pb2.SCHEDULE_1F1B,
+        fleet=fleet_pb2.Fleet(name="cpu2", device=fleet_pb2.DeviceSpec(kind="cpu"), devices_per_node=2, nodes=1),
+        stages=[
+            plan_pb2.Stage(index=0, layer_begin=0, layer_end=1, devices=1, predicted_time_s=0.5),
+            plan_pb2.Stage(index=1, layer_begin=1, layer_end=layers, devices=1, predicted_time_s=0.5),
+        ],
+        prediction=plan_pb2.Prediction(iteration_time_s=2.0, throughput_samples_per_s=4.0, peak_memory_bytes=1 << 30),
+        explanation="balanced two-stage pipeline",
+        memory_budget_bytes=8 << 30,
+        alternatives=[
+            plan_pb2.PlanAlternative(
+                name="DDP",
+                engine=plan_pb2.PLAN_ENGINE_BASELINE,
+                global_batch_size=8,
+                reason="out of memory",
+                prediction=plan_pb2.Prediction(iteration_time_s=3.0, out_of_memory=True),
+            )
+        ],
+    )
+    for i in range(layers):
+        pl.layers.add(
+            layer_index=i,
+            stage_index=min(i, 1),
+            dp=1,
+            sdp=1,
+            tp=1,
+            order=[common_pb2.PARALLEL_DIM_DP],
+            checkpoint=i == 0,
+        )
+    return pl
+
+
+def new_job(st: Store, who: Principal | None = None, name: str = "train", **kw) -> job_pb2.Job:
+    return st.repo.create_job(who or st.a, store_pb2.CreateJobRequest(spec=job_spec(name, **kw)))
+
+
+def move(st: Store, job_id: str, state: int, who: Principal | None = None, **kw) -> job_pb2.Job:
+    return st.repo.transition_job(who or st.a, store_pb2.TransitionJobRequest(id=job_id, state=state, **kw))
+
+
+def events(st: Store, job_id: str, who: Principal | None = None, **kw) -> list[job_pb2.JobEvent]:
+    req = store_pb2.ListJobEventsRequest(job_id=job_id, **kw)
+    return list(st.repo.list_job_events(who or st.a, req).events)
+
+
+def page(size: int, token: str = "") -> common_pb2.PageRequest:
+    return common_pb2.PageRequest(page_size=size, page_token=token)
+
+
+# --- tenants and auth --------------------------------------------------------------------------
+
+
+def test_authentication_and_tenants(store: Store):
+    repo = store.repo
+    with pytest.raises(Unauthenticated) as err:
+        repo.authenticate("blt_unknown")
+    assert "ballast tenant create" in str(err.value)
+    with pytest.raises(Unauthenticated):
+        repo.authenticate("")
+    assert repo.authenticate(ADMIN_TOKEN) == store.admin and store.admin.admin
+    assert repo.ensure_admin(ADMIN_TOKEN) == store.admin  # idempotent
+    assert repo.ensure_admin("blt_rotated").tenant_id == store.admin.tenant_id  # re-keyed, same tenant
+    with pytest.raises(Unauthenticated):
+        repo.authenticate(ADMIN_TOKEN)
+
+    created = repo.create_tenant(store.admin, store_pb2.CreateTenantRequest(name="team-c"))
+    with store.engine.connect() as conn:
+        stored = conn.execute(sa.text("SELECT * FROM tenants WHERE name = 'team-c'")).mappings().one()
+    assert stored["token_hash"] == hash_token(created.token)
+    assert created.token not in {str(v) for v in stored.values()}
+
+    with pytest.raises(AlreadyExists) as err:
+        repo.create_tenant(store.admin, store_pb2.CreateTenantRequest(name="team-c"))
+    assert err.value.field == "name"
+    with pytest.raises(InvalidArgument) as err:
+        repo.create_tenant(store.admin, store_pb2.CreateTenantRequest(name="Bad_Name"))
+    assert err.value.field == "name"
+    with pytest.raises(PermissionDenied):
+        repo.create_tenant(store.a, store_pb2.CreateTenantRequest(name="team-d"))
+    with pytest.raises(PermissionDenied):
+        repo.list_tenants(store.a, store_pb2.ListTenantsRequest())
+
+    assert repo.get_tenant(store.a, store_pb2.GetRequest(id=store.a.tenant_id)).name == "team-a"
+    with pytest.raises(NotFound):
+        repo.get_tenant(store.a, store_pb2.GetRequest(id=store.b.tenant_id))
+    first = repo.list_tenants(store.admin, store_pb2.ListTenantsRequest(page=page(2)))
+    rest = repo.list_tenants(store.admin, store_pb2.ListTenantsRequest(page=page(2, first.next_page_token)))
+    names = [t.name for t in [*first.tenants, *rest.tenants]]
+    assert names == ["admin", "team-a", "team-b", "team-c"] and rest.next_page_token == ""
+
+
+# --- models ------------------------------------------------------------------------------------
+
+
+def test_model_round_trip_filters_and_paging(store: Store):
+    repo, a = store.repo, store.a
+    made = [repo.create_model(a, store_pb2.CreateModelRequest(spec=gpt(f"gpt-{i}", layers=i + 1))) for i in range(5)]
+    vit = model_pb2.ModelSpec(
+        name="vit",
+        family=model_pb2.MODEL_FAMILY_VIT,
+        vision=model_pb2.VisionConfig(
+            image_size=32, patch_size=8, channels=3, num_classes=10, hidden_size=64, num_layers=2, num_heads=4
+        ),
+    )
+    repo.create_model(a, store_pb2.CreateModelRequest(spec=vit))
+    got = repo.get_model(a, store_pb2.GetRequest(id=made[0].id))
+    assert got == made[0] and got.spec == gpt("gpt-0", layers=1) and got.id.startswith("mdl-")
+    assert len(got.signature) == 64 and got.tenant_id == a.tenant_id
+
+    gpts = store_pb2.ListModelsRequest(family=model_pb2.MODEL_FAMILY_GPT, page=page(2))
+    seen, pages = [], 0
+    while True:
+        resp = repo.list_models(a, gpts)
+        seen += [m.spec.name for m in resp.models]
+        pages += 1
+        if not resp.next_page_token:
+            break
+        gpts.page.page_token = resp.next_page_token
+    assert seen == [f"gpt-{i}" for i in range(5)] and pages == 3
+    assert [m.spec.name for m in repo.list_models(a, store_pb2.ListModelsRequest(name="vit")).models] == ["vit"]
+    with pytest.raises(InvalidArgument) as err:
+        repo.list_models(a, store_pb2.ListModelsRequest(page=page(2, "not-a-token")))
+    assert err.value.field == "page.page_token"
+
+    # Same spec and name: idempotent. Same spec, other name; or same name, other spec: refused.
+    assert repo.create_model(a, store_pb2.CreateModelRequest(spec=gpt("gpt-0", layers=1))).id == made[0].id
+    with pytest.raises(AlreadyExists) as err:
+        repo.create_model(a, store_pb2.CreateModelRequest(spec=gpt("other", layers=1)))
+    assert err.value.field == "spec"
+    with pytest.raises(AlreadyExists) as err:
+        repo.create_model(a, store_pb2.CreateModelRequest(spec=gpt("gpt-0", layers=9)))
+    assert err.value.field == "spec.name"
+    with pytest.raises(InvalidArgument) as err:
+        repo.create_model(a, store_pb2.CreateModelRequest(spec=gpt(hidden=66)))
+    assert err.value.field == "spec.transformer.num_heads"
+    custom = model_pb2.ModelSpec(
+        name="c", family=model_pb2.MODEL_FAMILY_CUSTOM, custom=model_pb2.CustomModel(factory="evil.mod:run")
+    )
+    with pytest.raises(InvalidArgument) as err:
+        repo.create_model(a, store_pb2.CreateModelRequest(spec=custom))
+    assert err.value.field == "spec.custom.factory" and "BALLAST_ALLOWED_MODEL_FACTORIES" in str(err.value)
+    custom.custom.factory = FACTORY
+    custom.custom.kwargs.update({"width": 8, "tag": "x"})
+    assert repo.create_model(a, store_pb2.CreateModelRequest(spec=custom)).spec == custom
+
+
+# --- isolation ---------------------------------------------------------------------------------
+
+
+def test_tenant_isolation_and_admin_visibility(store: Store):
+    repo, a, b, admin = store.repo, store.a, store.b, store.admin
+    model = repo.create_model(a, store_pb2.CreateModelRequest(spec=gpt()))
+    job = new_job(store)
+    prof = repo.create_profile(a, store_pb2.CreateProfileRequest(profile=profile_msg(model.id)))
+    plan = repo.create_plan(a, store_pb2.CreatePlanRequest(plan=plan_msg(model.id, job_id=job.id)))
+    queued = repo.enqueue_request(a, store_pb2.EnqueueRequestRequest(kind="diagnostic.echo", payload_json="{}"))
+    ckp = repo.create_checkpoint(a, store_pb2.CreateCheckpointRequest(checkpoint=job_pb2.Checkpoint(job_id=job.id)))
+
+    for getter, id_ in [
+        (repo.get_model, model.id),
+        (repo.get_job, job.id),
+        (repo.get_profile, prof.id),
+        (repo.get_plan, plan.id),
+        (repo.get_queued_request, queued.request.id),
+        (repo.get_checkpoint, ckp.id),
+    ]:
+        with pytest.raises(NotFound) as theirs:
+            getter(b, store_pb2.GetRequest(id=id_))
+        with pytest.raises(NotFound) as unknown:
+            getter(b, store_pb2.GetRequest(id=id_[:4] + "0" * 16))
+        assert str(theirs.value).replace(id_, "X") == str(unknown.value).replace(id_[:4] + "0" * 16, "X")
+        assert getter(admin, store_pb2.GetRequest(id=id_)).id == id_
+
+    assert not repo.list_models(b, store_pb2.ListModelsRequest()).models
+    assert not repo.list_jobs(b, store_pb2.ListJobsRequest()).jobs
+    assert not repo.list_profiles(b, store_pb2.ListProfilesRequest()).profiles
+    assert not repo.list_plans(b, store_pb2.ListPlansRequest()).plans
+    assert not repo.list_requests(b, store_pb2.ListRequestsRequest()).requests
+    assert [j.id for j in repo.list_jobs(admin, store_pb2.ListJobsRequest()).jobs] == [job.id]
+    assert len(repo.list_models(admin, store_pb2.ListModelsRequest()).models) == 1
+
+    # B cannot reference A's rows either.
+    with pytest.raises(NotFound) as err:
+        repo.create_profile(b, store_pb2.CreateProfileRequest(profile=profile_msg(model.id)))
+    assert err.value.field == "profile.model_id"
+    with pytest.raises(NotFound):
+        repo.create_plan(b, store_pb2.CreatePlanRequest(plan=plan_msg(model.id)))
+    with pytest.raises(NotFound):
+        move(store, job.id, JS.JOB_STATE_PROFILING, who=b)
+    with pytest.raises(NotFound):
+        events(store, job.id, who=b)
+    with pytest.raises(NotFound):
+        repo.append_job_event(b, store_pb2.AppendJobEventRequest(event=job_pb2.JobEvent(job_id=job.id, type="X")))
+    with pytest.raises(NotFound) as err:
+        repo.write_iteration_metrics(
+            b, store_pb2.WriteIterationMetricsRequest(metrics=[job_pb2.IterationMetric(job_id=job.id)])
+        )
+    assert err.value.field == "metrics[0].job_id"
+    for lister, req in [
+        (repo.list_iteration_metrics, store_pb2.ListIterationMetricsRequest(job_id=job.id)),
+        (repo.list_layer_migrations, store_pb2.ListLayerMigrationsRequest(job_id=job.id)),
+        (repo.list_checkpoints, store_pb2.ListCheckpointsRequest(job_id=job.id)),
+    ]:
+        with pytest.raises(NotFound):
+            lister(b, req)
+    with pytest.raises(NotFound):
+        repo.record_layer_migration(
+            b, store_pb2.RecordLayerMigrationRequest(migration=job_pb2.LayerMigration(job_id=job.id))
+        )
+    # The same model spec under tenant B is B's own model.
+    assert new_job(store, who=b).model_id != job.model_id
+    assert store.count("job_events") == 2
+
+
+# --- profiles, hosts, plans ----------------------------------------------------------------------
+
+
+def test_profile_round_trip_and_filters(store: Store):
+    repo, a = store.repo, store.a
+    model = repo.create_model(a, store_pb2.CreateModelRequest(spec=gpt()))
+    sent = profile_msg(model.id)
+    prof = repo.create_profile(a, store_pb2.CreateProfileRequest(profile=sent))
+    gpu = repo.create_profile(a, store_pb2.CreateProfileRequest(profile=profile_msg(model.id, kind="nvidia-h100")))
+    got = repo.get_profile(a, store_pb2.GetRequest(id=prof.id))
+    assert got == prof and got.id.startswith("prf-") and got.model_signature == model.signature
+    expected = profile_pb2.Profile()
+    expected.CopyFrom(sent)
+    expected.id, expected.tenant_id, expected.model_signature = got.id, a.tenant_id, model.signature
+    expected.created_at.CopyFrom(got.created_at)
+    assert got == expected
+    assert repo.get_model(a, store_pb2.GetRequest(id=model.id)).parameter_count == 1000 + 1001
+
+    def ids(**kw):
+        return [p.id for p in repo.list_profiles(a, store_pb2.ListProfilesRequest(**kw)).profiles]
+
+    assert ids() == [prof.id, gpu.id]
+    assert ids(device_kind="nvidia-h100") == [gpu.id]
+    assert ids(model_id=model.id, model_signature=model.signature, device_kind="cpu") == [prof.id]
+    assert ids(model_signature="0" * 64) == []
+
+    bad = profile_msg(model.id)
+    bad.layers[1].index = 5
+    with pytest.raises(InvalidArgument) as err:
+        repo.create_profile(a, store_pb2.CreateProfileRequest(profile=bad))
+    assert err.value.field == "profile.layers[1].index"
+    assert store.count("profiles") == 2 and store.count("profile_layers") == 4
+
+
+def test_hosts_are_platform_data(store: Store):
+    repo, a, admin = store.repo, store.a, store.admin
+
+    def host(name: str, kinds: list[str], **kw) -> fleet_pb2.Host:
+        return fleet_pb2.Host(
+            name=name,
+            address=f"{name}:29500",
+            agent_port=50060,
+            agent_version="0.1.0",
+            labels={"zone": "z1"},
+            supported_parallelism=[common_pb2.PARALLEL_DIM_DP, common_pb2.PARALLEL_DIM_PP],
+            devices=[
+                fleet_pb2.Device(index=i, uuid=f"u{i}", spec=fleet_pb2.DeviceSpec(kind=k, memory_bytes=1 << 34))
+                for i, k in enumerate(kinds)
+            ],
+            **kw,
+        )
+
+    with pytest.raises(PermissionDenied):
+        repo.register_host(a, store_pb2.RegisterHostRequest(host=host("h1", ["cpu"])))
+    h1 = repo.register_host(admin, store_pb2.RegisterHostRequest(host=host("h1", ["cpu", "cpu"])))
+    h2 = repo.register_host(admin, store_pb2.RegisterHostRequest(host=host("h2", ["nvidia-h100"])))
+    assert h1.id.startswith("hst-") and h1.state == fleet_pb2.HOST_STATE_ONLINE and len(h1.devices) == 2
+    assert h1.labels == {"zone": "z1"} and h1.devices[1].spec.memory_bytes == 1 << 34
+    store.clock.advance(10)
+    again = repo.register_host(admin, store_pb2.RegisterHostRequest(host=host("h1", ["nvidia-h100"])))
+    assert again.id == h1.id and again.registered_at == h1.registered_at
+    assert [d.spec.kind for d in again.devices] == ["nvidia-h100"]
+    assert again.last_heartbeat_at.ToDatetime() > h1.last_heartbeat_at.ToDatetime()
+
+    lost = repo.update_host_state(admin, store_pb2.UpdateHostStateRequest(id=h2.id, state=fleet_pb2.HOST_STATE_LOST))
+    assert lost.state == fleet_pb2.HOST_STATE_LOST and lost.last_heartbeat_at == h2.last_heartbeat_at
+    with pytest.raises(PermissionDenied):
+        repo.update_host_state(a, store_pb2.UpdateHostStateRequest(id=h2.id, state=fleet_pb2.HOST_STATE_ONLINE))
+    with pytest.raises(NotFound):
+        repo.update_host_state(admin, store_pb2.UpdateHostStateRequest(id="hst-x", state=fleet_pb2.HOST_STATE_LOST))
+
+    def names(**kw):
+        return [h.name for h in repo.list_hosts(a, store_pb2.ListHostsRequest(**kw)).hosts]
+
+    assert names() == ["h1", "h2"]  # any tenant reads hosts
+    assert names(state=fleet_pb2.HOST_STATE_ONLINE) == ["h1"]
+    assert names(device_kind="nvidia-h100") == ["h1", "h2"] and names(device_kind="cpu") == []
+    assert repo.get_host(store.b, store_pb2.GetRequest(id=h1.id)) == again
+    assert store.count("devices") == 2
+
+
+def test_plan_round_trip_versions_and_filters(store: Store):
+    repo, a = store.repo, store.a
+    job = new_job(store)
+    prof = repo.create_profile(a, store_pb2.CreateProfileRequest(profile=profile_msg(job.model_id)))
+    sent = plan_msg(job.model_id, job_id=job.id, profile_id=prof.id)
+    first = repo.create_plan(a, store_pb2.CreatePlanRequest(plan=sent))
+    assert first.id.startswith("pln-") and first.version == 1
+    expected = plan_pb2.Plan()
+    expected.CopyFrom(sent)
+    expected.id, expected.tenant_id, expected.version = first.id, a.tenant_id, 1
+    expected.created_at.CopyFrom(first.created_at)
+    assert first == expected == repo.get_plan(a, store_pb2.GetRequest(id=first.id))
+
+    derived = plan_msg(job.model_id, job_id=job.id, profile_id=prof.id)
+    derived.engine, derived.parent_plan_id = plan_pb2.PLAN_ENGINE_VPIPE, first.id
+    second = repo.create_plan(a, store_pb2.CreatePlanRequest(plan=derived))
+    what_if = repo.create_plan(a, store_pb2.CreatePlanRequest(plan=plan_msg(job.model_id)))
+    assert second.version == 2 and what_if.version == 1 and what_if.job_id == ""
+
+    def ids(**kw):
+        return [p.id for p in repo.list_plans(a, store_pb2.ListPlansRequest(**kw)).plans]
+
+    assert ids() == [first.id, second.id, what_if.id]
+    assert ids(job_id=job.id) == [first.id, second.id]
+    assert ids(engine=plan_pb2.PLAN_ENGINE_VPIPE) == [second.id]
+    assert ids(model_id=job.model_id, page=page(1)) == [first.id]
+
+    adopted = move(store, job.id, JS.JOB_STATE_PROFILING)
+    adopted = move(store, job.id, JS.JOB_STATE_PLANNING)
+    adopted = move(store, job.id, JS.JOB_STATE_SCHEDULED, plan_id=second.id, event_type="PLAN_CHOSEN")
+    assert (adopted.plan_id, adopted.plan_version) == (second.id, 2)
+    assert events(store, job.id)[-1].attributes["plan_id"] == second.id
+    with store.engine.connect() as conn:
+        row = conn.execute(sa.text(f"SELECT engine, pipeline_degree FROM plans WHERE id = '{second.id}'")).one()
+    assert tuple(row) == ("PLAN_ENGINE_VPIPE", 2)
+
+
+def test_create_plan_with_invalid_layer_writes_nothing(store: Store):
+    job = new_job(store)
+    for mutate, field in [
+        (lambda pl: setattr(pl.layers[1], "layer_index", 0), "plan.layers[1].layer_index"),
+        (lambda pl: setattr(pl.layers[1], "stage_index", 7), "plan.layers[1].stage_index"),
+        (lambda pl: setattr(pl.layers[0], "tp", 0), "plan.layers[0].tp"),
+    ]:
+        bad = plan_msg(job.model_id, job_id=job.id)
+        mutate(bad)
+        with pytest.raises(InvalidArgument) as err:
+            store.repo.create_plan(store.a, store_pb2.CreatePlanRequest(plan=bad))
+        assert err.value.field == field
+    assert store.count("plans") == store.count("plan_layers") == store.count("plan_candidates") == 0
+
+
+# --- jobs --------------------------------------------------------------------------------------
+
+
+def test_create_job_round_trip_and_listing(store: Store):
+    repo, a = store.repo, store.a
+    job = new_job(store, name="first")
+    assert job.id.startswith("job-") and job.state == JS.JOB_STATE_SUBMITTED and job.spec == job_spec("first")
+    assert repo.get_job(a, store_pb2.GetRequest(id=job.id)) == job
+    model = repo.get_model(a, store_pb2.GetRequest(id=job.model_id))
+    assert model.spec == gpt()
+    # The same model content is matched, not stored twice; a nameless model gets a derived name.
+    second = new_job(store, name="second")
+    unnamed = new_job(store, name="third", model=gpt(name="", layers=3))
+    assert second.model_id == job.model_id and unnamed.model_id != job.model_id
+    assert repo.get_model(a, store_pb2.GetRequest(id=unnamed.model_id)).spec.name.startswith("gpt-")
+    assert [e.type for e in events(store, job.id)] == ["SUBMITTED"]
+
+    move(store, second.id, JS.JOB_STATE_PROFILING)
+    listed = repo.list_jobs(a, store_pb2.ListJobsRequest()).jobs
+    assert [j.name for j in listed] == ["third", "second", "first"]  # newest first
+    assert [j.id for j in repo.list_jobs(a, store_pb2.ListJobsRequest(state=JS.JOB_STATE_PROFILING)).jobs] == [
+        second.id
+    ]
+    by_model = repo.list_jobs(a, store_pb2.ListJobsRequest(model_id=job.model_id, page=page(1)))
+    assert [j.id for j in by_model.jobs] == [second.id]
+    rest = repo.list_jobs(a, store_pb2.ListJobsRequest(model_id=job.model_id, page=page(1, by_model.next_page_token)))
+    assert [j.id for j in rest.jobs] == [job.id] and rest.next_page_token == ""
+
+    bad = job_spec()
+    bad.iterations = 0
+    with pytest.raises(InvalidArgument) as err:
+        repo.create_job(a, store_pb2.CreateJobRequest(spec=bad))
+    assert err.value.field == "spec.iterations"
+    with store.engine.connect() as conn:
+        assert conn.execute(sa.text(f"SELECT state FROM jobs WHERE id = '{job.id}'")).scalar() == "JOB_STATE_SUBMITTED"
+
+
+def test_create_job_with_clashing_model_name_writes_nothing(store: Store):
+    store.repo.create_model(store.a, store_pb2.CreateModelRequest(spec=gpt("gpt-tiny", layers=2)))
+    with pytest.raises(AlreadyExists) as err:
+        new_job(store, model=gpt("gpt-tiny", layers=4))
+    assert err.value.field == "spec.model.name"
+    assert store.count("jobs") == 0 and store.count("job_events") == 0 and store.count("models") == 1
+
+
+def test_job_state_machine_events_and_compare_and_set(store: Store):
+    job = new_job(store)
+    with pytest.raises(FailedPrecondition) as err:
+        move(store, job.id, JS.JOB_STATE_RUNNING)
+    assert err.value.field == "state"
+    with pytest.raises(FailedPrecondition) as err:
+        move(store, job.id, JS.JOB_STATE_PROFILING, expected_state=JS.JOB_STATE_PLANNING)
+    assert err.value.field == "expected_state"
+    assert store.repo.get_job(store.a, store_pb2.GetRequest(id=job.id)).state == JS.JOB_STATE_SUBMITTED
+
+    before = store.repo.get_job(store.a, store_pb2.GetRequest(id=job.id))
+    moved = move(store, job.id, JS.JOB_STATE_PROFILING, expected_state=JS.JOB_STATE_SUBMITTED, message="go")
+    assert moved.message == "go" and moved.updated_at.ToDatetime() > before.updated_at.ToDatetime()
+    for state in (JS.JOB_STATE_PLANNING, JS.JOB_STATE_SCHEDULED, JS.JOB_STATE_RUNNING):
+        move(store, job.id, state)
+    ev = store.repo.append_job_event(
+        store.a,
+        store_pb2.AppendJobEventRequest(
+            event=job_pb2.JobEvent(job_id=job.id, type="MIGRATION", message="layer 3", attributes={"layer": "3"})
+        ),
+    )
+    assert ev.seq == 6 and ev.state == JS.JOB_STATE_RUNNING and ev.attributes == {"layer": "3"}
+    move(store, job.id, JS.JOB_STATE_REPARTITIONING, attributes={"why": "skew"})
+    move(store, job.id, JS.JOB_STATE_RUNNING)
+    done = move(store, job.id, JS.JOB_STATE_SUCCEEDED)
+    assert done.state == JS.JOB_STATE_SUCCEEDED
+
+    for target in (JS.JOB_STATE_RUNNING, JS.JOB_STATE_FAILED, JS.JOB_STATE_CANCELLING):
+        with pytest.raises(FailedPrecondition):
+            move(store, job.id, target)
+    with pytest.raises(InvalidArgument):
+        move(store, job.id, JS.JOB_STATE_UNSPECIFIED)
+
+    log = events(store, job.id)
+    assert [e.seq for e in log] == list(range(1, 10))
+    assert [e.type for e in log][:2] == ["SUBMITTED", "STATE_CHANGED"]
+    assert log[-1].state == JS.JOB_STATE_SUCCEEDED and log[6].attributes == {"why": "skew"}
+    assert [e.seq for e in events(store, job.id, after_seq=7)] == [8, 9]
+    first = store.repo.list_job_events(store.a, store_pb2.ListJobEventsRequest(job_id=job.id, page=page(4)))
+    second = store.repo.list_job_events(
+        store.a, store_pb2.ListJobEventsRequest(job_id=job.id, page=page(4, first.next_page_token))
+    )
+    assert [e.seq for e in first.events] == [1, 2, 3, 4] and [e.seq for e in second.events] == [5, 6, 7, 8]
+    assert events(store, job.id) == log  # append-only: history unchanged by reads
+
+    cancelled = new_job(store, name="c")
+    assert move(store, cancelled.id, JS.JOB_STATE_CANCELLED).state == JS.JOB_STATE_CANCELLED
+
+
+def test_concurrent_events_are_gapless(store: Store):
+    job = new_job(store)
+    errors: list[BaseException] = []
+
+    def append(n: int) -> None:
+        try:
+            for i in range(5):
+                store.repo.append_job_event(
+                    store.a,
+                    store_pb2.AppendJobEventRequest(event=job_pb2.JobEvent(job_id=job.id, type=f"T{n}.{i}")),
+                )
+        except BaseException as err:  # surfaced below
+            errors.append(err)
+
+    threads = [threading.Thread(target=append, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert [e.seq for e in events(store, job.id, page=page(100))] == list(range(1, 22))
+
+
+# --- metrics, migrations, checkpoints ------------------------------------------------------------
+
+
+def test_iteration_metrics_bulk_write_is_idempotent(store: Store):
+    repo, a = store.repo, store.a
+    job = new_job(store)
+
+    def row(it: int, stage: int, loss: float | None = None) -> job_pb2.IterationMetric:
+        r = job_pb2.IterationMetric(
+            job_id=job.id,
+            iteration=it,
+            stage_index=stage,
+            plan_version=1,
+            iteration_time_s=1.5,
+            peak_memory_bytes=5 << 30,
+            predicted_iteration_time_s=1.4,
+        )
+        if loss is not None:
+            r.loss, r.has_loss = loss, True
+        return r
+
+    batch = [row(it, st, loss=2.0 - it if st == 1 else None) for it in range(3) for st in range(2)]
+    assert repo.write_iteration_metrics(a, store_pb2.WriteIterationMetricsRequest(metrics=batch)).written == 6
+    again = [*batch, row(3, 0), row(3, 0)]
+    assert repo.write_iteration_metrics(a, store_pb2.WriteIterationMetricsRequest(metrics=again)).written == 1
+    assert store.count("iteration_metrics") == 7
+    assert repo.get_job(a, store_pb2.GetRequest(id=job.id)).iteration == 3
+
+    def listed(**kw):
+        return list(repo.list_iteration_metrics(a, store_pb2.ListIterationMetricsRequest(job_id=job.id, **kw)).metrics)
+
+    everything = listed()
+    assert [(m.iteration, m.stage_index) for m in everything] == [(i, s) for i in range(3) for s in range(2)] + [(3, 0)]
+    assert everything[1].has_loss and everything[1].loss == 2.0 and not everything[0].has_loss
+    assert everything[0].peak_memory_bytes == 5 << 30 and everything[0].recorded_at.seconds > 0
+    assert [(m.iteration, m.stage_index) for m in listed(from_iteration=1, to_iteration=3, stage_index=1)] == [
+        (1, 1),
+        (2, 1),
+    ]
+    assert [m.iteration for m in listed(stage_index=0, page=page(2))] == [0, 1]
+
+    other = new_job(store, who=store.b)
+    mixed = [row(9, 0), job_pb2.IterationMetric(job_id=other.id)]
+    with pytest.raises(NotFound) as err:
+        repo.write_iteration_metrics(a, store_pb2.WriteIterationMetricsRequest(metrics=mixed))
+    assert err.value.field == "metrics[1].job_id" and store.count("iteration_metrics") == 7
+    assert repo.write_iteration_metrics(a, store_pb2.WriteIterationMetricsRequest()).written == 0
+
+
+def test_layer_migrations_and_checkpoints(store: Store):
+    repo, a = store.repo, store.a
+    job = new_job(store)
+    sent = job_pb2.LayerMigration(
+        job_id=job.id, layer_index=3, from_stage=0, to_stage=1, bytes=1 << 33, duration_s=0.2, iteration=5
+    )
+    mig = repo.record_layer_migration(a, store_pb2.RecordLayerMigrationRequest(migration=sent))
+    assert mig.id.startswith("mig-") and mig.bytes == 1 << 33
+    listed = repo.list_layer_migrations(a, store_pb2.ListLayerMigrationsRequest(job_id=job.id)).migrations
+    assert list(listed) == [mig]
+
+    def ckp(it: int, complete: bool) -> job_pb2.Checkpoint:
+        layers = [job_pb2.LayerCheckpoint(layer_index=i, uri=f"file:///c/{it}/{i}.pt", bytes=10, sha256="ab") for i in (0, 1)]
+        c = job_pb2.Checkpoint(job_id=job.id, iteration=it, plan_version=1, complete=complete, layers=layers)
+        return repo.create_checkpoint(a, store_pb2.CreateCheckpointRequest(checkpoint=c))
+
+    c10, c20, c30 = ckp(10, True), ckp(20, True), ckp(30, False)
+    assert c10.id.startswith("ckp-") and [layer.uri for layer in c10.layers][1] == "file:///c/10/1.pt"
+    assert repo.get_checkpoint(a, store_pb2.GetRequest(id=c20.id)) == c20
+
+    def ids(**kw):
+        return [c.id for c in repo.list_checkpoints(a, store_pb2.ListCheckpointsRequest(job_id=job.id, **kw)).checkpoints]
+
+    assert ids() == [c30.id, c20.id, c10.id]
+    assert ids(complete_only=True) == [c20.id, c10.id]
+    dup = job_pb2.Checkpoint(job_id=job.id, layers=[job_pb2.LayerCheckpoint(layer_index=0)] * 2)
+    with pytest.raises(InvalidArgument):
+        repo.create_checkpoint(a, store_pb2.CreateCheckpointRequest(checkpoint=dup))
+    with pytest.raises(NotFound):
+        repo.get_checkpoint(a, store_pb2.GetRequest(id="ckp-missing"))
+
+
+# --- queue -------------------------------------------------------------------------------------
+
+
+def enqueue(st: Store, payload: str, who: Principal | None = None, **kw) -> store_pb2.EnqueueRequestResponse:
+    req = store_pb2.EnqueueRequestRequest(kind="planner.search", payload_json=payload, **kw)
+    return st.repo.enqueue_request(who or st.a, req)
+
+
+def claim(st: Store, id_: str, worker: str, lease: float = 30.0) -> store_pb2.ClaimRequestResponse:
+    return st.repo.claim_request(st.admin, store_pb2.ClaimRequestRequest(id=id_, worker=worker, lease_seconds=lease))
+
+
+def complete(st: Store, id_: str, token: str, result: str = '{"ok": true}') -> queue_pb2.QueuedRequest:
+    req = store_pb2.CompleteRequestRequest(id=id_, lease_token=token, result_json=result)
+    return st.repo.complete_request(st.admin, req)
+
+
+def test_enqueue_deduplicates_by_content(store: Store):
+    first = enqueue(store, '{"a": 1, "b": [1, 2]}')
+    assert first.created and first.request.id.startswith("req-") and first.request.max_attempts == 3
+    assert first.request.state == queue_pb2.REQUEST_STATE_QUEUED and len(first.request.dedupe_key) == 64
+    same = enqueue(store, '{"b":[1,2],"a":1}')
+    assert not same.created and same.request.id == first.request.id
+    assert enqueue(store, '{"a": 2}').created
+    assert enqueue(store, '{"a": 1, "b": [1, 2]}', who=store.b).created  # other tenant, other request
+    with pytest.raises(InvalidArgument) as err:
+        enqueue(store, "{not json")
+    assert err.value.field == "payload_json"
+    echo = store.repo.enqueue_request(store.a, store_pb2.EnqueueRequestRequest(kind="diagnostic.echo", payload_json="1"))
+
+    def ids(who: Principal, **kw):
+        return [r.id for r in store.repo.list_requests(who, store_pb2.ListRequestsRequest(**kw)).requests]
+
+    assert len(ids(store.a)) == 3 and len(ids(store.admin)) == 4
+    assert ids(store.a, kind="diagnostic.echo") == [echo.request.id]
+    claim(store, echo.request.id, "w1")
+    assert ids(store.a, state=queue_pb2.REQUEST_STATE_RUNNING) == [echo.request.id]
+    for call, req in [
+        (store.repo.claim_request, store_pb2.ClaimRequestRequest(id=echo.request.id, worker="w", lease_seconds=1)),
+        (store.repo.reap_expired_leases, store_pb2.ReapExpiredLeasesRequest()),
+        (store.repo.renew_lease, store_pb2.RenewLeaseRequest(id=echo.request.id, lease_token="x", lease_seconds=1)),
+        (store.repo.complete_request, store_pb2.CompleteRequestRequest(id=echo.request.id, lease_token="x")),
+    ]:
+        with pytest.raises(PermissionDenied):
+            call(store.a, req)
+
+
+def test_concurrent_identical_enqueues_store_one_request(store: Store):
+    results: list[store_pb2.EnqueueRequestResponse] = []
+    barrier = threading.Barrier(4)
+
+    def go() -> None:
+        barrier.wait()
+        results.append(enqueue(store, '{"race": true}'))
+
+    threads = [threading.Thread(target=go) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 4 and sum(r.created for r in results) == 1
+    assert len({r.request.id for r in results}) == 1 and store.count("queued_requests") == 1
+
+
+def test_lease_claim_renew_expire_reap_reclaim_complete_once(store: Store):
+    rid = enqueue(store, '{"job": 1}').request.id
+    first = claim(store, rid, "w1", lease=30)
+    assert first.claimed and first.request.lease_owner == "w1" and first.request.attempts == 1
+    token1 = first.request.lease_token
+    assert not claim(store, rid, "w2").claimed  # live lease
+    store.clock.advance(20)
+    renewed = store.repo.renew_lease(
+        store.admin, store_pb2.RenewLeaseRequest(id=rid, lease_token=token1, lease_seconds=30)
+    )
+    assert renewed.lease_expires_at.ToDatetime(UTC) == store.clock.t + timedelta(seconds=30)
+    with pytest.raises(FailedPrecondition) as err:
+        store.repo.renew_lease(store.admin, store_pb2.RenewLeaseRequest(id=rid, lease_token="stale", lease_seconds=5))
+    assert err.value.field == "lease_token" and "lease lost" in str(err.value)
+
+    store.clock.advance(25)
+    assert not store.repo.reap_expired_leases(store.admin, store_pb2.ReapExpiredLeasesRequest()).requests
+    store.clock.advance(10)  # now expired
+    with pytest.raises(FailedPrecondition):
+        store.repo.renew_lease(store.admin, store_pb2.RenewLeaseRequest(id=rid, lease_token=token1, lease_seconds=5))
+    reaped = store.repo.reap_expired_leases(store.admin, store_pb2.ReapExpiredLeasesRequest()).requests
+    assert [r.id for r in reaped] == [rid]
+    assert reaped[0].state == queue_pb2.REQUEST_STATE_QUEUED and reaped[0].requeues == 1 and not reaped[0].lease_token
+    assert not store.repo.reap_expired_leases(store.admin, store_pb2.ReapExpiredLeasesRequest()).requests
+
+    second = claim(store, rid, "w2")
+    assert second.claimed and second.request.attempts == 2 and second.request.lease_token != token1
+    with pytest.raises(FailedPrecondition) as err:
+        complete(store, rid, token1)  # w1 lost its lease
+    assert err.value.field == "lease_token"
+    done = complete(store, rid, second.request.lease_token)
+    assert done.state == queue_pb2.REQUEST_STATE_SUCCEEDED and json.loads(done.result_json) == {"ok": True}
+    with pytest.raises(FailedPrecondition):
+        complete(store, rid, second.request.lease_token)  # exactly once
+    after = claim(store, rid, "w3")
+    assert not after.claimed and after.request.state == queue_pb2.REQUEST_STATE_SUCCEEDED
+
+    failing = enqueue(store, '{"job": 2}').request.id
+    lease = claim(store, failing, "w1").request.lease_token
+    failed = store.repo.complete_request(
+        store.admin, store_pb2.CompleteRequestRequest(id=failing, lease_token=lease, error="boom")
+    )
+    assert failed.state == queue_pb2.REQUEST_STATE_FAILED and failed.error == "boom"
+
+
+def test_expired_lease_reclaimed_directly_and_max_attempts(store: Store):
+    rid = enqueue(store, '{"x": 1}', max_attempts=2).request.id
+    w1 = claim(store, rid, "w1", lease=5)
+    store.clock.advance(6)
+    w2 = claim(store, rid, "w2", lease=5)  # expired lease: claimable without a reap
+    assert w2.claimed and w2.request.attempts == 2
+    with pytest.raises(FailedPrecondition):
+        complete(store, rid, w1.request.lease_token)
+    store.clock.advance(6)
+    out = claim(store, rid, "w3")
+    assert not out.claimed and out.request.state == queue_pb2.REQUEST_STATE_FAILED and out.request.attempts == 2
+    assert "attempts" in out.request.error
+    with pytest.raises(NotFound):
+        claim(store, "req-missing", "w1")
+    with pytest.raises(InvalidArgument) as err:
+        claim(store, rid, "w1", lease=0)
+    assert err.value.field == "lease_seconds"
+
+
+def test_worker_heartbeats(store: Store):
+    repo, admin = store.repo, store.admin
+
+    def beat(name: str, **kw) -> queue_pb2.WorkerHeartbeat:
+        hb = queue_pb2.WorkerHeartbeat(name=name, pid=42, queues=["planner"], **kw)
+        return repo.record_worker_heartbeat(admin, store_pb2.RecordWorkerHeartbeatRequest(heartbeat=hb))
+
+    beat("w-old")
+    store.clock.advance(120)
+    beat("w1", current_request_id="req-1")
+    updated = beat("w1")
+    assert updated.current_request_id == "" and list(updated.queues) == ["planner"]
+
+    def names(**kw):
+        return [w.name for w in repo.list_workers(store.a, store_pb2.ListWorkersRequest(**kw)).workers]
+
+    assert names() == ["w1"] and names(seen_within_s=300) == ["w-old", "w1"]
+    with pytest.raises(PermissionDenied):
+        repo.record_worker_heartbeat(
+            store.a, store_pb2.RecordWorkerHeartbeatRequest(heartbeat=queue_pb2.WorkerHeartbeat(name="x"))
+        )
+    assert store.count("workers") == 2
+
+
+# --- schema and failures -----------------------------------------------------------------------
+
+
+def test_schema_upgrade_downgrade_and_check(empty_database_url):
+    url = empty_database_url
+    engine = create_engine(url)
+    try:
+        assert schema.current_revision(url) is None
+        with pytest.raises(SchemaOutOfDate) as err:
+            schema.check_schema(engine)
+        assert "ballast db upgrade" in str(err.value) and err.value.current is None
+        with pytest.raises(SchemaOutOfDate):  # an un-migrated database answers the same from the repository
+            Repository(engine).authenticate("blt_x")
+
+        schema.upgrade(url)
+        assert schema.current_revision(engine) == schema.head_revision()
+        schema.check_schema(engine)
+        schema.downgrade(url, "base")
+        assert set(sa.inspect(engine).get_table_names()) <= {"alembic_version"}
+        with pytest.raises(SchemaOutOfDate):
+            schema.check_schema(engine)
+        schema.upgrade(url, "head")
+        schema.check_schema(engine)
+        assert "iteration_metrics" in sa.inspect(engine).get_table_names()
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["sqlite:////nonexistent-dir/ballast/x.db", "postgresql://postgres@127.0.0.1:1/ballast"],
+    ids=["sqlite", "postgresql"],
+)
+def test_unreachable_database_is_unavailable(url):
+    engine = create_engine(url)
+    try:
+        with pytest.raises(Unavailable) as err:
+            Repository(engine).authenticate("blt_x")
+        assert "BALLAST_DATABASE_URL" in str(err.value)
+    finally:
+        engine.dispose()
