@@ -26,8 +26,8 @@ RETRY_SERVICE_CONFIG = json.dumps(
                 "name": [{}],
                 "retryPolicy": {
                     "maxAttempts": 5,
-                    "initialBackoff": "0.2s",
-                    "maxBackoff": "3s",
+                    "initialBackoff": "0.5s",
+                    "maxBackoff": "5s",
                     "backoffMultiplier": 2,
                     "retryableStatusCodes": ["UNAVAILABLE"],
                 },
@@ -60,6 +60,7 @@ class _CallInterceptor(
             timeout = self.default_timeout
         remaining = self.deadline_source()
         if remaining is not None:
+            remaining = max(remaining, 0.001)  # an expired deadline must fail fast, never mean "no deadline"
             timeout = remaining if timeout is None else min(timeout, remaining)
         return _Details(details.method, timeout, metadata, details.credentials, details.wait_for_ready,
                         getattr(details, "compression", None))

@@ -97,7 +97,9 @@ def profile_msg(model_id: str, kind: str = "cpu", layers: int = 2) -> profile_pb
         intra_op_threads=2,
         non_model_memory_bytes=123,
         comm=profile_pb2.CommCalibration(
-            links=[profile_pb2.LinkSample(scope=profile_pb2.LINK_SCOPE_INTRA_NODE, bytes=1 << 20, seconds=0.001)],
+            links=[
+                profile_pb2.LinkSample(scope=profile_pb2.LINK_SCOPE_INTRA_NODE, bytes=1 << 20, seconds=0.001)
+            ],
             overlap_slowdown=1.2,
         ),
     )
@@ -113,7 +115,9 @@ def profile_msg(model_id: str, kind: str = "cpu", layers: int = 2) -> profile_pb
             extra_inputs=[0] if i else [],
             tied_with=[],
             samples=[
-                profile_pb2.LayerSample(micro_batch_size=mbs, measured=True, forward_s=0.01 * mbs, backward_s=0.02)
+                profile_pb2.LayerSample(
+                    micro_batch_size=mbs, measured=True, forward_s=0.01 * mbs, backward_s=0.02
+                )
                 for mbs in (1, 2, 4)
             ],
         )
@@ -130,12 +134,16 @@ def plan_msg(model_id: str, *, job_id: str = "", profile_id: str = "", layers: i
         micro_batch_size=2,
         num_micro_batches=4,
         schedule=plan_pb2.SCHEDULE_1F1B,
-        fleet=fleet_pb2.Fleet(name="cpu2", device=fleet_pb2.DeviceSpec(kind="cpu"), devices_per_node=2, nodes=1),
+        fleet=fleet_pb2.Fleet(
+            name="cpu2", device=fleet_pb2.DeviceSpec(kind="cpu"), devices_per_node=2, nodes=1
+        ),
         stages=[
             plan_pb2.Stage(index=0, layer_begin=0, layer_end=1, devices=1, predicted_time_s=0.5),
             plan_pb2.Stage(index=1, layer_begin=1, layer_end=layers, devices=1, predicted_time_s=0.5),
         ],
-        prediction=plan_pb2.Prediction(iteration_time_s=2.0, throughput_samples_per_s=4.0, peak_memory_bytes=1 << 30),
+        prediction=plan_pb2.Prediction(
+            iteration_time_s=2.0, throughput_samples_per_s=4.0, peak_memory_bytes=1 << 30
+        ),
         explanation="balanced two-stage pipeline",
         memory_budget_bytes=8 << 30,
         alternatives=[
@@ -225,7 +233,10 @@ def test_authentication_and_tenants(store: Store):
 
 def test_model_round_trip_filters_and_paging(store: Store):
     repo, a = store.repo, store.a
-    made = [repo.create_model(a, store_pb2.CreateModelRequest(spec=gpt(f"gpt-{i}", layers=i + 1))) for i in range(5)]
+    made = [
+        repo.create_model(a, store_pb2.CreateModelRequest(spec=gpt(f"gpt-{i}", layers=i + 1)))
+        for i in range(5)
+    ]
     vit = model_pb2.ModelSpec(
         name="vit",
         family=model_pb2.MODEL_FAMILY_VIT,
@@ -248,7 +259,9 @@ def test_model_round_trip_filters_and_paging(store: Store):
             break
         gpts.page.page_token = resp.next_page_token
     assert seen == [f"gpt-{i}" for i in range(5)] and pages == 3
-    assert [m.spec.name for m in repo.list_models(a, store_pb2.ListModelsRequest(name="vit")).models] == ["vit"]
+    assert [m.spec.name for m in repo.list_models(a, store_pb2.ListModelsRequest(name="vit")).models] == [
+        "vit"
+    ]
     with pytest.raises(InvalidArgument) as err:
         repo.list_models(a, store_pb2.ListModelsRequest(page=page(2, "not-a-token")))
     assert err.value.field == "page.page_token"
@@ -284,8 +297,12 @@ def test_tenant_isolation_and_admin_visibility(store: Store):
     job = new_job(store)
     prof = repo.create_profile(a, store_pb2.CreateProfileRequest(profile=profile_msg(model.id)))
     plan = repo.create_plan(a, store_pb2.CreatePlanRequest(plan=plan_msg(model.id, job_id=job.id)))
-    queued = repo.enqueue_request(a, store_pb2.EnqueueRequestRequest(kind="diagnostic.echo", payload_json="{}"))
-    ckp = repo.create_checkpoint(a, store_pb2.CreateCheckpointRequest(checkpoint=job_pb2.Checkpoint(job_id=job.id)))
+    queued = repo.enqueue_request(
+        a, store_pb2.EnqueueRequestRequest(kind="diagnostic.echo", payload_json="{}")
+    )
+    ckp = repo.create_checkpoint(
+        a, store_pb2.CreateCheckpointRequest(checkpoint=job_pb2.Checkpoint(job_id=job.id))
+    )
 
     for getter, id_ in [
         (repo.get_model, model.id),
@@ -321,7 +338,9 @@ def test_tenant_isolation_and_admin_visibility(store: Store):
     with pytest.raises(NotFound):
         events(store, job.id, who=b)
     with pytest.raises(NotFound):
-        repo.append_job_event(b, store_pb2.AppendJobEventRequest(event=job_pb2.JobEvent(job_id=job.id, type="X")))
+        repo.append_job_event(
+            b, store_pb2.AppendJobEventRequest(event=job_pb2.JobEvent(job_id=job.id, type="X"))
+        )
     with pytest.raises(NotFound) as err:
         repo.write_iteration_metrics(
             b, store_pb2.WriteIterationMetricsRequest(metrics=[job_pb2.IterationMetric(job_id=job.id)])
@@ -351,7 +370,9 @@ def test_profile_round_trip_and_filters(store: Store):
     model = repo.create_model(a, store_pb2.CreateModelRequest(spec=gpt()))
     sent = profile_msg(model.id)
     prof = repo.create_profile(a, store_pb2.CreateProfileRequest(profile=sent))
-    gpu = repo.create_profile(a, store_pb2.CreateProfileRequest(profile=profile_msg(model.id, kind="nvidia-h100")))
+    gpu = repo.create_profile(
+        a, store_pb2.CreateProfileRequest(profile=profile_msg(model.id, kind="nvidia-h100"))
+    )
     got = repo.get_profile(a, store_pb2.GetRequest(id=prof.id))
     assert got == prof and got.id.startswith("prf-") and got.model_signature == model.signature
     expected = profile_pb2.Profile()
@@ -389,7 +410,9 @@ def test_hosts_are_platform_data(store: Store):
             labels={"zone": "z1"},
             supported_parallelism=[common_pb2.PARALLEL_DIM_DP, common_pb2.PARALLEL_DIM_PP],
             devices=[
-                fleet_pb2.Device(index=i, uuid=f"u{i}", spec=fleet_pb2.DeviceSpec(kind=k, memory_bytes=1 << 34))
+                fleet_pb2.Device(
+                    index=i, uuid=f"u{i}", spec=fleet_pb2.DeviceSpec(kind=k, memory_bytes=1 << 34)
+                )
                 for i, k in enumerate(kinds)
             ],
             **kw,
@@ -407,12 +430,18 @@ def test_hosts_are_platform_data(store: Store):
     assert [d.spec.kind for d in again.devices] == ["nvidia-h100"]
     assert again.last_heartbeat_at.ToDatetime() > h1.last_heartbeat_at.ToDatetime()
 
-    lost = repo.update_host_state(admin, store_pb2.UpdateHostStateRequest(id=h2.id, state=fleet_pb2.HOST_STATE_LOST))
+    lost = repo.update_host_state(
+        admin, store_pb2.UpdateHostStateRequest(id=h2.id, state=fleet_pb2.HOST_STATE_LOST)
+    )
     assert lost.state == fleet_pb2.HOST_STATE_LOST and lost.last_heartbeat_at == h2.last_heartbeat_at
     with pytest.raises(PermissionDenied):
-        repo.update_host_state(a, store_pb2.UpdateHostStateRequest(id=h2.id, state=fleet_pb2.HOST_STATE_ONLINE))
+        repo.update_host_state(
+            a, store_pb2.UpdateHostStateRequest(id=h2.id, state=fleet_pb2.HOST_STATE_ONLINE)
+        )
     with pytest.raises(NotFound):
-        repo.update_host_state(admin, store_pb2.UpdateHostStateRequest(id="hst-x", state=fleet_pb2.HOST_STATE_LOST))
+        repo.update_host_state(
+            admin, store_pb2.UpdateHostStateRequest(id="hst-x", state=fleet_pb2.HOST_STATE_LOST)
+        )
 
     def names(**kw):
         return [h.name for h in repo.list_hosts(a, store_pb2.ListHostsRequest(**kw)).hosts]
@@ -457,7 +486,9 @@ def test_plan_round_trip_versions_and_filters(store: Store):
     assert (adopted.plan_id, adopted.plan_version) == (second.id, 2)
     assert events(store, job.id)[-1].attributes["plan_id"] == second.id
     with store.engine.connect() as conn:
-        row = conn.execute(sa.text(f"SELECT engine, pipeline_degree FROM plans WHERE id = '{second.id}'")).one()
+        row = conn.execute(
+            sa.text(f"SELECT engine, pipeline_degree FROM plans WHERE id = '{second.id}'")
+        ).one()
     assert tuple(row) == ("PLAN_ENGINE_VPIPE", 2)
 
 
@@ -495,13 +526,15 @@ def test_create_job_round_trip_and_listing(store: Store):
 
     move(store, second.id, JS.JOB_STATE_PROFILING)
     listed = repo.list_jobs(a, store_pb2.ListJobsRequest()).jobs
-    assert [j.name for j in listed] == ["third", "second", "first"]  # newest first
-    assert [j.id for j in repo.list_jobs(a, store_pb2.ListJobsRequest(state=JS.JOB_STATE_PROFILING)).jobs] == [
-        second.id
-    ]
+    assert [j.spec.name for j in listed] == ["third", "second", "first"]  # newest first
+    assert [
+        j.id for j in repo.list_jobs(a, store_pb2.ListJobsRequest(state=JS.JOB_STATE_PROFILING)).jobs
+    ] == [second.id]
     by_model = repo.list_jobs(a, store_pb2.ListJobsRequest(model_id=job.model_id, page=page(1)))
     assert [j.id for j in by_model.jobs] == [second.id]
-    rest = repo.list_jobs(a, store_pb2.ListJobsRequest(model_id=job.model_id, page=page(1, by_model.next_page_token)))
+    rest = repo.list_jobs(
+        a, store_pb2.ListJobsRequest(model_id=job.model_id, page=page(1, by_model.next_page_token))
+    )
     assert [j.id for j in rest.jobs] == [job.id] and rest.next_page_token == ""
 
     bad = job_spec()
@@ -510,7 +543,10 @@ def test_create_job_round_trip_and_listing(store: Store):
         repo.create_job(a, store_pb2.CreateJobRequest(spec=bad))
     assert err.value.field == "spec.iterations"
     with store.engine.connect() as conn:
-        assert conn.execute(sa.text(f"SELECT state FROM jobs WHERE id = '{job.id}'")).scalar() == "JOB_STATE_SUBMITTED"
+        assert (
+            conn.execute(sa.text(f"SELECT state FROM jobs WHERE id = '{job.id}'")).scalar()
+            == "JOB_STATE_SUBMITTED"
+        )
 
 
 def test_create_job_with_clashing_model_name_writes_nothing(store: Store):
@@ -539,7 +575,9 @@ def test_job_state_machine_events_and_compare_and_set(store: Store):
     ev = store.repo.append_job_event(
         store.a,
         store_pb2.AppendJobEventRequest(
-            event=job_pb2.JobEvent(job_id=job.id, type="MIGRATION", message="layer 3", attributes={"layer": "3"})
+            event=job_pb2.JobEvent(
+                job_id=job.id, type="MIGRATION", message="layer 3", attributes={"layer": "3"}
+            )
         ),
     )
     assert ev.seq == 6 and ev.state == JS.JOB_STATE_RUNNING and ev.attributes == {"layer": "3"}
@@ -622,13 +660,19 @@ def test_iteration_metrics_bulk_write_is_idempotent(store: Store):
     assert repo.get_job(a, store_pb2.GetRequest(id=job.id)).iteration == 3
 
     def listed(**kw):
-        return list(repo.list_iteration_metrics(a, store_pb2.ListIterationMetricsRequest(job_id=job.id, **kw)).metrics)
+        return list(
+            repo.list_iteration_metrics(a, store_pb2.ListIterationMetricsRequest(job_id=job.id, **kw)).metrics
+        )
 
     everything = listed()
-    assert [(m.iteration, m.stage_index) for m in everything] == [(i, s) for i in range(3) for s in range(2)] + [(3, 0)]
+    assert [(m.iteration, m.stage_index) for m in everything] == [
+        (i, s) for i in range(3) for s in range(2)
+    ] + [(3, 0)]
     assert everything[1].has_loss and everything[1].loss == 2.0 and not everything[0].has_loss
     assert everything[0].peak_memory_bytes == 5 << 30 and everything[0].recorded_at.seconds > 0
-    assert [(m.iteration, m.stage_index) for m in listed(from_iteration=1, to_iteration=3, stage_index=1)] == [
+    assert [
+        (m.iteration, m.stage_index) for m in listed(from_iteration=1, to_iteration=3, stage_index=1)
+    ] == [
         (1, 1),
         (2, 1),
     ]
@@ -654,7 +698,10 @@ def test_layer_migrations_and_checkpoints(store: Store):
     assert list(listed) == [mig]
 
     def ckp(it: int, complete: bool) -> job_pb2.Checkpoint:
-        layers = [job_pb2.LayerCheckpoint(layer_index=i, uri=f"file:///c/{it}/{i}.pt", bytes=10, sha256="ab") for i in (0, 1)]
+        layers = [
+            job_pb2.LayerCheckpoint(layer_index=i, uri=f"file:///c/{it}/{i}.pt", bytes=10, sha256="ab")
+            for i in (0, 1)
+        ]
         c = job_pb2.Checkpoint(job_id=job.id, iteration=it, plan_version=1, complete=complete, layers=layers)
         return repo.create_checkpoint(a, store_pb2.CreateCheckpointRequest(checkpoint=c))
 
@@ -663,7 +710,12 @@ def test_layer_migrations_and_checkpoints(store: Store):
     assert repo.get_checkpoint(a, store_pb2.GetRequest(id=c20.id)) == c20
 
     def ids(**kw):
-        return [c.id for c in repo.list_checkpoints(a, store_pb2.ListCheckpointsRequest(job_id=job.id, **kw)).checkpoints]
+        return [
+            c.id
+            for c in repo.list_checkpoints(
+                a, store_pb2.ListCheckpointsRequest(job_id=job.id, **kw)
+            ).checkpoints
+        ]
 
     assert ids() == [c30.id, c20.id, c10.id]
     assert ids(complete_only=True) == [c20.id, c10.id]
@@ -683,7 +735,9 @@ def enqueue(st: Store, payload: str, who: Principal | None = None, **kw) -> stor
 
 
 def claim(st: Store, id_: str, worker: str, lease: float = 30.0) -> store_pb2.ClaimRequestResponse:
-    return st.repo.claim_request(st.admin, store_pb2.ClaimRequestRequest(id=id_, worker=worker, lease_seconds=lease))
+    return st.repo.claim_request(
+        st.admin, store_pb2.ClaimRequestRequest(id=id_, worker=worker, lease_seconds=lease)
+    )
 
 
 def complete(st: Store, id_: str, token: str, result: str = '{"ok": true}') -> queue_pb2.QueuedRequest:
@@ -702,7 +756,9 @@ def test_enqueue_deduplicates_by_content(store: Store):
     with pytest.raises(InvalidArgument) as err:
         enqueue(store, "{not json")
     assert err.value.field == "payload_json"
-    echo = store.repo.enqueue_request(store.a, store_pb2.EnqueueRequestRequest(kind="diagnostic.echo", payload_json="1"))
+    echo = store.repo.enqueue_request(
+        store.a, store_pb2.EnqueueRequestRequest(kind="diagnostic.echo", payload_json="1")
+    )
 
     def ids(who: Principal, **kw):
         return [r.id for r in store.repo.list_requests(who, store_pb2.ListRequestsRequest(**kw)).requests]
@@ -712,9 +768,15 @@ def test_enqueue_deduplicates_by_content(store: Store):
     claim(store, echo.request.id, "w1")
     assert ids(store.a, state=queue_pb2.REQUEST_STATE_RUNNING) == [echo.request.id]
     for call, req in [
-        (store.repo.claim_request, store_pb2.ClaimRequestRequest(id=echo.request.id, worker="w", lease_seconds=1)),
+        (
+            store.repo.claim_request,
+            store_pb2.ClaimRequestRequest(id=echo.request.id, worker="w", lease_seconds=1),
+        ),
         (store.repo.reap_expired_leases, store_pb2.ReapExpiredLeasesRequest()),
-        (store.repo.renew_lease, store_pb2.RenewLeaseRequest(id=echo.request.id, lease_token="x", lease_seconds=1)),
+        (
+            store.repo.renew_lease,
+            store_pb2.RenewLeaseRequest(id=echo.request.id, lease_token="x", lease_seconds=1),
+        ),
         (store.repo.complete_request, store_pb2.CompleteRequestRequest(id=echo.request.id, lease_token="x")),
     ]:
         with pytest.raises(PermissionDenied):
@@ -750,17 +812,25 @@ def test_lease_claim_renew_expire_reap_reclaim_complete_once(store: Store):
     )
     assert renewed.lease_expires_at.ToDatetime(UTC) == store.clock.t + timedelta(seconds=30)
     with pytest.raises(FailedPrecondition) as err:
-        store.repo.renew_lease(store.admin, store_pb2.RenewLeaseRequest(id=rid, lease_token="stale", lease_seconds=5))
+        store.repo.renew_lease(
+            store.admin, store_pb2.RenewLeaseRequest(id=rid, lease_token="stale", lease_seconds=5)
+        )
     assert err.value.field == "lease_token" and "lease lost" in str(err.value)
 
     store.clock.advance(25)
     assert not store.repo.reap_expired_leases(store.admin, store_pb2.ReapExpiredLeasesRequest()).requests
     store.clock.advance(10)  # now expired
     with pytest.raises(FailedPrecondition):
-        store.repo.renew_lease(store.admin, store_pb2.RenewLeaseRequest(id=rid, lease_token=token1, lease_seconds=5))
+        store.repo.renew_lease(
+            store.admin, store_pb2.RenewLeaseRequest(id=rid, lease_token=token1, lease_seconds=5)
+        )
     reaped = store.repo.reap_expired_leases(store.admin, store_pb2.ReapExpiredLeasesRequest()).requests
     assert [r.id for r in reaped] == [rid]
-    assert reaped[0].state == queue_pb2.REQUEST_STATE_QUEUED and reaped[0].requeues == 1 and not reaped[0].lease_token
+    assert (
+        reaped[0].state == queue_pb2.REQUEST_STATE_QUEUED
+        and reaped[0].requeues == 1
+        and not reaped[0].lease_token
+    )
     assert not store.repo.reap_expired_leases(store.admin, store_pb2.ReapExpiredLeasesRequest()).requests
 
     second = claim(store, rid, "w2")
@@ -793,7 +863,9 @@ def test_expired_lease_reclaimed_directly_and_max_attempts(store: Store):
         complete(store, rid, w1.request.lease_token)
     store.clock.advance(6)
     out = claim(store, rid, "w3")
-    assert not out.claimed and out.request.state == queue_pb2.REQUEST_STATE_FAILED and out.request.attempts == 2
+    assert (
+        not out.claimed and out.request.state == queue_pb2.REQUEST_STATE_FAILED and out.request.attempts == 2
+    )
     assert "attempts" in out.request.error
     with pytest.raises(NotFound):
         claim(store, "req-missing", "w1")

@@ -151,25 +151,30 @@ def wait_serving(settings: Settings, state: State, timeout_s: float) -> list[tup
 
 
 def stop_all(settings: Settings, state: State, timeout_s: float = 15.0) -> list[str]:
-    """SIGTERM every child's process group, SIGKILL what is left after `timeout_s`. Returns killed names."""
-    for child in reversed(state.children):
-        try:
-            os.killpg(child.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and any(alive(c.pid) for c in state.children):
-        time.sleep(0.1)
-    killed = []
-    for child in state.children:
-        if alive(child.pid):
-            killed.append(child.name)
-            try:
-                os.killpg(child.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    """SIGTERM every child's process group, the store last so the others can record their final state;
+    SIGKILL whatever is left after `timeout_s`. Returns the names that had to be killed."""
+    killed: list[str] = []
+    clients = [c for c in state.children if c.name != "store"]
+    stores = [c for c in state.children if c.name == "store"]
+    for phase in (clients, stores):
+        for child in phase:
+            _signal(child.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and any(alive(c.pid) for c in phase):
+            time.sleep(0.1)
+        for child in phase:
+            if alive(child.pid):
+                killed.append(child.name)
+                _signal(child.pid, signal.SIGKILL)
     State.path(settings).unlink(missing_ok=True)
     return killed
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def bring_up(settings: Settings, executors: int, timeout_s: float) -> tuple[bool, list[tuple[str, str, str]], str]:

@@ -30,6 +30,13 @@ class AgentRegistry:
         with self._lock:
             return sorted(self._sessions)
 
+    def close_all(self) -> None:
+        """End every agent stream (planner shutdown): agents reconnect to whichever planner comes up."""
+        with self._lock:
+            sessions = list(self._sessions.values())
+        for session in sessions:
+            session.close()
+
     def send(self, host_id: str, message: executor_pb2.PlannerMessage) -> None:
         with self._lock:
             session = self._sessions.get(host_id)

@@ -66,7 +66,7 @@ def build_server(settings: Settings, address: str | None = None, send: queue.Sen
             register=register,
             services=[PLANNER.full_name, JOBS.full_name, CONTROL.full_name],
             authenticate=StoreAuthenticator(anonymous_store(settings)),
-            on_stop=[sweeper.stop],
+            on_stop=[sweeper.stop, registry.close_all],
         )
     )
     server.registry = registry  # type: ignore[attr-defined]

@@ -1142,7 +1142,8 @@ class Repository:
                     raise NotFound(f"job {r['job_id']!r} not found", field=f"metrics[{i}].job_id")
             for start in range(0, len(rows), METRICS_CHUNK):
                 stmt = self._insert(m.IterationMetric).values(rows[start : start + METRICS_CHUNK])
-                written += s.execute(stmt.on_conflict_do_nothing()).rowcount
+                # RETURNING yields only rows actually inserted (rowcount is unreliable for multi-row inserts).
+                written += len(s.execute(stmt.on_conflict_do_nothing().returning(m.IterationMetric.id)).all())
             for job_id in owned:  # Job.iteration: last iteration reported
                 top = max(r["iteration"] for r in rows if r["job_id"] == job_id)
                 s.execute(

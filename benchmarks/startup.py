@@ -1,0 +1,56 @@
+"""How long `ballast up --executors 2` takes until every component reports SERVING, and `down` to finish.
+
+Target (foundation issue): SERVING within 30 s on a 2-core machine. Run: `make bench` or
+`.venv/bin/python benchmarks/startup.py [--runs N] [--executors N]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_once(executors: int) -> tuple[float, float]:
+    data_dir = Path(tempfile.mkdtemp(prefix="ballast-bench-"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BALLAST_")}
+    env.update({"BALLAST_DATA_DIR": str(data_dir), "BALLAST_STORE_PORT": str(free_port()),
+                "BALLAST_PROFILER_PORT": str(free_port()), "BALLAST_PLANNER_PORT": str(free_port()),
+                "BALLAST_EXECUTOR_PORT": str(free_port())})
+    cmd = [sys.executable, "-m", "ballast"]
+    start = time.perf_counter()
+    up = subprocess.run([*cmd, "up", "--executors", str(executors)], env=env, capture_output=True, text=True)
+    up_s = time.perf_counter() - start
+    start = time.perf_counter()
+    subprocess.run([*cmd, "down"], env=env, capture_output=True, text=True, check=True)
+    down_s = time.perf_counter() - start
+    if up.returncode != 0:
+        raise SystemExit(f"ballast up failed:\n{up.stdout}\n{up.stderr}")
+    return up_s, down_s
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--executors", type=int, default=2)
+    args = parser.parse_args()
+    ups, downs = zip(*(run_once(args.executors) for _ in range(args.runs)), strict=True)
+    print(f"startup: ballast up --executors {args.executors} (fresh data dir, includes migrations) until all SERVING")
+    print(f"  runs={args.runs} up median={statistics.median(ups):.2f}s max={max(ups):.2f}s "
+          f"down median={statistics.median(downs):.2f}s max={max(downs):.2f}s (target: up < 30 s)")
+
+
+if __name__ == "__main__":
+    main()
