@@ -46,6 +46,9 @@ def upgrade() -> None:
     )
     op.execute(f"GRANT USAGE ON SCHEMA public TO {ROLE}")
     op.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {ROLE}")
+    # SELECT on a sequence reads last_value only; nextval needs USAGE and setval UPDATE, never granted.
+    op.execute(f"GRANT SELECT ON ALL SEQUENCES IN SCHEMA public TO {ROLE}")
+    op.execute(f"ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT SELECT ON SEQUENCES TO {ROLE}")
     # Tables created by later migrations (run by this same user) are readable too.
     op.execute(f"ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT SELECT ON TABLES TO {ROLE}")
     # A non-superuser service account may only SET ROLE to roles it is a member of. Granting needs
@@ -77,6 +80,8 @@ def downgrade() -> None:
         BEGIN
             IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{ROLE}') THEN
                 ALTER DEFAULT PRIVILEGES IN SCHEMA public REVOKE SELECT ON TABLES FROM {ROLE};
+                ALTER DEFAULT PRIVILEGES IN SCHEMA public REVOKE SELECT ON SEQUENCES FROM {ROLE};
+                REVOKE SELECT ON ALL SEQUENCES IN SCHEMA public FROM {ROLE};
                 REVOKE SELECT ON ALL TABLES IN SCHEMA public FROM {ROLE};
                 REVOKE USAGE ON SCHEMA public FROM {ROLE};
             END IF;

@@ -1,5 +1,8 @@
-"""Database down: the store answers UNAVAILABLE (never a traceback), clients retry with backoff,
-and service resumes by itself when the database comes back. Real PostgreSQL, connections refused."""
+"""The store service on real PostgreSQL: database outages and the read-only SQL RPC.
+
+Database down: the store answers UNAVAILABLE (never a traceback), clients retry with backoff, and
+service resumes by itself when the database comes back. SQL: writes, data-modifying CTEs and sequence
+changes are refused by the database's read-only transaction and role, and change nothing."""
 
 from __future__ import annotations
 
@@ -55,3 +58,22 @@ def test_database_down_is_unavailable_then_recovers(pg_plane) -> None:
         names = {t.name for t in client.store.ListTenants(store_pb2.ListTenantsRequest()).tenants}
         timer.join()
         assert "before-outage" in names
+
+
+def test_sql_rpc_is_read_only_on_postgres(pg_plane) -> None:
+    plane, _ = pg_plane
+    with plane.client() as client:
+        client.store.CreateTenant(store_pb2.CreateTenantRequest(name="keep-me"))
+        count_sql = "SELECT count(*) FROM tenants"
+        seq_sql = "SELECT last_value, is_called FROM iteration_metrics_id_seq"
+        before = (client.store.Query(store_pb2.QueryRequest(sql=count_sql)).rows[0][0],
+                  list(client.store.Query(store_pb2.QueryRequest(sql=seq_sql)).rows[0]))
+        for sql in ("DELETE FROM tenants", "WITH d AS (DELETE FROM tenants RETURNING *) SELECT * FROM d",
+                    "SELECT setval('iteration_metrics_id_seq', 42)", "SELECT nextval('iteration_metrics_id_seq')"):
+            with pytest.raises(grpc.RpcError) as info:
+                client.store.Query(store_pb2.QueryRequest(sql=sql))
+            assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED, sql
+            assert info.value.details().startswith("read-only"), info.value.details()
+        after = (client.store.Query(store_pb2.QueryRequest(sql=count_sql)).rows[0][0],
+                 list(client.store.Query(store_pb2.QueryRequest(sql=seq_sql)).rows[0]))
+        assert after == before
