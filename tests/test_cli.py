@@ -41,10 +41,11 @@ def test_up_status_sql_down(tmp_path: Path) -> None:
                 "ballast.v1.JobService", "ballast.v1.ExecutorControl"} <= services
 
         hosts = ballast(settings, "sql", "--data-dir", data_dir, "--json",
-                        "SELECT name, state FROM hosts ORDER BY name")
+                        "SELECT name, state, agent_port FROM hosts ORDER BY agent_port")
         assert hosts.returncode == 0, hosts.stderr
         rows = json.loads(hosts.stdout)["rows"]
         assert len(rows) == 2 and {r[1] for r in rows} == {"HOST_STATE_ONLINE"}
+        assert [r[2] for r in rows] == [settings.executor_port, settings.executor_port + 1]
 
         before = json.loads(ballast(settings, "sql", "--json", "--data-dir", data_dir,
                                     "SELECT count(*) FROM hosts").stdout)["rows"]
@@ -85,3 +86,17 @@ def test_demo(tmp_path: Path) -> None:
     assert demo.returncode == 0, demo.stdout + demo.stderr
     assert "gpt-tiny" in demo.stdout and "MODEL_FAMILY_GPT" in demo.stdout
     assert State.load(settings) is None
+
+
+def test_alive_treats_an_exited_child_as_gone() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert alive(proc.pid)
+    finally:
+        proc.kill()
+    import time
+
+    deadline = time.monotonic() + 10
+    while alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(proc.pid)

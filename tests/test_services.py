@@ -185,6 +185,9 @@ def test_sql_is_admin_only_and_read_only(plane, tenants) -> None:
             assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
             assert "read-only" in info.value.details()
         assert admin.store.Query(store_pb2.QueryRequest(sql="SELECT count(*) FROM jobs")).rows[0][0] == count
+        # ListValue numbers are doubles: integers past 2**53 come back as exact strings.
+        big, small = admin.store.Query(store_pb2.QueryRequest(sql="SELECT 9007199254740993, 7")).rows[0]
+        assert (big, small) == ("9007199254740993", 7)
 
 
 def test_store_refuses_a_stale_schema(tmp_path: Path) -> None:

@@ -51,18 +51,24 @@ class State:
 
 
 def alive(pid: int) -> bool:
+    """True while the process runs; a zombie (exited, not yet reaped) counts as gone."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    # A zombie child of ours counts as gone.
     try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        return done == 0
+        done, _ = os.waitpid(pid, os.WNOHANG)  # reaps it if it is our own child
+        if done:
+            return False
     except ChildProcessError:
-        return True
+        pass
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no procfs (macOS): trust kill(0)
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
 def ensure_token(settings: Settings) -> str:

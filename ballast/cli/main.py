@@ -111,7 +111,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
                                                               timeout_s=args.timeout))
         except grpc.RpcError as exc:
             return _rpc_failed(exc)
-    rows = [MessageToDict(r) for r in reply.rows]
+    rows = [[_plain(v) for v in MessageToDict(r)] for r in reply.rows]
     if args.json:
         print(json.dumps({"columns": list(reply.columns), "rows": rows, "truncated": reply.truncated}))
         return 0
@@ -122,6 +122,13 @@ def cmd_sql(args: argparse.Namespace) -> int:
     if reply.truncated:
         err.print(f"(truncated at {args.limit or 1000} rows; raise --limit)")
     return 0
+
+
+def _plain(value: object) -> object:
+    """Numbers travel as doubles in a ListValue: show integral ones as integers again."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
 
 
 def cmd_tenant(args: argparse.Namespace) -> int:

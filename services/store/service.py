@@ -30,11 +30,18 @@ def _query(engine: sa.Engine):
         rows = []
         for row in result.rows:
             value = struct_pb2.ListValue()
-            value.extend(row)
+            value.extend([_exact(v) for v in row])
             rows.append(value)
         return store_pb2.QueryResponse(columns=result.columns, rows=rows, truncated=result.truncated)
 
     return handler
+
+
+def _exact(value: object) -> object:
+    """ListValue numbers are doubles: integers beyond 2**53 travel as strings so no digit is lost."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**53:
+        return str(value)
+    return value
 
 
 def _schema_status(engine: sa.Engine):
