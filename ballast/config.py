@@ -20,6 +20,7 @@ class Settings:
     database_url: str
     broker_url: str
     host: str = "127.0.0.1"
+    advertise_host: str = ""
     store_port: int = DEFAULT_PORTS["store"]
     profiler_port: int = DEFAULT_PORTS["profiler"]
     planner_port: int = DEFAULT_PORTS["planner"]
@@ -40,6 +41,16 @@ class Settings:
         """host:port where `service` listens (explicit *_address wins)."""
         explicit = getattr(self, f"{service}_address", "")
         return explicit or f"{self.host}:{getattr(self, f'{service}_port')}"
+
+    def advertised_host(self) -> str:
+        """The name peers use to reach this host: explicit, else the bind address unless it is a wildcard."""
+        if self.advertise_host:
+            return self.advertise_host
+        if self.host in ("0.0.0.0", "::", ""):
+            import socket
+
+            return socket.getfqdn()
+        return self.host
 
     @property
     def token_file(self) -> Path:

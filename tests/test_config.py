@@ -37,3 +37,11 @@ def test_token_comes_from_env_or_the_embedded_token_file(tmp_path: Path) -> None
     (tmp_path / "admin.token").write_text("blt_file\n")
     assert load_settings({"BALLAST_DATA_DIR": str(tmp_path)}).resolved_token() == "blt_file"
     assert load_settings({"BALLAST_DATA_DIR": str(tmp_path), "BALLAST_TOKEN": "blt_env"}).resolved_token() == "blt_env"
+
+
+def test_agents_never_advertise_a_wildcard_address(tmp_path: Path) -> None:
+    base = {"BALLAST_DATA_DIR": str(tmp_path)}
+    assert load_settings(base).advertised_host() == "127.0.0.1"
+    assert load_settings({**base, "BALLAST_HOST": "0.0.0.0"}).advertised_host() not in ("0.0.0.0", "")
+    explicit = {**base, "BALLAST_HOST": "0.0.0.0", "BALLAST_ADVERTISE_HOST": "gpu-7"}
+    assert load_settings(explicit).advertised_host() == "gpu-7"

@@ -36,7 +36,7 @@ class Agent:
         self.host_id = ""
 
     def host(self) -> fleet_pb2.Host:
-        return fleet_pb2.Host(name=self.name, address=self.settings.host, devices=devices(),
+        return fleet_pb2.Host(name=self.name, address=self.settings.advertised_host(), devices=devices(),
                               supported_parallelism=SUPPORTED, agent_version=__version__, agent_port=self.port)
 
     def _outbound(self, outbox: queue.Queue, interval: list[float]) -> Iterator[executor_pb2.AgentMessage]:

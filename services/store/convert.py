@@ -1,0 +1,119 @@
+"""Conversions between the store's ORM rows and the v1 protos.
+
+Most fields are the same on both sides, so `shared_fields` copies every plain field two objects
+share by name, in either direction; callers name only the exceptions (a different name, a JSON
+column, a value the store decides). Adding a proto field with a matching column then needs no edit here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from datetime import datetime
+from functools import cache
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from google.protobuf import json_format, timestamp_pb2
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
+from google.protobuf.message import Message
+
+from services.runtime.errors import InvalidArgument
+from services.store.models import Base
+
+M = TypeVar("M", bound=Message)
+TIMESTAMP = timestamp_pb2.Timestamp.DESCRIPTOR.full_name
+
+
+def ts(value: datetime | None) -> timestamp_pb2.Timestamp | None:
+    if value is None:
+        return None
+    out = timestamp_pb2.Timestamp()
+    out.FromDatetime(value)
+    return out
+
+
+def to_json(msg: Message) -> dict[str, Any]:
+    """A nested proto as stored in a JSON column (proto field names, so SQL users can read it)."""
+    return json_format.MessageToDict(msg, preserving_proto_field_name=True)
+
+
+def from_json(data: dict[str, Any] | None, cls: type[M]) -> M:
+    return json_format.ParseDict(data or {}, cls(), ignore_unknown_fields=True)
+
+
+def enum_name(enum: Any, value: int, field: str) -> str:
+    """Enums are stored by name; an unknown number is the caller's mistake, reported at `field`."""
+    try:
+        return enum.Name(value)
+    except ValueError:
+        raise InvalidArgument(f"unknown enum value {value}", field=field) from None
+
+
+@cache
+def _columns(table: type[Base]) -> dict[str, sa.Column]:
+    return {attr.key: attr.columns[0] for attr in sa.inspect(table).column_attrs}
+
+
+def shared_fields(
+    src: Message | Base,
+    dst: type[Message] | type[Base],
+    *,
+    rename: Mapping[str, str] | None = None,
+    skip: Collection[str] = (),
+    field: str = "",
+) -> dict[str, Any]:
+    """Constructor kwargs for `dst` from the plain fields it shares with `src`, proto->row or row->proto.
+
+    Fields match by proto field name; `rename` maps a proto name to a differently named column and
+    `skip` lists proto names the caller sets itself. Nested messages are left to the caller (JSON
+    columns stay explicit), except timestamps towards a proto. Enums are stored by name, and proto3's
+    empty string stands for NULL in a nullable column. `field` is the proto path of `src`, for the
+    error an unknown enum number raises.
+    """
+    to_proto = isinstance(dst, type) and issubclass(dst, Message)
+    descriptor = dst.DESCRIPTOR if to_proto else src.DESCRIPTOR
+    columns = _columns(type(src) if to_proto else dst)
+    out: dict[str, Any] = {}
+    for f in descriptor.fields:
+        name, kind = (rename or {}).get(f.name, f.name), _kind(f)
+        if f.name in skip or name not in columns or kind == "message":
+            continue
+        if to_proto:
+            value = getattr(src, name)
+            if value is not None:
+                out[f.name] = _proto_value(f, kind, value)
+        elif kind != "timestamp":
+            path = f"{field}.{f.name}" if field else f.name
+            out[name] = _row_value(f, kind, getattr(src, f.name), columns[name], path)
+    return out
+
+
+def _kind(f: FieldDescriptor) -> str:
+    if f.type == f.TYPE_ENUM:
+        return "enum"
+    if f.type != f.TYPE_MESSAGE:
+        return "plain"
+    if f.message_type.GetOptions().map_entry:
+        return "map"
+    return "timestamp" if f.message_type.full_name == TIMESTAMP else "message"
+
+
+def _proto_value(f: FieldDescriptor, kind: str, value: Any) -> Any:
+    if kind == "timestamp":
+        return ts(value)
+    if kind == "enum":
+        enum = EnumTypeWrapper(f.enum_type)
+        return [enum.Value(v) for v in value] if f.is_repeated else enum.Value(value)
+    return value
+
+
+def _row_value(f: FieldDescriptor, kind: str, value: Any, column: sa.Column, path: str) -> Any:
+    if kind == "map":
+        return dict(value)
+    if kind == "enum":
+        enum = EnumTypeWrapper(f.enum_type)
+        return [enum_name(enum, v, path) for v in value] if f.is_repeated else enum_name(enum, value, path)
+    if f.is_repeated:
+        return list(value)
+    return None if value == "" and column.nullable else value

@@ -1,0 +1,179 @@
+"""What every part of the Repository shares: transactions, tenant scoping, lookups by id and paging.
+
+Every write is one transaction, so nothing is ever half-written. Tenant isolation lives here:
+a non-admin principal sees only its own tenant's rows, and another tenant's id answers NotFound
+exactly like an unknown id, so ids leak nothing. The clock is injected so tests control time.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from ballast.v1 import common_pb2
+from services.runtime.auth import Principal
+from services.runtime.errors import (
+    BallastError,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    SchemaOutOfDate,
+    Unavailable,
+)
+from services.store import models as m
+from services.store.db import session_factory
+
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 1000
+ADMIN_FIX = "use the platform admin token"
+
+T = TypeVar("T")
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:16]}"
+
+
+def page_size(page: common_pb2.PageRequest) -> int:
+    return min(page.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+
+
+def encode_token(position: int) -> str:
+    """Page tokens are opaque to clients but only an offset (or a seq) inside."""
+    return base64.urlsafe_b64encode(json.dumps({"o": position}).encode()).decode()
+
+
+def decode_token(token: str) -> int:
+    if not token:
+        return 0
+    try:
+        value = json.loads(base64.urlsafe_b64decode(token.encode()))["o"]
+    except (ValueError, KeyError, TypeError, binascii.Error):
+        value = None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidArgument(
+            "malformed page token",
+            field="page.page_token",
+            fix="pass next_page_token from the previous response unchanged, or empty for the first page",
+        )
+    return value
+
+
+class RepositoryBase:
+    """The plumbing the per-entity parts build on; methods take the caller's Principal and the request."""
+
+    def __init__(
+        self,
+        engine: sa.Engine,
+        *,
+        now: Callable[[], datetime] = utc_now,
+        allowed_factories: Iterable[str] = (),
+    ):
+        self.engine = engine
+        self.now = now
+        self.allowed_factories = tuple(allowed_factories)
+        self._sessions = session_factory(engine)
+
+    @contextmanager
+    def _tx(self) -> Iterator[Session]:
+        """One transaction; database connectivity failures become Unavailable."""
+        try:
+            with self._sessions() as session, session.begin():
+                yield session
+        except (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DisconnectionError) as err:
+            if "no such table" in str(err.orig if isinstance(err, sa_exc.DBAPIError) else err):
+                raise self._schema_error() from err
+            raise Unavailable(
+                f"database unavailable: {err.orig if isinstance(err, sa_exc.DBAPIError) else err}",
+                fix="check BALLAST_DATABASE_URL and that the database is running",
+            ) from err
+        except sa_exc.ProgrammingError as err:
+            if "UndefinedTable" in type(err.orig).__name__:
+                raise self._schema_error() from err
+            raise
+
+    def _schema_error(self) -> BallastError:
+        from services.store import schema
+
+        try:
+            current = schema.current_revision(self.engine)
+        except sa_exc.SQLAlchemyError:
+            current = None
+        return SchemaOutOfDate(current, schema.head_revision())
+
+    @staticmethod
+    def _require_admin(p: Principal, what: str) -> None:
+        if not p.admin:
+            raise PermissionDenied(f"{what} is for the platform admin", fix=ADMIN_FIX)
+
+    @staticmethod
+    def _scoped(stmt: sa.Select, tenant_col: Any, p: Principal) -> sa.Select:
+        return stmt if p.admin else stmt.where(tenant_col == p.tenant_id)
+
+    def _one(
+        self,
+        s: Session,
+        cls: Any,
+        id_: str,
+        p: Principal | None,
+        *,
+        what: str,
+        field: str = "id",
+        lock: bool = False,
+        options: tuple = (),
+    ) -> Any:
+        """Fetch by id within the principal's tenant (p=None: platform data, no scoping)."""
+        stmt = sa.select(cls).where(cls.id == id_).options(*options)
+        if p is not None:
+            stmt = self._scoped(stmt, cls.tenant_id, p)
+        if lock:
+            stmt = stmt.with_for_update()
+        row = s.scalars(stmt).first() if id_ else None
+        if row is None:
+            raise NotFound(f"{what} {id_!r} not found", field=field)
+        return row
+
+    def _job(self, s: Session, p: Principal, job_id: str, *, field: str = "job_id", lock: bool = False) -> m.Job:
+        return self._one(s, m.Job, job_id, p, what="job", field=field, lock=lock)
+
+    @staticmethod
+    def _where_set(stmt: sa.Select, *filters: tuple[Any, Any]) -> sa.Select:
+        """`column == value` for each (column, value) filter the request set; proto3's unset is falsy."""
+        for column, value in filters:
+            if value:
+                stmt = stmt.where(column == value)
+        return stmt
+
+    @staticmethod
+    def _page(s: Session, stmt: sa.Select, page: common_pb2.PageRequest) -> tuple[list[Any], str]:
+        size, offset = page_size(page), decode_token(page.page_token)
+        rows = list(s.scalars(stmt.offset(offset).limit(size + 1)).all())
+        more = len(rows) > size
+        return rows[:size], encode_token(offset + size) if more else ""
+
+    def _page_of(
+        self, stmt: sa.Select, page: common_pb2.PageRequest, convert: Callable[[Any], T]
+    ) -> tuple[list[T], str]:
+        """One page of `stmt`, converted to protos inside the transaction that read it."""
+        with self._tx() as s:
+            rows, token = self._page(s, stmt, page)
+            return [convert(r) for r in rows], token
+
+    def _insert(self, table: Any) -> Any:
+        """The dialect's INSERT, which has ON CONFLICT on both PostgreSQL and SQLite."""
+        return (postgresql.insert if self.engine.dialect.name == "postgresql" else sqlite.insert)(table)

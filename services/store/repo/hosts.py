@@ -1,0 +1,109 @@
+"""Hosts and their devices: platform data that anyone reads and only the admin writes."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.orm import selectinload
+
+from ballast.v1 import fleet_pb2, store_pb2
+from services.runtime.auth import Principal
+from services.runtime.errors import AlreadyExists, InvalidArgument
+from services.store import models as m
+from services.store.convert import enum_name, from_json, shared_fields, to_json
+from services.store.repo.base import RepositoryBase, new_id
+
+DEVICE_INDEX = {"index": "device_index"}  # the proto's Device.index is the row's device_index
+HOST_LOAD = (selectinload(m.Host.devices),)
+
+
+def host_pb(row: m.Host) -> fleet_pb2.Host:
+    return fleet_pb2.Host(
+        **shared_fields(row, fleet_pb2.Host),
+        devices=[
+            fleet_pb2.Device(
+                **shared_fields(d, fleet_pb2.Device, rename=DEVICE_INDEX), spec=from_json(d.spec, fleet_pb2.DeviceSpec)
+            )
+            for d in row.devices
+        ],
+    )
+
+
+def device_row(d: fleet_pb2.Device) -> m.Device:
+    """The spec is kept whole as JSON; kind, memory and flops are also columns so SQL can filter on them."""
+    return m.Device(
+        **shared_fields(d, m.Device, rename=DEVICE_INDEX), **shared_fields(d.spec, m.Device), spec=to_json(d.spec)
+    )
+
+
+def check_host(h: fleet_pb2.Host) -> None:
+    if not h.name:
+        raise InvalidArgument("host name is not set", field="host.name", fix="set the agent's host name")
+    indexes = [d.index for d in h.devices]
+    if len(set(indexes)) != len(indexes):
+        raise InvalidArgument("duplicate device index", field="host.devices", fix="one entry per device index")
+    for i, d in enumerate(h.devices):
+        if not d.spec.kind:
+            raise InvalidArgument("device kind is not set", field=f"host.devices[{i}].spec.kind", fix='e.g. "cpu"')
+
+
+class HostStore(RepositoryBase):
+    """Host RPCs; a host registers by name, so re-registering replaces what it reported before."""
+
+    def register_host(self, p: Principal, req: store_pb2.RegisterHostRequest) -> fleet_pb2.Host:
+        self._require_admin(p, "registering hosts")
+        h = req.host
+        check_host(h)
+        state = enum_name(fleet_pb2.HostState, h.state or fleet_pb2.HOST_STATE_ONLINE, "host.state")
+        values = shared_fields(h, m.Host, skip=("id", "name", "state"), field="host")
+        for attempt in range(2):  # a concurrent first registration of the same name: retry as an update
+            try:
+                with self._tx() as s:
+                    now = self.now()
+                    row = s.scalars(
+                        sa.select(m.Host).where(m.Host.name == h.name).options(*HOST_LOAD).with_for_update()
+                    ).first()
+                    if row is None:
+                        row = m.Host(id=new_id("hst"), name=h.name, registered_at=now)
+                        s.add(row)
+                    else:
+                        row.devices.clear()
+                        s.flush()
+                    for key, value in values.items():
+                        setattr(row, key, value)
+                    row.state, row.last_heartbeat_at = state, now
+                    row.devices.extend(device_row(d) for d in h.devices)
+                    s.flush()
+                    return host_pb(row)
+            except sa_exc.IntegrityError:
+                if attempt:
+                    raise AlreadyExists(
+                        f"host {h.name!r} is being registered concurrently", field="host.name"
+                    ) from None
+        raise AssertionError("unreachable")
+
+    def update_host_state(self, p: Principal, req: store_pb2.UpdateHostStateRequest) -> fleet_pb2.Host:
+        self._require_admin(p, "changing host state")
+        if not req.state:
+            raise InvalidArgument("state is not set", field="state", fix="e.g. HOST_STATE_ONLINE")
+        state = enum_name(fleet_pb2.HostState, req.state, "state")
+        with self._tx() as s:
+            row = self._one(s, m.Host, req.id, None, what="host", lock=True, options=HOST_LOAD)
+            row.state = state
+            if req.heartbeat:
+                row.last_heartbeat_at = self.now()
+            s.flush()
+            return host_pb(row)
+
+    def get_host(self, p: Principal, req: store_pb2.GetRequest) -> fleet_pb2.Host:
+        with self._tx() as s:
+            return host_pb(self._one(s, m.Host, req.id, None, what="host", options=HOST_LOAD))
+
+    def list_hosts(self, p: Principal, req: store_pb2.ListHostsRequest) -> store_pb2.ListHostsResponse:
+        stmt = sa.select(m.Host).options(*HOST_LOAD).order_by(m.Host.name)
+        if req.state:
+            stmt = stmt.where(m.Host.state == enum_name(fleet_pb2.HostState, req.state, "state"))
+        if req.device_kind:
+            stmt = stmt.where(m.Host.id.in_(sa.select(m.Device.host_id).where(m.Device.kind == req.device_kind)))
+        items, token = self._page_of(stmt, req.page, host_pb)
+        return store_pb2.ListHostsResponse(hosts=items, next_page_token=token)

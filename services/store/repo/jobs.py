@@ -1,0 +1,150 @@
+"""Jobs and their event log: the state machine every other service drives a job through."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.orm import Session
+
+from ballast.v1 import job_pb2, store_pb2
+from services.runtime.auth import Principal
+from services.runtime.errors import AlreadyExists, FailedPrecondition, InvalidArgument
+from services.store import job_states
+from services.store import models as m
+from services.store.convert import enum_name, from_json, shared_fields, to_json
+from services.store.repo.base import decode_token, encode_token, new_id, page_size
+from services.store.repo.profiles import ModelStore
+from services.store.validation import validate_job_spec
+
+
+def job_pb(row: m.Job) -> job_pb2.Job:
+    return job_pb2.Job(**shared_fields(row, job_pb2.Job), spec=from_json(row.spec, job_pb2.JobSpec))
+
+
+def event_pb(row: m.JobEvent) -> job_pb2.JobEvent:
+    return job_pb2.JobEvent(**shared_fields(row, job_pb2.JobEvent))
+
+
+class JobStore(ModelStore):
+    """Job RPCs. A ModelStore because a job's spec carries its model, stored on first use."""
+
+    def _append_event(self, s: Session, job: m.Job, type_: str, message: str, attributes: dict[str, str]) -> m.JobEvent:
+        """Next gapless seq; the caller holds the job row's lock."""
+        job.last_event_seq += 1
+        event = m.JobEvent(
+            job_id=job.id,
+            seq=job.last_event_seq,
+            type=type_,
+            state=job.state,
+            message=message,
+            attributes=dict(attributes),
+            created_at=self.now(),
+        )
+        s.add(event)
+        return event
+
+    def create_job(self, p: Principal, req: store_pb2.CreateJobRequest) -> job_pb2.Job:
+        validate_job_spec(req.spec, self.allowed_factories)
+        try:
+            with self._tx() as s:
+                model = self._resolve_model(s, p.tenant_id, req.spec.model, "spec.model")
+                now = self.now()
+                job = m.Job(
+                    id=new_id("job"),
+                    tenant_id=p.tenant_id,
+                    model_id=model.id,
+                    name=req.spec.name,
+                    state=job_states.SUBMITTED,
+                    plan_id=None,
+                    plan_version=0,
+                    message="",
+                    iteration=0,
+                    last_event_seq=0,
+                    spec=to_json(req.spec),
+                    created_at=now,
+                    updated_at=now,
+                )
+                s.add(job)
+                s.flush()
+                self._append_event(s, job, "SUBMITTED", "job submitted", {"model_id": model.id})
+                s.flush()
+                return job_pb(job)
+        except sa_exc.IntegrityError:
+            raise AlreadyExists(
+                "a model with this name was stored concurrently",
+                field="spec.model.name",
+                fix="retry the submission",
+            ) from None
+
+    def get_job(self, p: Principal, req: store_pb2.GetRequest) -> job_pb2.Job:
+        with self._tx() as s:
+            return job_pb(self._job(s, p, req.id, field="id"))
+
+    def list_jobs(self, p: Principal, req: store_pb2.ListJobsRequest) -> store_pb2.ListJobsResponse:
+        stmt = self._scoped(sa.select(m.Job), m.Job.tenant_id, p).order_by(m.Job.created_at.desc(), m.Job.id.desc())
+        stmt = self._where_set(
+            stmt,
+            (m.Job.state, req.state and enum_name(job_pb2.JobState, req.state, "state")),
+            (m.Job.model_id, req.model_id),
+        )
+        items, token = self._page_of(stmt, req.page, job_pb)
+        return store_pb2.ListJobsResponse(jobs=items, next_page_token=token)
+
+    def transition_job(self, p: Principal, req: store_pb2.TransitionJobRequest) -> job_pb2.Job:
+        target = enum_name(job_pb2.JobState, req.state, "state")
+        with self._tx() as s:
+            job = self._job(s, p, req.id, field="id", lock=True)
+            if req.expected_state:
+                expected = enum_name(job_pb2.JobState, req.expected_state, "expected_state")
+                if job.state != expected:
+                    raise FailedPrecondition(
+                        f"job is {job.state}, not {expected}",
+                        field="expected_state",
+                        fix="re-read the job and decide again",
+                    )
+            job_states.check_transition(job.state, target)
+            if req.plan_id:
+                plan = self._one(s, m.Plan, req.plan_id, p, what="plan", field="plan_id")
+                if plan.job_id not in (None, job.id) or plan.model_id != job.model_id:
+                    raise FailedPrecondition(
+                        f"plan {plan.id} does not belong to job {job.id}",
+                        field="plan_id",
+                        fix="adopt a plan created for this job's model",
+                    )
+                job.plan_id, job.plan_version = plan.id, plan.version
+            job.state = target
+            job.message = req.message
+            job.updated_at = self.now()
+            attributes = dict(req.attributes)
+            if req.plan_id:
+                attributes.setdefault("plan_id", req.plan_id)
+            self._append_event(s, job, req.event_type or "STATE_CHANGED", req.message, attributes)
+            s.flush()
+            return job_pb(job)
+
+    def append_job_event(self, p: Principal, req: store_pb2.AppendJobEventRequest) -> job_pb2.JobEvent:
+        ev = req.event
+        if not ev.type:
+            raise InvalidArgument("event type is not set", field="event.type", fix='e.g. "MIGRATION"')
+        with self._tx() as s:
+            job = self._job(s, p, ev.job_id, field="event.job_id", lock=True)
+            event = self._append_event(s, job, ev.type, ev.message, dict(ev.attributes))
+            s.flush()
+            return event_pb(event)
+
+    def list_job_events(self, p: Principal, req: store_pb2.ListJobEventsRequest) -> store_pb2.ListJobEventsResponse:
+        """Paged by seq rather than offset, so a follower that passes after_seq never skips an event."""
+        size = page_size(req.page)
+        after = req.after_seq if req.after_seq else decode_token(req.page.page_token)
+        with self._tx() as s:
+            self._job(s, p, req.job_id)
+            rows = s.scalars(
+                sa.select(m.JobEvent)
+                .where(m.JobEvent.job_id == req.job_id, m.JobEvent.seq > after)
+                .order_by(m.JobEvent.seq)
+                .limit(size + 1)
+            ).all()
+            more = len(rows) > size
+            rows = rows[:size]
+            token = encode_token(rows[-1].seq) if more else ""
+            return store_pb2.ListJobEventsResponse(events=[event_pb(r) for r in rows], next_page_token=token)

@@ -1,0 +1,127 @@
+"""Parallelization plans: per-layer strategies, the prediction, and the alternatives considered."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.orm import selectinload
+
+from ballast.v1 import fleet_pb2, plan_pb2, store_pb2
+from services.runtime.auth import Principal
+from services.runtime.errors import FailedPrecondition, InvalidArgument
+from services.store import models as m
+from services.store.convert import enum_name, from_json, shared_fields, to_json
+from services.store.repo.base import RepositoryBase, new_id
+
+PLAN_LOAD = (selectinload(m.Plan.layers), selectinload(m.Plan.candidates))
+CANDIDATE_PLAN_ID = {"plan_id": "candidate_plan_id"}  # PlanCandidate.plan_id is the owning plan
+PLAN_SET_BY_STORE = ("id", "tenant_id", "model_id", "version")
+
+
+def plan_pb(row: m.Plan) -> plan_pb2.Plan:
+    out = plan_pb2.Plan(
+        **shared_fields(row, plan_pb2.Plan),
+        stages=[from_json(s, plan_pb2.Stage) for s in row.stages],
+        prediction=from_json(row.prediction, plan_pb2.Prediction),
+    )
+    if row.fleet:
+        out.fleet.CopyFrom(from_json(row.fleet, fleet_pb2.Fleet))
+    for layer in row.layers:
+        out.layers.add(**shared_fields(layer, plan_pb2.LayerStrategy))
+    for cand in row.candidates:  # the prediction's headline numbers are columns of the candidate
+        out.alternatives.add(
+            **shared_fields(cand, plan_pb2.PlanAlternative, rename=CANDIDATE_PLAN_ID),
+            prediction=plan_pb2.Prediction(**shared_fields(cand, plan_pb2.Prediction)),
+        )
+    return out
+
+
+def candidate_row(alt: plan_pb2.PlanAlternative, pos: int) -> m.PlanCandidate:
+    return m.PlanCandidate(
+        **shared_fields(alt, m.PlanCandidate, rename=CANDIDATE_PLAN_ID, field=f"plan.alternatives[{pos}]"),
+        **shared_fields(alt.prediction, m.PlanCandidate),
+        position=pos,
+    )
+
+
+def check_plan_layer(layer: plan_pb2.LayerStrategy, i: int, seen: set[int], num_stages: int) -> None:
+    field = f"plan.layers[{i}]"
+    if layer.layer_index in seen:
+        raise InvalidArgument(
+            f"layer {layer.layer_index} appears twice", field=f"{field}.layer_index", fix="one strategy per layer"
+        )
+    seen.add(layer.layer_index)
+    if num_stages and layer.stage_index >= num_stages:
+        raise InvalidArgument(
+            f"stage {layer.stage_index} does not exist (plan has {num_stages})",
+            field=f"{field}.stage_index",
+            fix="use a stage index listed in plan.stages",
+        )
+    for dim in ("dp", "sdp", "tp"):
+        if getattr(layer, dim) < 1:
+            raise InvalidArgument(
+                "parallel degree must be at least 1",
+                field=f"{field}.{dim}",
+                fix="use 1 for a dimension the layer is not split along",
+            )
+
+
+class PlanStore(RepositoryBase):
+    """Plan RPCs; a plan made for a job gets the job's next version unless it names one."""
+
+    def create_plan(self, p: Principal, req: store_pb2.CreatePlanRequest) -> plan_pb2.Plan:
+        pl = req.plan
+        with self._tx() as s:
+            model = self._one(s, m.Model, pl.model_id, p, what="model", field="plan.model_id")
+            if pl.profile_id:
+                self._one(s, m.Profile, pl.profile_id, p, what="profile", field="plan.profile_id")
+            if pl.parent_plan_id:
+                self._one(s, m.Plan, pl.parent_plan_id, p, what="plan", field="plan.parent_plan_id")
+            version = pl.version
+            if pl.job_id:
+                job = self._job(s, p, pl.job_id, field="plan.job_id", lock=True)
+                if job.model_id != model.id:
+                    raise FailedPrecondition(
+                        f"job {job.id} trains model {job.model_id}, not {model.id}", field="plan.model_id"
+                    )
+                if not version:
+                    latest = s.scalar(sa.select(sa.func.max(m.Plan.version)).where(m.Plan.job_id == job.id))
+                    version = (latest or 0) + 1
+            row = m.Plan(
+                **shared_fields(pl, m.Plan, skip=PLAN_SET_BY_STORE, field="plan"),
+                **shared_fields(pl.prediction, m.Plan),
+                id=new_id("pln"),
+                tenant_id=model.tenant_id,
+                model_id=model.id,
+                version=version or 1,
+                pipeline_degree=len(pl.stages) or (max((x.stage_index for x in pl.layers), default=0) + 1),
+                fleet=to_json(pl.fleet),
+                stages=[to_json(st) for st in pl.stages],
+                prediction=to_json(pl.prediction),
+                created_at=self.now(),
+            )
+            s.add(row)
+            s.flush()  # the plan row exists now; a bad layer below must roll it back with everything else
+            seen: set[int] = set()
+            for i, layer in enumerate(pl.layers):
+                check_plan_layer(layer, i, seen, len(pl.stages))
+                row.layers.append(m.PlanLayer(**shared_fields(layer, m.PlanLayer, field=f"plan.layers[{i}]")))
+                s.flush()
+            row.candidates.extend(candidate_row(alt, pos) for pos, alt in enumerate(pl.alternatives))
+            s.flush()
+            return plan_pb(row)
+
+    def get_plan(self, p: Principal, req: store_pb2.GetRequest) -> plan_pb2.Plan:
+        with self._tx() as s:
+            return plan_pb(self._one(s, m.Plan, req.id, p, what="plan", options=PLAN_LOAD))
+
+    def list_plans(self, p: Principal, req: store_pb2.ListPlansRequest) -> store_pb2.ListPlansResponse:
+        stmt = self._scoped(sa.select(m.Plan), m.Plan.tenant_id, p).options(*PLAN_LOAD)
+        stmt = stmt.order_by(m.Plan.created_at, m.Plan.id)
+        stmt = self._where_set(
+            stmt,
+            (m.Plan.model_id, req.model_id),
+            (m.Plan.job_id, req.job_id),
+            (m.Plan.engine, req.engine and enum_name(plan_pb2.PlanEngine, req.engine, "engine")),
+        )
+        items, token = self._page_of(stmt, req.page, plan_pb)
+        return store_pb2.ListPlansResponse(plans=items, next_page_token=token)

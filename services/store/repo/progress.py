@@ -1,0 +1,154 @@
+"""What a running job reports: per-iteration metrics, layer migrations and checkpoints."""
+
+from __future__ import annotations
+
+from datetime import UTC
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import selectinload
+
+from ballast.v1 import job_pb2, store_pb2
+from services.runtime.auth import Principal
+from services.runtime.errors import InvalidArgument, NotFound
+from services.store import models as m
+from services.store.convert import shared_fields
+from services.store.repo.base import RepositoryBase, new_id
+
+METRICS_CHUNK = 200  # rows per INSERT; keeps bound parameters far below SQLite's limit
+
+
+def metric_pb(row: m.IterationMetric) -> job_pb2.IterationMetric:
+    return job_pb2.IterationMetric(**shared_fields(row, job_pb2.IterationMetric), has_loss=row.loss is not None)
+
+
+def migration_pb(row: m.LayerMigration) -> job_pb2.LayerMigration:
+    return job_pb2.LayerMigration(**shared_fields(row, job_pb2.LayerMigration))
+
+
+def checkpoint_pb(row: m.Checkpoint) -> job_pb2.Checkpoint:
+    return job_pb2.Checkpoint(
+        **shared_fields(row, job_pb2.Checkpoint),
+        layers=[job_pb2.LayerCheckpoint(**shared_fields(c, job_pb2.LayerCheckpoint)) for c in row.layers],
+    )
+
+
+class ProgressStore(RepositoryBase):
+    """Metric, migration and checkpoint RPCs; each row belongs to a job the caller can see."""
+
+    def write_iteration_metrics(
+        self, p: Principal, req: store_pb2.WriteIterationMetricsRequest
+    ) -> store_pb2.WriteIterationMetricsResponse:
+        """Bulk insert; rows already stored (same job, plan version, iteration, stage, replica) skip."""
+        if not req.metrics:
+            return store_pb2.WriteIterationMetricsResponse(written=0)
+        now = self.now()
+        rows: list[dict[str, Any]] = [
+            {
+                **shared_fields(row, m.IterationMetric, skip=("loss",)),
+                "loss": row.loss if row.has_loss else None,
+                "recorded_at": row.recorded_at.ToDatetime(UTC) if row.HasField("recorded_at") else now,
+            }
+            for row in req.metrics
+        ]
+        written = 0
+        with self._tx() as s:
+            ids = {r["job_id"] for r in rows}
+            owned = set(s.scalars(self._scoped(sa.select(m.Job.id).where(m.Job.id.in_(ids)), m.Job.tenant_id, p)))
+            for i, r in enumerate(rows):
+                if r["job_id"] not in owned:
+                    raise NotFound(f"job {r['job_id']!r} not found", field=f"metrics[{i}].job_id")
+            for start in range(0, len(rows), METRICS_CHUNK):
+                stmt = self._insert(m.IterationMetric).values(rows[start : start + METRICS_CHUNK])
+                # RETURNING yields only rows actually inserted (rowcount is unreliable for multi-row inserts).
+                written += len(s.execute(stmt.on_conflict_do_nothing().returning(m.IterationMetric.id)).all())
+            for job_id in owned:  # Job.iteration: last iteration reported
+                top = max(r["iteration"] for r in rows if r["job_id"] == job_id)
+                s.execute(sa.update(m.Job).where(m.Job.id == job_id, m.Job.iteration < top).values(iteration=top))
+        return store_pb2.WriteIterationMetricsResponse(written=written)
+
+    def list_iteration_metrics(
+        self, p: Principal, req: store_pb2.ListIterationMetricsRequest
+    ) -> store_pb2.ListIterationMetricsResponse:
+        t = m.IterationMetric
+        stmt = sa.select(t).where(t.job_id == req.job_id, t.iteration >= req.from_iteration)
+        if req.to_iteration:
+            stmt = stmt.where(t.iteration < req.to_iteration)
+        if req.HasField("stage_index"):
+            stmt = stmt.where(t.stage_index == req.stage_index)
+        stmt = stmt.order_by(t.iteration, t.stage_index, t.replica_index, t.plan_version, t.id)
+        with self._tx() as s:
+            self._job(s, p, req.job_id)
+            rows, token = self._page(s, stmt, req.page)
+            return store_pb2.ListIterationMetricsResponse(metrics=[metric_pb(r) for r in rows], next_page_token=token)
+
+    def record_layer_migration(
+        self, p: Principal, req: store_pb2.RecordLayerMigrationRequest
+    ) -> job_pb2.LayerMigration:
+        mg = req.migration
+        with self._tx() as s:
+            self._job(s, p, mg.job_id, field="migration.job_id")
+            row = m.LayerMigration(
+                **shared_fields(mg, m.LayerMigration, skip=("id",)), id=new_id("mig"), created_at=self.now()
+            )
+            s.add(row)
+            s.flush()
+            return migration_pb(row)
+
+    def list_layer_migrations(
+        self, p: Principal, req: store_pb2.ListLayerMigrationsRequest
+    ) -> store_pb2.ListLayerMigrationsResponse:
+        t = m.LayerMigration
+        stmt = sa.select(t).where(t.job_id == req.job_id).order_by(t.created_at, t.id)
+        with self._tx() as s:
+            self._job(s, p, req.job_id)
+            rows, token = self._page(s, stmt, req.page)
+            return store_pb2.ListLayerMigrationsResponse(
+                migrations=[migration_pb(r) for r in rows], next_page_token=token
+            )
+
+    def create_checkpoint(self, p: Principal, req: store_pb2.CreateCheckpointRequest) -> job_pb2.Checkpoint:
+        ck = req.checkpoint
+        indexes = [layer.layer_index for layer in ck.layers]
+        if len(set(indexes)) != len(indexes):
+            raise InvalidArgument("duplicate layer index", field="checkpoint.layers", fix="one file per layer")
+        with self._tx() as s:
+            self._job(s, p, ck.job_id, field="checkpoint.job_id")
+            row = m.Checkpoint(
+                **shared_fields(ck, m.Checkpoint, skip=("id",)),
+                id=new_id("ckp"),
+                created_at=self.now(),
+                layers=[m.CheckpointLayer(**shared_fields(c, m.CheckpointLayer)) for c in ck.layers],
+            )
+            s.add(row)
+            s.flush()
+            return checkpoint_pb(row)
+
+    def _checkpoints(self, p: Principal) -> sa.Select:
+        """Checkpoints have no tenant column; a non-admin sees those of its own tenant's jobs."""
+        stmt = sa.select(m.Checkpoint).options(selectinload(m.Checkpoint.layers))
+        if not p.admin:
+            stmt = stmt.join(m.Job, m.Job.id == m.Checkpoint.job_id).where(m.Job.tenant_id == p.tenant_id)
+        return stmt
+
+    def get_checkpoint(self, p: Principal, req: store_pb2.GetRequest) -> job_pb2.Checkpoint:
+        with self._tx() as s:
+            row = s.scalars(self._checkpoints(p).where(m.Checkpoint.id == req.id)).first()
+            if row is None:
+                raise NotFound(f"checkpoint {req.id!r} not found", field="id")
+            return checkpoint_pb(row)
+
+    def list_checkpoints(
+        self, p: Principal, req: store_pb2.ListCheckpointsRequest
+    ) -> store_pb2.ListCheckpointsResponse:
+        t = m.Checkpoint
+        stmt = self._checkpoints(p).where(t.job_id == req.job_id)
+        if req.complete_only:
+            stmt = stmt.where(t.complete.is_(True))
+        stmt = stmt.order_by(t.iteration.desc(), t.created_at.desc(), t.id)
+        with self._tx() as s:
+            self._job(s, p, req.job_id)
+            rows, token = self._page(s, stmt, req.page)
+            return store_pb2.ListCheckpointsResponse(
+                checkpoints=[checkpoint_pb(r) for r in rows], next_page_token=token
+            )

@@ -1,0 +1,108 @@
+"""Tenants and bearer-token authentication: who a call runs as."""
+
+from __future__ import annotations
+
+import re
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.orm import Session
+
+from ballast.v1 import common_pb2, store_pb2
+from services.runtime.auth import Principal, hash_token, new_token
+from services.runtime.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unauthenticated
+from services.store import models as m
+from services.store.convert import shared_fields
+from services.store.repo.base import RepositoryBase, new_id
+
+TENANT_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+UNAUTHENTICATED_FIX = "pass a bearer token from `ballast tenant create` or the embedded admin token"
+
+
+def tenant_pb(row: m.Tenant) -> common_pb2.Tenant:
+    return common_pb2.Tenant(**shared_fields(row, common_pb2.Tenant))
+
+
+class TenantStore(RepositoryBase):
+    """Tenant RPCs; only a token's hash is stored, so the store cannot leak tokens."""
+
+    def create_tenant(self, p: Principal, req: store_pb2.CreateTenantRequest) -> store_pb2.CreateTenantResponse:
+        self._require_admin(p, "creating tenants")
+        if not TENANT_NAME_RE.match(req.name):
+            raise InvalidArgument(
+                f"invalid tenant name {req.name!r}",
+                field="name",
+                fix="use 1-63 lowercase letters, digits and dashes; start and end with a letter or digit",
+            )
+        token = new_token()
+        try:
+            with self._tx() as s:
+                if s.scalars(sa.select(m.Tenant.id).where(m.Tenant.name == req.name)).first():
+                    raise AlreadyExists(f"tenant {req.name!r} already exists", field="name", fix="pick another name")
+                row = m.Tenant(
+                    id=new_id("tnt"),
+                    name=req.name,
+                    admin=req.admin,
+                    token_hash=hash_token(token),
+                    created_at=self.now(),
+                )
+                s.add(row)
+        except sa_exc.IntegrityError:
+            raise AlreadyExists(f"tenant {req.name!r} already exists", field="name", fix="pick another name") from None
+        return store_pb2.CreateTenantResponse(tenant=tenant_pb(row), token=token)
+
+    def get_tenant(self, p: Principal, req: store_pb2.GetRequest) -> common_pb2.Tenant:
+        if not p.admin and req.id != p.tenant_id:
+            raise NotFound(f"tenant {req.id!r} not found", field="id")
+        with self._tx() as s:
+            return tenant_pb(self._one(s, m.Tenant, req.id, None, what="tenant"))
+
+    def list_tenants(self, p: Principal, req: store_pb2.ListTenantsRequest) -> store_pb2.ListTenantsResponse:
+        self._require_admin(p, "listing tenants")
+        with self._tx() as s:
+            rows, token = self._page(s, sa.select(m.Tenant).order_by(m.Tenant.created_at, m.Tenant.id), req.page)
+            return store_pb2.ListTenantsResponse(tenants=[tenant_pb(r) for r in rows], next_page_token=token)
+
+    def authenticate(self, token: str) -> Principal:
+        """Resolve a bearer token; only its hash is compared, the token itself is never stored."""
+        if not token:
+            raise Unauthenticated("no bearer token", fix=UNAUTHENTICATED_FIX)
+        with self._tx() as s:
+            row = s.scalars(sa.select(m.Tenant).where(m.Tenant.token_hash == hash_token(token))).first()
+        if row is None:
+            raise Unauthenticated("unknown bearer token", fix=UNAUTHENTICATED_FIX)
+        return Principal(tenant_id=row.id, tenant_name=row.name, admin=row.admin)
+
+    def ensure_admin(self, token: str, name: str = "admin") -> Principal:
+        """Create (or re-key) the platform-admin tenant so `token` authenticates as admin; idempotent."""
+        if not token:
+            raise InvalidArgument("empty admin token", field="token", fix="set BALLAST_TOKEN")
+        for attempt in range(2):  # a concurrent first start creates the same tenant: retry and find it
+            try:
+                with self._tx() as s:
+                    row = self._admin_row(s, hash_token(token), name)
+                return Principal(tenant_id=row.id, tenant_name=row.name, admin=True)
+            except sa_exc.IntegrityError:
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _admin_row(self, s: Session, digest: str, name: str) -> m.Tenant:
+        row = s.scalars(sa.select(m.Tenant).where(m.Tenant.token_hash == digest)).first()
+        if row is not None:
+            if not row.admin:
+                raise FailedPrecondition(
+                    "the admin token belongs to a non-admin tenant", field="token", fix="use a fresh token"
+                )
+            return row
+        row = s.scalars(sa.select(m.Tenant).where(m.Tenant.name == name).with_for_update()).first()
+        if row is None:
+            row = m.Tenant(id=new_id("tnt"), name=name, admin=True, token_hash=digest, created_at=self.now())
+            s.add(row)
+        elif not row.admin:
+            raise FailedPrecondition(
+                f"tenant {name!r} exists and is not an admin", field="name", fix="pick another name"
+            )
+        else:
+            row.token_hash = digest
+        return row
