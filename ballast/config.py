@@ -32,6 +32,7 @@ class Settings:
     queue: str = "planner"
     lease_seconds: float = 60.0
     sweep_interval_s: float = 5.0
+    requeue_unclaimed_s: float = 300.0
     visibility_timeout_s: float = 300.0
     worker_heartbeat_s: float = 5.0
     log_level: str = "INFO"

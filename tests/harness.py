@@ -41,7 +41,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
     """Environment that makes a subprocess see the same settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("BALLAST_")}
     for name in ("data_dir", "database_url", "broker_url", "host", "store_port", "profiler_port", "planner_port",
-                 "executor_port", "queue", "lease_seconds", "sweep_interval_s", "visibility_timeout_s",
+                 "executor_port", "queue", "lease_seconds", "sweep_interval_s", "requeue_unclaimed_s",
+                 "visibility_timeout_s",
                  "worker_heartbeat_s"):
         env[f"BALLAST_{name.upper()}"] = str(getattr(settings, name))
     env["PYTHONUNBUFFERED"] = "1"

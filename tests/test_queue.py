@@ -35,6 +35,7 @@ def broker_url(request, tmp_path: Path) -> str:
 def plane(tmp_path: Path, broker_url: str):
     settings = make_settings(tmp_path / "data", broker_url=broker_url, queue=f"planner-{uuid.uuid4().hex[:8]}",
                              lease_seconds=2.0, sweep_interval_s=0.5, visibility_timeout_s=6.0,
+                             requeue_unclaimed_s=3.0,
                              worker_heartbeat_s=0.5)
     plane = start_plane(settings, services=("store", "planner"))
     yield plane
@@ -123,5 +124,20 @@ def test_pickled_message_is_refused_by_the_worker(plane, tmp_path: Path) -> None
             done = wait_for(lambda: (r := _request(plane, stored.id)).state == queue_pb2.REQUEST_STATE_SUCCEEDED and r,
                             what="the JSON message to complete")
             assert done.attempts == 1
+    finally:
+        kill_group(worker)
+
+
+def test_request_whose_broker_message_was_lost_is_sent_again(plane, tmp_path: Path) -> None:
+    worker = spawn_cli(plane.settings, "worker", log=tmp_path / "worker.log")
+    try:
+        with plane.client() as client:
+            # Stored but never put on the broker: what a planner crash (or an emptied broker) leaves behind.
+            stored = client.store.EnqueueRequest(store_pb2.EnqueueRequestRequest(
+                kind="diagnostic.echo", payload_json=json.dumps({"text": "lost"}))).request
+            done = wait_for(lambda: (r := _request(plane, stored.id)).state == queue_pb2.REQUEST_STATE_SUCCEEDED and r,
+                            what="the sweeper to re-send the unclaimed request")
+            assert done.attempts == 1 and done.requeues >= 1
+            assert json.loads(done.result_json)["text"] == "lost"
     finally:
         kill_group(worker)

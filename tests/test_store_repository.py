@@ -939,3 +939,18 @@ def test_unreachable_database_is_unavailable(url):
         assert "BALLAST_DATABASE_URL" in str(err.value)
     finally:
         engine.dispose()
+
+
+def test_unclaimed_request_is_reaped_only_after_the_stale_window(store: Store):
+    rid = enqueue(store, '{"text": "lost"}').request.id
+    reap = store.repo.reap_expired_leases
+    assert not reap(store.admin, store_pb2.ReapExpiredLeasesRequest(queued_stale_s=60)).requests
+    store.clock.advance(61)
+    assert not reap(store.admin, store_pb2.ReapExpiredLeasesRequest()).requests  # 0 disables
+    again = reap(store.admin, store_pb2.ReapExpiredLeasesRequest(queued_stale_s=60)).requests
+    assert [r.id for r in again] == [rid] and again[0].requeues == 1
+    assert again[0].state == queue_pb2.REQUEST_STATE_QUEUED
+    # Re-sent just now: not due again until another window passes.
+    assert not reap(store.admin, store_pb2.ReapExpiredLeasesRequest(queued_stale_s=60)).requests
+    with pytest.raises(InvalidArgument, match="queued_stale_s"):
+        reap(store.admin, store_pb2.ReapExpiredLeasesRequest(queued_stale_s=-1))

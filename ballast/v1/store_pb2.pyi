@@ -399,10 +399,12 @@ class ListRequestsResponse(_message.Message):
     def __init__(self, requests: _Optional[_Iterable[_Union[_queue_pb2.QueuedRequest, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class ReapExpiredLeasesRequest(_message.Message):
-    __slots__ = ("limit",)
+    __slots__ = ("limit", "queued_stale_s")
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_STALE_S_FIELD_NUMBER: _ClassVar[int]
     limit: int
-    def __init__(self, limit: _Optional[int] = ...) -> None: ...
+    queued_stale_s: float
+    def __init__(self, limit: _Optional[int] = ..., queued_stale_s: _Optional[float] = ...) -> None: ...
 
 class ReapExpiredLeasesResponse(_message.Message):
     __slots__ = ("requests",)

@@ -49,11 +49,14 @@ def submit(store: store_pb2_grpc.StoreServiceStub, kind: str, payload: dict[str,
     return reply.request
 
 
-def sweep_once(store: store_pb2_grpc.StoreServiceStub, send: Send, limit: int = 100) -> int:
-    """Re-enqueue requests whose lease expired (their worker died or hung). Returns how many."""
-    reply = call(store.ReapExpiredLeases, store_pb2.ReapExpiredLeasesRequest(limit=limit))
+def sweep_once(store: store_pb2_grpc.StoreServiceStub, send: Send, requeue_unclaimed_s: float = 0.0,
+               limit: int = 100) -> int:
+    """Re-enqueue requests whose lease expired (their worker died or hung) and, after
+    `requeue_unclaimed_s`, requests nobody claimed (a lost broker message). Returns how many."""
+    reply = call(store.ReapExpiredLeases, store_pb2.ReapExpiredLeasesRequest(
+        limit=limit, queued_stale_s=requeue_unclaimed_s))
     for request in reply.requests:
-        log.warning("lease expired; re-enqueueing", extra={"request_id": request.id, "attempts": request.attempts})
+        log.warning("re-enqueueing", extra={"request_id": request.id, "attempts": request.attempts})
         send(request.id)
     return len(reply.requests)
 
@@ -61,15 +64,17 @@ def sweep_once(store: store_pb2_grpc.StoreServiceStub, send: Send, limit: int = 
 class Sweeper(threading.Thread):
     """Runs sweep_once every `interval_s` until stopped; failures are logged and retried."""
 
-    def __init__(self, store: store_pb2_grpc.StoreServiceStub, send: Send, interval_s: float):
+    def __init__(self, store: store_pb2_grpc.StoreServiceStub, send: Send, interval_s: float,
+                 requeue_unclaimed_s: float = 0.0):
         super().__init__(name="lease-sweeper", daemon=True)
         self._store, self._send, self._interval = store, send, interval_s
+        self._requeue_unclaimed_s = requeue_unclaimed_s
         self._stop = threading.Event()
 
     def run(self) -> None:
         while not self._stop.wait(self._interval):
             try:
-                sweep_once(self._store, self._send)
+                sweep_once(self._store, self._send, self._requeue_unclaimed_s)
             except Exception:  # noqa: BLE001 - the sweeper must outlive a store restart
                 log.exception("sweep failed")
 

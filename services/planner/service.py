@@ -23,7 +23,7 @@ def build_server(settings: Settings, address: str | None = None, send: queue.Sen
     as_caller, as_platform = store_stubs(settings)
     send = send or sender(make_app(settings), settings.queue)
     registry = AgentRegistry(as_platform)
-    sweeper = queue.Sweeper(as_platform, send, settings.sweep_interval_s)
+    sweeper = queue.Sweeper(as_platform, send, settings.sweep_interval_s, settings.requeue_unclaimed_s)
 
     def echo(request: services_pb2.EchoRequest, ctx):
         return queue.submit(as_caller, "diagnostic.echo", {"text": request.text}, send)

@@ -175,15 +175,22 @@ class QueueStore(RepositoryBase):
     def reap_expired_leases(
         self, p: Principal, req: store_pb2.ReapExpiredLeasesRequest
     ) -> store_pb2.ReapExpiredLeasesResponse:
-        """Return RUNNING requests whose lease expired to QUEUED so the sweeper can re-enqueue them."""
+        """Return RUNNING requests whose lease expired to QUEUED so the sweeper can re-enqueue them, and
+        (with queued_stale_s) QUEUED requests left unclaimed that long, whose broker message may be lost."""
         self._require_admin(p, "reaping leases")
+        if req.queued_stale_s < 0:
+            raise InvalidArgument("must be >= 0", field="queued_stale_s", fix="pass 0 to disable")
         t = m.QueuedRequest
         with self._tx() as s:
             now = self.now()
+            due = sa.and_(t.state == RUNNING, t.lease_expires_at <= now)
+            if req.queued_stale_s:
+                stale = sa.and_(t.state == QUEUED, t.updated_at <= now - timedelta(seconds=req.queued_stale_s))
+                due = sa.or_(due, stale)
             rows = s.scalars(
                 sa.select(t)
-                .where(t.state == RUNNING, t.lease_expires_at <= now)
-                .order_by(t.lease_expires_at, t.id)
+                .where(due)
+                .order_by(t.updated_at, t.id)
                 .limit(req.limit or DEFAULT_PAGE_SIZE)
                 .with_for_update(skip_locked=True)
             ).all()
