@@ -32,14 +32,25 @@ def broker_url(request, tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def plane(tmp_path: Path, broker_url: str):
-    settings = make_settings(tmp_path / "data", broker_url=broker_url, queue=f"planner-{uuid.uuid4().hex[:8]}",
-                             lease_seconds=2.0, sweep_interval_s=0.5, visibility_timeout_s=6.0,
-                             requeue_unclaimed_s=3.0,
-                             worker_heartbeat_s=0.5)
-    plane = start_plane(settings, services=("store", "planner"))
-    yield plane
-    plane.stop()
+def plane_factory(tmp_path: Path, broker_url: str):
+    planes = []
+
+    def make(requeue_unclaimed_s: float = 0.0):
+        """Store + planner in-process; requeue of unclaimed requests off unless a test is about it."""
+        settings = make_settings(tmp_path / "data", broker_url=broker_url, queue=f"planner-{uuid.uuid4().hex[:8]}",
+                                 lease_seconds=2.0, sweep_interval_s=0.5, visibility_timeout_s=6.0,
+                                 requeue_unclaimed_s=requeue_unclaimed_s, worker_heartbeat_s=0.5)
+        planes.append(start_plane(settings, services=("store", "planner")))
+        return planes[-1]
+
+    yield make
+    for plane in planes:
+        plane.stop()
+
+
+@pytest.fixture
+def plane(plane_factory):
+    return plane_factory()
 
 
 def _request(plane, request_id: str) -> queue_pb2.QueuedRequest:
@@ -128,7 +139,8 @@ def test_pickled_message_is_refused_by_the_worker(plane, tmp_path: Path) -> None
         kill_group(worker)
 
 
-def test_request_whose_broker_message_was_lost_is_sent_again(plane, tmp_path: Path) -> None:
+def test_request_whose_broker_message_was_lost_is_sent_again(plane_factory, tmp_path: Path) -> None:
+    plane = plane_factory(requeue_unclaimed_s=3.0)
     worker = spawn_cli(plane.settings, "worker", log=tmp_path / "worker.log")
     try:
         with plane.client() as client:
