@@ -31,6 +31,9 @@ class Target:
         time.sleep(1.0)  # slower than the propagated deadline below
         return store_pb2.ListTenantsResponse()
 
+    def get_tenant(self, principal: Principal, request):
+        raise RuntimeError("secret internals")
+
     def get_model(self, principal: Principal, request):
         raise InvalidArgument("must start with mdl-", field="id", fix="pass a model id")
 
@@ -78,6 +81,10 @@ def test_domain_errors_map_to_status_codes_naming_the_field(server) -> None:
         stub(server).Query(store_pb2.QueryRequest(sql="SELECT 1"))
     assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
     assert "the SQL issue" in info.value.details()
+    with pytest.raises(grpc.RpcError) as info:
+        stub(server).GetTenant(store_pb2.GetRequest(id="x"))
+    assert info.value.code() == grpc.StatusCode.INTERNAL
+    assert "RuntimeError" in info.value.details() and "secret" not in info.value.details()
     with pytest.raises(grpc.RpcError) as info:
         stub(server, token="bad").GetSchemaStatus(store_pb2.SchemaStatusRequest())
     assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED

@@ -53,7 +53,10 @@ def abort_for(exc: BaseException, ctx: grpc.ServicerContext) -> None:
         ctx.abort(getattr(grpc.StatusCode, exc.code), str(exc))
     if isinstance(exc, sqlalchemy.exc.OperationalError | sqlalchemy.exc.InterfaceError):
         ctx.abort(grpc.StatusCode.UNAVAILABLE, "database unavailable; retry later")
-    raise exc
+    if not isinstance(exc, Exception) or ctx.code() is not None:
+        raise exc  # GeneratorExit on a cancelled stream, or a status the handler already set
+    log.error("unhandled error", exc_info=exc)
+    ctx.abort(grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__}); the service log has the details")
 
 
 class CallInterceptor(grpc.ServerInterceptor):
