@@ -1,0 +1,122 @@
+"""ZooModel base class and the building blocks several families share."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ballast.v1 import common_pb2, model_pb2
+from services.zoo.graph import Decomposition, Inputs, Layer, decompose
+
+IGNORE_INDEX = -100  # label value that contributes nothing to the loss (unmasked BERT tokens)
+
+
+def sum_cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
+    """Summed, not averaged: pipelines and data parallelism add partial sums, then divide once."""
+    return F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), reduction="sum", ignore_index=IGNORE_INDEX)
+
+
+class ZooModel(nn.Module):
+    """A plain nn.Module: `forward(batch)` returns the loss summed over every labelled token or sample.
+
+    The executor divides by the global `loss_count` of the mini-batch, so the result does not depend
+    on how the batch was split into micro-batches or replicas. Built in fp32; `train_dtype` records the
+    training precision the spec asked for, for the executor to apply.
+    """
+
+    label_keys: tuple[str, ...] = ("labels",)
+
+    def __init__(self, spec: model_pb2.ModelSpec) -> None:
+        super().__init__()
+        self.spec = model_pb2.ModelSpec()
+        self.spec.CopyFrom(spec)
+        self.train_dtype = common_pb2.DType.Name(spec.dtype)  # e.g. "DTYPE_BF16"; weights stay fp32 here
+
+    def layer_list(self) -> list[Layer]:
+        raise NotImplementedError
+
+    def decompose(self) -> Decomposition:
+        """The ordered layers (embedding, blocks, head) sharing this model's modules and Parameters."""
+        return decompose(self, self.layer_list())
+
+    def loss_count(self, inputs: Inputs) -> int:
+        """How many terms `forward(inputs)` summed: the divisor for a mean loss."""
+        return int(sum(int((inputs[k] != IGNORE_INDEX).sum()) for k in self.label_keys))
+
+
+def init_weights(module: nn.Module, std: float = 0.02) -> None:
+    """GPT/BERT-style init (normal 0.02, zero bias) so every family trains sensibly from scratch."""
+    for m in module.modules():
+        if isinstance(m, nn.Linear | nn.Embedding | nn.Conv2d):
+            nn.init.normal_(m.weight, std=std)
+            if getattr(m, "bias", None) is not None:
+                nn.init.zeros_(m.bias)
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention with a fused qkv projection, via scaled_dot_product_attention."""
+
+    def __init__(self, dim: int, heads: int, dropout: float, *, causal: bool = False) -> None:
+        super().__init__()
+        self.heads, self.dropout, self.causal = heads, dropout, causal
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, s, d = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=self.causal)
+        return self.proj(y.transpose(1, 2).reshape(b, s, d))
+
+
+class MLP(nn.Sequential):
+    def __init__(self, dim: int, hidden: int, dropout: float, approximate: str = "none") -> None:
+        super().__init__(nn.Linear(dim, hidden), nn.GELU(approximate), nn.Linear(hidden, dim), nn.Dropout(dropout))
+
+
+class Block(nn.Module):
+    """Transformer block; pre-LN (GPT, ViT) or post-LN (BERT), with the family's LN epsilon."""
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        hidden: int,
+        dropout: float,
+        *,
+        pre_norm: bool,
+        causal: bool = False,
+        eps: float = 1e-5,
+        approximate: str = "none",
+    ) -> None:
+        super().__init__()
+        self.pre_norm = pre_norm
+        self.ln1, self.ln2 = nn.LayerNorm(dim, eps=eps), nn.LayerNorm(dim, eps=eps)
+        self.attn = SelfAttention(dim, heads, dropout, causal=causal)
+        self.drop = nn.Dropout(dropout)
+        self.mlp = MLP(dim, hidden, dropout, approximate)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.pre_norm:
+            x = x + self.drop(self.attn(self.ln1(x)))
+            return x + self.mlp(self.ln2(x))
+        x = self.ln1(x + self.drop(self.attn(x)))
+        return self.ln2(x + self.mlp(x))
+
+
+class TiedLinear(nn.Module):
+    """Output projection whose weight is, when tied, the very Parameter of an input embedding."""
+
+    def __init__(self, dim: int, vocab: int, tied: nn.Embedding | None, *, bias: bool = False) -> None:
+        super().__init__()
+        if tied is not None:
+            self.weight = tied.weight
+        else:
+            self.weight = nn.Parameter(torch.empty(vocab, dim))
+            nn.init.normal_(self.weight, std=0.02)
+        self.bias = nn.Parameter(torch.zeros(vocab)) if bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight, self.bias)
