@@ -11,9 +11,14 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
-# torch is pinned to 2.13.0 (CPU build on this machine); reinstall when pyproject changes.
+# torch is pinned to 2.13.0. A local wheel (this machine's pip find-links) is used when there is one;
+# otherwise the CPU build comes from PyTorch's CPU index, never the multi-GB CUDA build from PyPI.
+# Set TORCH_INDEX_URL to choose another build (e.g. a CUDA index on GPU hosts).
+TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
+
 $(STAMP): $(PY) pyproject.toml
-	$(PY) -m pip install --quiet "torch==2.13.0"
+	$(PY) -m pip install --quiet --no-index --no-deps "torch==2.13.0" 2>/dev/null || \
+	  $(PY) -m pip install --quiet --no-deps "torch==2.13.0" --index-url $(TORCH_INDEX_URL)
 	$(PY) -m pip install --quiet -e ".[dev]"
 	@touch $(STAMP)
 

@@ -19,6 +19,8 @@ class Settings:
     data_dir: Path
     database_url: str
     broker_url: str
+    sql_database_url: str = ""
+    sql_password: str = ""
     host: str = "127.0.0.1"
     advertise_host: str = ""
     store_port: int = DEFAULT_PORTS["store"]

@@ -12,6 +12,7 @@ import json
 import re
 import tomllib
 from collections.abc import Callable
+from dataclasses import fields
 from functools import cache
 from importlib.resources import files
 from pathlib import Path
@@ -21,26 +22,16 @@ import jsonschema
 import pytest
 import yaml
 
+from ballast.config import Settings
+
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = ROOT / "compose.yaml"
 
 GRPC_PORTS = {"store": 50051, "profiler": 50052, "planner": 50053, "executor": 50060}
 REQUIRED_SERVICES = {"postgres", "redis", "migrate", "planner-worker", *GRPC_PORTS}
-KNOWN_BALLAST_VARS = {
-    "BALLAST_DATABASE_URL",
-    "BALLAST_BROKER_URL",
-    "BALLAST_DATA_DIR",
-    "BALLAST_HOST",
-    "BALLAST_STORE_PORT",
-    "BALLAST_PROFILER_PORT",
-    "BALLAST_PLANNER_PORT",
-    "BALLAST_EXECUTOR_PORT",
-    "BALLAST_STORE_ADDRESS",
-    "BALLAST_PROFILER_ADDRESS",
-    "BALLAST_PLANNER_ADDRESS",
-    "BALLAST_TOKEN",
-}
-DATABASE_CLIENTS = {"store", "migrate"}
+# Every BALLAST_* name the settings understand (plus the config file path): derived, never listed twice.
+KNOWN_BALLAST_VARS = {f"BALLAST_{f.name.upper()}" for f in fields(Settings)} | {"BALLAST_CONFIG"}
+DATABASE_CLIENTS = {"store", "migrate"}  # BALLAST_DATABASE_URL / BALLAST_SQL_DATABASE_URL
 BROKER_CLIENTS = {"planner", "planner-worker"}
 BALLAST_NAME = re.compile(r"\bBALLAST_[A-Z0-9_]+")
 

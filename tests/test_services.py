@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import queue
 import threading
 from pathlib import Path
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from ballast.health import check
-from ballast.v1 import job_pb2, model_pb2, services_pb2, store_pb2
-from tests.harness import make_settings, start_plane
+from ballast.v1 import executor_pb2, fleet_pb2, job_pb2, model_pb2, services_pb2, store_pb2
+from tests.harness import make_settings, start_plane, wait_for
 
 SERVICES = {
     "store": {"ballast.v1.StoreService"},
@@ -148,25 +150,50 @@ def test_watch_replays_and_follows_until_terminal(plane) -> None:
     assert events[0].type == "SUBMITTED" and events[-1].state == job_pb2.JOB_STATE_CANCELLED
 
 
-def test_open_streams_never_starve_unary_calls(plane) -> None:
-    server = plane.servers["planner"]
-    limit = server.spec.max_streams
-    with plane.client() as client:
-        job = client.jobs.Submit(services_pb2.SubmitJobRequest(spec=job_spec("many-watchers")))
-        streams = [client.jobs.Watch(services_pb2.WatchJobRequest(job_id=job.id), timeout=60) for _ in range(limit)]
+def test_open_streams_never_starve_unary_calls_or_lock_out_agents(plane, tenants) -> None:
+    token_a, token_b = tenants
+    per_tenant = plane.servers["planner"].spec.streams_per_tenant
+    with plane.client(token=token_a) as a, plane.client(token=token_b) as b, plane.client() as admin:
+        job = a.jobs.Submit(services_pb2.SubmitJobRequest(spec=job_spec("many-watchers")))
+        streams = [a.jobs.Watch(services_pb2.WatchJobRequest(job_id=job.id), timeout=60) for _ in range(per_tenant)]
         try:
             for s in streams:
                 assert next(s).type == "SUBMITTED"  # every stream is open and holds a server thread
-            # Unary calls still get threads.
-            for _ in range(10):
-                assert client.jobs.Get(store_pb2.GetRequest(id=job.id), timeout=5).id == job.id
-            # One stream more than the cap is refused instead of queueing behind the others.
+            for _ in range(10):  # unary calls still get threads
+                assert a.jobs.Get(store_pb2.GetRequest(id=job.id), timeout=5).id == job.id
+            # The tenant's next stream is refused instead of queueing behind the others...
             with pytest.raises(grpc.RpcError) as info:
-                next(client.jobs.Watch(services_pb2.WatchJobRequest(job_id=job.id), timeout=10))
-            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                next(a.jobs.Watch(services_pb2.WatchJobRequest(job_id=job.id), timeout=10))
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "tenant" in info.value.details()
+            # ...while another tenant still gets one, and an executor agent still connects.
+            own = b.jobs.Submit(services_pb2.SubmitJobRequest(spec=job_spec("b-watch")))
+            watch_b = b.jobs.Watch(services_pb2.WatchJobRequest(job_id=own.id), timeout=10)
+            assert next(watch_b).type == "SUBMITTED"
+            watch_b.cancel()
+            hello = executor_pb2.AgentMessage(register=executor_pb2.RegisterAgent(
+                host=fleet_pb2.Host(name="agent-under-load")))
+            connect = admin.executor_control.Connect(iter([hello]), timeout=10)
+            assert next(connect).WhichOneof("body") == "registered"
+            connect.cancel()
         finally:
             for s in streams:
                 s.cancel()
+
+
+def test_health_watchers_hold_no_threads(plane) -> None:
+    address = plane.settings.address("store")
+    channel = grpc.insecure_channel(address)
+    watchers = [health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(), timeout=30)
+                for _ in range(plane.servers["store"].spec.max_workers + 8)]
+    try:
+        for w in watchers:
+            assert next(w).status == health_pb2.HealthCheckResponse.SERVING
+        with plane.client() as client:
+            assert client.store.ListModels(store_pb2.ListModelsRequest(), timeout=5) is not None
+    finally:
+        for w in watchers:
+            w.cancel()
+        channel.close()
 
 
 def test_sql_is_admin_only_and_read_only(plane, tenants) -> None:
@@ -201,3 +228,45 @@ def test_store_refuses_a_stale_schema(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "ballast db upgrade" in proc.stderr
+
+
+def test_store_refuses_a_schema_newer_than_the_build(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    import sqlalchemy as sa
+
+    from services.store import schema
+    from tests.harness import settings_env
+
+    settings = make_settings(tmp_path / "fresh" / "nested")
+    upgrade = subprocess.run([sys.executable, "-m", "ballast", "db", "upgrade"], env=settings_env(settings),
+                             capture_output=True, text=True, timeout=60)
+    assert upgrade.returncode == 0, upgrade.stderr  # the data directory did not exist yet
+    assert schema.current_revision(settings.database_url) == schema.head_revision()
+    engine = sa.create_engine(settings.database_url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE alembic_version SET version_num = '9999_from_the_future'"))
+    engine.dispose()
+    proc = subprocess.run([sys.executable, "-m", "ballast", "serve", "store"], env=settings_env(settings),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "newer than this build" in proc.stderr
+
+
+def test_reconnecting_agent_keeps_its_host_online(plane) -> None:
+    hello = executor_pb2.AgentMessage(register=executor_pb2.RegisterAgent(host=fleet_pb2.Host(name="flappy")))
+    with plane.client() as admin:
+        first = admin.executor_control.Connect(iter([hello]), timeout=20)
+        host_id = next(first).registered.host_id
+        second_inbound: queue.Queue = queue.Queue()
+        second_inbound.put(hello)
+        second = admin.executor_control.Connect(iter(second_inbound.get, None), timeout=20)
+        assert next(second).registered.host_id == host_id
+        assert list(first) == []  # the planner ended the replaced stream
+        host = admin.store.GetHost(store_pb2.GetRequest(id=host_id))
+        assert host.state == fleet_pb2.HOST_STATE_ONLINE
+        second_inbound.put(None)  # the agent hangs up for real: now it is offline
+        assert list(second) == []
+        wait_for(lambda: admin.store.GetHost(store_pb2.GetRequest(id=host_id)).state == fleet_pb2.HOST_STATE_OFFLINE,
+                 timeout=10, what="the host to be marked offline")

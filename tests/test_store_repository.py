@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import math
+import sqlite3
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from google.protobuf import timestamp_pb2
 
 from ballast.v1 import common_pb2, fleet_pb2, job_pb2, model_pb2, plan_pb2, profile_pb2, queue_pb2, store_pb2
 from services.runtime.auth import Principal, hash_token
@@ -954,3 +960,335 @@ def test_unclaimed_request_is_reaped_only_after_the_stale_window(store: Store):
     assert not reap(store.admin, store_pb2.ReapExpiredLeasesRequest(queued_stale_s=60)).requests
     with pytest.raises(InvalidArgument, match="queued_stale_s"):
         reap(store.admin, store_pb2.ReapExpiredLeasesRequest(queued_stale_s=-1))
+
+
+# --- SQLite read/write locking -------------------------------------------------------------------
+
+
+def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    """Run `fn` in a daemon thread; its result (or exception) lands in the returned list."""
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except BaseException as err:  # surfaced by the caller
+            out.append(err)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+# SQLite only: PostgreSQL's MVCC never makes a reader wait for a writer, so there is nothing to show there.
+@pytest.mark.parametrize("empty_database_url", ["sqlite"], indirect=True)
+def test_sqlite_reads_run_beside_a_writer_and_writes_queue_behind_it(store: Store):
+    repo, a, admin = store.repo, store.a, store.admin
+    job = new_job(store)
+    rid = enqueue(store, '{"lock": 1}').request.id
+    get = store_pb2.GetRequest
+    reads: list[Callable[[], Any]] = [
+        lambda: repo.authenticate(ADMIN_TOKEN),
+        lambda: repo.get_job(a, get(id=job.id)),
+        lambda: repo.list_jobs(a, store_pb2.ListJobsRequest()),
+        lambda: repo.list_job_events(a, store_pb2.ListJobEventsRequest(job_id=job.id)),  # Watch polls this
+        lambda: repo.get_model(a, get(id=job.model_id)),
+        lambda: repo.list_models(a, store_pb2.ListModelsRequest()),
+        lambda: repo.list_profiles(a, store_pb2.ListProfilesRequest()),
+        lambda: repo.list_plans(a, store_pb2.ListPlansRequest()),
+        lambda: repo.list_hosts(a, store_pb2.ListHostsRequest()),
+        lambda: repo.list_iteration_metrics(a, store_pb2.ListIterationMetricsRequest(job_id=job.id)),
+        lambda: repo.list_layer_migrations(a, store_pb2.ListLayerMigrationsRequest(job_id=job.id)),
+        lambda: repo.list_checkpoints(a, store_pb2.ListCheckpointsRequest(job_id=job.id)),
+        lambda: repo.get_queued_request(a, get(id=rid)),
+        lambda: repo.list_requests(a, store_pb2.ListRequestsRequest()),
+        lambda: repo.list_workers(a, store_pb2.ListWorkersRequest()),
+        lambda: repo.get_tenant(a, get(id=a.tenant_id)),
+        lambda: repo.list_tenants(admin, store_pb2.ListTenantsRequest()),
+    ]
+    writes: list[Callable[[], Any]] = [
+        lambda: repo.append_job_event(
+            a, store_pb2.AppendJobEventRequest(event=job_pb2.JobEvent(job_id=job.id, type="LOCKED"))
+        ),
+        lambda: move(store, job.id, JS.JOB_STATE_PROFILING),
+        lambda: repo.write_iteration_metrics(
+            a,
+            store_pb2.WriteIterationMetricsRequest(metrics=[job_pb2.IterationMetric(job_id=job.id, iteration=1)]),
+        ),
+        lambda: enqueue(store, '{"lock": 2}'),
+        lambda: claim(store, rid, "w1"),
+        lambda: repo.create_tenant(admin, store_pb2.CreateTenantRequest(name="team-c")),
+        lambda: repo.create_plan(a, store_pb2.CreatePlanRequest(plan=plan_msg(job.model_id))),
+        lambda: repo.record_worker_heartbeat(
+            admin, store_pb2.RecordWorkerHeartbeatRequest(heartbeat=queue_pb2.WorkerHeartbeat(name="w1"))
+        ),
+    ]
+    writer = sqlite3.connect(store.engine.url.database, isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")  # a foreign writer holds the lock (e.g. a big metrics batch)
+    try:
+        for read in reads:
+            thread, out = in_thread(read)
+            thread.join(10)
+            assert not thread.is_alive(), "a read waited for the writer"
+            assert not isinstance(out[0], BaseException), out[0]
+        queued = [in_thread(write) for write in writes]
+        for thread, _ in queued:
+            thread.join(0.2)
+        assert all(thread.is_alive() for thread, _ in queued), "a write did not wait for the lock"
+    finally:
+        writer.execute("COMMIT")
+        writer.close()
+    for thread, out in queued:
+        thread.join(30)
+        assert not thread.is_alive() and not isinstance(out[0], BaseException), out
+    assert {"LOCKED", "STATE_CHANGED"} <= {e.type for e in events(store, job.id)}
+
+
+# --- bad input: INVALID_ARGUMENT on both backends ------------------------------------------------
+
+
+def test_out_of_range_input_is_invalid_argument_on_both_backends(store: Store):
+    repo, a, admin = store.repo, store.a, store.admin
+    job = new_job(store)
+    rid = enqueue(store, '{"bad": 1}').request.id
+    lease = claim(store, rid, "w1").request.lease_token
+    big, long = 2**64 - 1, "k" * 300
+    nan, inf = math.nan, math.inf
+
+    def metrics(**kw) -> Callable[[], Any]:
+        msg = job_pb2.IterationMetric(**{"job_id": job.id, "iteration": 1, **kw})
+        return lambda: repo.write_iteration_metrics(a, store_pb2.WriteIterationMetricsRequest(metrics=[msg]))
+
+    def profile(pr: profile_pb2.Profile) -> Callable[[], Any]:
+        return lambda: repo.create_profile(a, store_pb2.CreateProfileRequest(profile=pr))
+
+    def host(h: fleet_pb2.Host) -> Callable[[], Any]:
+        return lambda: repo.register_host(admin, store_pb2.RegisterHostRequest(host=h))
+
+    huge_layer = profile_msg(job.model_id)
+    huge_layer.layers[1].parameter_count = big
+    bad_sample = profile_msg(job.model_id)
+    bad_sample.layers[0].samples[1].forward_s = inf
+    far_token = base64.urlsafe_b64encode(json.dumps({"o": 2**70}).encode()).decode()
+    big_plan = plan_msg(job.model_id, job_id=job.id)
+    big_plan.version = 2**31
+    cases: list[tuple[str, Callable[[], Any]]] = [
+        ("metrics[0].peak_memory_bytes", metrics(peak_memory_bytes=big)),
+        ("metrics[0].iteration", metrics(iteration=2**31)),  # INTEGER is 32-bit on PostgreSQL
+        ("metrics[0].recorded_at", metrics(recorded_at=timestamp_pb2.Timestamp(seconds=10**12))),
+        ("metrics[0].recorded_at", metrics(recorded_at=timestamp_pb2.Timestamp(seconds=1, nanos=-5))),
+        ("metrics[0].loss", metrics(loss=nan, has_loss=True)),
+        ("metrics[0].iteration_time_s", metrics(iteration_time_s=inf)),
+        (
+            "checkpoint.layers[0].bytes",
+            lambda: repo.create_checkpoint(
+                a,
+                store_pb2.CreateCheckpointRequest(
+                    checkpoint=job_pb2.Checkpoint(
+                        job_id=job.id, layers=[job_pb2.LayerCheckpoint(layer_index=0, uri="f", bytes=big)]
+                    )
+                ),
+            ),
+        ),
+        (
+            "migration.bytes",
+            lambda: repo.record_layer_migration(
+                a,
+                store_pb2.RecordLayerMigrationRequest(migration=job_pb2.LayerMigration(job_id=job.id, bytes=big)),
+            ),
+        ),
+        ("profile.layers[1].parameter_count", profile(huge_layer)),
+        ("profile.layers[0].samples[1].forward_s", profile(bad_sample)),
+        ("profile.device.kind", profile(profile_msg(job.model_id, kind=long))),
+        (
+            "after_seq",
+            lambda: repo.list_job_events(a, store_pb2.ListJobEventsRequest(job_id=job.id, after_seq=big)),
+        ),
+        ("page.page_token", lambda: repo.list_jobs(a, store_pb2.ListJobsRequest(page=page(1, far_token)))),
+        ("lease_seconds", lambda: claim(store, rid, "w2", lease=1e300)),
+        ("lease_seconds", lambda: claim(store, rid, "w2", lease=inf)),
+        ("lease_seconds", lambda: claim(store, rid, "w2", lease=nan)),
+        (
+            "lease_seconds",
+            lambda: repo.renew_lease(
+                admin, store_pb2.RenewLeaseRequest(id=rid, lease_token=lease, lease_seconds=1e300)
+            ),
+        ),
+        ("worker", lambda: claim(store, rid, long)),
+        (
+            "queued_stale_s",
+            lambda: repo.reap_expired_leases(admin, store_pb2.ReapExpiredLeasesRequest(queued_stale_s=1e300)),
+        ),
+        (
+            "queued_stale_s",
+            lambda: repo.reap_expired_leases(admin, store_pb2.ReapExpiredLeasesRequest(queued_stale_s=nan)),
+        ),
+        ("seen_within_s", lambda: repo.list_workers(a, store_pb2.ListWorkersRequest(seen_within_s=1e300))),
+        ("seen_within_s", lambda: repo.list_workers(a, store_pb2.ListWorkersRequest(seen_within_s=inf))),
+        ("host.name", host(fleet_pb2.Host(name=long))),
+        (
+            "host.devices[0].spec.kind",
+            host(fleet_pb2.Host(name="h1", devices=[fleet_pb2.Device(spec=fleet_pb2.DeviceSpec(kind=long))])),
+        ),
+        (
+            "host.devices[0].spec.memory_bytes",
+            host(
+                fleet_pb2.Host(
+                    name="h1", devices=[fleet_pb2.Device(spec=fleet_pb2.DeviceSpec(kind="cpu", memory_bytes=big))]
+                )
+            ),
+        ),
+        ("host.agent_port", host(fleet_pb2.Host(name="h1", agent_port=2**32 - 1))),
+        ("kind", lambda: repo.enqueue_request(a, store_pb2.EnqueueRequestRequest(kind=long, payload_json="{}"))),
+        ("spec.name", lambda: new_job(store, name=long)),
+        (
+            "event.type",
+            lambda: repo.append_job_event(
+                a, store_pb2.AppendJobEventRequest(event=job_pb2.JobEvent(job_id=job.id, type=long))
+            ),
+        ),
+        (
+            "event.message",
+            lambda: repo.append_job_event(
+                a, store_pb2.AppendJobEventRequest(event=job_pb2.JobEvent(job_id=job.id, type="T", message="a\x00b"))
+            ),
+        ),
+        ("plan.version", lambda: repo.create_plan(a, store_pb2.CreatePlanRequest(plan=big_plan))),
+        (
+            "heartbeat.name",
+            lambda: repo.record_worker_heartbeat(
+                admin, store_pb2.RecordWorkerHeartbeatRequest(heartbeat=queue_pb2.WorkerHeartbeat(name=long))
+            ),
+        ),
+    ]
+    for field, call in cases:
+        with pytest.raises(InvalidArgument) as err:
+            call()
+        assert err.value.field == field, (field, str(err.value))
+        assert err.value.fix, field
+    for table in ("iteration_metrics", "checkpoints", "layer_migrations", "profiles", "hosts", "plans", "workers"):
+        assert store.count(table) == 0, table
+    assert store.count("jobs") == 1 and store.count("queued_requests") == 1 and len(events(store, job.id)) == 1
+
+
+def test_ids_quoted_in_errors_are_truncated(store: Store):
+    huge = "x" * 10_000
+    for call in (
+        lambda: store.repo.get_job(store.a, store_pb2.GetRequest(id=huge)),
+        lambda: store.repo.get_checkpoint(store.a, store_pb2.GetRequest(id=huge)),
+        lambda: store.repo.get_tenant(store.a, store_pb2.GetRequest(id=huge)),
+    ):
+        with pytest.raises(NotFound) as err:
+            call()
+        assert len(str(err.value)) < 200 and "x" * 64 + "…" in str(err.value)
+    with pytest.raises(InvalidArgument) as err:
+        store.repo.create_tenant(store.admin, store_pb2.CreateTenantRequest(name=huge))
+    assert len(str(err.value)) < 300
+
+
+# --- queue: a FAILED request releases its dedupe key ----------------------------------------------
+
+
+def test_failed_request_releases_its_dedupe_key(store: Store):
+    payload = '{"retry": 1}'
+    first = enqueue(store, payload).request
+    assert not enqueue(store, payload).created  # QUEUED dedupes
+    token = claim(store, first.id, "w1").request.lease_token
+    assert enqueue(store, payload).request.id == first.id  # RUNNING dedupes
+    failed = store.repo.complete_request(
+        store.admin, store_pb2.CompleteRequestRequest(id=first.id, lease_token=token, error="boom")
+    )
+    assert failed.state == queue_pb2.REQUEST_STATE_FAILED and failed.dedupe_key == "" and failed.error == "boom"
+    again = enqueue(store, payload)
+    assert again.created and again.request.id != first.id and again.request.state == queue_pb2.REQUEST_STATE_QUEUED
+    assert again.request.dedupe_key == first.dedupe_key
+    assert enqueue(store, payload).request.id == again.request.id  # the fresh one dedupes in turn
+    done = complete(store, again.request.id, claim(store, again.request.id, "w2").request.lease_token)
+    assert done.state == queue_pb2.REQUEST_STATE_SUCCEEDED
+    after = enqueue(store, payload)
+    assert not after.created and after.request.id == again.request.id  # SUCCEEDED still dedupes
+    old = store.repo.get_queued_request(store.a, store_pb2.GetRequest(id=first.id))
+    assert old.state == queue_pb2.REQUEST_STATE_FAILED and old.error == "boom"  # history kept
+
+
+def test_request_failed_by_max_attempts_releases_its_dedupe_key(store: Store):
+    payload = '{"retry": 2}'
+    first = enqueue(store, payload, max_attempts=1).request
+    assert claim(store, first.id, "w1", lease=5).claimed
+    store.clock.advance(6)
+    out = claim(store, first.id, "w2")
+    assert not out.claimed and out.request.state == queue_pb2.REQUEST_STATE_FAILED and not out.request.dedupe_key
+    again = enqueue(store, payload, max_attempts=1)
+    assert again.created and again.request.id != first.id and again.request.attempts == 0
+    assert store.count("queued_requests") == 2
+
+
+# --- plans: (job_id, version) is unique -----------------------------------------------------------
+
+
+def test_plan_versions_are_unique_per_job(store: Store):
+    repo, a = store.repo, store.a
+    job = new_job(store)
+
+    def plan(**kw) -> plan_pb2.Plan:
+        pl = plan_msg(job.model_id, **kw)
+        return repo.create_plan(a, store_pb2.CreatePlanRequest(plan=pl))
+
+    seven = plan_msg(job.model_id, job_id=job.id)
+    seven.version = 7
+    assert repo.create_plan(a, store_pb2.CreatePlanRequest(plan=seven)).version == 7
+    with pytest.raises(AlreadyExists) as err:
+        repo.create_plan(a, store_pb2.CreatePlanRequest(plan=seven))
+    assert err.value.field == "plan.version" and err.value.fix
+    assert plan(job_id=job.id).version == 8  # version 0: the job's next
+    assert [plan().version for _ in range(3)] == [1, 1, 1]  # what-if plans (no job) are unconstrained
+    other = new_job(store, name="other")
+    seven.job_id = other.id
+    assert repo.create_plan(a, store_pb2.CreatePlanRequest(plan=seven)).version == 7  # per job
+    assert store.count("plans") == 6 and store.count("plan_layers") == 12
+    with pytest.raises(sa.exc.IntegrityError), store.engine.begin() as conn:  # the database enforces it too
+        conn.execute(sa.text(f"UPDATE plans SET version = 7 WHERE job_id = '{job.id}' AND version = 8"))
+
+
+def test_migration_0003_renumbers_clashing_plans_and_releases_failed_keys(empty_database_url):
+    url = empty_database_url
+    schema.upgrade(url)
+    engine = create_engine(url)
+    repo = Repository(engine, now=FakeClock())
+    admin = repo.ensure_admin(ADMIN_TOKEN)
+    job = repo.create_job(admin, store_pb2.CreateJobRequest(spec=job_spec()))
+    first, second = (
+        repo.create_plan(admin, store_pb2.CreatePlanRequest(plan=plan_msg(job.model_id, job_id=job.id)))
+        for _ in range(2)
+    )
+    for state in (JS.JOB_STATE_PROFILING, JS.JOB_STATE_PLANNING):
+        repo.transition_job(admin, store_pb2.TransitionJobRequest(id=job.id, state=state))
+    repo.transition_job(
+        admin, store_pb2.TransitionJobRequest(id=job.id, state=JS.JOB_STATE_SCHEDULED, plan_id=second.id)
+    )
+    rid = repo.enqueue_request(admin, store_pb2.EnqueueRequestRequest(kind="k", payload_json="{}")).request.id
+    lease = repo.claim_request(admin, store_pb2.ClaimRequestRequest(id=rid, worker="w", lease_seconds=9))
+    repo.complete_request(
+        admin, store_pb2.CompleteRequestRequest(id=rid, lease_token=lease.request.lease_token, error="x")
+    )
+
+    def scalar(sql: str) -> Any:
+        with engine.connect() as conn:
+            return conn.execute(sa.text(sql)).scalar_one()
+
+    engine.dispose()
+    try:
+        schema.downgrade(url, "0002_readonly_role")
+        assert scalar(f"SELECT dedupe_key FROM queued_requests WHERE id = '{rid}'") == rid
+        with engine.begin() as conn:  # a clash the old schema allowed
+            conn.execute(sa.text(f"UPDATE plans SET version = 1 WHERE id = '{second.id}'"))
+            conn.execute(sa.text(f"UPDATE jobs SET plan_version = 1 WHERE id = '{job.id}'"))
+        engine.dispose()
+        schema.upgrade(url)
+        assert scalar(f"SELECT version FROM plans WHERE id = '{first.id}'") == 1
+        assert scalar(f"SELECT version FROM plans WHERE id = '{second.id}'") == 2
+        assert scalar(f"SELECT plan_version FROM jobs WHERE id = '{job.id}'") == 2
+        assert scalar(f"SELECT dedupe_key FROM queued_requests WHERE id = '{rid}'") is None
+        schema.check_schema(engine)
+    finally:
+        engine.dispose()

@@ -77,3 +77,20 @@ def test_sql_rpc_is_read_only_on_postgres(pg_plane) -> None:
         after = (client.store.Query(store_pb2.QueryRequest(sql=count_sql)).rows[0][0],
                  list(client.store.Query(store_pb2.QueryRequest(sql=seq_sql)).rows[0]))
         assert after == before
+
+
+def test_upgrade_sets_the_read_only_login_password(pg_plane) -> None:
+    from services.store import schema
+
+    _, url = pg_plane
+    admin = sa.create_engine(PG_ADMIN_URL)
+    query = "SELECT rolpassword IS NOT NULL FROM pg_authid WHERE rolname = 'ballast_readonly'"
+    try:
+        assert schema.set_readonly_password(url, "s3cret-pass") is True
+        with admin.connect() as conn:
+            assert conn.execute(sa.text(query)).scalar() is True
+    finally:
+        with admin.begin() as conn:  # the role is cluster-wide: leave it as the tests found it
+            conn.execute(sa.text("ALTER ROLE ballast_readonly PASSWORD NULL"))
+        admin.dispose()
+    assert schema.set_readonly_password("sqlite:////tmp/none.db", "x") is False

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from services.runtime.errors import InvalidArgument
+from services.runtime.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from services.store import schema
 from services.store.db import create_engine, normalize_url
 from services.store.models import IterationMetric, Job, Model, Tenant
@@ -27,6 +27,7 @@ from services.store.sql import (
     QueryTimeout,
     ReadOnlyViolation,
     json_safe,
+    readonly_url,
     run_readonly_query,
     single_statement,
 )
@@ -45,6 +46,8 @@ JOB_IDS = ["job-1", "job-2", "job-3"]
 class Store:
     url: str
     engine: sa.Engine
+    sql: sa.Engine  # what `ballast sql` queries through: the read-only login on PostgreSQL
+    sql: sa.Engine  # what `ballast sql` queries through: the read-only login on PostgreSQL
 
     @property
     def dialect(self) -> str:
@@ -109,9 +112,12 @@ def store(empty_database_url: str) -> Iterator[Store]:
     schema.upgrade(empty_database_url)
     engine = create_engine(empty_database_url)
     _seed(engine)
+    is_pg = engine.dialect.name == "postgresql"
+    query = create_engine(readonly_url(empty_database_url)) if is_pg else engine
     try:
-        yield Store(url=empty_database_url, engine=engine)
+        yield Store(url=empty_database_url, engine=engine, sql=query)
     finally:
+        query.dispose()
         engine.dispose()
 
 
@@ -130,7 +136,7 @@ def _snapshot(engine: sa.Engine) -> dict:
 
 
 def test_select_returns_columns_and_rows(store: Store) -> None:
-    result = run_readonly_query(store.engine, "SELECT id, name, state FROM jobs ORDER BY id")
+    result = run_readonly_query(store.sql, "SELECT id, name, state FROM jobs ORDER BY id")
     assert result == QueryResult(
         columns=["id", "name", "state"],
         rows=[[job_id, f"run-{i}", "JOB_STATE_RUNNING"] for i, job_id in enumerate(JOB_IDS)],
@@ -139,20 +145,20 @@ def test_select_returns_columns_and_rows(store: Store) -> None:
 
 
 def test_empty_result_still_names_columns(store: Store) -> None:
-    result = run_readonly_query(store.engine, "SELECT id, name FROM jobs WHERE id = 'nope'")
+    result = run_readonly_query(store.sql, "SELECT id, name FROM jobs WHERE id = 'nope'")
     assert result == QueryResult(columns=["id", "name"], rows=[], truncated=False)
 
 
 def test_trailing_semicolon_comments_and_quoted_semicolons_are_one_statement(store: Store) -> None:
     sql = "-- leading\nSELECT ';' AS s, 'it''s; fine' AS t /* ; */ FROM jobs WHERE id = 'job-1'; -- done"
-    result = run_readonly_query(store.engine, sql)
+    result = run_readonly_query(store.sql, sql)
     assert result.columns == ["s", "t"]
     assert result.rows == [[";", "it's; fine"]]
 
 
 def test_values_are_json_safe(store: Store) -> None:
     result = run_readonly_query(
-        store.engine,
+        store.sql,
         "SELECT j.id, j.spec, j.created_at, m.parameter_count, im.loss, im.peak_memory_bytes "
         "FROM jobs j JOIN models m ON m.id = j.model_id JOIN iteration_metrics im ON im.job_id = j.id",
     )
@@ -169,7 +175,7 @@ def test_values_are_json_safe(store: Store) -> None:
 @POSTGRES_ONLY
 def test_postgres_native_types_are_json_safe(store: Store) -> None:
     result = run_readonly_query(
-        store.engine,
+        store.sql,
         "SELECT 1.25::numeric AS n, '\\xdead'::bytea AS b, now() AS t, 'NaN'::float8 AS nan, "
         "ARRAY[1, 2] AS a, '1 day'::interval AS d, gen_random_uuid() AS u, '{\"k\": [1]}'::jsonb AS j, "
         "'50%' AS pct",
@@ -183,7 +189,7 @@ def test_postgres_native_types_are_json_safe(store: Store) -> None:
 
 @SQLITE_ONLY
 def test_sqlite_blobs_are_hex(store: Store) -> None:
-    assert run_readonly_query(store.engine, "SELECT x'dead' AS b").rows == [["dead"]]
+    assert run_readonly_query(store.sql, "SELECT x'dead' AS b").rows == [["dead"]]
 
 
 def test_json_safe_conversions() -> None:
@@ -209,27 +215,27 @@ COUNT_TO_20000 = (
 
 
 def test_row_limit_truncates(store: Store) -> None:
-    result = run_readonly_query(store.engine, "SELECT id FROM jobs ORDER BY id", row_limit=2)
+    result = run_readonly_query(store.sql, "SELECT id FROM jobs ORDER BY id", row_limit=2)
     assert result.rows == [["job-1"], ["job-2"]]
     assert result.truncated
-    exact = run_readonly_query(store.engine, "SELECT id FROM jobs ORDER BY id", row_limit=3)
+    exact = run_readonly_query(store.sql, "SELECT id FROM jobs ORDER BY id", row_limit=3)
     assert len(exact.rows) == 3 and not exact.truncated
 
 
 def test_row_limit_default_and_cap(store: Store) -> None:
-    default = run_readonly_query(store.engine, COUNT_TO_20000, row_limit=0)
+    default = run_readonly_query(store.sql, COUNT_TO_20000, row_limit=0)
     assert len(default.rows) == 1000 and default.truncated
-    capped = run_readonly_query(store.engine, COUNT_TO_20000, row_limit=50_000)
+    capped = run_readonly_query(store.sql, COUNT_TO_20000, row_limit=50_000)
     assert len(capped.rows) == 10_000 and capped.truncated
     assert capped.rows[-1] == [10_000]
 
 
 def test_negative_arguments_are_rejected(store: Store) -> None:
     with pytest.raises(InvalidArgument) as err:
-        run_readonly_query(store.engine, "SELECT 1", row_limit=-1)
+        run_readonly_query(store.sql, "SELECT 1", row_limit=-1)
     assert err.value.field == "row_limit"
     with pytest.raises(InvalidArgument) as err:
-        run_readonly_query(store.engine, "SELECT 1", timeout_s=-1)
+        run_readonly_query(store.sql, "SELECT 1", timeout_s=-1)
     assert err.value.field == "timeout_s"
 
 
@@ -253,7 +259,7 @@ WRITES = [
 def test_writes_are_refused_and_change_nothing(store: Store, sql: str) -> None:
     before = _snapshot(store.engine)
     with pytest.raises(ReadOnlyViolation) as err:
-        run_readonly_query(store.engine, sql)
+        run_readonly_query(store.sql, sql)
     assert str(err.value).startswith("read-only:")
     assert err.value.code == "PERMISSION_DENIED"
     assert _snapshot(store.engine) == before
@@ -263,7 +269,7 @@ def test_writes_are_refused_and_change_nothing(store: Store, sql: str) -> None:
 def test_sqlite_cte_write_error_quotes_sqlite(store: Store) -> None:
     """SQLite cannot even parse DML inside WITH: say it was refused as a write, in SQLite's own words."""
     with pytest.raises(ReadOnlyViolation) as err:
-        run_readonly_query(store.engine, "WITH d AS (DELETE FROM jobs RETURNING *) SELECT * FROM d")
+        run_readonly_query(store.sql, "WITH d AS (DELETE FROM jobs RETURNING *) SELECT * FROM d")
     message = str(err.value)
     assert "`ballast sql` is read-only" in message
     assert 'near "DELETE": syntax error' in message
@@ -274,13 +280,13 @@ def test_sqlite_attach_and_pragma_writes_are_refused(store: Store, tmp_path: Pat
     other = tmp_path / "other.db"
     for sql in (f"ATTACH DATABASE '{other}' AS o", "PRAGMA user_version = 7", "VACUUM"):
         with pytest.raises(ReadOnlyViolation):
-            run_readonly_query(store.engine, sql)
+            run_readonly_query(store.sql, sql)
     assert not other.exists()
-    assert run_readonly_query(store.engine, "PRAGMA user_version").rows == [[0]]
+    assert run_readonly_query(store.sql, "PRAGMA user_version").rows == [[0]]
     # Introspection stays available.
-    info = run_readonly_query(store.engine, "SELECT name FROM pragma_table_info('jobs') ORDER BY cid")
+    info = run_readonly_query(store.sql, "SELECT name FROM pragma_table_info('jobs') ORDER BY cid")
     assert ["id"] in info.rows
-    assert run_readonly_query(store.engine, "PRAGMA table_info(jobs)").rows
+    assert run_readonly_query(store.sql, "PRAGMA table_info(jobs)").rows
 
 
 @POSTGRES_ONLY
@@ -288,14 +294,14 @@ def test_postgres_writes_outside_tables_are_refused(store: Store) -> None:
     before = _snapshot(store.engine)
     for sql in ("TRUNCATE jobs CASCADE", "SELECT set_config('transaction_read_only', 'off', false)"):
         with pytest.raises((ReadOnlyViolation, InvalidArgument)):
-            run_readonly_query(store.engine, sql)
+            run_readonly_query(store.sql, sql)
     assert _snapshot(store.engine) == before
 
 
 @POSTGRES_ONLY
 def test_postgres_autocommit_engine_is_still_read_only(store: Store) -> None:
     """SET TRANSACTION would be a silent no-op outside a transaction; the guard must not depend on it."""
-    engine = sa.create_engine(normalize_url(store.url), isolation_level="AUTOCOMMIT")
+    engine = sa.create_engine(readonly_url(store.url), isolation_level="AUTOCOMMIT")
     try:
         before = _snapshot(store.engine)
         with pytest.raises(ReadOnlyViolation):
@@ -321,7 +327,7 @@ def _sequence_state(engine: sa.Engine) -> tuple[str, tuple]:
 def test_postgres_sequences_cannot_be_moved(store: Store, call: str) -> None:
     sequence, before = _sequence_state(store.engine)
     with pytest.raises(ReadOnlyViolation) as err:
-        run_readonly_query(store.engine, "SELECT " + call.format(seq=sequence))
+        run_readonly_query(store.sql, "SELECT " + call.format(seq=sequence))
     assert str(err.value).startswith("read-only:")
     assert _sequence_state(store.engine) == (sequence, before)
 
@@ -335,7 +341,7 @@ def test_postgres_sequences_cannot_be_moved(store: Store, call: str) -> None:
 def test_multiple_statements_are_rejected_before_anything_runs(store: Store, sql: str) -> None:
     before = _snapshot(store.engine)
     with pytest.raises(InvalidArgument) as err:
-        run_readonly_query(store.engine, sql)
+        run_readonly_query(store.sql, sql)
     assert err.value.field == "sql"
     assert _snapshot(store.engine) == before
 
@@ -343,7 +349,7 @@ def test_multiple_statements_are_rejected_before_anything_runs(store: Store, sql
 @pytest.mark.parametrize("sql", ["", "   ", "-- only a comment", ";;"])
 def test_empty_sql_is_rejected(store: Store, sql: str) -> None:
     with pytest.raises(InvalidArgument) as err:
-        run_readonly_query(store.engine, sql)
+        run_readonly_query(store.sql, sql)
     assert err.value.field == "sql"
 
 
@@ -380,17 +386,17 @@ def test_slow_queries_time_out(store: Store) -> None:
     for sql in SLOW[store.dialect]:
         started = time.monotonic()
         with pytest.raises(QueryTimeout) as err:
-            run_readonly_query(store.engine, sql, timeout_s=0.5)
+            run_readonly_query(store.sql, sql, timeout_s=0.5)
         assert err.value.code == "DEADLINE_EXCEEDED"
         assert time.monotonic() - started < 4, sql
     # The engine is still usable afterwards.
-    assert run_readonly_query(store.engine, "SELECT count(*) AS n FROM jobs").rows == [[3]]
+    assert run_readonly_query(store.sql, "SELECT count(*) AS n FROM jobs").rows == [[3]]
 
 
 @pytest.mark.parametrize("sql", ["SELEC 1", "SELECT * FROM no_such_table", "SELECT no_such_column FROM jobs"])
 def test_bad_sql_is_invalid_argument(store: Store, sql: str) -> None:
     with pytest.raises(InvalidArgument) as err:
-        run_readonly_query(store.engine, sql)
+        run_readonly_query(store.sql, sql)
     assert err.value.field == "sql"
     assert not isinstance(err.value, ReadOnlyViolation)
 
@@ -399,7 +405,7 @@ def test_store_keeps_working_after_queries(store: Store) -> None:
     """The read-only session never leaks into the store's own (writable) connections."""
     for sql in ("SELECT 1", "DELETE FROM jobs", "SELEC 1"):
         try:
-            run_readonly_query(store.engine, sql)
+            run_readonly_query(store.sql, sql)
         except (ReadOnlyViolation, InvalidArgument):
             pass
     with store.engine.begin() as conn:
@@ -432,13 +438,14 @@ def test_downgrade_to_base_and_upgrade_again(store: Store) -> None:
     schema.upgrade(store.url)
     assert schema.current_revision(store.url) == schema.head_revision()
     _seed(store.engine)
-    assert run_readonly_query(store.engine, "SELECT count(*) AS n FROM jobs").rows == [[3]]
+    assert run_readonly_query(store.sql, "SELECT count(*) AS n FROM jobs").rows == [[3]]
 
 
 @POSTGRES_ONLY
 def test_postgres_role_and_grants(store: Store) -> None:
     engine = store.engine
-    assert _pg_scalar(engine, "SELECT rolcanlogin FROM pg_roles WHERE rolname = 'ballast_readonly'") is False
+    # LOGIN without a password: only trust/peer authentication lets it in until an operator sets one.
+    assert _pg_scalar(engine, "SELECT rolcanlogin FROM pg_roles WHERE rolname = 'ballast_readonly'") is True
     assert _pg_scalar(engine, "SELECT has_table_privilege('ballast_readonly', 'jobs', 'SELECT')")
     for privilege in ("INSERT", "UPDATE", "DELETE", "TRUNCATE"):
         assert not _pg_scalar(
@@ -448,12 +455,56 @@ def test_postgres_role_and_grants(store: Store) -> None:
     with engine.begin() as conn:
         conn.execute(sa.text("CREATE TABLE later_table (id integer)"))
     assert _pg_scalar(engine, "SELECT has_table_privilege('ballast_readonly', 'later_table', 'SELECT')")
-    assert run_readonly_query(engine, "SELECT current_user AS u").rows == [["ballast_readonly"]]
+    assert run_readonly_query(store.sql, "SELECT current_user AS u").rows == [["ballast_readonly"]]
+
+
+@POSTGRES_ONLY
+def test_postgres_privileged_login_is_refused(store: Store) -> None:
+    """A superuser (or the tables' owner) could switch back from any role: never run as one."""
+    before = _snapshot(store.engine)
+    with pytest.raises(FailedPrecondition, match="refuses to run as") as info:
+        run_readonly_query(store.engine, "SELECT 1")
+    assert "BALLAST_SQL_DATABASE_URL" in str(info.value)
+    assert _snapshot(store.engine) == before
+
+
+ESCAPE_MARKER = Path("/tmp/ballast_sql_escape")
+ESCAPES = [
+    "SELECT set_config('role', 'postgres', true), current_user",
+    "SELECT set_config('role', 'postgres', true), "
+    "query_to_xml('select pg_read_file(''/etc/hostname'')', true, false, '')",
+    "SELECT pg_read_file('/etc/hostname')",
+    "DO $$BEGIN RESET ROLE; EXECUTE 'COPY (SELECT 1) TO PROGRAM ''touch " + str(ESCAPE_MARKER) + "'''; END$$",
+    "DO $$BEGIN EXECUTE 'DELETE FROM jobs'; END$$",
+    "COPY (SELECT 1) TO PROGRAM 'touch " + str(ESCAPE_MARKER) + "'",
+    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid <> pg_backend_pid()",
+    "SELECT lo_import('/etc/hostname')",
+]
+
+
+@POSTGRES_ONLY
+@pytest.mark.parametrize("statement", ESCAPES)
+def test_postgres_escape_attempts_fail_and_change_nothing(store: Store, statement: str) -> None:
+    """The review's exploits against a privileged login; as the read-only login each one fails."""
+    ESCAPE_MARKER.unlink(missing_ok=True)
+    before = _snapshot(store.engine)
+    with pytest.raises((ReadOnlyViolation, InvalidArgument)):
+        run_readonly_query(store.sql, statement)
+    assert not ESCAPE_MARKER.exists()
+    assert _snapshot(store.engine) == before
+
+
+def test_huge_values_are_refused_not_materialized(store: Store) -> None:
+    huge = "SELECT randomblob(1000000000)" if store.dialect == "sqlite" else "SELECT repeat('x', 100000000)"
+    with pytest.raises((ResourceExhausted, InvalidArgument)):
+        run_readonly_query(store.sql, huge)
+    assert run_readonly_query(store.sql, "SELECT 1").rows == [[1]]
 
 
 @POSTGRES_ONLY
 def test_postgres_non_superuser_service_account(empty_database_url: str) -> None:
-    """A service account that is not a superuser migrates, and can then SET ROLE to the read-only role."""
+    """A service account that is not a superuser migrates; queries go through the read-only login, and the
+    owner account itself is refused (it could write)."""
     admin = create_engine(empty_database_url)
     account = f"ballast_svc_{uuid.uuid4().hex[:8]}"
     database = empty_database_url.rsplit("/", 1)[1]
@@ -476,13 +527,17 @@ def test_postgres_non_superuser_service_account(empty_database_url: str) -> None
     try:
         schema.upgrade(url_text)
         service = create_engine(url_text)
+        readonly = create_engine(readonly_url(url_text))
         try:
             _seed(service)
-            assert run_readonly_query(service, "SELECT count(*) AS n FROM jobs").rows == [[3]]
+            assert run_readonly_query(readonly, "SELECT count(*) AS n FROM jobs").rows == [[3]]
             with pytest.raises(ReadOnlyViolation):
-                run_readonly_query(service, "DELETE FROM jobs")
+                run_readonly_query(readonly, "DELETE FROM jobs")
+            with pytest.raises(FailedPrecondition, match="owner"):
+                run_readonly_query(service, "SELECT 1")
             assert _pg_scalar(service, "SELECT count(*) FROM jobs") == 3
         finally:
+            readonly.dispose()
             service.dispose()
     finally:
         with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:

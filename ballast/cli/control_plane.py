@@ -192,7 +192,10 @@ def bring_up(settings: Settings, executors: int, timeout_s: float) -> tuple[bool
     if existing and any(alive(c.pid) for c in existing.children):
         return False, [], f"already up in {settings.data_dir}; run `ballast down --data-dir {settings.data_dir}` first"
     ensure_token(settings)
-    schema.upgrade(settings.database_url)
+    try:
+        schema.upgrade(settings.database_url)
+    except Exception as exc:  # noqa: BLE001 - reported to the user, nothing was started yet
+        return False, [], f"cannot migrate {settings.database_url}: {exc}"
     state = start_all(settings, executors)
     rows = wait_serving(settings, state, timeout_s)
     bad = [r for r in rows if r[2] != "SERVING"]

@@ -92,6 +92,8 @@ def cmd_db(args: argparse.Namespace) -> int:
     settings = _settings(args)
     if args.action == "upgrade":
         schema.upgrade(settings.database_url, args.revision or "head")
+        if settings.sql_password and schema.set_readonly_password(settings.database_url, settings.sql_password):
+            console.print("set the password of the read-only SQL login (ballast_readonly)")
     elif args.action == "downgrade":
         schema.downgrade(settings.database_url, args.revision or "base")
     current = schema.current_revision(settings.database_url)

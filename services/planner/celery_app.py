@@ -11,7 +11,6 @@ import logging
 import os
 import socket
 import threading
-from functools import cache
 
 from celery import Celery
 
@@ -54,15 +53,19 @@ def make_app(settings: Settings) -> Celery:
     return app
 
 
-@cache
-def _worker_context() -> tuple[Settings, object, str]:
-    settings = load_settings()
+_WORKER: dict[str, object] = {}
+
+
+def configure_worker(settings: Settings) -> None:
+    """The settings tasks in this process use (`ballast worker --data-dir D` must mean D, not the env)."""
     _, platform = store_stubs(settings)
-    return settings, platform, f"{socket.gethostname()}:{os.getpid()}"
+    _WORKER.update(settings=settings, store=platform, name=f"{socket.gethostname()}:{os.getpid()}")
 
 
 def _run_request(request_id: str) -> None:
-    settings, store, worker = _worker_context()
+    if not _WORKER:
+        configure_worker(load_settings())
+    settings, store, worker = _WORKER["settings"], _WORKER["store"], _WORKER["name"]
     queue.run_request(store, request_id, worker, settings.lease_seconds, float(os.environ.get(HOLD_ENV, "0")))
 
 
@@ -103,6 +106,7 @@ class WorkerHeartbeat(threading.Thread):
 def run_worker(settings: Settings) -> int:
     """Run a real Celery worker in this process (solo pool: one request at a time)."""
     app = make_app(settings)
+    configure_worker(settings)
     name = f"planner@{socket.gethostname()}-{os.getpid()}"
     heartbeat = WorkerHeartbeat(settings, name)
     heartbeat.start()

@@ -64,8 +64,11 @@ class AgentRegistry:
 
         def on_close() -> None:
             with self._lock:
-                if self._sessions.get(host_id) is session:
+                current = self._sessions.get(host_id) is session
+                if current:
                     del self._sessions[host_id]
+            if not current:
+                return  # replaced by a newer stream from the same agent: the host is still online
             try:
                 call(self._store.UpdateHostState, store_pb2.UpdateHostStateRequest(
                     id=host_id, state=fleet_pb2.HOST_STATE_OFFLINE))

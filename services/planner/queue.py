@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -23,10 +22,12 @@ from services.runtime.remote import call
 log = logging.getLogger("ballast.queue")
 
 Send = Callable[[str], None]
-Handler = Callable[[dict[str, Any]], dict[str, Any]]
+# A handler gets the payload and an event set when its lease is lost: long work checks it and stops,
+# because another worker now owns the request and this one's result will be refused.
+Handler = Callable[[dict[str, Any], threading.Event], dict[str, Any]]
 
 
-def _echo(payload: dict[str, Any]) -> dict[str, Any]:
+def _echo(payload: dict[str, Any], lease_lost: threading.Event) -> dict[str, Any]:
     """Diagnostic: proves the path client -> store -> broker -> worker -> store end to end."""
     return {"text": str(payload.get("text", "")), "worker_pid": os.getpid()}
 
@@ -109,10 +110,10 @@ def run_request(store: store_pb2_grpc.StoreServiceStub, request_id: str, worker:
     renewer.start()
     try:
         if hold_s:
-            time.sleep(hold_s)  # test hook: keeps the task open so a kill lands mid-task
+            lost.wait(hold_s)  # test hook: keeps the task open so a kill lands mid-task
         request = claim.request
         try:
-            result = HANDLERS[request.kind](json.loads(request.payload_json))
+            result = HANDLERS[request.kind](json.loads(request.payload_json), lost)
             completion = store_pb2.CompleteRequestRequest(id=request_id, lease_token=token,
                                                           result_json=json.dumps(result, sort_keys=True))
         except Exception as exc:  # noqa: BLE001 - recorded as the request's error

@@ -67,6 +67,11 @@ def build_server(settings: Settings, address: str | None = None, send: queue.Sen
             services=[PLANNER.full_name, JOBS.full_name, CONTROL.full_name],
             authenticate=StoreAuthenticator(anonymous_store(settings)),
             on_stop=[sweeper.stop, registry.close_all],
+            # One Connect stream per executor host, never crowded out by Watch streams.
+            max_workers=160,
+            max_streams=32,
+            streams_per_tenant=8,
+            reserved_streams={f"/{CONTROL.full_name}/Connect": 96},
         )
     )
     server.registry = registry  # type: ignore[attr-defined]

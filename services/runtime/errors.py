@@ -59,6 +59,14 @@ class Unimplemented(BallastError):
     code = "UNIMPLEMENTED"
 
 
+class DeadlineExceeded(BallastError):
+    code = "DEADLINE_EXCEEDED"
+
+
+class Cancelled(BallastError):
+    code = "CANCELLED"
+
+
 class SchemaOutOfDate(FailedPrecondition):
     """The database schema is behind this build; the fix is always the same command."""
 

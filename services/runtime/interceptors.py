@@ -59,39 +59,78 @@ def abort_for(exc: BaseException, ctx: grpc.ServicerContext) -> None:
     ctx.abort(grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__}); the service log has the details")
 
 
+class StreamBudget:
+    """Caps on concurrently open long-lived streams, so they never take every pool thread from unary
+    calls: a reserved cap per method (executor agents' Connect must never be locked out by watchers),
+    a shared cap for every other stream, and a per-tenant share of that shared cap."""
+
+    def __init__(self, shared: int, per_tenant: int, reserved: dict[str, int] | None = None):
+        self.shared, self.per_tenant, self.reserved = shared, per_tenant, dict(reserved or {})
+        self._open: dict[str, int] = {}
+        self._tenants: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def acquire(self, method: str, tenant: str) -> str | None:
+        """Take a slot; returns None on success, else why not."""
+        with self._lock:
+            if method in self.reserved:
+                if self._open.get(method, 0) >= self.reserved[method]:
+                    return f"{self.reserved[method]} {method} streams already open"
+                self._open[method] = self._open.get(method, 0) + 1
+                return None
+            if self._open.get("", 0) >= self.shared:
+                return f"server already holds {self.shared} open streams"
+            if self._tenants.get(tenant, 0) >= self.per_tenant:
+                return f"this tenant already holds {self.per_tenant} open streams"
+            self._open[""] = self._open.get("", 0) + 1
+            self._tenants[tenant] = self._tenants.get(tenant, 0) + 1
+            return None
+
+    def release(self, method: str, tenant: str) -> None:
+        with self._lock:
+            if method in self.reserved:
+                self._open[method] -= 1
+            else:
+                self._open[""] -= 1
+                self._tenants[tenant] -= 1
+
+    @property
+    def total(self) -> int:
+        return self.shared + sum(self.reserved.values())
+
+
 class CallInterceptor(grpc.ServerInterceptor):
     """Authenticates, records the deadline, maps errors and logs every call.
 
-    `authenticate(token) -> Principal` raises Unauthenticated for a bad token. Streams (Watch, Connect)
-    are capped at `max_streams` so they can never take every pool thread away from unary calls.
+    `authenticate(token) -> Principal` raises Unauthenticated for a bad token. Long-lived streams
+    (Watch, Connect) are counted against `budget`. Health and reflection pass through untouched: they
+    need no token, and the health servicer's Watch is non-blocking (it holds no pool thread).
     """
 
-    def __init__(self, authenticate: Callable[[str], Principal] | None, max_streams: int):
+    def __init__(self, authenticate: Callable[[str], Principal] | None, budget: StreamBudget):
         self._authenticate = authenticate
-        self._streams = threading.BoundedSemaphore(max_streams)
-        self.max_streams = max_streams
+        self.budget = budget
 
     def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
         handler = continuation(details)
         method = details.method
-        public = method.startswith(PUBLIC_PREFIXES) or self._authenticate is None
+        if method.startswith(PUBLIC_PREFIXES) or self._authenticate is None:
+            return handler
 
         def wrap(behavior: Behavior, streaming: bool) -> Behavior:
-            long_lived = streaming and not public
-
-            def begin(request: Any, ctx: grpc.ServicerContext) -> Principal | None:
-                token = "" if public else _bearer(ctx)
-                principal = None if public else self._authenticate(token)
+            def begin(ctx: grpc.ServicerContext) -> tuple[Principal, float | None, str]:
+                token = _bearer(ctx)
+                principal = self._authenticate(token)
                 remaining = ctx.time_remaining()
                 deadline = time.monotonic() + remaining if remaining is not None and remaining < 1e9 else None
                 context.set_call(principal, deadline, token)
-                return principal
+                return principal, deadline, token
 
             def unary(request: Any, ctx: grpc.ServicerContext) -> Any:
                 start = time.monotonic()
                 code = "OK"
                 try:
-                    begin(request, ctx)
+                    begin(ctx)
                     return behavior(request, ctx)
                 except BaseException as exc:  # noqa: BLE001 - mapped, then re-raised by abort
                     code = getattr(exc, "code", type(exc).__name__)
@@ -102,26 +141,22 @@ class CallInterceptor(grpc.ServerInterceptor):
             def stream(request: Any, ctx: grpc.ServicerContext) -> Iterator[Any]:
                 start = time.monotonic()
                 code = "OK"
-                acquired = False
+                tenant = None
                 try:
-                    principal = begin(request, ctx)
-                    token = context.caller_token()
-                    if long_lived:
-                        acquired = self._streams.acquire(blocking=False)
-                        if not acquired:
-                            ctx.abort(
-                                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                f"server already holds {self.max_streams} open streams; retry later",
-                            )
+                    principal, deadline, token = begin(ctx)
+                    refused = self.budget.acquire(method, principal.tenant_id)
+                    if refused:
+                        ctx.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{refused}; retry later")
+                    tenant = principal.tenant_id
                     for item in behavior(request, ctx):
-                        context.set_call(principal, None, token)
                         yield item
+                        context.set_call(principal, deadline, token)  # resumed code sees its caller
                 except BaseException as exc:  # noqa: BLE001
                     code = getattr(exc, "code", type(exc).__name__)
                     abort_for(exc, ctx)
                 finally:
-                    if acquired:
-                        self._streams.release()
+                    if tenant is not None:
+                        self.budget.release(method, tenant)
                     _log_call(method, start, code)
 
             return stream if streaming else unary
@@ -141,6 +176,4 @@ def _bearer(ctx: grpc.ServicerContext) -> str:
 
 def _log_call(method: str, start: float, code: object) -> None:
     level = logging.INFO if code in ("OK", "NOT_FOUND", "INVALID_ARGUMENT") else logging.WARNING
-    if method.startswith(PUBLIC_PREFIXES):
-        level = logging.DEBUG
     log.log(level, "rpc", extra={"method": method, "code": str(code), "ms": round((time.monotonic() - start) * 1e3, 2)})

@@ -19,7 +19,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from services.runtime.auth import Principal
-from services.runtime.interceptors import CallInterceptor
+from services.runtime.interceptors import CallInterceptor, StreamBudget
 
 log = logging.getLogger("ballast.server")
 
@@ -46,7 +46,10 @@ class ServerSpec:
     services: Iterable[str]
     authenticate: Callable[[str], Principal] | None = None
     max_workers: int = 32
+    # Long-lived streams: a shared cap (with a per-tenant share) plus caps reserved per method.
     max_streams: int = 16
+    streams_per_tenant: int = 8
+    reserved_streams: dict[str, int] = field(default_factory=dict)
     grace_s: float = 5.0
     on_stop: list[Callable[[], None]] = field(default_factory=list)
 
@@ -55,13 +58,14 @@ class Server:
     """A started gRPC server with health and reflection; `port` is the bound port (useful with :0)."""
 
     def __init__(self, spec: ServerSpec):
-        if spec.max_streams >= spec.max_workers:
-            raise ValueError("max_streams must leave workers for unary calls (max_streams < max_workers)")
+        budget = StreamBudget(spec.max_streams, spec.streams_per_tenant, spec.reserved_streams)
+        if budget.total >= spec.max_workers:
+            raise ValueError("max_streams + reserved_streams must leave workers for unary calls (< max_workers)")
         self.spec = spec
         self.health = health.HealthServicer(experimental_non_blocking=True)
         self._grpc = grpc.server(
             futures.ThreadPoolExecutor(max_workers=spec.max_workers, thread_name_prefix=spec.name),
-            interceptors=[CallInterceptor(spec.authenticate, spec.max_streams)],
+            interceptors=[CallInterceptor(spec.authenticate, budget)],
             options=[*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)],
             maximum_concurrent_rpcs=spec.max_workers * 4,
         )
@@ -71,9 +75,10 @@ class Server:
         reflection.enable_server_reflection(
             [*self.services, health.SERVICE_NAME, reflection.SERVICE_NAME], self._grpc
         )
-        self.port = self._grpc.add_insecure_port(spec.address)
-        if self.port == 0:
-            raise OSError(f"{spec.name}: cannot bind {spec.address} (port in use?)")
+        try:
+            self.port = self._grpc.add_insecure_port(spec.address)
+        except RuntimeError as exc:
+            raise OSError(f"{spec.name}: cannot listen on {spec.address} (port in use?)") from exc
         self._stopped = threading.Event()
 
     def start(self, serving: bool = True) -> Server:

@@ -3,12 +3,17 @@
 Most fields are the same on both sides, so `shared_fields` copies every plain field two objects
 share by name, in either direction; callers name only the exceptions (a different name, a JSON
 column, a value the store decides). Adding a proto field with a matching column then needs no edit here.
+
+Every value written is first checked against its column (`check_column`): proto uint64s exceed
+BIGINT, strings can exceed VARCHAR(n) (which SQLite never enforces) and NaN becomes NULL on
+SQLite; checking here makes each of these an InvalidArgument naming the field, on both backends.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import cache
 from typing import Any, TypeVar
 
@@ -23,6 +28,8 @@ from services.store.models import Base
 
 M = TypeVar("M", bound=Message)
 TIMESTAMP = timestamp_pb2.Timestamp.DESCRIPTOR.full_name
+# Signed range of each integer column type on PostgreSQL (SQLite stores any of them in 64 bits).
+INT_BITS = ((sa.SmallInteger, 16), (sa.BigInteger, 64), (sa.Integer, 32))
 
 
 def ts(value: datetime | None) -> timestamp_pb2.Timestamp | None:
@@ -31,6 +38,45 @@ def ts(value: datetime | None) -> timestamp_pb2.Timestamp | None:
     out = timestamp_pb2.Timestamp()
     out.FromDatetime(value)
     return out
+
+
+def to_datetime(value: timestamp_pb2.Timestamp, field: str) -> datetime:
+    """A client's timestamp as aware UTC; one outside years 1-9999 (or with bad nanos) is its mistake."""
+    try:
+        return value.ToDatetime(UTC)
+    except (ValueError, OverflowError) as err:
+        raise InvalidArgument(
+            f"invalid timestamp: {err}", field=field, fix="send a time between years 1 and 9999, nanos in [0, 1e9)"
+        ) from None
+
+
+def column_of(attr: Any) -> sa.Column:
+    """The Column behind a mapped attribute such as `m.Host.name`."""
+    return attr.property.columns[0]
+
+
+def check_column(column: sa.Column, value: Any, field: str) -> Any:
+    """`value` if the column can store it unchanged on every backend, else InvalidArgument at `field`."""
+    kind = column.type
+    if value is None or isinstance(value, bool) or isinstance(kind, sa.Boolean):
+        return value
+    if isinstance(value, int) and isinstance(kind, sa.Integer):
+        bits = next(b for t, b in INT_BITS if isinstance(kind, t))
+        low, high = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+        if not low <= value <= high:
+            bound = f"at most {high}" if value > high else f"at least {low}"
+            raise InvalidArgument(f"{value} does not fit a {bits}-bit integer", field=field, fix=f"send {bound}")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise InvalidArgument(f"{value} is not a finite number", field=field, fix="send a finite number")
+    elif isinstance(value, str):
+        length = getattr(kind, "length", None)
+        if length is not None and len(value) > length:
+            raise InvalidArgument(
+                f"{len(value)} characters is too long", field=field, fix=f"use at most {length} characters"
+            )
+        if "\x00" in value:  # PostgreSQL text cannot hold NUL; SQLite would store it
+            raise InvalidArgument("contains a NUL character", field=field, fix="remove the NUL (\\x00) character")
+    return value
 
 
 def to_json(msg: Message) -> dict[str, Any]:
@@ -68,8 +114,8 @@ def shared_fields(
     Fields match by proto field name; `rename` maps a proto name to a differently named column and
     `skip` lists proto names the caller sets itself. Nested messages are left to the caller (JSON
     columns stay explicit), except timestamps towards a proto. Enums are stored by name, and proto3's
-    empty string stands for NULL in a nullable column. `field` is the proto path of `src`, for the
-    error an unknown enum number raises.
+    empty string stands for NULL in a nullable column. Towards a row every value is checked against
+    its column; `field` is the proto path of `src`, for the errors a bad value raises.
     """
     to_proto = isinstance(dst, type) and issubclass(dst, Message)
     descriptor = dst.DESCRIPTOR if to_proto else src.DESCRIPTOR
@@ -116,4 +162,4 @@ def _row_value(f: FieldDescriptor, kind: str, value: Any, column: sa.Column, pat
         return [enum_name(enum, v, path) for v in value] if f.is_repeated else enum_name(enum, value, path)
     if f.is_repeated:
         return list(value)
-    return None if value == "" and column.nullable else value
+    return None if value == "" and column.nullable else check_column(column, value, path)

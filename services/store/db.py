@@ -1,8 +1,9 @@
 """Engine construction: one place that knows how each backend must be configured.
 
-SQLite (embedded mode) needs WAL, enforced foreign keys, a busy timeout and BEGIN IMMEDIATE so
-concurrent writers queue instead of failing; PostgreSQL needs the psycopg 3 driver and
-pre-ping so a restarted server does not surface as a broken pooled connection.
+SQLite (embedded mode) needs WAL, enforced foreign keys, a busy timeout and BEGIN IMMEDIATE for
+writes so concurrent writers queue instead of failing, while reads begin deferred so WAL lets them
+run beside a writer; PostgreSQL needs the psycopg 3 driver and pre-ping so a restarted server does
+not surface as a broken pooled connection.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from sqlalchemy import event
 from sqlalchemy.orm import Session, sessionmaker
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+# Execution option marking a connection's transactions read-only: on SQLite they BEGIN deferred.
+READ_ONLY = "ballast_read_only"
 
 
 def normalize_url(url: str) -> str:
@@ -46,13 +49,19 @@ def create_engine(url: str) -> sa.Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn) -> None:
-        # Take the write lock up front: a deferred transaction that reads then writes fails with
-        # SQLITE_BUSY instead of waiting when another writer committed in between.
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # A write takes the lock up front: a deferred transaction that reads then writes fails with
+        # SQLITE_BUSY instead of waiting when another writer committed in between. A read never
+        # upgrades, so it begins deferred and reads its WAL snapshot without waiting for writers.
+        conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get(READ_ONLY) else "BEGIN IMMEDIATE")
 
     return engine
 
 
-def session_factory(engine: sa.Engine) -> sessionmaker[Session]:
-    """Sessions that keep loaded objects usable after commit (protos are built after the transaction)."""
-    return sessionmaker(bind=engine, expire_on_commit=False)
+def session_factory(engine: sa.Engine, *, read_only: bool = False) -> sessionmaker[Session]:
+    """Sessions that keep loaded objects usable after commit (protos are built after the transaction).
+
+    `read_only` sessions must not write: on SQLite they hold no lock, so a write would fail with
+    SQLITE_BUSY rather than wait. Unmarked connections stay write transactions, the safe default.
+    """
+    bind = engine.execution_options(**{READ_ONLY: True}) if read_only else engine
+    return sessionmaker(bind=bind, expire_on_commit=False)

@@ -166,6 +166,8 @@ class Device(Base):
 
 class Plan(Base):
     __tablename__ = "plans"
+    # A job's versions are unique; what-if plans (job_id NULL) are exempt, as NULLs never compare equal.
+    __table_args__ = (sa.UniqueConstraint("job_id", "version", name="uq_plans_job_version"),)
     id: Mapped[str] = mapped_column(Id, primary_key=True)
     tenant_id: Mapped[str] = mapped_column(Id, _fk("tenants.id"), index=True)
     model_id: Mapped[str] = mapped_column(Id, _fk("models.id"), index=True)
@@ -331,7 +333,8 @@ class QueuedRequest(Base):
     tenant_id: Mapped[str] = mapped_column(Id, _fk("tenants.id"), index=True)
     kind: Mapped[str] = mapped_column(sa.String(100))
     payload_json: Mapped[str] = mapped_column(sa.Text)
-    dedupe_key: Mapped[str] = mapped_column(sa.String(64), unique=True)
+    # NULL once FAILED, so the same work can be enqueued again; unique among the rest.
+    dedupe_key: Mapped[str | None] = mapped_column(sa.String(64), unique=True)
     state: Mapped[str] = mapped_column(EnumName)
     lease_owner: Mapped[str | None] = mapped_column(sa.String(200))
     lease_token: Mapped[str | None] = mapped_column(sa.String(64))

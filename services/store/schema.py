@@ -14,7 +14,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.pool import NullPool
 
-from services.runtime.errors import SchemaOutOfDate
+from services.runtime.errors import FailedPrecondition, SchemaOutOfDate
 from services.store.db import normalize_url
 
 _HERE = Path(__file__).resolve().parent
@@ -32,6 +32,13 @@ def alembic_config(url: str | None) -> Config:
 
 
 def upgrade(url: str, revision: str = "head") -> None:
+    ensure_sqlite_directory(url)
+    current = current_revision(url)
+    if current is not None and current not in known_revisions():
+        raise FailedPrecondition(
+            f"database schema is at revision {current}, newer than this build knows (head {head_revision()})",
+            fix="upgrade Ballast itself; this build cannot migrate that database",
+        )
     command.upgrade(alembic_config(url), revision)
 
 
@@ -59,8 +66,44 @@ def current_revision(url_or_engine: str | sa.Engine) -> str | None:
             engine.dispose()
 
 
+def known_revisions() -> set[str]:
+    return {rev.revision for rev in ScriptDirectory.from_config(alembic_config(None)).walk_revisions()}
+
+
 def check_schema(engine: sa.Engine) -> None:
     """Refuse to serve on a database that is not at this build's head revision."""
     current, head = current_revision(engine), head_revision()
+    if current is not None and current not in known_revisions():
+        raise FailedPrecondition(
+            f"database schema is at revision {current}, newer than this build knows (head {head})",
+            fix="run the Ballast version that migrated it, or downgrade the database with that version",
+        )
     if current != head:
         raise SchemaOutOfDate(current, head)
+
+
+def ensure_sqlite_directory(url: str) -> None:
+    """SQLite creates the file but not its directory: make it, so a fresh data dir just works."""
+    parsed = sa.make_url(normalize_url(url))
+    if parsed.get_backend_name() == "sqlite" and parsed.database and parsed.database != ":memory:":
+        Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+
+
+def set_readonly_password(url: str, password: str) -> bool:
+    """Give the read-only SQL login a password (PostgreSQL), so BALLAST_SQL_DATABASE_URL can use it
+    under password authentication. Returns False on SQLite, which has no roles."""
+    from psycopg import sql as pgsql
+
+    from services.store.sql import READONLY_ROLE
+
+    engine = sa.create_engine(normalize_url(url), poolclass=NullPool)
+    try:
+        if engine.dialect.name != "postgresql":
+            return False
+        with engine.begin() as conn:
+            statement = pgsql.SQL("ALTER ROLE {} PASSWORD {}").format(
+                pgsql.Identifier(READONLY_ROLE), pgsql.Literal(password))
+            conn.exec_driver_sql(statement.as_string(conn.connection.driver_connection))
+        return True
+    finally:
+        engine.dispose()

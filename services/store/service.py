@@ -11,7 +11,7 @@ from google.protobuf import struct_pb2, timestamp_pb2
 from ballast.config import Settings
 from ballast.v1 import common_pb2, store_pb2, store_pb2_grpc
 from services.runtime.context import current_principal
-from services.runtime.errors import PermissionDenied, SchemaOutOfDate
+from services.runtime.errors import FailedPrecondition, PermissionDenied, SchemaOutOfDate
 from services.runtime.server import Server, ServerSpec
 from services.runtime.servicer import delegate
 from services.store import schema, sql
@@ -66,9 +66,17 @@ def _authenticate(repo: Repository):
     return handler
 
 
+def query_engine(settings: Settings, engine: sa.Engine) -> sa.Engine:
+    """The engine `ballast sql` uses: on PostgreSQL a separate login as the read-only role."""
+    if engine.dialect.name != "postgresql":
+        return engine  # SQLite opens its own read-only connection per query
+    return create_engine(settings.sql_database_url or sql.readonly_url(settings.database_url))
+
+
 def build_server(settings: Settings, engine: sa.Engine, address: str | None = None) -> Server:
     """A store server on `address` (default: the configured one); checks the schema first."""
     schema.check_schema(engine)
+    readonly = query_engine(settings, engine)
     repo = Repository(engine, allowed_factories=settings.allowed_model_factories)
     token = settings.resolved_token()
     if token:
@@ -77,7 +85,7 @@ def build_server(settings: Settings, engine: sa.Engine, address: str | None = No
         SERVICE,
         repo,
         overrides={
-            "Query": _query(engine),
+            "Query": _query(readonly),
             "GetSchemaStatus": _schema_status(engine),
             "Authenticate": _authenticate(repo),
         },
@@ -89,16 +97,17 @@ def build_server(settings: Settings, engine: sa.Engine, address: str | None = No
             register=lambda s: store_pb2_grpc.add_StoreServiceServicer_to_server(servicer, s),
             services=[SERVICE.full_name],
             authenticate=repo.authenticate,
-            on_stop=[engine.dispose],
+            on_stop=[engine.dispose, readonly.dispose],
         )
     )
 
 
 def main(settings: Settings) -> int:
+    schema.ensure_sqlite_directory(settings.database_url)
     engine = create_engine(settings.database_url)
     try:
         server = build_server(settings, engine)
-    except SchemaOutOfDate as exc:
+    except (SchemaOutOfDate, FailedPrecondition) as exc:
         log.error("refusing to start: %s", exc)
         print(f"ballast store: {exc}", file=sys.stderr)
         return 2

@@ -3,10 +3,14 @@
 Read-only is enforced by the database, never by parsing the SQL: a parser can always be fooled
 (data-modifying CTEs, `setval()`, functions with side effects), the database cannot.
 
-* PostgreSQL: a READ ONLY transaction, `SET LOCAL ROLE ballast_readonly` (a role holding only
-  SELECT grants, created by migration 0002) and `SET LOCAL statement_timeout`. The transaction is
-  always rolled back and the connection is then discarded, because a few kinds of session state
-  (advisory locks, prepared statements) survive a rollback.
+* PostgreSQL: queries run on their own connection, logged in as `ballast_readonly` (a role holding
+  only SELECT grants, created by migration 0002) or another login that is only its member, inside a
+  READ ONLY transaction with `SET LOCAL statement_timeout`. Logging in as the role matters: a session
+  whose login is privileged can always switch back (`RESET ROLE`, `set_config('role', …)`), so every
+  query first checks that the session user is no superuser, cannot act as the tables' owner and holds
+  none of the server-file/program roles, and refuses to run otherwise. The transaction is always
+  rolled back and the connection discarded, because some session state (advisory locks, prepared
+  statements) survives a rollback.
 * SQLite: a separate connection per query opened with `mode=ro`, plus `PRAGMA query_only` and an
   authorizer that refuses anything but reads; a progress handler enforces the timeout.
 
@@ -324,6 +328,22 @@ def _sqlite_readonly_uri(url: sa.URL) -> str:
     return Path(database).absolute().as_uri() + "?mode=ro"
 
 
+MAX_RESULT_BYTES = 32 * 1024 * 1024
+
+
+def _row_bytes(row: Any) -> int:
+    return sum(len(v) if isinstance(v, str | bytes | bytearray | memoryview) else 16 for v in row)
+
+
+def _check_size(total: int) -> None:
+    """A result must fit one reply: refuse it instead of exhausting the store's memory."""
+    if total > MAX_RESULT_BYTES:
+        raise ResourceExhausted(
+            f"the result exceeds {MAX_RESULT_BYTES // 2**20} MiB",
+            fix="select fewer or narrower columns, or lower the row limit",
+        )
+
+
 def _run_sqlite(url: sa.URL, statement: str, limit: int, timeout_s: float) -> tuple[list[str], list[Any]]:
     uri = _sqlite_readonly_uri(url)
     try:
@@ -346,13 +366,16 @@ def _run_sqlite(url: sa.URL, statement: str, limit: int, timeout_s: float) -> tu
 
     try:
         conn.execute("PRAGMA query_only = ON")
+        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_RESULT_BYTES)  # randomblob(1e9) fails, not the store
         conn.set_authorizer(_sqlite_authorizer(denied))
         conn.set_progress_handler(progress, _PROGRESS_STEPS)
         cursor = conn.execute(statement)
         if cursor.description is None:
             return [], []
         columns = [column[0] for column in cursor.description]
-        return columns, cursor.fetchmany(limit + 1)
+        rows = cursor.fetchmany(limit + 1)
+        _check_size(sum(_row_bytes(row) for row in rows))
+        return columns, rows
     except (sqlite3.Error, sqlite3.Warning) as exc:  # Python < 3.12 raises Warning for several statements
         raise _sqlite_error(exc, statement, denied, timed_out, timeout_s) from exc
     finally:
@@ -424,23 +447,53 @@ def _run_postgres(
             conn.invalidate()
 
 
+SQL_LOGIN_FIX = (
+    "point BALLAST_SQL_DATABASE_URL at a login that is only a member of ballast_readonly (migration 0002 "
+    "creates ballast_readonly with LOGIN and no password; give it one with ALTER ROLE ... PASSWORD)"
+)
+
+_GUARD = """
+SELECT current_setting('transaction_read_only') AS read_only,
+       session_user::text AS login,
+       r.rolsuper AS superuser,
+       COALESCE(pg_has_role(session_user, t.tableowner, 'MEMBER'), false) AS acts_as_owner,
+       pg_has_role(session_user, 'pg_read_server_files', 'MEMBER')
+         OR pg_has_role(session_user, 'pg_write_server_files', 'MEMBER')
+         OR pg_has_role(session_user, 'pg_execute_server_program', 'MEMBER') AS server_files
+FROM pg_roles r
+LEFT JOIN pg_tables t ON t.schemaname = current_schema() AND t.tablename = 'alembic_version'
+WHERE r.rolname = session_user
+"""
+
+
+def readonly_url(database_url: str) -> str:
+    """The store's database URL, logged in as the read-only role instead (no password: trust/peer
+    authentication, or set BALLAST_SQL_DATABASE_URL with credentials)."""
+    from services.store.db import normalize_url
+
+    url = sa.make_url(normalize_url(database_url)).set(username=READONLY_ROLE, password=None)
+    return url.render_as_string(hide_password=False)
+
+
 def _enter_readonly(conn: sa.Connection, timeout_s: float) -> None:
-    """Make the transaction read-only, drop to the SELECT-only role, arm the timeout; then verify."""
+    """Make the transaction read-only and arm the timeout; then refuse a login that could escape."""
     timeout_ms = max(1, math.ceil(timeout_s * 1000))
     try:
         conn.exec_driver_sql("SET TRANSACTION READ ONLY")
-        conn.exec_driver_sql(f"SET LOCAL ROLE {READONLY_ROLE}")
         conn.exec_driver_sql(f"SET LOCAL statement_timeout = {timeout_ms}")
-        read_only, user = conn.exec_driver_sql(
-            "SELECT current_setting('transaction_read_only'), current_user"
-        ).one()
+        guard = conn.exec_driver_sql(_GUARD).mappings().one()
     except sa.exc.DBAPIError as exc:
+        raise FailedPrecondition(f"cannot prepare a read-only session: {exc.orig}", fix=SQL_LOGIN_FIX) from exc
+    if guard["read_only"] != "on":
+        raise BallastError(f"read-only guard not in effect (transaction_read_only={guard['read_only']})")
+    why = [reason for key, reason in (("superuser", "is a superuser"),
+                                      ("acts_as_owner", "can act as the owner of the tables"),
+                                      ("server_files", "may read or write server files or run programs"))
+           if guard[key]]
+    if why:
         raise FailedPrecondition(
-            f"cannot switch to the read-only role {READONLY_ROLE}: {exc.orig}",
-            fix="run `ballast db upgrade`; migration 0002 creates the role and grants it to the store's user",
-        ) from exc
-    if read_only != "on" or user != READONLY_ROLE:
-        raise BallastError(f"read-only guard not in effect (transaction_read_only={read_only}, user={user})")
+            f"`ballast sql` refuses to run as {guard['login']}: it {' and '.join(why)}, so it could leave "
+            "the read-only role", fix=SQL_LOGIN_FIX)
 
 
 def _pg_fetch(dbapi_conn: Any, statement: str, limit: int) -> tuple[list[str], list[Any]]:
@@ -458,8 +511,11 @@ def _pg_fetch(dbapi_conn: Any, statement: str, limit: int) -> tuple[list[str], l
         size = min(limit + 1, 500) if psycopg.capabilities.has_stream_chunked() else 1
         stream = cursor.stream(statement, size=size)
         try:
+            total = 0
             for row in stream:
                 rows.append(row)
+                total += _row_bytes(row)
+                _check_size(total)
                 if len(rows) > limit:
                     break
         except psycopg.ProgrammingError as exc:

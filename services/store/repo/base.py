@@ -1,6 +1,7 @@
 """What every part of the Repository shares: transactions, tenant scoping, lookups by id and paging.
 
-Every write is one transaction, so nothing is ever half-written. Tenant isolation lives here:
+Every write is one transaction, so nothing is ever half-written; reads run in read transactions,
+which on SQLite take no lock and so never wait behind a writer. Tenant isolation lives here:
 a non-admin principal sees only its own tenant's rows, and another tenant's id answers NotFound
 exactly like an unknown id, so ids leak nothing. The clock is injected so tests control time.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -32,11 +34,16 @@ from services.runtime.errors import (
     Unavailable,
 )
 from services.store import models as m
+from services.store.convert import check_column, column_of
 from services.store.db import session_factory
 
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
 ADMIN_FIX = "use the platform admin token"
+MAX_INT64 = (1 << 63) - 1
+# Longest duration a request may name (leases, windows): ten years keeps `now ± d` a valid datetime.
+MAX_DURATION_S = 10 * 365 * 86400.0
+QUOTE_CHARS = 64  # of a client-supplied id echoed in an error; gRPC metadata is size-limited
 
 T = TypeVar("T")
 
@@ -58,6 +65,34 @@ def encode_token(position: int) -> str:
     return base64.urlsafe_b64encode(json.dumps({"o": position}).encode()).decode()
 
 
+def quote(text: str) -> str:
+    """`text` for an error message: repr'd, and cut short so a huge id cannot bloat the status."""
+    return repr(text if len(text) <= QUOTE_CHARS else text[:QUOTE_CHARS] + "…")
+
+
+def int64(value: int, field: str) -> int:
+    """A uint64 request value compared against a BIGINT column; above 2**63-1 it can match nothing."""
+    if value > MAX_INT64:
+        raise InvalidArgument(f"{value} is out of range", field=field, fix=f"send a value at most {MAX_INT64}")
+    return value
+
+
+def seconds(value: float, field: str, *, positive: bool = False) -> float:
+    """A duration from a request: finite, not negative (positive when asked) and at most MAX_DURATION_S."""
+    low_ok = value > 0 if positive else value >= 0
+    if not (math.isfinite(value) and low_ok and value <= MAX_DURATION_S):
+        bound = "> 0" if positive else ">= 0"
+        raise InvalidArgument(
+            f"{value} is not a valid duration", field=field, fix=f"send seconds {bound} and <= {MAX_DURATION_S:.0f}"
+        )
+    return value
+
+
+def fit(attr: Any, value: T, field: str) -> T:
+    """`value` checked against the column of mapped attribute `attr`, for values set outside shared_fields."""
+    return check_column(column_of(attr), value, field)
+
+
 def decode_token(token: str) -> int:
     if not token:
         return 0
@@ -65,7 +100,7 @@ def decode_token(token: str) -> int:
         value = json.loads(base64.urlsafe_b64decode(token.encode()))["o"]
     except (ValueError, KeyError, TypeError, binascii.Error):
         value = None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_INT64:
         raise InvalidArgument(
             "malformed page token",
             field="page.page_token",
@@ -87,13 +122,18 @@ class RepositoryBase:
         self.engine = engine
         self.now = now
         self.allowed_factories = tuple(allowed_factories)
-        self._sessions = session_factory(engine)
+        self._writes = session_factory(engine)
+        self._reads = session_factory(engine, read_only=True)
 
     @contextmanager
-    def _tx(self) -> Iterator[Session]:
-        """One transaction; database connectivity failures become Unavailable."""
+    def _tx(self, *, write: bool) -> Iterator[Session]:
+        """One transaction; database connectivity failures become Unavailable.
+
+        Every caller says whether it writes: on SQLite a write takes the lock at BEGIN (so it queues
+        behind other writers), while a read takes none and sees its snapshot beside a writer.
+        """
         try:
-            with self._sessions() as session, session.begin():
+            with (self._writes if write else self._reads)() as session, session.begin():
                 yield session
         except (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DisconnectionError) as err:
             if "no such table" in str(err.orig if isinstance(err, sa_exc.DBAPIError) else err):
@@ -145,7 +185,7 @@ class RepositoryBase:
             stmt = stmt.with_for_update()
         row = s.scalars(stmt).first() if id_ else None
         if row is None:
-            raise NotFound(f"{what} {id_!r} not found", field=field)
+            raise NotFound(f"{what} {quote(id_)} not found", field=field)
         return row
 
     def _job(self, s: Session, p: Principal, job_id: str, *, field: str = "job_id", lock: bool = False) -> m.Job:
@@ -170,7 +210,7 @@ class RepositoryBase:
         self, stmt: sa.Select, page: common_pb2.PageRequest, convert: Callable[[Any], T]
     ) -> tuple[list[T], str]:
         """One page of `stmt`, converted to protos inside the transaction that read it."""
-        with self._tx() as s:
+        with self._tx(write=False) as s:
             rows, token = self._page(s, stmt, page)
             return [convert(r) for r in rows], token
 

@@ -11,7 +11,7 @@ from services.runtime.auth import Principal
 from services.runtime.errors import AlreadyExists, InvalidArgument
 from services.store import models as m
 from services.store.convert import enum_name, from_json, shared_fields, to_json
-from services.store.repo.base import RepositoryBase, new_id
+from services.store.repo.base import RepositoryBase, fit, new_id, quote
 
 DEVICE_INDEX = {"index": "device_index"}  # the proto's Device.index is the row's device_index
 HOST_LOAD = (selectinload(m.Host.devices),)
@@ -29,16 +29,19 @@ def host_pb(row: m.Host) -> fleet_pb2.Host:
     )
 
 
-def device_row(d: fleet_pb2.Device) -> m.Device:
+def device_row(d: fleet_pb2.Device, field: str) -> m.Device:
     """The spec is kept whole as JSON; kind, memory and flops are also columns so SQL can filter on them."""
     return m.Device(
-        **shared_fields(d, m.Device, rename=DEVICE_INDEX), **shared_fields(d.spec, m.Device), spec=to_json(d.spec)
+        **shared_fields(d, m.Device, rename=DEVICE_INDEX, field=field),
+        **shared_fields(d.spec, m.Device, field=f"{field}.spec"),
+        spec=to_json(d.spec),
     )
 
 
 def check_host(h: fleet_pb2.Host) -> None:
     if not h.name:
         raise InvalidArgument("host name is not set", field="host.name", fix="set the agent's host name")
+    fit(m.Host.name, h.name, "host.name")
     indexes = [d.index for d in h.devices]
     if len(set(indexes)) != len(indexes):
         raise InvalidArgument("duplicate device index", field="host.devices", fix="one entry per device index")
@@ -58,7 +61,7 @@ class HostStore(RepositoryBase):
         values = shared_fields(h, m.Host, skip=("id", "name", "state"), field="host")
         for attempt in range(2):  # a concurrent first registration of the same name: retry as an update
             try:
-                with self._tx() as s:
+                with self._tx(write=True) as s:
                     now = self.now()
                     row = s.scalars(
                         sa.select(m.Host).where(m.Host.name == h.name).options(*HOST_LOAD).with_for_update()
@@ -72,13 +75,13 @@ class HostStore(RepositoryBase):
                     for key, value in values.items():
                         setattr(row, key, value)
                     row.state, row.last_heartbeat_at = state, now
-                    row.devices.extend(device_row(d) for d in h.devices)
+                    row.devices.extend(device_row(d, f"host.devices[{i}]") for i, d in enumerate(h.devices))
                     s.flush()
                     return host_pb(row)
             except sa_exc.IntegrityError:
                 if attempt:
                     raise AlreadyExists(
-                        f"host {h.name!r} is being registered concurrently", field="host.name"
+                        f"host {quote(h.name)} is being registered concurrently", field="host.name"
                     ) from None
         raise AssertionError("unreachable")
 
@@ -87,7 +90,7 @@ class HostStore(RepositoryBase):
         if not req.state:
             raise InvalidArgument("state is not set", field="state", fix="e.g. HOST_STATE_ONLINE")
         state = enum_name(fleet_pb2.HostState, req.state, "state")
-        with self._tx() as s:
+        with self._tx(write=True) as s:
             row = self._one(s, m.Host, req.id, None, what="host", lock=True, options=HOST_LOAD)
             row.state = state
             if req.heartbeat:
@@ -96,7 +99,7 @@ class HostStore(RepositoryBase):
             return host_pb(row)
 
     def get_host(self, p: Principal, req: store_pb2.GetRequest) -> fleet_pb2.Host:
-        with self._tx() as s:
+        with self._tx(write=False) as s:
             return host_pb(self._one(s, m.Host, req.id, None, what="host", options=HOST_LOAD))
 
     def list_hosts(self, p: Principal, req: store_pb2.ListHostsRequest) -> store_pb2.ListHostsResponse:

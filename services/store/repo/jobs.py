@@ -12,7 +12,7 @@ from services.runtime.errors import AlreadyExists, FailedPrecondition, InvalidAr
 from services.store import job_states
 from services.store import models as m
 from services.store.convert import enum_name, from_json, shared_fields, to_json
-from services.store.repo.base import decode_token, encode_token, new_id, page_size
+from services.store.repo.base import decode_token, encode_token, fit, int64, new_id, page_size
 from services.store.repo.profiles import ModelStore
 from services.store.validation import validate_job_spec
 
@@ -45,8 +45,9 @@ class JobStore(ModelStore):
 
     def create_job(self, p: Principal, req: store_pb2.CreateJobRequest) -> job_pb2.Job:
         validate_job_spec(req.spec, self.allowed_factories)
+        fit(m.Job.name, req.spec.name, "spec.name")
         try:
-            with self._tx() as s:
+            with self._tx(write=True) as s:
                 model = self._resolve_model(s, p.tenant_id, req.spec.model, "spec.model")
                 now = self.now()
                 job = m.Job(
@@ -77,7 +78,7 @@ class JobStore(ModelStore):
             ) from None
 
     def get_job(self, p: Principal, req: store_pb2.GetRequest) -> job_pb2.Job:
-        with self._tx() as s:
+        with self._tx(write=False) as s:
             return job_pb(self._job(s, p, req.id, field="id"))
 
     def list_jobs(self, p: Principal, req: store_pb2.ListJobsRequest) -> store_pb2.ListJobsResponse:
@@ -92,7 +93,9 @@ class JobStore(ModelStore):
 
     def transition_job(self, p: Principal, req: store_pb2.TransitionJobRequest) -> job_pb2.Job:
         target = enum_name(job_pb2.JobState, req.state, "state")
-        with self._tx() as s:
+        fit(m.JobEvent.type, req.event_type, "event_type")
+        fit(m.Job.message, req.message, "message")
+        with self._tx(write=True) as s:
             job = self._job(s, p, req.id, field="id", lock=True)
             if req.expected_state:
                 expected = enum_name(job_pb2.JobState, req.expected_state, "expected_state")
@@ -126,7 +129,9 @@ class JobStore(ModelStore):
         ev = req.event
         if not ev.type:
             raise InvalidArgument("event type is not set", field="event.type", fix='e.g. "MIGRATION"')
-        with self._tx() as s:
+        fit(m.JobEvent.type, ev.type, "event.type")
+        fit(m.JobEvent.message, ev.message, "event.message")
+        with self._tx(write=True) as s:
             job = self._job(s, p, ev.job_id, field="event.job_id", lock=True)
             event = self._append_event(s, job, ev.type, ev.message, dict(ev.attributes))
             s.flush()
@@ -135,8 +140,8 @@ class JobStore(ModelStore):
     def list_job_events(self, p: Principal, req: store_pb2.ListJobEventsRequest) -> store_pb2.ListJobEventsResponse:
         """Paged by seq rather than offset, so a follower that passes after_seq never skips an event."""
         size = page_size(req.page)
-        after = req.after_seq if req.after_seq else decode_token(req.page.page_token)
-        with self._tx() as s:
+        after = int64(req.after_seq, "after_seq") if req.after_seq else decode_token(req.page.page_token)
+        with self._tx(write=False) as s:
             self._job(s, p, req.job_id)
             rows = s.scalars(
                 sa.select(m.JobEvent)

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import sqlalchemy as sa
-from sqlalchemy.orm import selectinload
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.orm import Session, selectinload
 
 from ballast.v1 import fleet_pb2, plan_pb2, store_pb2
 from services.runtime.auth import Principal
-from services.runtime.errors import FailedPrecondition, InvalidArgument
+from services.runtime.errors import AlreadyExists, FailedPrecondition, InvalidArgument
 from services.store import models as m
 from services.store.convert import enum_name, from_json, shared_fields, to_json
-from services.store.repo.base import RepositoryBase, new_id
+from services.store.repo.base import RepositoryBase, fit, new_id
 
 PLAN_LOAD = (selectinload(m.Plan.layers), selectinload(m.Plan.candidates))
 CANDIDATE_PLAN_ID = {"plan_id": "candidate_plan_id"}  # PlanCandidate.plan_id is the owning plan
 PLAN_SET_BY_STORE = ("id", "tenant_id", "model_id", "version")
+VERSION_FIX = "leave version 0 to get the job's next version, or pick one the job has not used"
 
 
 def plan_pb(row: m.Plan) -> plan_pb2.Plan:
@@ -38,7 +40,7 @@ def plan_pb(row: m.Plan) -> plan_pb2.Plan:
 def candidate_row(alt: plan_pb2.PlanAlternative, pos: int) -> m.PlanCandidate:
     return m.PlanCandidate(
         **shared_fields(alt, m.PlanCandidate, rename=CANDIDATE_PLAN_ID, field=f"plan.alternatives[{pos}]"),
-        **shared_fields(alt.prediction, m.PlanCandidate),
+        **shared_fields(alt.prediction, m.PlanCandidate, field=f"plan.alternatives[{pos}].prediction"),
         position=pos,
     )
 
@@ -69,8 +71,10 @@ class PlanStore(RepositoryBase):
     """Plan RPCs; a plan made for a job gets the job's next version unless it names one."""
 
     def create_plan(self, p: Principal, req: store_pb2.CreatePlanRequest) -> plan_pb2.Plan:
+        """A job's plan versions are unique (uq_plans_job_version); what-if plans (no job) are all version 1."""
         pl = req.plan
-        with self._tx() as s:
+        fit(m.Plan.version, pl.version, "plan.version")
+        with self._tx(write=True) as s:
             model = self._one(s, m.Model, pl.model_id, p, what="model", field="plan.model_id")
             if pl.profile_id:
                 self._one(s, m.Profile, pl.profile_id, p, what="profile", field="plan.profile_id")
@@ -86,21 +90,31 @@ class PlanStore(RepositoryBase):
                 if not version:
                     latest = s.scalar(sa.select(sa.func.max(m.Plan.version)).where(m.Plan.job_id == job.id))
                     version = (latest or 0) + 1
+                elif self._plan_version_taken(s, job.id, version):  # the job's lock keeps this true to commit
+                    raise AlreadyExists(
+                        f"job {job.id} already has plan version {version}", field="plan.version", fix=VERSION_FIX
+                    )
+            pipeline_degree = len(pl.stages) or (max((x.stage_index for x in pl.layers), default=0) + 1)
             row = m.Plan(
                 **shared_fields(pl, m.Plan, skip=PLAN_SET_BY_STORE, field="plan"),
-                **shared_fields(pl.prediction, m.Plan),
+                **shared_fields(pl.prediction, m.Plan, field="plan.prediction"),
                 id=new_id("pln"),
                 tenant_id=model.tenant_id,
                 model_id=model.id,
                 version=version or 1,
-                pipeline_degree=len(pl.stages) or (max((x.stage_index for x in pl.layers), default=0) + 1),
+                pipeline_degree=fit(m.Plan.pipeline_degree, pipeline_degree, "plan.layers"),
                 fleet=to_json(pl.fleet),
                 stages=[to_json(st) for st in pl.stages],
                 prediction=to_json(pl.prediction),
                 created_at=self.now(),
             )
             s.add(row)
-            s.flush()  # the plan row exists now; a bad layer below must roll it back with everything else
+            try:
+                s.flush()  # the plan row exists now; a bad layer below must roll it back with everything else
+            except sa_exc.IntegrityError:  # a concurrent writer took the version (the job lock makes this rare)
+                raise AlreadyExists(
+                    f"job {pl.job_id} already has plan version {row.version}", field="plan.version", fix=VERSION_FIX
+                ) from None
             seen: set[int] = set()
             for i, layer in enumerate(pl.layers):
                 check_plan_layer(layer, i, seen, len(pl.stages))
@@ -110,8 +124,13 @@ class PlanStore(RepositoryBase):
             s.flush()
             return plan_pb(row)
 
+    @staticmethod
+    def _plan_version_taken(s: Session, job_id: str, version: int) -> bool:
+        stmt = sa.select(m.Plan.id).where(m.Plan.job_id == job_id, m.Plan.version == version)
+        return s.scalars(stmt).first() is not None
+
     def get_plan(self, p: Principal, req: store_pb2.GetRequest) -> plan_pb2.Plan:
-        with self._tx() as s:
+        with self._tx(write=False) as s:
             return plan_pb(self._one(s, m.Plan, req.id, p, what="plan", options=PLAN_LOAD))
 
     def list_plans(self, p: Principal, req: store_pb2.ListPlansRequest) -> store_pb2.ListPlansResponse:

@@ -11,7 +11,7 @@ from services.runtime.auth import Principal
 from services.runtime.errors import AlreadyExists, InvalidArgument
 from services.store import models as m
 from services.store.convert import enum_name, from_json, shared_fields, to_json
-from services.store.repo.base import RepositoryBase, new_id
+from services.store.repo.base import RepositoryBase, fit, new_id
 from services.store.validation import model_signature, validate_model_spec
 
 PROFILE_LOAD = (selectinload(m.Profile.layers).selectinload(m.ProfileLayer.samples),)
@@ -37,10 +37,13 @@ def profile_pb(row: m.Profile) -> profile_pb2.Profile:
     return out
 
 
-def profile_layer_row(layer: profile_pb2.LayerProfile) -> m.ProfileLayer:
+def profile_layer_row(layer: profile_pb2.LayerProfile, field: str) -> m.ProfileLayer:
     return m.ProfileLayer(
-        **shared_fields(layer, m.ProfileLayer, rename=LAYER_INDEX),
-        samples=[m.ProfileLayerSample(**shared_fields(smp, m.ProfileLayerSample)) for smp in layer.samples],
+        **shared_fields(layer, m.ProfileLayer, rename=LAYER_INDEX, field=field),
+        samples=[
+            m.ProfileLayerSample(**shared_fields(smp, m.ProfileLayerSample, field=f"{field}.samples[{j}]"))
+            for j, smp in enumerate(layer.samples)
+        ],
     )
 
 
@@ -71,7 +74,7 @@ class ModelStore(RepositoryBase):
         if existing is not None:
             return existing
         family = model_pb2.ModelFamily.Name(spec.family).removeprefix("MODEL_FAMILY_").lower()
-        name = spec.name or f"{family}-{signature[:12]}"
+        name = fit(m.Model.name, spec.name or f"{family}-{signature[:12]}", f"{prefix}.name")
         clash = s.scalars(sa.select(m.Model.id).where(m.Model.tenant_id == tenant_id, m.Model.name == name)).first()
         if clash:
             raise AlreadyExists(
@@ -100,8 +103,9 @@ class ModelStore(RepositoryBase):
         validate_model_spec(req.spec, self.allowed_factories)
         if not req.spec.name:
             raise InvalidArgument("a stored model needs a name", field="spec.name", fix='e.g. name: "gpt-tiny"')
+        fit(m.Model.name, req.spec.name, "spec.name")
         try:
-            with self._tx() as s:
+            with self._tx(write=True) as s:
                 signature = model_signature(req.spec)
                 same = s.scalars(
                     sa.select(m.Model).where(m.Model.tenant_id == p.tenant_id, m.Model.signature == signature)
@@ -117,7 +121,7 @@ class ModelStore(RepositoryBase):
             raise AlreadyExists(f"model {req.spec.name!r} already exists", field="spec.name") from None
 
     def get_model(self, p: Principal, req: store_pb2.GetRequest) -> model_pb2.Model:
-        with self._tx() as s:
+        with self._tx(write=False) as s:
             return model_pb(self._one(s, m.Model, req.id, p, what="model"))
 
     def list_models(self, p: Principal, req: store_pb2.ListModelsRequest) -> store_pb2.ListModelsResponse:
@@ -134,7 +138,9 @@ class ModelStore(RepositoryBase):
         pr = req.profile
         if not pr.device.kind:
             raise InvalidArgument("device kind is not set", field="profile.device.kind", fix='e.g. "cpu"')
-        with self._tx() as s:
+        fit(m.Profile.device_kind, pr.device.kind, "profile.device.kind")
+        fit(m.Profile.model_signature, pr.model_signature, "profile.model_signature")
+        with self._tx(write=True) as s:
             model = self._one(s, m.Model, pr.model_id, p, what="model", field="profile.model_id", lock=True)
             if pr.source_profile_id:
                 self._one(s, m.Profile, pr.source_profile_id, p, what="profile", field="profile.source_profile_id")
@@ -151,16 +157,16 @@ class ModelStore(RepositoryBase):
             )
             for i, layer in enumerate(pr.layers):
                 check_profile_layer(layer, i)
-                row.layers.append(profile_layer_row(layer))
+                row.layers.append(profile_layer_row(layer, f"profile.layers[{i}]"))
             s.add(row)
             total = sum(layer.parameter_count for layer in pr.layers)
             if total and not model.parameter_count:
-                model.parameter_count = total  # "0 until profiled"
+                model.parameter_count = fit(m.Model.parameter_count, total, "profile.layers")  # "0 until profiled"
             s.flush()
             return profile_pb(row)
 
     def get_profile(self, p: Principal, req: store_pb2.GetRequest) -> profile_pb2.Profile:
-        with self._tx() as s:
+        with self._tx(write=False) as s:
             return profile_pb(self._one(s, m.Profile, req.id, p, what="profile", options=PROFILE_LOAD))
 
     def list_profiles(self, p: Principal, req: store_pb2.ListProfilesRequest) -> store_pb2.ListProfilesResponse:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import UTC
 from typing import Any
 
 import sqlalchemy as sa
@@ -12,8 +11,8 @@ from ballast.v1 import job_pb2, store_pb2
 from services.runtime.auth import Principal
 from services.runtime.errors import InvalidArgument, NotFound
 from services.store import models as m
-from services.store.convert import shared_fields
-from services.store.repo.base import RepositoryBase, new_id
+from services.store.convert import shared_fields, to_datetime
+from services.store.repo.base import RepositoryBase, fit, new_id, quote
 
 METRICS_CHUNK = 200  # rows per INSERT; keeps bound parameters far below SQLite's limit
 
@@ -45,19 +44,21 @@ class ProgressStore(RepositoryBase):
         now = self.now()
         rows: list[dict[str, Any]] = [
             {
-                **shared_fields(row, m.IterationMetric, skip=("loss",)),
-                "loss": row.loss if row.has_loss else None,
-                "recorded_at": row.recorded_at.ToDatetime(UTC) if row.HasField("recorded_at") else now,
+                **shared_fields(row, m.IterationMetric, skip=("loss",), field=f"metrics[{i}]"),
+                "loss": fit(m.IterationMetric.loss, row.loss, f"metrics[{i}].loss") if row.has_loss else None,
+                "recorded_at": to_datetime(row.recorded_at, f"metrics[{i}].recorded_at")
+                if row.HasField("recorded_at")
+                else now,
             }
-            for row in req.metrics
+            for i, row in enumerate(req.metrics)
         ]
         written = 0
-        with self._tx() as s:
+        with self._tx(write=True) as s:
             ids = {r["job_id"] for r in rows}
             owned = set(s.scalars(self._scoped(sa.select(m.Job.id).where(m.Job.id.in_(ids)), m.Job.tenant_id, p)))
             for i, r in enumerate(rows):
                 if r["job_id"] not in owned:
-                    raise NotFound(f"job {r['job_id']!r} not found", field=f"metrics[{i}].job_id")
+                    raise NotFound(f"job {quote(r['job_id'] or '')} not found", field=f"metrics[{i}].job_id")
             for start in range(0, len(rows), METRICS_CHUNK):
                 stmt = self._insert(m.IterationMetric).values(rows[start : start + METRICS_CHUNK])
                 # RETURNING yields only rows actually inserted (rowcount is unreliable for multi-row inserts).
@@ -77,7 +78,7 @@ class ProgressStore(RepositoryBase):
         if req.HasField("stage_index"):
             stmt = stmt.where(t.stage_index == req.stage_index)
         stmt = stmt.order_by(t.iteration, t.stage_index, t.replica_index, t.plan_version, t.id)
-        with self._tx() as s:
+        with self._tx(write=False) as s:
             self._job(s, p, req.job_id)
             rows, token = self._page(s, stmt, req.page)
             return store_pb2.ListIterationMetricsResponse(metrics=[metric_pb(r) for r in rows], next_page_token=token)
@@ -86,11 +87,10 @@ class ProgressStore(RepositoryBase):
         self, p: Principal, req: store_pb2.RecordLayerMigrationRequest
     ) -> job_pb2.LayerMigration:
         mg = req.migration
-        with self._tx() as s:
+        values = shared_fields(mg, m.LayerMigration, skip=("id",), field="migration")
+        with self._tx(write=True) as s:
             self._job(s, p, mg.job_id, field="migration.job_id")
-            row = m.LayerMigration(
-                **shared_fields(mg, m.LayerMigration, skip=("id",)), id=new_id("mig"), created_at=self.now()
-            )
+            row = m.LayerMigration(**values, id=new_id("mig"), created_at=self.now())
             s.add(row)
             s.flush()
             return migration_pb(row)
@@ -100,7 +100,7 @@ class ProgressStore(RepositoryBase):
     ) -> store_pb2.ListLayerMigrationsResponse:
         t = m.LayerMigration
         stmt = sa.select(t).where(t.job_id == req.job_id).order_by(t.created_at, t.id)
-        with self._tx() as s:
+        with self._tx(write=False) as s:
             self._job(s, p, req.job_id)
             rows, token = self._page(s, stmt, req.page)
             return store_pb2.ListLayerMigrationsResponse(
@@ -112,13 +112,12 @@ class ProgressStore(RepositoryBase):
         indexes = [layer.layer_index for layer in ck.layers]
         if len(set(indexes)) != len(indexes):
             raise InvalidArgument("duplicate layer index", field="checkpoint.layers", fix="one file per layer")
-        with self._tx() as s:
+        values = shared_fields(ck, m.Checkpoint, skip=("id",), field="checkpoint")
+        layers = [shared_fields(c, m.CheckpointLayer, field=f"checkpoint.layers[{i}]") for i, c in enumerate(ck.layers)]
+        with self._tx(write=True) as s:
             self._job(s, p, ck.job_id, field="checkpoint.job_id")
             row = m.Checkpoint(
-                **shared_fields(ck, m.Checkpoint, skip=("id",)),
-                id=new_id("ckp"),
-                created_at=self.now(),
-                layers=[m.CheckpointLayer(**shared_fields(c, m.CheckpointLayer)) for c in ck.layers],
+                **values, id=new_id("ckp"), created_at=self.now(), layers=[m.CheckpointLayer(**c) for c in layers]
             )
             s.add(row)
             s.flush()
@@ -132,10 +131,10 @@ class ProgressStore(RepositoryBase):
         return stmt
 
     def get_checkpoint(self, p: Principal, req: store_pb2.GetRequest) -> job_pb2.Checkpoint:
-        with self._tx() as s:
+        with self._tx(write=False) as s:
             row = s.scalars(self._checkpoints(p).where(m.Checkpoint.id == req.id)).first()
             if row is None:
-                raise NotFound(f"checkpoint {req.id!r} not found", field="id")
+                raise NotFound(f"checkpoint {quote(req.id)} not found", field="id")
             return checkpoint_pb(row)
 
     def list_checkpoints(
@@ -146,7 +145,7 @@ class ProgressStore(RepositoryBase):
         if req.complete_only:
             stmt = stmt.where(t.complete.is_(True))
         stmt = stmt.order_by(t.iteration.desc(), t.created_at.desc(), t.id)
-        with self._tx() as s:
+        with self._tx(write=False) as s:
             self._job(s, p, req.job_id)
             rows, token = self._page(s, stmt, req.page)
             return store_pb2.ListCheckpointsResponse(

@@ -16,7 +16,7 @@ from services.runtime.auth import Principal
 from services.runtime.errors import FailedPrecondition, InvalidArgument
 from services.store import models as m
 from services.store.convert import enum_name, shared_fields
-from services.store.repo.base import DEFAULT_PAGE_SIZE, RepositoryBase, new_id
+from services.store.repo.base import DEFAULT_PAGE_SIZE, RepositoryBase, fit, new_id, seconds
 
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_WORKER_WINDOW_S = 60.0
@@ -50,19 +50,28 @@ def worker_pb(row: m.Worker) -> queue_pb2.WorkerHeartbeat:
 def lease_length(value: float) -> timedelta:
     if not value > 0:
         raise InvalidArgument("lease must be positive", field="lease_seconds", fix="e.g. 60")
-    return timedelta(seconds=value)
+    return timedelta(seconds=seconds(value, "lease_seconds", positive=True))
+
+
+def fail(row: m.QueuedRequest, error: str) -> None:
+    """Finish as FAILED and release the dedupe key, so enqueuing the same work again makes a fresh request."""
+    row.state, row.error, row.dedupe_key = FAILED, error, None
 
 
 class QueueStore(RepositoryBase):
     """Queue and worker RPCs; all but enqueue and listing are for the admin (the workers)."""
 
     def enqueue_request(self, p: Principal, req: store_pb2.EnqueueRequestRequest) -> store_pb2.EnqueueRequestResponse:
-        """Store a request once per (tenant, kind, payload); a duplicate returns the stored row."""
+        """Store a request once per (tenant, kind, payload); a duplicate returns the stored row unless it
+        FAILED (failing releases the key), so identical work can be retried by enqueuing it again."""
         if not req.kind:
             raise InvalidArgument("kind is not set", field="kind", fix='e.g. "planner.search"')
+        fit(m.QueuedRequest.kind, req.kind, "kind")
+        fit(m.QueuedRequest.payload_json, req.payload_json, "payload_json")
         key = dedupe_key(p.tenant_id, req.kind, req.payload_json)
+        max_attempts = fit(m.QueuedRequest.max_attempts, req.max_attempts or DEFAULT_MAX_ATTEMPTS, "max_attempts")
         try:
-            with self._tx() as s:
+            with self._tx(write=True) as s:
                 existing = s.scalars(sa.select(m.QueuedRequest).where(m.QueuedRequest.dedupe_key == key)).first()
                 if existing is not None:
                     return store_pb2.EnqueueRequestResponse(request=request_pb(existing), created=False)
@@ -75,7 +84,7 @@ class QueueStore(RepositoryBase):
                     dedupe_key=key,
                     state=QUEUED,
                     attempts=0,
-                    max_attempts=req.max_attempts or DEFAULT_MAX_ATTEMPTS,
+                    max_attempts=max_attempts,
                     requeues=0,
                     created_at=now,
                     updated_at=now,
@@ -84,12 +93,12 @@ class QueueStore(RepositoryBase):
                 s.flush()
                 return store_pb2.EnqueueRequestResponse(request=request_pb(row), created=True)
         except sa_exc.IntegrityError:  # lost a race with an identical enqueue: theirs is the request
-            with self._tx() as s:
+            with self._tx(write=False) as s:
                 existing = s.scalars(sa.select(m.QueuedRequest).where(m.QueuedRequest.dedupe_key == key)).one()
                 return store_pb2.EnqueueRequestResponse(request=request_pb(existing), created=False)
 
     def get_queued_request(self, p: Principal, req: store_pb2.GetRequest) -> queue_pb2.QueuedRequest:
-        with self._tx() as s:
+        with self._tx(write=False) as s:
             return request_pb(self._one(s, m.QueuedRequest, req.id, p, what="request"))
 
     def list_requests(self, p: Principal, req: store_pb2.ListRequestsRequest) -> store_pb2.ListRequestsResponse:
@@ -108,8 +117,9 @@ class QueueStore(RepositoryBase):
         self._require_admin(p, "claiming requests")
         if not req.worker:
             raise InvalidArgument("worker is not set", field="worker", fix="pass the worker's name")
+        fit(m.QueuedRequest.lease_owner, req.worker, "worker")
         lease = lease_length(req.lease_seconds)
-        with self._tx() as s:
+        with self._tx(write=True) as s:
             row = self._one(s, m.QueuedRequest, req.id, None, what="request", lock=True)
             now = self.now()
             live = row.state == RUNNING and row.lease_expires_at is not None and row.lease_expires_at > now
@@ -117,7 +127,7 @@ class QueueStore(RepositoryBase):
                 return store_pb2.ClaimRequestResponse(claimed=False, request=request_pb(row))
             row.updated_at = now
             if row.attempts >= row.max_attempts:
-                row.state, row.error = FAILED, f"gave up after {row.attempts} attempts (max_attempts)"
+                fail(row, f"gave up after {row.attempts} attempts (max_attempts)")
                 row.lease_owner = row.lease_token = row.lease_expires_at = None
                 s.flush()
                 return store_pb2.ClaimRequestResponse(claimed=False, request=request_pb(row))
@@ -145,7 +155,7 @@ class QueueStore(RepositoryBase):
     def renew_lease(self, p: Principal, req: store_pb2.RenewLeaseRequest) -> queue_pb2.QueuedRequest:
         self._require_admin(p, "renewing leases")
         lease = lease_length(req.lease_seconds)
-        with self._tx() as s:
+        with self._tx(write=True) as s:
             row = self._leased(s, req.id, req.lease_token)
             now = self.now()
             if row.lease_expires_at is None or row.lease_expires_at <= now:
@@ -163,10 +173,14 @@ class QueueStore(RepositoryBase):
             raise InvalidArgument("set result_json or error, not both", field="error")
         if req.result_json:
             canonical_json(req.result_json, "result_json")
-        with self._tx() as s:
+        fit(m.QueuedRequest.result_json, req.result_json, "result_json")
+        fit(m.QueuedRequest.error, req.error, "error")
+        with self._tx(write=True) as s:
             row = self._leased(s, req.id, req.lease_token)
-            row.state = FAILED if req.error else SUCCEEDED
-            row.result_json, row.error = req.result_json or None, req.error or None
+            if req.error:
+                fail(row, req.error)
+            else:
+                row.state, row.result_json, row.error = SUCCEEDED, req.result_json or None, None
             row.lease_token = row.lease_expires_at = None
             row.updated_at = self.now()
             s.flush()
@@ -180,8 +194,9 @@ class QueueStore(RepositoryBase):
         self._require_admin(p, "reaping leases")
         if req.queued_stale_s < 0:
             raise InvalidArgument("must be >= 0", field="queued_stale_s", fix="pass 0 to disable")
+        seconds(req.queued_stale_s, "queued_stale_s")
         t = m.QueuedRequest
-        with self._tx() as s:
+        with self._tx(write=True) as s:
             now = self.now()
             due = sa.and_(t.state == RUNNING, t.lease_expires_at <= now)
             if req.queued_stale_s:
@@ -208,16 +223,17 @@ class QueueStore(RepositoryBase):
         hb = req.heartbeat
         if not hb.name:
             raise InvalidArgument("worker name is not set", field="heartbeat.name", fix="pass the celery hostname")
-        values = {**shared_fields(hb, m.Worker, skip=("name",)), "seen_at": self.now()}
-        with self._tx() as s:
+        fit(m.Worker.name, hb.name, "heartbeat.name")
+        values = {**shared_fields(hb, m.Worker, skip=("name",), field="heartbeat"), "seen_at": self.now()}
+        with self._tx(write=True) as s:
             stmt = self._insert(m.Worker).values(name=hb.name, **values)
             s.execute(stmt.on_conflict_do_update(index_elements=["name"], set_={k: stmt.excluded[k] for k in values}))
             row = s.scalars(sa.select(m.Worker).where(m.Worker.name == hb.name)).one()
             return worker_pb(row)
 
     def list_workers(self, p: Principal, req: store_pb2.ListWorkersRequest) -> store_pb2.ListWorkersResponse:
-        window = timedelta(seconds=req.seen_within_s or DEFAULT_WORKER_WINDOW_S)
-        with self._tx() as s:
+        window = timedelta(seconds=seconds(req.seen_within_s or DEFAULT_WORKER_WINDOW_S, "seen_within_s"))
+        with self._tx(write=False) as s:
             rows = s.scalars(
                 sa.select(m.Worker).where(m.Worker.seen_at >= self.now() - window).order_by(m.Worker.name)
             ).all()

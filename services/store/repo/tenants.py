@@ -13,7 +13,7 @@ from services.runtime.auth import Principal, hash_token, new_token
 from services.runtime.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unauthenticated
 from services.store import models as m
 from services.store.convert import shared_fields
-from services.store.repo.base import RepositoryBase, new_id
+from services.store.repo.base import RepositoryBase, new_id, quote
 
 TENANT_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 UNAUTHENTICATED_FIX = "pass a bearer token from `ballast tenant create` or the embedded admin token"
@@ -30,13 +30,13 @@ class TenantStore(RepositoryBase):
         self._require_admin(p, "creating tenants")
         if not TENANT_NAME_RE.match(req.name):
             raise InvalidArgument(
-                f"invalid tenant name {req.name!r}",
+                f"invalid tenant name {quote(req.name)}",
                 field="name",
                 fix="use 1-63 lowercase letters, digits and dashes; start and end with a letter or digit",
             )
         token = new_token()
         try:
-            with self._tx() as s:
+            with self._tx(write=True) as s:
                 if s.scalars(sa.select(m.Tenant.id).where(m.Tenant.name == req.name)).first():
                     raise AlreadyExists(f"tenant {req.name!r} already exists", field="name", fix="pick another name")
                 row = m.Tenant(
@@ -53,13 +53,13 @@ class TenantStore(RepositoryBase):
 
     def get_tenant(self, p: Principal, req: store_pb2.GetRequest) -> common_pb2.Tenant:
         if not p.admin and req.id != p.tenant_id:
-            raise NotFound(f"tenant {req.id!r} not found", field="id")
-        with self._tx() as s:
+            raise NotFound(f"tenant {quote(req.id)} not found", field="id")
+        with self._tx(write=False) as s:
             return tenant_pb(self._one(s, m.Tenant, req.id, None, what="tenant"))
 
     def list_tenants(self, p: Principal, req: store_pb2.ListTenantsRequest) -> store_pb2.ListTenantsResponse:
         self._require_admin(p, "listing tenants")
-        with self._tx() as s:
+        with self._tx(write=False) as s:
             rows, token = self._page(s, sa.select(m.Tenant).order_by(m.Tenant.created_at, m.Tenant.id), req.page)
             return store_pb2.ListTenantsResponse(tenants=[tenant_pb(r) for r in rows], next_page_token=token)
 
@@ -67,7 +67,7 @@ class TenantStore(RepositoryBase):
         """Resolve a bearer token; only its hash is compared, the token itself is never stored."""
         if not token:
             raise Unauthenticated("no bearer token", fix=UNAUTHENTICATED_FIX)
-        with self._tx() as s:
+        with self._tx(write=False) as s:
             row = s.scalars(sa.select(m.Tenant).where(m.Tenant.token_hash == hash_token(token))).first()
         if row is None:
             raise Unauthenticated("unknown bearer token", fix=UNAUTHENTICATED_FIX)
@@ -79,7 +79,7 @@ class TenantStore(RepositoryBase):
             raise InvalidArgument("empty admin token", field="token", fix="set BALLAST_TOKEN")
         for attempt in range(2):  # a concurrent first start creates the same tenant: retry and find it
             try:
-                with self._tx() as s:
+                with self._tx(write=True) as s:
                     row = self._admin_row(s, hash_token(token), name)
                 return Principal(tenant_id=row.id, tenant_name=row.name, admin=True)
             except sa_exc.IntegrityError:

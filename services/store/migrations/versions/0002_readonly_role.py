@@ -3,8 +3,8 @@
 Revision ID: 0002_readonly_role
 Revises: 0001_initial
 
-On PostgreSQL `ballast sql` runs its query after `SET LOCAL ROLE ballast_readonly`, so the database
-refuses writes by privilege as well as by the read-only transaction. Roles are cluster-wide: several
+On PostgreSQL `ballast sql` logs in as ballast_readonly (a SELECT-only role with LOGIN and no password),
+so the database refuses writes by privilege as well as by the read-only transaction. Roles are cluster-wide: several
 Ballast databases may share the role, so it is created only if missing and never dropped; only this
 database's grants are revoked on downgrade. SQLite has no roles: a no-op there.
 """
@@ -36,7 +36,7 @@ def upgrade() -> None:
         DO $$
         BEGIN
             IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{ROLE}') THEN
-                CREATE ROLE {ROLE} NOLOGIN;
+                CREATE ROLE {ROLE} LOGIN;
             END IF;
         EXCEPTION WHEN duplicate_object OR unique_violation THEN
             NULL;
@@ -51,19 +51,18 @@ def upgrade() -> None:
     op.execute(f"ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT SELECT ON SEQUENCES TO {ROLE}")
     # Tables created by later migrations (run by this same user) are readable too.
     op.execute(f"ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT SELECT ON TABLES TO {ROLE}")
-    # A non-superuser service account may only SET ROLE to roles it is a member of. Granting needs
-    # CREATEROLE (PostgreSQL 15) or ADMIN OPTION on the role; a member already (superusers count as
-    # members of every role, or a DBA granted it) needs nothing, otherwise say exactly what to run.
+    # `ballast sql` logs in as this role (no password: trust/peer authentication only, until an
+    # operator sets one), because a privileged login could switch back from SET ROLE.
     op.execute(
         f"""
         DO $$
         BEGIN
-            IF NOT pg_has_role(current_user, '{ROLE}', 'MEMBER') THEN
-                GRANT {ROLE} TO CURRENT_USER;
+            IF NOT (SELECT rolcanlogin FROM pg_roles WHERE rolname = '{ROLE}') THEN
+                ALTER ROLE {ROLE} LOGIN;
             END IF;
         EXCEPTION WHEN insufficient_privilege THEN
-            RAISE EXCEPTION 'cannot grant role {ROLE} to %', current_user
-                USING HINT = format('as a superuser run: GRANT {ROLE} TO %I', current_user);
+            RAISE EXCEPTION 'cannot let role {ROLE} log in as %', current_user
+                USING HINT = 'as a superuser run: ALTER ROLE {ROLE} LOGIN';
         END
         $$
         """
