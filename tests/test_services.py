@@ -130,9 +130,9 @@ def test_later_rpcs_are_unimplemented_and_say_what_is_missing(plane) -> None:
         assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
         assert "plan search" in info.value.details()
         with pytest.raises(grpc.RpcError) as info:
-            client.profiler.Profile(services_pb2.ProfileRequest(model_id="mdl-x"))
-        assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
-        assert "profiler issue" in info.value.details()
+            client.profiler.Profile(services_pb2.ProfileRequest())
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "model_id" in info.value.details()
 
 
 def test_watch_replays_and_follows_until_terminal(plane) -> None:

@@ -404,6 +404,151 @@ def test_profile_round_trip_and_filters(store: Store):
     assert store.count("profiles") == 2 and store.count("profile_layers") == 4
 
 
+def detailed_profile_msg(model_id: str, kind: str = "cpu") -> profile_pb2.Profile:
+    """profile_msg with every field added in 0004 (and CommCalibration's fits/unsupported) set."""
+    pr = profile_msg(model_id, kind=kind, layers=3)
+    pr.memory_trace.extend(
+        profile_pb2.MemoryTracePoint(op_index=i, op=op, layer=layer, phase=phase, non_model_bytes=size)
+        for i, (op, layer, phase, size) in enumerate(
+            [
+                ("aten::embedding", "embed", "forward", 1 << 20),
+                ("aten::mm", "block.0", "backward", (1 << 63) - 1),
+                ("aten::add_", "", "optimizer", 0),
+            ]
+        )
+    )
+    pr.measured_micro_batch_sizes.extend([1, 4])
+    pr.memory_cap_bytes = (1 << 63) - 1
+    pr.profiling_time_s = 12.5
+    pr.comm.fits.add(
+        collective="allreduce", group_size=2, latency_s=1e-5, bandwidth_bytes_per_s=2e9,
+        bus_bandwidth_bytes_per_s=2e9, r2=0.999,
+    )  # fmt: skip
+    pr.comm.fits.add(collective="p2p", group_size=2)  # a fit with no positive slope keeps its zeros
+    pr.comm.unsupported.extend(["reduce_scatter@2: not supported by gloo", "all_to_all@2: ✗"])
+    pr.layers[0].note = "does not fit at micro-batch 8: out of memory ✗"
+    pr.layers[0].measured_as = 0
+    pr.layers[0].batch_input_bytes = 256
+    pr.layers[0].max_micro_batch_size = 4
+    pr.layers[1].measured_as = 1
+    pr.layers[1].max_micro_batch_size = 2**31 - 1
+    pr.layers[2].measured_as = 1  # reused layer 1's rows
+    pr.layers[2].batch_input_bytes = (1 << 63) - 1
+    del pr.layers[2].samples[:]
+    pr.layers[2].note = "reused block.1"
+    return pr
+
+
+def test_profile_details_round_trip(store: Store):
+    repo, a = store.repo, store.a
+    model = repo.create_model(a, store_pb2.CreateModelRequest(spec=gpt()))
+    sent = detailed_profile_msg(model.id)
+    prof = repo.create_profile(a, store_pb2.CreateProfileRequest(profile=sent))
+    expected = profile_pb2.Profile()
+    expected.CopyFrom(sent)
+    expected.id, expected.tenant_id, expected.model_signature = prof.id, a.tenant_id, model.signature
+    expected.created_at.CopyFrom(prof.created_at)
+    got = repo.get_profile(a, store_pb2.GetRequest(id=prof.id))
+    listed = repo.list_profiles(a, store_pb2.ListProfilesRequest()).profiles
+    for out in (prof, got, listed[0]):
+        assert out == expected
+    assert list(got.measured_micro_batch_sizes) == [1, 4] and got.memory_cap_bytes == (1 << 63) - 1
+    assert [pt.op for pt in got.memory_trace] == ["aten::embedding", "aten::mm", "aten::add_"]
+    assert got.memory_trace[1].non_model_bytes == (1 << 63) - 1 and got.profiling_time_s == 12.5
+    assert [f.collective for f in got.comm.fits] == ["allreduce", "p2p"] and got.comm.fits[0].r2 == 0.999
+    assert list(got.comm.unsupported) == list(sent.comm.unsupported)
+    assert [(ly.note, ly.measured_as, ly.batch_input_bytes, ly.max_micro_batch_size) for ly in got.layers] == [
+        (sent.layers[0].note, 0, 256, 4),
+        ("", 1, 0, 2**31 - 1),
+        ("reused block.1", 1, (1 << 63) - 1, 0),
+    ]
+    with store.engine.connect() as conn:  # an empty note is stored as NULL, like other optional text
+        notes = conn.execute(
+            sa.text(f"SELECT layer_index, note FROM profile_layers WHERE profile_id = '{prof.id}' ORDER BY 1")
+        ).all()
+    assert [n for _, n in notes] == [sent.layers[0].note, None, "reused block.1"]
+
+    plain = repo.create_profile(a, store_pb2.CreateProfileRequest(profile=profile_msg(model.id)))
+    bare = repo.get_profile(a, store_pb2.GetRequest(id=plain.id))  # unset details read back as empty
+    assert not bare.memory_trace and not bare.measured_micro_batch_sizes and not bare.comm.fits
+    assert bare.memory_cap_bytes == 0 and bare.profiling_time_s == 0.0 and not bare.comm.unsupported
+    assert all((ly.note, ly.measured_as, ly.batch_input_bytes, ly.max_micro_batch_size) == ("", 0, 0, 0)
+               for ly in bare.layers)  # fmt: skip
+
+
+def test_profile_details_out_of_range_are_invalid_argument(store: Store):
+    repo, a = store.repo, store.a
+    model = repo.create_model(a, store_pb2.CreateModelRequest(spec=gpt()))
+
+    def bad(field: str, change: Callable[[profile_pb2.Profile], Any]) -> None:
+        pr = detailed_profile_msg(model.id)
+        change(pr)
+        with pytest.raises(InvalidArgument) as err:
+            repo.create_profile(a, store_pb2.CreateProfileRequest(profile=pr))
+        assert err.value.field == field and err.value.fix, (field, str(err.value))
+
+    bad("profile.memory_cap_bytes", lambda pr: setattr(pr, "memory_cap_bytes", 2**64 - 1))
+    bad("profile.profiling_time_s", lambda pr: setattr(pr, "profiling_time_s", math.nan))
+    bad("profile.profiling_time_s", lambda pr: setattr(pr, "profiling_time_s", math.inf))
+    bad("profile.layers[1].measured_as", lambda pr: setattr(pr.layers[1], "measured_as", 2**32 - 1))
+    bad("profile.layers[0].batch_input_bytes", lambda pr: setattr(pr.layers[0], "batch_input_bytes", 2**64 - 1))
+    bad("profile.layers[2].max_micro_batch_size", lambda pr: setattr(pr.layers[2], "max_micro_batch_size", 2**31))
+    bad("profile.layers[0].note", lambda pr: setattr(pr.layers[0], "note", "a\x00b"))
+    assert store.count("profiles") == 0 and store.count("profile_layers") == 0
+
+
+def test_profile_list_filters_dtype_software_projected(store: Store):
+    repo, a, b = store.repo, store.a, store.b
+    model = repo.create_model(a, store_pb2.CreateModelRequest(spec=gpt()))
+
+    def create(who: Principal = a, model_id: str = model.id, kind: str = "cpu", **kw) -> str:
+        pr = profile_msg(model_id, kind=kind)
+        for key, value in kw.items():
+            setattr(pr, key, value)
+        return repo.create_profile(who, store_pb2.CreateProfileRequest(profile=pr)).id
+
+    fp32 = create()
+    bf16 = create(dtype=common_pb2.DTYPE_BF16)
+    newer = create(software="torch 2.14.0")
+    projected = create(kind="nvidia-h100", projected=True, source_profile_id=fp32)
+    projected_cpu = create(projected=True, source_profile_id=fp32)
+    other_model = create(model_id=repo.create_model(a, store_pb2.CreateModelRequest(spec=gpt("other", 4))).id)
+    b_model = repo.create_model(b, store_pb2.CreateModelRequest(spec=gpt()))
+    other_tenant = create(b, b_model.id)
+
+    def ids(who: Principal = a, **kw) -> list[str]:
+        return [p.id for p in repo.list_profiles(who, store_pb2.ListProfilesRequest(**kw)).profiles]
+
+    everything = [fp32, bf16, newer, projected, projected_cpu, other_model]
+    assert ids() == everything
+    assert ids(dtype=common_pb2.DTYPE_FP32) == [fp32, newer, projected, projected_cpu, other_model]
+    assert ids(dtype=common_pb2.DTYPE_BF16) == [bf16]
+    assert ids(dtype=common_pb2.DTYPE_FP16) == []
+    assert ids(software="torch 2.14.0") == [newer]
+    assert ids(software="torch 2.13.0") == [fp32, bf16, projected, projected_cpu, other_model]
+    assert ids(software="torch") == []  # exact match, not a prefix
+    assert ids(projected=True) == [projected, projected_cpu]
+    assert ids(projected=False) == [fp32, bf16, newer, other_model]  # False filters; unset means both
+    assert ids(dtype=common_pb2.DTYPE_UNSPECIFIED, software="") == everything  # proto3 defaults filter nothing
+
+    # The profiler's cache lookup: tenant's model signature + device kind + dtype + software, measured only.
+    lookup = dict(
+        model_signature=model.signature, device_kind="cpu", dtype=common_pb2.DTYPE_FP32,
+        software="torch 2.13.0", projected=False,
+    )  # fmt: skip
+    assert ids(**lookup) == [fp32]
+    assert ids(b, **lookup) == [other_tenant]  # same signature, another tenant's own profile
+    assert ids(store.admin, **lookup) == [fp32, other_tenant]
+    with pytest.raises(InvalidArgument) as err:
+        ids(dtype=99)
+    assert err.value.field == "dtype"
+
+
+def test_profile_cache_lookup_index_exists(store: Store):
+    indexes = {ix["name"]: ix["column_names"] for ix in sa.inspect(store.engine).get_indexes("profiles")}
+    assert indexes["ix_profiles_cache_lookup"] == ["tenant_id", "model_signature", "device_kind", "dtype"]
+
+
 def test_hosts_are_platform_data(store: Store):
     repo, a, admin = store.repo, store.a, store.admin
 
@@ -1290,5 +1435,73 @@ def test_migration_0003_renumbers_clashing_plans_and_releases_failed_keys(empty_
         assert scalar(f"SELECT plan_version FROM jobs WHERE id = '{job.id}'") == 2
         assert scalar(f"SELECT dedupe_key FROM queued_requests WHERE id = '{rid}'") is None
         schema.check_schema(engine)
+    finally:
+        engine.dispose()
+
+
+# --- migration 0004: profile details ------------------------------------------------------------
+
+
+def test_migration_0004_keeps_existing_profiles_and_downgrades_fully(empty_database_url):
+    url = empty_database_url
+    schema.upgrade(url)
+    engine = create_engine(url)
+    repo = Repository(engine, now=FakeClock())
+    admin = repo.ensure_admin(ADMIN_TOKEN)
+    model = repo.create_model(admin, store_pb2.CreateModelRequest(spec=gpt()))
+    detailed = repo.create_profile(admin, store_pb2.CreateProfileRequest(profile=detailed_profile_msg(model.id)))
+    engine.dispose()
+
+    def columns(table: str) -> set[str]:
+        return {c["name"] for c in sa.inspect(engine).get_columns(table)}
+
+    layer_cols = {"note", "measured_as", "batch_input_bytes", "max_micro_batch_size"}
+    profile_cols = {"memory_trace", "measured_micro_batch_sizes", "memory_cap_bytes", "profiling_time_s"}
+    try:
+        schema.downgrade(url, "0003_plan_version_unique")
+        assert not layer_cols & columns("profile_layers") and not profile_cols & columns("profiles")
+        assert "ix_profiles_cache_lookup" not in {ix["name"] for ix in sa.inspect(engine).get_indexes("profiles")}
+        with engine.connect() as conn:  # rows survive the rebuild, foreign keys included
+            assert conn.execute(sa.text("SELECT count(*) FROM profile_layers")).scalar_one() == 3
+            assert conn.execute(sa.text("SELECT count(*) FROM profile_layer_samples")).scalar_one() == 6
+        engine.dispose()
+
+        schema.upgrade(url)
+        schema.check_schema(engine)
+        assert layer_cols <= columns("profile_layers") and profile_cols <= columns("profiles")
+        got = repo.get_profile(admin, store_pb2.GetRequest(id=detailed.id))
+        # What 0003 could hold is intact; the details it dropped read back as proto3's empty values.
+        assert got.comm == detailed.comm and len(got.layers) == 3
+        assert not got.memory_trace and not got.measured_micro_batch_sizes
+        assert got.memory_cap_bytes == 0 and got.profiling_time_s == 0.0
+        assert all((ly.note, ly.measured_as, ly.batch_input_bytes, ly.max_micro_batch_size) == ("", 0, 0, 0)
+                   for ly in got.layers)  # fmt: skip
+        bare = profile_pb2.Profile()
+        bare.CopyFrom(detailed)
+        bare.ClearField("memory_trace")
+        bare.ClearField("measured_micro_batch_sizes")
+        bare.memory_cap_bytes, bare.profiling_time_s = 0, 0.0
+        for ly in bare.layers:
+            ly.note, ly.measured_as, ly.batch_input_bytes, ly.max_micro_batch_size = "", 0, 0, 0
+        assert got == bare
+        again = repo.create_profile(admin, store_pb2.CreateProfileRequest(profile=detailed_profile_msg(model.id)))
+        assert repo.get_profile(admin, store_pb2.GetRequest(id=again.id)).memory_trace == detailed.memory_trace
+    finally:
+        engine.dispose()
+
+
+def test_models_match_the_migrations(empty_database_url):
+    """The ORM and the migrated schema agree (types and server defaults too), so neither drifts."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
+    from services.store.models import Base
+
+    schema.upgrade(empty_database_url)
+    engine = create_engine(empty_database_url)
+    try:
+        with engine.connect() as conn:
+            context = MigrationContext.configure(conn, opts={"compare_type": True, "compare_server_default": True})
+            assert compare_metadata(context, Base.metadata) == []
     finally:
         engine.dispose()

@@ -182,6 +182,12 @@ def cmd_health(args: argparse.Namespace) -> int:
     return 0 if status == "SERVING" else 1
 
 
+def cmd_profile(args: argparse.Namespace) -> int:
+    from ballast.cli.profile import run
+
+    return run(_settings(args), args)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from ballast.cli.demo import run_demo
 
@@ -225,6 +231,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("address")
     p.add_argument("--service", default="")
     p.add_argument("--timeout", type=float, default=2.0)
+    p = add("profile", cmd_profile, "profile a model layer by layer (per-layer table, optional projection)")
+    from ballast.cli.profile import add_arguments
+
+    add_arguments(p)
     p = add("demo", cmd_demo, "bring the control plane up, store examples/gpt-tiny.yaml, read it back, shut down")
     p.add_argument("--model", type=Path, default=None)
     p.add_argument("--executors", type=int, default=1)

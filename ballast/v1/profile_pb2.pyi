@@ -46,7 +46,7 @@ class LayerSample(_message.Message):
     def __init__(self, micro_batch_size: _Optional[int] = ..., measured: _Optional[bool] = ..., forward_s: _Optional[float] = ..., backward_s: _Optional[float] = ..., recompute_s: _Optional[float] = ..., boundary_activation_bytes: _Optional[int] = ..., stashed_activation_bytes: _Optional[int] = ..., output_bytes: _Optional[int] = ..., peak_memory_bytes: _Optional[int] = ...) -> None: ...
 
 class LayerProfile(_message.Message):
-    __slots__ = ("index", "name", "kind", "parameter_count", "parameter_bytes", "gradient_bytes", "optimizer_state_bytes", "extra_inputs", "tied_with", "samples")
+    __slots__ = ("index", "name", "kind", "parameter_count", "parameter_bytes", "gradient_bytes", "optimizer_state_bytes", "extra_inputs", "tied_with", "samples", "note", "measured_as", "batch_input_bytes", "max_micro_batch_size")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +57,10 @@ class LayerProfile(_message.Message):
     EXTRA_INPUTS_FIELD_NUMBER: _ClassVar[int]
     TIED_WITH_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_AS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_INPUT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_MICRO_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     index: int
     name: str
     kind: str
@@ -67,7 +71,41 @@ class LayerProfile(_message.Message):
     extra_inputs: _containers.RepeatedScalarFieldContainer[int]
     tied_with: _containers.RepeatedScalarFieldContainer[int]
     samples: _containers.RepeatedCompositeFieldContainer[LayerSample]
-    def __init__(self, index: _Optional[int] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., parameter_count: _Optional[int] = ..., parameter_bytes: _Optional[int] = ..., gradient_bytes: _Optional[int] = ..., optimizer_state_bytes: _Optional[int] = ..., extra_inputs: _Optional[_Iterable[int]] = ..., tied_with: _Optional[_Iterable[int]] = ..., samples: _Optional[_Iterable[_Union[LayerSample, _Mapping]]] = ...) -> None: ...
+    note: str
+    measured_as: int
+    batch_input_bytes: int
+    max_micro_batch_size: int
+    def __init__(self, index: _Optional[int] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., parameter_count: _Optional[int] = ..., parameter_bytes: _Optional[int] = ..., gradient_bytes: _Optional[int] = ..., optimizer_state_bytes: _Optional[int] = ..., extra_inputs: _Optional[_Iterable[int]] = ..., tied_with: _Optional[_Iterable[int]] = ..., samples: _Optional[_Iterable[_Union[LayerSample, _Mapping]]] = ..., note: _Optional[str] = ..., measured_as: _Optional[int] = ..., batch_input_bytes: _Optional[int] = ..., max_micro_batch_size: _Optional[int] = ...) -> None: ...
+
+class MemoryTracePoint(_message.Message):
+    __slots__ = ("op_index", "op", "layer", "phase", "non_model_bytes")
+    OP_INDEX_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    LAYER_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    NON_MODEL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    op_index: int
+    op: str
+    layer: str
+    phase: str
+    non_model_bytes: int
+    def __init__(self, op_index: _Optional[int] = ..., op: _Optional[str] = ..., layer: _Optional[str] = ..., phase: _Optional[str] = ..., non_model_bytes: _Optional[int] = ...) -> None: ...
+
+class LinkFit(_message.Message):
+    __slots__ = ("collective", "group_size", "latency_s", "bandwidth_bytes_per_s", "bus_bandwidth_bytes_per_s", "r2")
+    COLLECTIVE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_S_FIELD_NUMBER: _ClassVar[int]
+    BANDWIDTH_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    BUS_BANDWIDTH_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    R2_FIELD_NUMBER: _ClassVar[int]
+    collective: str
+    group_size: int
+    latency_s: float
+    bandwidth_bytes_per_s: float
+    bus_bandwidth_bytes_per_s: float
+    r2: float
+    def __init__(self, collective: _Optional[str] = ..., group_size: _Optional[int] = ..., latency_s: _Optional[float] = ..., bandwidth_bytes_per_s: _Optional[float] = ..., bus_bandwidth_bytes_per_s: _Optional[float] = ..., r2: _Optional[float] = ...) -> None: ...
 
 class LinkSample(_message.Message):
     __slots__ = ("scope", "bytes", "seconds")
@@ -94,17 +132,21 @@ class CollectiveSample(_message.Message):
     def __init__(self, collective: _Optional[str] = ..., group_size: _Optional[int] = ..., scope: _Optional[_Union[LinkScope, str]] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class CommCalibration(_message.Message):
-    __slots__ = ("links", "collectives", "overlap_slowdown")
+    __slots__ = ("links", "collectives", "overlap_slowdown", "fits", "unsupported")
     LINKS_FIELD_NUMBER: _ClassVar[int]
     COLLECTIVES_FIELD_NUMBER: _ClassVar[int]
     OVERLAP_SLOWDOWN_FIELD_NUMBER: _ClassVar[int]
+    FITS_FIELD_NUMBER: _ClassVar[int]
+    UNSUPPORTED_FIELD_NUMBER: _ClassVar[int]
     links: _containers.RepeatedCompositeFieldContainer[LinkSample]
     collectives: _containers.RepeatedCompositeFieldContainer[CollectiveSample]
     overlap_slowdown: float
-    def __init__(self, links: _Optional[_Iterable[_Union[LinkSample, _Mapping]]] = ..., collectives: _Optional[_Iterable[_Union[CollectiveSample, _Mapping]]] = ..., overlap_slowdown: _Optional[float] = ...) -> None: ...
+    fits: _containers.RepeatedCompositeFieldContainer[LinkFit]
+    unsupported: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, links: _Optional[_Iterable[_Union[LinkSample, _Mapping]]] = ..., collectives: _Optional[_Iterable[_Union[CollectiveSample, _Mapping]]] = ..., overlap_slowdown: _Optional[float] = ..., fits: _Optional[_Iterable[_Union[LinkFit, _Mapping]]] = ..., unsupported: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Profile(_message.Message):
-    __slots__ = ("id", "tenant_id", "model_id", "model_signature", "device", "dtype", "software", "intra_op_threads", "layers", "comm", "non_model_memory_bytes", "projected", "source_profile_id", "created_at")
+    __slots__ = ("id", "tenant_id", "model_id", "model_signature", "device", "dtype", "software", "intra_op_threads", "layers", "comm", "non_model_memory_bytes", "projected", "source_profile_id", "created_at", "memory_trace", "measured_micro_batch_sizes", "memory_cap_bytes", "profiling_time_s")
     ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
@@ -119,6 +161,10 @@ class Profile(_message.Message):
     PROJECTED_FIELD_NUMBER: _ClassVar[int]
     SOURCE_PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_TRACE_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_MICRO_BATCH_SIZES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_CAP_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PROFILING_TIME_S_FIELD_NUMBER: _ClassVar[int]
     id: str
     tenant_id: str
     model_id: str
@@ -133,4 +179,8 @@ class Profile(_message.Message):
     projected: bool
     source_profile_id: str
     created_at: _timestamp_pb2.Timestamp
-    def __init__(self, id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., model_id: _Optional[str] = ..., model_signature: _Optional[str] = ..., device: _Optional[_Union[_fleet_pb2.DeviceSpec, _Mapping]] = ..., dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., software: _Optional[str] = ..., intra_op_threads: _Optional[int] = ..., layers: _Optional[_Iterable[_Union[LayerProfile, _Mapping]]] = ..., comm: _Optional[_Union[CommCalibration, _Mapping]] = ..., non_model_memory_bytes: _Optional[int] = ..., projected: _Optional[bool] = ..., source_profile_id: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    memory_trace: _containers.RepeatedCompositeFieldContainer[MemoryTracePoint]
+    measured_micro_batch_sizes: _containers.RepeatedScalarFieldContainer[int]
+    memory_cap_bytes: int
+    profiling_time_s: float
+    def __init__(self, id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., model_id: _Optional[str] = ..., model_signature: _Optional[str] = ..., device: _Optional[_Union[_fleet_pb2.DeviceSpec, _Mapping]] = ..., dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., software: _Optional[str] = ..., intra_op_threads: _Optional[int] = ..., layers: _Optional[_Iterable[_Union[LayerProfile, _Mapping]]] = ..., comm: _Optional[_Union[CommCalibration, _Mapping]] = ..., non_model_memory_bytes: _Optional[int] = ..., projected: _Optional[bool] = ..., source_profile_id: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., memory_trace: _Optional[_Iterable[_Union[MemoryTracePoint, _Mapping]]] = ..., measured_micro_batch_sizes: _Optional[_Iterable[int]] = ..., memory_cap_bytes: _Optional[int] = ..., profiling_time_s: _Optional[float] = ...) -> None: ...

@@ -1,4 +1,6 @@
+from ballast.v1 import common_pb2 as _common_pb2
 from ballast.v1 import fleet_pb2 as _fleet_pb2
+from ballast.v1 import model_pb2 as _model_pb2
 from ballast.v1 import job_pb2 as _job_pb2
 from ballast.v1 import plan_pb2 as _plan_pb2
 from ballast.v1 import profile_pb2 as _profile_pb2
@@ -12,19 +14,77 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ProfileOptions(_message.Message):
+    __slots__ = ("repeats", "warmup", "stride", "micro_batch_sizes", "intra_op_threads", "calibrate", "calibrate_group_sizes", "skip_memory_trace")
+    REPEATS_FIELD_NUMBER: _ClassVar[int]
+    WARMUP_FIELD_NUMBER: _ClassVar[int]
+    STRIDE_FIELD_NUMBER: _ClassVar[int]
+    MICRO_BATCH_SIZES_FIELD_NUMBER: _ClassVar[int]
+    INTRA_OP_THREADS_FIELD_NUMBER: _ClassVar[int]
+    CALIBRATE_FIELD_NUMBER: _ClassVar[int]
+    CALIBRATE_GROUP_SIZES_FIELD_NUMBER: _ClassVar[int]
+    SKIP_MEMORY_TRACE_FIELD_NUMBER: _ClassVar[int]
+    repeats: int
+    warmup: int
+    stride: int
+    micro_batch_sizes: _containers.RepeatedScalarFieldContainer[int]
+    intra_op_threads: int
+    calibrate: bool
+    calibrate_group_sizes: _containers.RepeatedScalarFieldContainer[int]
+    skip_memory_trace: bool
+    def __init__(self, repeats: _Optional[int] = ..., warmup: _Optional[int] = ..., stride: _Optional[int] = ..., micro_batch_sizes: _Optional[_Iterable[int]] = ..., intra_op_threads: _Optional[int] = ..., calibrate: _Optional[bool] = ..., calibrate_group_sizes: _Optional[_Iterable[int]] = ..., skip_memory_trace: _Optional[bool] = ...) -> None: ...
+
+class ProfileProgress(_message.Message):
+    __slots__ = ("phase", "layer_index", "layers_total", "micro_batch_size", "fraction", "message", "profile", "cached")
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    LAYER_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAYERS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    MICRO_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    FRACTION_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    CACHED_FIELD_NUMBER: _ClassVar[int]
+    phase: str
+    layer_index: int
+    layers_total: int
+    micro_batch_size: int
+    fraction: float
+    message: str
+    profile: _profile_pb2.Profile
+    cached: bool
+    def __init__(self, phase: _Optional[str] = ..., layer_index: _Optional[int] = ..., layers_total: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., fraction: _Optional[float] = ..., message: _Optional[str] = ..., profile: _Optional[_Union[_profile_pb2.Profile, _Mapping]] = ..., cached: _Optional[bool] = ...) -> None: ...
+
+class CalibrateRequest(_message.Message):
+    __slots__ = ("group_sizes", "sizes_bytes", "backend")
+    GROUP_SIZES_FIELD_NUMBER: _ClassVar[int]
+    SIZES_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    group_sizes: _containers.RepeatedScalarFieldContainer[int]
+    sizes_bytes: _containers.RepeatedScalarFieldContainer[int]
+    backend: str
+    def __init__(self, group_sizes: _Optional[_Iterable[int]] = ..., sizes_bytes: _Optional[_Iterable[int]] = ..., backend: _Optional[str] = ...) -> None: ...
+
 class ProfileRequest(_message.Message):
-    __slots__ = ("model_id", "device_kind", "max_micro_batch_size", "memory_cap_bytes", "refresh")
+    __slots__ = ("model_id", "device_kind", "max_micro_batch_size", "memory_cap_bytes", "refresh", "model", "dtype", "options", "project_to")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_KIND_FIELD_NUMBER: _ClassVar[int]
     MAX_MICRO_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     MEMORY_CAP_BYTES_FIELD_NUMBER: _ClassVar[int]
     REFRESH_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    PROJECT_TO_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     device_kind: str
     max_micro_batch_size: int
     memory_cap_bytes: int
     refresh: bool
-    def __init__(self, model_id: _Optional[str] = ..., device_kind: _Optional[str] = ..., max_micro_batch_size: _Optional[int] = ..., memory_cap_bytes: _Optional[int] = ..., refresh: _Optional[bool] = ...) -> None: ...
+    model: _model_pb2.ModelSpec
+    dtype: _common_pb2.DType
+    options: ProfileOptions
+    project_to: str
+    def __init__(self, model_id: _Optional[str] = ..., device_kind: _Optional[str] = ..., max_micro_batch_size: _Optional[int] = ..., memory_cap_bytes: _Optional[int] = ..., refresh: _Optional[bool] = ..., model: _Optional[_Union[_model_pb2.ModelSpec, _Mapping]] = ..., dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., options: _Optional[_Union[ProfileOptions, _Mapping]] = ..., project_to: _Optional[str] = ...) -> None: ...
 
 class ProjectProfileRequest(_message.Message):
     __slots__ = ("profile_id", "device")

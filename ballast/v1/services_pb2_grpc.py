@@ -54,6 +54,21 @@ class ProfilerServiceStub:
                 request_serializer=ballast_dot_v1_dot_services__pb2.ListDeviceKindsRequest.SerializeToString,
                 response_deserializer=ballast_dot_v1_dot_services__pb2.ListDeviceKindsResponse.FromString,
                 _registered_method=True)
+        self.ProfileStream = channel.unary_stream(
+                '/ballast.v1.ProfilerService/ProfileStream',
+                request_serializer=ballast_dot_v1_dot_services__pb2.ProfileRequest.SerializeToString,
+                response_deserializer=ballast_dot_v1_dot_services__pb2.ProfileProgress.FromString,
+                _registered_method=True)
+        self.GetProfile = channel.unary_unary(
+                '/ballast.v1.ProfilerService/GetProfile',
+                request_serializer=ballast_dot_v1_dot_store__pb2.GetRequest.SerializeToString,
+                response_deserializer=ballast_dot_v1_dot_profile__pb2.Profile.FromString,
+                _registered_method=True)
+        self.Calibrate = channel.unary_unary(
+                '/ballast.v1.ProfilerService/Calibrate',
+                request_serializer=ballast_dot_v1_dot_services__pb2.CalibrateRequest.SerializeToString,
+                response_deserializer=ballast_dot_v1_dot_profile__pb2.CommCalibration.FromString,
+                _registered_method=True)
 
 
 class ProfilerServiceServicer:
@@ -81,6 +96,27 @@ class ProfilerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ProfileStream(self, request, context):
+        """Profile with progress: streams ProfileProgress, the last message carrying the stored profile.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetProfile(self, request, context):
+        """Get a stored profile.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Calibrate(self, request, context):
+        """Calibrate links and collectives on this host.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ProfilerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -98,6 +134,21 @@ def add_ProfilerServiceServicer_to_server(servicer, server):
                     servicer.ListDeviceKinds,
                     request_deserializer=ballast_dot_v1_dot_services__pb2.ListDeviceKindsRequest.FromString,
                     response_serializer=ballast_dot_v1_dot_services__pb2.ListDeviceKindsResponse.SerializeToString,
+            ),
+            'ProfileStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.ProfileStream,
+                    request_deserializer=ballast_dot_v1_dot_services__pb2.ProfileRequest.FromString,
+                    response_serializer=ballast_dot_v1_dot_services__pb2.ProfileProgress.SerializeToString,
+            ),
+            'GetProfile': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetProfile,
+                    request_deserializer=ballast_dot_v1_dot_store__pb2.GetRequest.FromString,
+                    response_serializer=ballast_dot_v1_dot_profile__pb2.Profile.SerializeToString,
+            ),
+            'Calibrate': grpc.unary_unary_rpc_method_handler(
+                    servicer.Calibrate,
+                    request_deserializer=ballast_dot_v1_dot_services__pb2.CalibrateRequest.FromString,
+                    response_serializer=ballast_dot_v1_dot_profile__pb2.CommCalibration.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -182,6 +233,87 @@ class ProfilerService:
             '/ballast.v1.ProfilerService/ListDeviceKinds',
             ballast_dot_v1_dot_services__pb2.ListDeviceKindsRequest.SerializeToString,
             ballast_dot_v1_dot_services__pb2.ListDeviceKindsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProfileStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/ballast.v1.ProfilerService/ProfileStream',
+            ballast_dot_v1_dot_services__pb2.ProfileRequest.SerializeToString,
+            ballast_dot_v1_dot_services__pb2.ProfileProgress.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetProfile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ballast.v1.ProfilerService/GetProfile',
+            ballast_dot_v1_dot_store__pb2.GetRequest.SerializeToString,
+            ballast_dot_v1_dot_profile__pb2.Profile.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Calibrate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ballast.v1.ProfilerService/Calibrate',
+            ballast_dot_v1_dot_services__pb2.CalibrateRequest.SerializeToString,
+            ballast_dot_v1_dot_profile__pb2.CommCalibration.FromString,
             options,
             channel_credentials,
             insecure,

@@ -90,16 +90,22 @@ class CreateProfileRequest(_message.Message):
     def __init__(self, profile: _Optional[_Union[_profile_pb2.Profile, _Mapping]] = ...) -> None: ...
 
 class ListProfilesRequest(_message.Message):
-    __slots__ = ("page", "model_id", "device_kind", "model_signature")
+    __slots__ = ("page", "model_id", "device_kind", "model_signature", "dtype", "software", "projected")
     PAGE_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_KIND_FIELD_NUMBER: _ClassVar[int]
     MODEL_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SOFTWARE_FIELD_NUMBER: _ClassVar[int]
+    PROJECTED_FIELD_NUMBER: _ClassVar[int]
     page: _common_pb2.PageRequest
     model_id: str
     device_kind: str
     model_signature: str
-    def __init__(self, page: _Optional[_Union[_common_pb2.PageRequest, _Mapping]] = ..., model_id: _Optional[str] = ..., device_kind: _Optional[str] = ..., model_signature: _Optional[str] = ...) -> None: ...
+    dtype: _common_pb2.DType
+    software: str
+    projected: bool
+    def __init__(self, page: _Optional[_Union[_common_pb2.PageRequest, _Mapping]] = ..., model_id: _Optional[str] = ..., device_kind: _Optional[str] = ..., model_signature: _Optional[str] = ..., dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., software: _Optional[str] = ..., projected: _Optional[bool] = ...) -> None: ...
 
 class ListProfilesResponse(_message.Message):
     __slots__ = ("profiles", "next_page_token")

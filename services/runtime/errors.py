@@ -77,3 +77,11 @@ class SchemaOutOfDate(FailedPrecondition):
         )
         self.current = current
         self.head = head
+
+
+def from_code(code: str, message: str) -> BallastError:
+    """The domain error for a status name (a downstream service's or a worker process's answer)."""
+    for cls in BallastError.__subclasses__():
+        if cls.code == code:
+            return cls(message)
+    return BallastError(message)

@@ -12,16 +12,12 @@ from ballast.config import Settings
 from ballast.v1 import store_pb2, store_pb2_grpc
 from services.runtime import context
 from services.runtime.auth import Principal, hash_token
-from services.runtime.errors import BallastError, Unauthenticated, Unavailable
-
-_ERRORS = {cls.code: cls for cls in BallastError.__subclasses__()}
+from services.runtime.errors import BallastError, Unauthenticated, Unavailable, from_code
 
 
 def domain_error(exc: grpc.RpcError) -> BallastError:
     """Turn a downstream status back into a domain error, so it surfaces to our caller unchanged."""
-    cls = _ERRORS.get(exc.code().name, BallastError)
-    err = cls(exc.details() or exc.code().name)
-    return err
+    return from_code(exc.code().name, exc.details() or exc.code().name)
 
 
 class StoreAuthenticator:

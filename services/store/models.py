@@ -77,6 +77,10 @@ class Model(Base):
 
 class Profile(Base):
     __tablename__ = "profiles"
+    # The profiler's cache lookup: same tenant, model signature, device kind and dtype (then software).
+    __table_args__ = (
+        sa.Index("ix_profiles_cache_lookup", "tenant_id", "model_signature", "device_kind", "dtype"),
+    )
     id: Mapped[str] = mapped_column(Id, primary_key=True)
     tenant_id: Mapped[str] = mapped_column(Id, _fk("tenants.id"), index=True)
     model_id: Mapped[str] = mapped_column(Id, _fk("models.id"), index=True)
@@ -90,6 +94,11 @@ class Profile(Base):
     non_model_memory_bytes: Mapped[int] = mapped_column(sa.BigInteger, default=0)
     device: Mapped[dict[str, Any]]
     comm: Mapped[dict[str, Any]]
+    # Columns added by 0004; the server defaults let rows stored before it read as empty/0.
+    memory_trace: Mapped[list[Any]] = mapped_column(default=list, server_default="[]")
+    measured_micro_batch_sizes: Mapped[list[Any]] = mapped_column(default=list, server_default="[]")
+    memory_cap_bytes: Mapped[int] = mapped_column(sa.BigInteger, default=0, server_default="0")
+    profiling_time_s: Mapped[float] = mapped_column(default=0.0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(index=True)
 
     layers: Mapped[list[ProfileLayer]] = relationship(
@@ -109,6 +118,11 @@ class ProfileLayer(Base):
     optimizer_state_bytes: Mapped[int] = mapped_column(sa.BigInteger)
     extra_inputs: Mapped[list[Any]]
     tied_with: Mapped[list[Any]]
+    # Columns added by 0004; NULL note and the server defaults read as proto3's "" and 0.
+    note: Mapped[str | None] = mapped_column(sa.Text)
+    measured_as: Mapped[int] = mapped_column(default=0, server_default="0")
+    batch_input_bytes: Mapped[int] = mapped_column(sa.BigInteger, default=0, server_default="0")
+    max_micro_batch_size: Mapped[int] = mapped_column(default=0, server_default="0")
 
     samples: Mapped[list[ProfileLayerSample]] = relationship(
         order_by="ProfileLayerSample.micro_batch_size", cascade="all, delete-orphan"

@@ -6,7 +6,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session, selectinload
 
-from ballast.v1 import fleet_pb2, model_pb2, profile_pb2, store_pb2
+from ballast.v1 import common_pb2, fleet_pb2, model_pb2, profile_pb2, store_pb2
 from services.runtime.auth import Principal
 from services.runtime.errors import AlreadyExists, InvalidArgument
 from services.store import models as m
@@ -29,6 +29,7 @@ def profile_pb(row: m.Profile) -> profile_pb2.Profile:
     )
     if row.comm:
         out.comm.CopyFrom(from_json(row.comm, profile_pb2.CommCalibration))
+    out.memory_trace.extend(from_json(point, profile_pb2.MemoryTracePoint) for point in row.memory_trace or ())
     for layer in row.layers:
         out.layers.add(
             **shared_fields(layer, profile_pb2.LayerProfile, rename=LAYER_INDEX),
@@ -153,6 +154,7 @@ class ModelStore(RepositoryBase):
                 device_kind=pr.device.kind,
                 device=to_json(pr.device),
                 comm=to_json(pr.comm),
+                memory_trace=[to_json(point) for point in pr.memory_trace],
                 created_at=self.now(),
             )
             for i, layer in enumerate(pr.layers):
@@ -177,6 +179,10 @@ class ModelStore(RepositoryBase):
             (m.Profile.model_id, req.model_id),
             (m.Profile.device_kind, req.device_kind),
             (m.Profile.model_signature, req.model_signature),
+            (m.Profile.dtype, req.dtype and enum_name(common_pb2.DType, req.dtype, "dtype")),
+            (m.Profile.software, req.software),
         )
+        if req.HasField("projected"):  # unset means both; False is a filter, so not via _where_set
+            stmt = stmt.where(m.Profile.projected == req.projected)
         items, token = self._page_of(stmt, req.page, profile_pb)
         return store_pb2.ListProfilesResponse(profiles=items, next_page_token=token)

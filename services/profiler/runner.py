@@ -1,0 +1,170 @@
+"""ProfilerService logic, without grpc: resolve the model, answer from the cache, or run a profiling
+worker subprocess and store its result.
+
+Measuring runs in a child process (`python -m services.profiler.worker`, JSON lines on stdout, never
+pickle) so an out-of-memory kill or a crash in a kernel cannot take the service down, and a profile
+is stored only once it is complete: nothing half-done reaches the database.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from importlib import metadata
+
+from google.protobuf.json_format import MessageToDict, ParseDict
+
+from ballast import __version__
+from ballast.v1 import common_pb2, model_pb2, profile_pb2, services_pb2, store_pb2, store_pb2_grpc
+from services.profiler import catalog, projection
+from services.runtime.errors import FailedPrecondition, InvalidArgument, Unavailable, from_code
+from services.runtime.remote import call
+
+log = logging.getLogger("ballast.profiler")
+
+LOCAL_DEVICES = ("", "cpu")
+
+
+def software() -> str:
+    """What measured: part of the cache key, so a torch upgrade re-profiles."""
+    return f"torch {metadata.version('torch')}, ballast {__version__}"
+
+
+def resolve_model(store: store_pb2_grpc.StoreServiceStub, request: services_pb2.ProfileRequest) -> model_pb2.Model:
+    if request.model_id:
+        return call(store.GetModel, store_pb2.GetRequest(id=request.model_id))
+    if request.HasField("model"):
+        return call(store.CreateModel, store_pb2.CreateModelRequest(spec=request.model))
+    raise InvalidArgument("required", field="model_id", fix="pass a stored model id or the model spec inline")
+
+
+def local_device(kind: str) -> str:
+    """Profiles are measured on this host's device; other devices are reached by projection."""
+    if kind.lower() in LOCAL_DEVICES:
+        return "cpu"
+    catalog.device(kind)  # unknown names: INVALID_ARGUMENT naming "device"
+    raise FailedPrecondition(
+        f"this profiler measures on cpu, not {kind}", field="device_kind",
+        fix=f"profile on cpu with project_to={kind!r}, or run the profiler on a host with that device",
+    )
+
+
+def cached(store, model: model_pb2.Model, device: str, dtype: int) -> profile_pb2.Profile | None:
+    """The newest measured profile of the same model signature, device, precision and software."""
+    request = store_pb2.ListProfilesRequest(model_signature=model.signature, device_kind=device, dtype=dtype,
+                                            software=software(), projected=False)
+    newest = None
+    while True:
+        reply = call(store.ListProfiles, request)
+        newest = reply.profiles[-1] if reply.profiles else newest
+        if not reply.next_page_token:
+            return newest
+        request.page.page_token = reply.next_page_token
+
+
+class Runner:
+    """Profiles one model at a time (profiling owns the CPU; a second request waits its turn)."""
+
+    def __init__(self, store: store_pb2_grpc.StoreServiceStub, allowed_factories: tuple[str, ...] = ()):
+        self._store = store
+        self._allowed = allowed_factories
+        self._turn = threading.Semaphore(1)
+
+    def turn(self) -> threading.Semaphore:
+        """Held while measuring: profiling and calibration own the host's cores."""
+        return self._turn
+
+    def stream(self, request: services_pb2.ProfileRequest,
+               active: Callable[[], bool] = lambda: True) -> Iterator[services_pb2.ProfileProgress]:
+        model = resolve_model(self._store, request)
+        device = local_device(request.device_kind)
+        dtype = request.dtype or model.spec.dtype or common_pb2.DTYPE_FP32
+        target = catalog.device(request.project_to) if request.project_to else None
+        if not request.refresh and (hit := cached(self._store, model, device, dtype)):
+            yield from self._finish(hit, target, cached_hit=True)
+            return
+        yield services_pb2.ProfileProgress(phase="queued", message="waiting for the profiler")
+        with self.turn():
+            measured = None
+            for update in run_worker(request, model.spec, device, self._allowed, active):
+                if update.HasField("profile"):
+                    measured = update.profile
+                else:
+                    yield update
+            if measured is None:
+                raise Unavailable("the profiling worker stopped without a result", fix="retry")
+        measured.model_id, measured.model_signature = model.id, model.signature
+        yield services_pb2.ProfileProgress(phase="storing", fraction=1.0)
+        stored = call(self._store.CreateProfile, store_pb2.CreateProfileRequest(profile=measured))
+        yield from self._finish(stored, target, cached_hit=False)
+
+    def _finish(self, profile: profile_pb2.Profile, target, *, cached_hit: bool):
+        message = f"profile {profile.id}" + (" (cached)" if cached_hit else "")
+        if target is not None:
+            projected = projection.project(profile, target.kind)
+            profile = call(self._store.CreateProfile, store_pb2.CreateProfileRequest(profile=projected))
+            message += f"; projected to {target.kind} as {profile.id}"
+        yield services_pb2.ProfileProgress(phase="done", fraction=1.0, profile=profile, cached=cached_hit,
+                                           message=message)
+
+    def profile(self, request: services_pb2.ProfileRequest) -> profile_pb2.Profile:
+        final = None
+        for update in self.stream(request):
+            final = update
+        return final.profile
+
+    def project(self, request: services_pb2.ProjectProfileRequest) -> profile_pb2.Profile:
+        source = call(self._store.GetProfile, store_pb2.GetRequest(id=request.profile_id))
+        if not request.HasField("device") or not request.device.kind:
+            raise InvalidArgument("required", field="device.kind", fix="name a catalog device, e.g. A100-80GB")
+        target = request.device if request.device.peak_flops else request.device.kind
+        return call(self._store.CreateProfile, store_pb2.CreateProfileRequest(
+            profile=projection.project(source, target)))
+
+
+def list_device_kinds() -> services_pb2.ListDeviceKindsResponse:
+    return services_pb2.ListDeviceKindsResponse(devices=[catalog.to_proto(e) for e in catalog.DEVICES.values()])
+
+
+def run_worker(request: services_pb2.ProfileRequest, spec: model_pb2.ModelSpec, device: str,
+               allowed: tuple[str, ...], active: Callable[[], bool]) -> Iterator[services_pb2.ProfileProgress]:
+    """Run the profiling worker; yields its progress and finally a ProfileProgress carrying the profile."""
+    job = {"request": MessageToDict(request), "spec": MessageToDict(spec), "allowed_factories": list(allowed),
+           "device": device}
+    stderr = tempfile.TemporaryFile()  # a file, not a pipe: a chatty worker must never block on it
+    proc = subprocess.Popen([sys.executable, "-m", "services.profiler.worker"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=stderr, text=True)
+    error: dict | None = None
+    try:
+        proc.stdin.write(json.dumps(job))
+        proc.stdin.close()
+        for line in proc.stdout:
+            if not active():
+                proc.kill()
+                raise Unavailable("profiling cancelled by the caller")
+            message = json.loads(line)
+            if "progress" in message:
+                yield ParseDict(message["progress"], services_pb2.ProfileProgress())
+            elif "profile" in message:
+                yield services_pb2.ProfileProgress(profile=ParseDict(message["profile"], profile_pb2.Profile()))
+            elif "error" in message:
+                error = message["error"]
+        code = proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        stderr.seek(0)
+        tail = stderr.read()[-2000:].decode(errors="replace")
+        stderr.close()
+    if error:
+        raise from_code(error.get("code", ""), error.get("message", "profiling failed"))
+    if code != 0:
+        log.error("profiling worker died", extra={"exit": code, "stderr": tail})
+        raise Unavailable(f"the profiling worker died (exit status {code}); nothing was stored",
+                          fix="see the profiler log; a negative status is the signal that killed it")
