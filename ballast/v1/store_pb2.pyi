@@ -66,14 +66,16 @@ class CreateModelRequest(_message.Message):
     def __init__(self, spec: _Optional[_Union[_model_pb2.ModelSpec, _Mapping]] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
-    __slots__ = ("page", "family", "name")
+    __slots__ = ("page", "family", "name", "signature")
     PAGE_FIELD_NUMBER: _ClassVar[int]
     FAMILY_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     page: _common_pb2.PageRequest
     family: _model_pb2.ModelFamily
     name: str
-    def __init__(self, page: _Optional[_Union[_common_pb2.PageRequest, _Mapping]] = ..., family: _Optional[_Union[_model_pb2.ModelFamily, str]] = ..., name: _Optional[str] = ...) -> None: ...
+    signature: str
+    def __init__(self, page: _Optional[_Union[_common_pb2.PageRequest, _Mapping]] = ..., family: _Optional[_Union[_model_pb2.ModelFamily, str]] = ..., name: _Optional[str] = ..., signature: _Optional[str] = ...) -> None: ...
 
 class ListModelsResponse(_message.Message):
     __slots__ = ("models", "next_page_token")

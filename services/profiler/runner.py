@@ -24,10 +24,12 @@ from ballast.v1 import common_pb2, model_pb2, profile_pb2, services_pb2, store_p
 from services.profiler import catalog, projection
 from services.runtime.errors import FailedPrecondition, InvalidArgument, Unavailable, from_code
 from services.runtime.remote import call
+from services.store.validation import model_signature, validate_model_spec
 
 log = logging.getLogger("ballast.profiler")
 
 LOCAL_DEVICES = ("", "cpu")
+WORKER_COMMAND = (sys.executable, "-m", "services.profiler.worker")
 
 
 def software() -> str:
@@ -35,10 +37,16 @@ def software() -> str:
     return f"torch {metadata.version('torch')}, ballast {__version__}"
 
 
-def resolve_model(store: store_pb2_grpc.StoreServiceStub, request: services_pb2.ProfileRequest) -> model_pb2.Model:
+def resolve_model(store: store_pb2_grpc.StoreServiceStub, request: services_pb2.ProfileRequest,
+                  allowed: tuple[str, ...] = ()) -> model_pb2.Model:
+    """The stored model: by id, or the inline spec matched by signature (any name), or stored now."""
     if request.model_id:
         return call(store.GetModel, store_pb2.GetRequest(id=request.model_id))
     if request.HasField("model"):
+        validate_model_spec(request.model, allowed, prefix="model")  # bad specs fail before anything is stored
+        known = call(store.ListModels, store_pb2.ListModelsRequest(signature=model_signature(request.model)))
+        if known.models:
+            return known.models[0]
         return call(store.CreateModel, store_pb2.CreateModelRequest(spec=request.model))
     raise InvalidArgument("required", field="model_id", fix="pass a stored model id or the model spec inline")
 
@@ -70,9 +78,11 @@ def cached(store, model: model_pb2.Model, device: str, dtype: int) -> profile_pb
 class Runner:
     """Profiles one model at a time (profiling owns the CPU; a second request waits its turn)."""
 
-    def __init__(self, store: store_pb2_grpc.StoreServiceStub, allowed_factories: tuple[str, ...] = ()):
+    def __init__(self, store: store_pb2_grpc.StoreServiceStub, allowed_factories: tuple[str, ...] = (),
+                 worker_command: tuple[str, ...] = WORKER_COMMAND):
         self._store = store
         self._allowed = allowed_factories
+        self._worker_command = worker_command
         self._turn = threading.Semaphore(1)
 
     def turn(self) -> threading.Semaphore:
@@ -81,24 +91,26 @@ class Runner:
 
     def stream(self, request: services_pb2.ProfileRequest,
                active: Callable[[], bool] = lambda: True) -> Iterator[services_pb2.ProfileProgress]:
-        model = resolve_model(self._store, request)
         device = local_device(request.device_kind)
-        dtype = request.dtype or model.spec.dtype or common_pb2.DTYPE_FP32
         target = catalog.device(request.project_to) if request.project_to else None
+        model = resolve_model(self._store, request, self._allowed)
+        dtype = request.dtype or model.spec.dtype or common_pb2.DTYPE_FP32
         if not request.refresh and (hit := cached(self._store, model, device, dtype)):
             yield from self._finish(hit, target, cached_hit=True)
             return
         yield services_pb2.ProfileProgress(phase="queued", message="waiting for the profiler")
         with self.turn():
             measured = None
-            for update in run_worker(request, model.spec, device, self._allowed, active):
+            for update in run_worker(request, model.spec, device, self._allowed, active, self._worker_command):
                 if update.HasField("profile"):
                     measured = update.profile
                 else:
                     yield update
             if measured is None:
                 raise Unavailable("the profiling worker stopped without a result", fix="retry")
+        # The cache key is the runner's: the same words whether the profile is stored or looked up.
         measured.model_id, measured.model_signature = model.id, model.signature
+        measured.software, measured.dtype, measured.device.kind = software(), dtype, device
         yield services_pb2.ProfileProgress(phase="storing", fraction=1.0)
         stored = call(self._store.CreateProfile, store_pb2.CreateProfileRequest(profile=measured))
         yield from self._finish(stored, target, cached_hit=False)
@@ -132,12 +144,13 @@ def list_device_kinds() -> services_pb2.ListDeviceKindsResponse:
 
 
 def run_worker(request: services_pb2.ProfileRequest, spec: model_pb2.ModelSpec, device: str,
-               allowed: tuple[str, ...], active: Callable[[], bool]) -> Iterator[services_pb2.ProfileProgress]:
+               allowed: tuple[str, ...], active: Callable[[], bool],
+               command: tuple[str, ...] = WORKER_COMMAND) -> Iterator[services_pb2.ProfileProgress]:
     """Run the profiling worker; yields its progress and finally a ProfileProgress carrying the profile."""
     job = {"request": MessageToDict(request), "spec": MessageToDict(spec), "allowed_factories": list(allowed),
            "device": device}
     stderr = tempfile.TemporaryFile()  # a file, not a pipe: a chatty worker must never block on it
-    proc = subprocess.Popen([sys.executable, "-m", "services.profiler.worker"], stdin=subprocess.PIPE,
+    proc = subprocess.Popen(list(command), stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=stderr, text=True)
     error: dict | None = None
     try:

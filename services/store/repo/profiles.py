@@ -131,6 +131,7 @@ class ModelStore(RepositoryBase):
             stmt,
             (m.Model.family, req.family and enum_name(model_pb2.ModelFamily, req.family, "family")),
             (m.Model.name, req.name),
+            (m.Model.signature, req.signature),
         )
         items, token = self._page_of(stmt, req.page, model_pb)
         return store_pb2.ListModelsResponse(models=items, next_page_token=token)
