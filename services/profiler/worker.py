@@ -1,0 +1,94 @@
+"""Profiling worker process: `python -m services.profiler.worker`, one profile per process.
+
+The profiler service spawns this so that an out-of-memory kill or a crash inside a kernel takes down
+only this process, and nothing half-done is stored. Protocol, JSON only (never pickle):
+
+* stdin: one JSON object {"request": ProfileRequest, "spec": ModelSpec, "allowed_factories": [...],
+  "device": "cpu"}, messages as `MessageToDict` writes them.
+* stdout: JSON lines, {"progress": ProfileProgress} while measuring, then exactly one of
+  {"profile": Profile} (exit 0) or {"error": {"code": "INVALID_ARGUMENT" | ..., "message": ...}} (exit 1).
+  Codes are BallastError codes; any other exception is INTERNAL, named by its type.
+* stderr: logs. Anything else that writes to sys.stdout while profiling is diverted there, so stdout
+  carries nothing but the protocol.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any, TextIO
+
+from google.protobuf.json_format import MessageToDict, ParseDict, ParseError
+
+from ballast.v1 import model_pb2, services_pb2
+from services.runtime.errors import BallastError, InvalidArgument
+
+log = logging.getLogger("ballast.profiler.worker")
+
+
+def _emit(out: TextIO, message: dict[str, Any]) -> None:
+    out.write(json.dumps(message, separators=(",", ":")) + "\n")
+    out.flush()
+
+
+def parse_job(text: str) -> dict[str, Any]:
+    """The job object with `request` and `spec` parsed; InvalidArgument naming what is wrong."""
+    try:
+        job = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidArgument(f"not JSON: {exc}", field="stdin", fix="write one JSON object") from exc
+    if not isinstance(job, dict):
+        raise InvalidArgument("expected a JSON object", field="stdin", fix='{"request": ..., "spec": ...}')
+    parsed: dict[str, Any] = {}
+    for key, message in (("request", services_pb2.ProfileRequest()), ("spec", model_pb2.ModelSpec())):
+        try:
+            parsed[key] = ParseDict(job.get(key) or {}, message)
+        except ParseError as exc:
+            fix = f"pass a {type(message).__name__} as MessageToDict writes it"
+            raise InvalidArgument(str(exc), field=key, fix=fix) from exc
+    allowed = job.get("allowed_factories") or []
+    if not isinstance(allowed, list) or not all(isinstance(f, str) for f in allowed):
+        raise InvalidArgument("expected a list of strings", field="allowed_factories")
+    parsed["allowed_factories"] = tuple(allowed)
+    parsed["device"] = str(job.get("device") or "cpu")
+    return parsed
+
+
+def run(stdin: TextIO, out: TextIO) -> int:
+    """Read the job, profile, write the result; returns the exit status."""
+    try:
+        from services.profiler import driver  # imports torch: after stdout is diverted
+
+        job = parse_job(stdin.read())
+        result = driver.profile(
+            job["spec"],
+            job["request"],
+            device=job["device"],
+            allowed_factories=job["allowed_factories"],
+            progress=lambda p: _emit(out, {"progress": MessageToDict(p)}),
+        )
+    except BallastError as exc:
+        log.info("profiling refused: %s", exc)
+        _emit(out, {"error": {"code": exc.code, "message": str(exc)}})
+        return 1
+    except Exception as exc:
+        log.exception("profiling failed")
+        _emit(out, {"error": {"code": "INTERNAL", "message": f"{type(exc).__name__}: {exc}"}})
+        return 1
+    _emit(out, {"profile": MessageToDict(result)})
+    return 0
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    out = sys.stdout
+    sys.stdout = sys.stderr  # stray prints (libraries, warnings) must not corrupt the protocol
+    try:
+        return run(sys.stdin, out)
+    finally:
+        sys.stdout = out
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

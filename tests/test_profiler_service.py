@@ -1,0 +1,110 @@
+"""ProfilerService over real gRPC: measure in a worker process, store, cache, project, refuse bad input."""
+
+from __future__ import annotations
+
+import sys
+
+import grpc
+import pytest
+
+from ballast.v1 import common_pb2, model_pb2, services_pb2, store_pb2
+from services.profiler.runner import Runner
+from services.runtime.errors import Unavailable
+from tests.harness import make_settings, start_plane
+
+pytestmark = pytest.mark.slow
+
+
+def tiny_gpt(name: str = "gpt-prof") -> model_pb2.ModelSpec:
+    return model_pb2.ModelSpec(
+        name=name, family=model_pb2.MODEL_FAMILY_GPT,
+        transformer=model_pb2.TransformerConfig(num_layers=2, hidden_size=32, num_heads=2, vocab_size=64,
+                                                seq_length=16, tie_embeddings=True))
+
+
+def request(spec: model_pb2.ModelSpec, **kw) -> services_pb2.ProfileRequest:
+    options = services_pb2.ProfileOptions(micro_batch_sizes=[1, 2], repeats=5, skip_memory_trace=False)
+    return services_pb2.ProfileRequest(model=spec, options=options, **kw)
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory):
+    plane = start_plane(make_settings(tmp_path_factory.mktemp("prof")), services=("store", "profiler"))
+    yield plane
+    plane.stop()
+
+
+def test_profile_streams_progress_stores_rows_and_then_hits_the_cache(plane) -> None:
+    with plane.client() as client:
+        updates = list(client.profiler.ProfileStream(request(tiny_gpt()), timeout=300))
+        final = updates[-1]
+        assert final.phase == "done" and not final.cached and final.fraction == 1.0
+        assert any(u.phase == "measure" for u in updates)
+        profile = final.profile
+        assert profile.id and profile.device.kind == "cpu" and profile.intra_op_threads == 1
+        assert [layer.name for layer in profile.layers] == ["embed", "block.0", "block.1", "head"]
+        assert list(profile.measured_micro_batch_sizes) == [1, 2]
+        assert profile.layers[2].measured_as == 1  # identical blocks are measured once
+        assert profile.software.startswith("torch ")
+
+        stored = client.profiler.GetProfile(store_pb2.GetRequest(id=profile.id))
+        assert stored == profile
+        rows = client.store.Query(store_pb2.QueryRequest(sql=(
+            "SELECT l.name, s.micro_batch_size, s.forward_s > 0 FROM profile_layers l "
+            "JOIN profile_layer_samples s ON s.profile_id = l.profile_id AND s.layer_index = l.layer_index "
+            f"WHERE l.profile_id = '{profile.id}' ORDER BY l.layer_index, s.micro_batch_size"))).rows
+        assert len(rows) == 8 and all(row[2] for row in rows)
+
+        again = list(client.profiler.ProfileStream(request(tiny_gpt()), timeout=60))
+        assert again[-1].cached and again[-1].profile.id == profile.id and len(again) == 1
+
+
+def test_projection_is_stored_and_marked(plane) -> None:
+    with plane.client() as client:
+        final = list(client.profiler.ProfileStream(request(tiny_gpt(), project_to="A100-80GB"), timeout=300))[-1]
+        projected = final.profile
+        assert projected.projected and projected.source_profile_id
+        assert projected.device.kind == "nvidia-a100-80gb"
+        source = client.profiler.GetProfile(store_pb2.GetRequest(id=projected.source_profile_id))
+        assert not source.projected and source.device.kind == "cpu"
+        kinds = {d.kind for d in client.profiler.ListDeviceKinds(services_pb2.ListDeviceKindsRequest()).devices}
+        assert {"cpu", "nvidia-h100-sxm-80gb", "nvidia-a100-40gb"} <= kinds
+
+
+@pytest.mark.parametrize(
+    "mutate, code, field",
+    [
+        (lambda r: setattr(r.model.transformer, "num_heads", 3), grpc.StatusCode.INVALID_ARGUMENT, "num_heads"),
+        (lambda r: setattr(r.model.transformer, "num_layers", 0), grpc.StatusCode.INVALID_ARGUMENT, "num_layers"),
+        (lambda r: setattr(r, "device_kind", "tpu-v9"), grpc.StatusCode.INVALID_ARGUMENT, "device"),
+        (lambda r: setattr(r, "device_kind", "H100"), grpc.StatusCode.FAILED_PRECONDITION, "project_to"),
+        (lambda r: setattr(r, "project_to", "abacus"), grpc.StatusCode.INVALID_ARGUMENT, "device"),
+    ],
+)
+def test_bad_input_names_the_field_and_stores_nothing(plane, mutate, code, field) -> None:
+    bad = request(tiny_gpt(f"bad-{field}"))
+    mutate(bad)
+    with plane.client() as client:
+        before = client.store.Query(store_pb2.QueryRequest(sql="SELECT count(*) FROM profiles")).rows[0][0]
+        with pytest.raises(grpc.RpcError) as info:
+            list(client.profiler.ProfileStream(bad, timeout=120))
+        assert info.value.code() == code
+        assert field in info.value.details()
+        after = client.store.Query(store_pb2.QueryRequest(sql="SELECT count(*) FROM profiles")).rows[0][0]
+        assert after == before
+
+
+def test_a_worker_that_dies_is_reported_and_nothing_is_stored(plane) -> None:
+    from services.runtime.remote import store_stubs
+
+    as_caller, _ = store_stubs(plane.settings)
+    crash = (sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    runner = Runner(as_caller, worker_command=crash)
+    spec = tiny_gpt("crashes")
+    with plane.client() as client:
+        before = client.store.Query(store_pb2.QueryRequest(sql="SELECT count(*) FROM profiles")).rows[0][0]
+    with pytest.raises(Unavailable, match="worker died"):
+        runner.profile(request(spec, refresh=True, dtype=common_pb2.DTYPE_FP32))
+    with plane.client() as client:
+        after = client.store.Query(store_pb2.QueryRequest(sql="SELECT count(*) FROM profiles")).rows[0][0]
+    assert after == before
