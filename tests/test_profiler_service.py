@@ -108,3 +108,19 @@ def test_a_worker_that_dies_is_reported_and_nothing_is_stored(plane) -> None:
     with plane.client() as client:
         after = client.store.Query(store_pb2.QueryRequest(sql="SELECT count(*) FROM profiles")).rows[0][0]
     assert after == before
+
+
+def test_calibrate_rpc_measures_real_gloo_collectives(plane) -> None:
+    with plane.client() as client:
+        comm = client.profiler.Calibrate(
+            services_pb2.CalibrateRequest(group_sizes=[2], sizes_bytes=[64 * 1024, 256 * 1024, 1024 * 1024]),
+            timeout=180)
+        with pytest.raises(grpc.RpcError) as info:
+            client.profiler.Calibrate(services_pb2.CalibrateRequest(group_sizes=[1]), timeout=60)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert {s.collective for s in comm.collectives} >= {"allreduce", "allgather"}
+    assert all(s.seconds > 0 and s.group_size == 2 for s in comm.collectives)
+    assert comm.links and all(s.seconds > 0 for s in comm.links)
+    assert comm.overlap_slowdown >= 1.0
+    fits = {(f.collective, f.group_size): f for f in comm.fits}
+    assert ("allreduce", 2) in fits and fits["allreduce", 2].r2 <= 1.0  # a fit with its goodness of fit

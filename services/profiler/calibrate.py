@@ -308,6 +308,11 @@ def to_proto(
             )
     if calibration.overlap_slowdown is not None:
         out.overlap_slowdown = calibration.overlap_slowdown
+    for f in calibration.fits:
+        out.fits.add(collective=f.collective, group_size=f.group_size, latency_s=f.latency_s,
+                     bandwidth_bytes_per_s=f.bandwidth or 0.0, bus_bandwidth_bytes_per_s=f.bus_bandwidth or 0.0,
+                     r2=f.r2)
+    out.unsupported.extend(f"{u.collective}@{u.group_size}: {u.reason}" for u in calibration.unsupported)
     return out
 
 
