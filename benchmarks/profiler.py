@@ -18,6 +18,9 @@ The validation measurements below are real `measure_layer` runs with the same op
 against the budget.
 
 Run: .venv/bin/python benchmarks/profiler.py   (about 6 minutes; --skip-calibration, --check to shorten)
+
+The profiling worker runs with the allocator settings of services.profiler.runner.STEADY_ALLOCATOR; this
+script re-executes itself with them (unless they are already set) so it measures what the service measures.
 """
 
 from __future__ import annotations
@@ -239,7 +242,16 @@ def check_calibration(groups: list[int]) -> dict[int, float]:
     return worst
 
 
+def steady_allocator() -> None:
+    """Re-exec under the profiling worker's allocator settings (glibc reads them only at start-up)."""
+    from services.profiler.runner import STEADY_ALLOCATOR
+
+    if any(key not in os.environ for key in STEADY_ALLOCATOR):
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**STEADY_ALLOCATOR, **os.environ})
+
+
 def main(argv: list[str] | None = None) -> int:
+    steady_allocator()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4, 8], help="micro-batch sizes to measure")
     ap.add_argument("--cap", type=int, default=64, help="max_micro_batch_size of the sweep")
@@ -252,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     print("command:", shlex.join([".venv/bin/python", "benchmarks/profiler.py", *sys.argv[1:]]))
     print("date:", datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
     print("machine:", machine())
+    settings = ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_")
+    print("allocator:", " ".join(f"{k}={os.environ.get(k, '')}" for k in settings))
     torch.set_num_threads(1)
     print(f"threads: 1 intra-op (torch.get_num_threads() = {torch.get_num_threads()})")
     everywhere = os.sched_getaffinity(0)

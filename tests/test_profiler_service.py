@@ -124,3 +124,18 @@ def test_calibrate_rpc_measures_real_gloo_collectives(plane) -> None:
     assert comm.overlap_slowdown >= 1.0
     fits = {(f.collective, f.group_size): f for f in comm.fits}
     assert ("allreduce", 2) in fits and fits["allreduce", 2].r2 <= 1.0  # a fit with its goodness of fit
+
+
+def test_the_worker_runs_with_the_steady_allocator(plane) -> None:
+    from services.profiler.runner import STEADY_ALLOCATOR
+    from services.runtime.errors import InvalidArgument
+    from services.runtime.remote import store_stubs
+
+    as_caller, _ = store_stubs(plane.settings)
+    script = ("import json, os, sys; sys.stdin.read(); print(json.dumps({'error': {'code': 'INVALID_ARGUMENT', "
+              "'message': os.environ.get('MALLOC_MMAP_MAX_', 'unset')}})); sys.exit(1)")
+    report_env = (sys.executable, "-c", script)
+    runner = Runner(as_caller, worker_command=report_env)
+    with pytest.raises(InvalidArgument) as info:
+        runner.profile(request(tiny_gpt("env-check"), refresh=True))
+    assert str(info.value) == STEADY_ALLOCATOR["MALLOC_MMAP_MAX_"]

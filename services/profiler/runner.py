@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 import tempfile
@@ -30,6 +31,12 @@ log = logging.getLogger("ballast.profiler")
 
 LOCAL_DEVICES = ("", "cpu")
 WORKER_COMMAND = (sys.executable, "-m", "services.profiler.worker")
+# glibc hands blocks above its (dynamic) mmap threshold back to the kernel, so a layer's large tensors
+# are page-faulted afresh on every call once they cross it: times jump with the micro-batch size and no
+# regression follows them (BENCHMARKS.md, profiler run 4). Serving every allocation from the reused heap
+# makes times linear in the micro-batch size, as on a GPU's caching allocator. Executor workers should run
+# with the same settings so measured and trained numbers agree. Set values in the environment win.
+STEADY_ALLOCATOR = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(16 * 2**30)}
 
 
 def software() -> str:
@@ -150,7 +157,8 @@ def run_worker(request: services_pb2.ProfileRequest, spec: model_pb2.ModelSpec, 
     job = {"request": MessageToDict(request), "spec": MessageToDict(spec), "allowed_factories": list(allowed),
            "device": device}
     stderr = tempfile.TemporaryFile()  # a file, not a pipe: a chatty worker must never block on it
-    proc = subprocess.Popen(list(command), stdin=subprocess.PIPE,
+    env = {**STEADY_ALLOCATOR, **os.environ}
+    proc = subprocess.Popen(list(command), stdin=subprocess.PIPE, env=env,
                             stdout=subprocess.PIPE, stderr=stderr, text=True)
     error: dict | None = None
     try:
