@@ -48,11 +48,11 @@ from services.profiler.measure import (
     _prepare,
     iter_layer_args,
     measure_layer,
-    software,
 )
 from services.profiler.measure_bytes import adam_bytes_per_param, as_dtype, parameters_of, proto_dtype, tensor_bytes
 from services.profiler.memtrace import LiveTensorTracker, trace_iteration
 from services.profiler.sweep import fit_fields, interpolate, is_oom, sweep
+from services.profiler.versions import software
 from services.runtime.errors import FailedPrecondition, InvalidArgument
 from services.zoo import Decomposition, build_model, check_spec, example_input
 

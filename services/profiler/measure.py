@@ -36,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
-import importlib.metadata
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -55,6 +54,7 @@ from services.profiler.measure_bytes import (
 )
 from services.profiler.measure_timing import MAD_K, Summary, Timer, robust_median
 from services.profiler.memtrace import LiveTensorTracker, trace_iteration
+from services.profiler.versions import software
 from services.zoo import Decomposition, build_model, example_input
 
 
@@ -441,12 +441,3 @@ def profile_model(
         batch = example_input(spec, sizes[-1], device=device, allowed_factories=allowed)
         profile.non_model_memory_bytes = trace_iteration(model.decompose(), batch).peak_non_model_bytes
     return profile
-
-
-def software() -> str:
-    """What measured, for the profile cache key: "torch 2.13.0, ballast 0.1.0"."""
-    try:
-        ballast = importlib.metadata.version("ballast")
-    except importlib.metadata.PackageNotFoundError:
-        ballast = "unknown"
-    return f"torch {torch.__version__.split('+')[0]}, ballast {ballast}"

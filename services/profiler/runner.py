@@ -16,13 +16,12 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
-from importlib import metadata
 
 from google.protobuf.json_format import MessageToDict, ParseDict
 
-from ballast import __version__
 from ballast.v1 import common_pb2, model_pb2, profile_pb2, services_pb2, store_pb2, store_pb2_grpc
 from services.profiler import catalog, projection
+from services.profiler.versions import software
 from services.runtime.errors import FailedPrecondition, InvalidArgument, Unavailable, from_code
 from services.runtime.remote import call
 from services.store.validation import model_signature, validate_model_spec
@@ -37,11 +36,6 @@ WORKER_COMMAND = (sys.executable, "-m", "services.profiler.worker")
 # makes times linear in the micro-batch size, as on a GPU's caching allocator. Executor workers should run
 # with the same settings so measured and trained numbers agree. Set values in the environment win.
 STEADY_ALLOCATOR = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(16 * 2**30)}
-
-
-def software() -> str:
-    """What measured: part of the cache key, so a torch upgrade re-profiles."""
-    return f"torch {metadata.version('torch')}, ballast {__version__}"
 
 
 def resolve_model(store: store_pb2_grpc.StoreServiceStub, request: services_pb2.ProfileRequest,
@@ -115,9 +109,7 @@ class Runner:
                     yield update
             if measured is None:
                 raise Unavailable("the profiling worker stopped without a result", fix="retry")
-        # The cache key is the runner's: the same words whether the profile is stored or looked up.
         measured.model_id, measured.model_signature = model.id, model.signature
-        measured.software, measured.dtype, measured.device.kind = software(), dtype, device
         yield services_pb2.ProfileProgress(phase="storing", fraction=1.0)
         stored = call(self._store.CreateProfile, store_pb2.CreateProfileRequest(profile=measured))
         yield from self._finish(stored, target, cached_hit=False)
