@@ -7,6 +7,7 @@ import torch
 from google.protobuf.json_format import ParseDict
 
 from ballast.v1 import model_pb2
+from services.profiler import measure
 from services.profiler.measure import iter_layer_args, measure_layer, profile_layers, profile_model
 from services.profiler.measure_bytes import adam_bytes_per_param, as_dtype
 from services.profiler.measure_timing import robust_median
@@ -56,8 +57,10 @@ def test_gpt_layers_times_and_model_bytes(gpt_measurements):
     assert [m.name for _, _, m in found] == ["embed", "block.0", "block.1", "head"]
     for layer, _, m in found:
         assert m.forward_s > 0 and m.backward_s > 0 and m.recompute_s > 0 and m.no_grad_forward_s > 0
-        assert len(m.forward.samples) == len(m.backward.samples) == len(m.recompute.samples) == 5
-        assert 1 <= m.forward.kept <= 5
+        n_samples = len(m.forward.samples)
+        assert n_samples == len(m.backward.samples) == len(m.recompute.samples) == m.repeats
+        assert 5 <= n_samples <= measure.MAX_REPEATS
+        assert 1 <= m.forward.kept <= n_samples
         n = numel(layer.module)
         assert m.parameter_count == n
         assert (m.parameter_bytes, m.gradient_bytes, m.optimizer_state_bytes) == (4 * n, 4 * n, 8 * n)
@@ -89,10 +92,16 @@ def test_tied_weights_are_counted_in_each_layer_and_reported(gpt_measurements):
     assert found[1][2].shared_parameter_count == 0
 
 
-def test_repeats_are_respected_and_bounded():
+def test_repeats_are_respected_and_bounded(monkeypatch):
     _, decomposition, batch = built(GPT, 1)
+    monkeypatch.setattr(measure, "MIN_TIMED_S", 0.0)
     m = measure_layer(decomposition, 1, batch, repeats=7, warmup=2)
     assert len(m.forward.samples) == 7 and m.repeats == 7
+    # A tiny layer keeps repeating until the timed forward+backward reach the floor, up to the cap.
+    monkeypatch.setattr(measure, "MIN_TIMED_S", 3600.0)
+    monkeypatch.setattr(measure, "MAX_REPEATS", 11)
+    m = measure_layer(decomposition, 1, batch, repeats=7, warmup=2)
+    assert len(m.forward.samples) == len(m.backward.samples) == m.repeats == 11
     with pytest.raises(ValueError):
         measure_layer(decomposition, 1, batch, repeats=3)
     with pytest.raises(ValueError):

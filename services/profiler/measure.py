@@ -3,7 +3,8 @@
 Layer `i` is called as the executor calls it, `module(*(outputs of layer.inputs), *(batch fields))`,
 on inputs produced by running layers < i once on a synthetic batch, so it sees realistic values.
 
-What one `LayerMeasurement` means (times are medians of `repeats` samples after `warmup` discarded
+What one `LayerMeasurement` means (times are medians of at least `repeats` samples, more for fast
+layers (see `_time_layer`), after `warmup` discarded
 runs and a median +- 3 scaled-MAD outlier cut, see `measure_timing.robust_median`):
 
 * forward_s: the layer's forward with autograd recording (the training forward).
@@ -56,6 +57,10 @@ from services.profiler.measure_timing import MAD_K, Summary, Timer, robust_media
 from services.profiler.memtrace import LiveTensorTracker, trace_iteration
 from services.profiler.versions import software
 from services.zoo import Decomposition, build_model, example_input
+
+# Timed forward+backward a measurement accumulates before it stops repeating, and the repeat cap.
+MIN_TIMED_S = 0.1
+MAX_REPEATS = 64
 
 
 @dataclass(frozen=True)
@@ -242,7 +247,7 @@ def measure_layer(
         peak_memory_bytes=count * per.param + boundary + batch_bytes + cotangent_bytes + transient,
         extra_inputs=tuple(layer.extra_inputs),
         tied_with=tuple(layer.tied_with),
-        repeats=repeats,
+        repeats=len(timed["forward"]),
         warmup=warmup,
         device=str(dev),
         dtype=str(dt).removeprefix("torch."),
@@ -290,10 +295,18 @@ def _backward(out: object, wrt: list[Tensor], cotangents: list[Tensor]) -> None:
 def _time_layer(
     module: nn.Module, args: list, wrt: list[Tensor], cotangents: list[Tensor], timer: Timer, repeats: int, warmup: int
 ) -> dict[str, list[float]]:
-    """Per repeat: forward, backward, then a no_grad forward followed by the recompute forward."""
+    """Per repeat: forward, backward, then a no_grad forward followed by the recompute forward.
+
+    Sub-millisecond layers are dominated by clock and scheduler noise at 5 repeats, so repeats go on
+    (up to MAX_REPEATS) until the timed forward+backward add up to MIN_TIMED_S, as timeit's autorange
+    does; layers slower than MIN_TIMED_S / repeats cost nothing extra.
+    """
     samples: dict[str, list[float]] = {k: [] for k in ("forward", "backward", "no_grad_forward", "recompute")}
     timer.sync()
-    for r in range(warmup + repeats):
+    r = 0
+    while r < warmup + repeats or (
+        r < warmup + MAX_REPEATS and sum(samples["forward"]) + sum(samples["backward"]) < MIN_TIMED_S
+    ):
         out, t_fwd = timer(lambda: module(*args))
         _, t_bwd = timer(functools.partial(_backward, out, wrt, cotangents))
         del out
@@ -304,6 +317,7 @@ def _time_layer(
         if r >= warmup:
             for key, value in zip(samples, (t_fwd, t_bwd, t_ng, t_re), strict=True):
                 samples[key].append(value)
+        r += 1
     return samples
 
 
