@@ -1,0 +1,308 @@
+"""Cost of one layer under one strategy: time per micro-batch, gradient sync, memory (Galvatron-BMW §III-A, §V).
+
+Split of work. A pipeline replica's micro-batch of m samples is split over dp x sdp devices; each
+device runs ``s = ceil(m / (dp * sdp))`` samples (the busiest device sets the pace) and TP divides the
+layer's compute by tp (ideal split; Galvatron-BMW §V prices compute from single-device profiles).
+
+Time per micro-batch, one device:
+
+* forward   = F(s)/tp + TP allreduces + SDP all-gather of the parameters (no overlap in forward, §V);
+* backward  = overlap(B(s)/tp, SDP all-gather + reduce-scatter) + TP allreduces;
+* recompute = R(s)/tp + TP allreduces, under checkpointing only (§III-A multi-GPU: CKPT with TP adds
+  the recompute pass's allreduces);
+* TP: k allreduces per pass of the layer's hidden state (k = 2 for a transformer block, Megatron;
+  see context.TP_ALLREDUCES_PER_PASS), priced on the TP group's link;
+* SDP (ZeRO-3): two all-gathers of the parameters (forward, backward) and one reduce-scatter of the
+  gradients per micro-batch: 1.5x the volume of DP's allreduce (§III-A);
+* DP: one allreduce of the gradient shard ``G / (tp * sdp)`` per *iteration* (gradients accumulate
+  over micro-batches), reported separately as `grad_sync_s`.
+
+Overlap (§V). When gradient communication runs beside backward compute both slow down by the
+measured factor k (warp contention); whichever finishes first leaves the other to run alone at full
+speed. For compute C and communication M: ``k * min(C, M) + |C - M| = max(C, M) + (k - 1) * min(C, M)``
+(Galvatron's estimator; k = 1 gives PipeDream's max). Applied to SDP's backward traffic here and to
+the iteration-end DP sync against the last micro-batch's backward at stage level.
+
+Links. Dims in `strategy.order` nest outermost first: the innermost gets stride-1 device ranks.
+A dimension's groups are intra-node when each group's devices share a node (given where the
+stage's device block starts, `offsets`), inter-node otherwise: inner dims keep NVLink while their
+group fits a node, outer ones spill to the network.
+
+Memory per device (Eq. 1-3): model states Oms = (P + G + O) / (tp * sdp) (DP replicates; SDP shards all
+three, ZeRO-3; TP shards the weights). Forward activations Of per in-flight micro-batch, at share s:
+boundary input (replicated across TP ranks, Galvatron's "additional replications") plus, without
+checkpointing, the stashed intermediates / tp; under checkpointing Of = boundary and the recomputed
+intermediates / tp are the backward transient Ob (c(f)=c(bnd), c(b)=c(int)). SDP adds the gathered
+full weights and unreduced gradients of the running layer to Ob. With swap, Of is also `swap_bytes`:
+it leaves the device after the forward and is back before the backward (pipeline.peak_memory).
+
+Transformation (Eq. 4, Slice-Gather §VI): between neighbours with different layouts each device
+must end up holding the samples the next layer assigns it; slicing what it already holds is free,
+the rest is fetched: ``max over devices of missing fraction x output bytes``, priced as one p2p on
+the stage's link, forward for the activation and the reverse layout change for its gradient.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from services.planner.cost.comm import Scope
+from services.planner.cost.context import CostContext
+from services.planner.cost.strategy import Dim, LayerStrategy
+
+
+def overlap_time(compute_s: float, comm_s: float, slowdown: float) -> float:
+    """Duration of compute and communication run side by side, both slowed by `slowdown` while both run."""
+    if comm_s <= 0.0:
+        return compute_s
+    if compute_s <= 0.0:
+        return comm_s
+    lo, hi = (compute_s, comm_s) if compute_s < comm_s else (comm_s, compute_s)
+    return hi + (slowdown - 1.0) * lo
+
+
+@dataclass(frozen=True, slots=True)
+class LayerCost:
+    """One layer, one strategy, one micro-batch size; times on one device, bytes per device."""
+
+    index: int
+    strategy: LayerStrategy
+    micro_batch_size: int
+    samples_per_device: int
+    forward_s: float
+    backward_s: float
+    recompute_s: float
+    grad_sync_s: float  # DP allreduce of this layer's gradient shard, once per iteration, not overlapped
+    forward_compute_s: float
+    backward_compute_s: float
+    recompute_compute_s: float
+    tp_comm_s: float  # all TP allreduces of one micro-batch (forward + backward + recompute)
+    sdp_comm_s: float  # SDP all-gathers + reduce-scatter of one micro-batch, before overlap
+    overlap_extra_s: float  # what overlapping SDP traffic added to backward compute
+    model_state_bytes: float  # Oms
+    forward_activation_bytes: float  # Of, per in-flight micro-batch (swapped or not)
+    backward_transient_bytes: float  # Ob
+    swap_bytes: float  # the part of Of that waits on the host between forward and backward (all of it, or 0)
+    grad_shard_bytes: float  # gradient bytes each device holds (what any replica sync moves)
+    scopes: tuple[tuple[Dim, Scope], ...]
+    sources: tuple[str, ...]  # where each comm price came from (measured / from fleet links)
+
+    @property
+    def per_micro_batch_s(self) -> float:
+        return self.forward_s + self.backward_s + self.recompute_s
+
+    def grad_sync_exposed_s(self, slowdown: float, overlap: bool = True) -> float:
+        """Time the DP sync adds to an iteration when it overlaps one backward (or not at all)."""
+        if not overlap:
+            return self.grad_sync_s
+        return overlap_time(self.backward_compute_s, self.grad_sync_s, slowdown) - self.backward_compute_s
+
+    def iteration_s(self, num_micro_batches: int, slowdown: float, overlap: bool = True) -> float:
+        """This layer's share of an iteration without pipelining: c(l, s) of Galvatron's DP (Eq. 4)."""
+        return num_micro_batches * self.per_micro_batch_s + self.grad_sync_exposed_s(slowdown, overlap)
+
+
+def dim_scopes(
+    strategy: LayerStrategy, offsets: tuple[int, ...], devices_per_node: int
+) -> tuple[tuple[Dim, Scope], ...]:
+    """Scope of each dimension of degree > 1 for a device block starting at each of `offsets`."""
+    out = []
+    stride = 1
+    for dim in reversed(strategy.order):
+        n = strategy.degree(dim)
+        span = stride * (n - 1)
+        intra = all(
+            (o + base) // devices_per_node == (o + base + span) // devices_per_node
+            for o in offsets
+            for base in range(strategy.devices)
+            if (base // stride) % n == 0
+        )
+        out.append((dim, Scope.INTRA if intra else Scope.INTER))
+        stride *= n
+    return tuple(reversed(out))
+
+
+def block_scope(devices: int, offsets: tuple[int, ...], devices_per_node: int) -> Scope:
+    """Intra-node when every block of `devices` starting at `offsets` sits in one node."""
+    intra = all(o // devices_per_node == (o + devices - 1) // devices_per_node for o in offsets)
+    return Scope.INTRA if intra else Scope.INTER
+
+
+def _scopes(ctx: CostContext, strategy: LayerStrategy, offsets: tuple[int, ...]) -> dict[Dim, Scope]:
+    key = ("dims", strategy.layout, offsets)
+    hit = ctx.scope_cache.get(key)
+    if hit is None:
+        hit = ctx.scope_cache[key] = dict(dim_scopes(strategy, offsets, ctx.fleet.devices_per_node))
+    return hit  # type: ignore[return-value]
+
+
+def layer_cost(
+    ctx: CostContext, index: int, strategy: LayerStrategy, micro_batch_size: int, offsets: tuple[int, ...] = (0,)
+) -> LayerCost:
+    """Memoised cost of layer `index` (see the module docstring for every rule)."""
+    offsets = ctx.node_offsets(offsets)
+    key = (index, strategy, micro_batch_size, offsets)
+    hit = ctx.layer_cache.get(key)
+    if hit is None:
+        hit = ctx.layer_cache[key] = _layer_cost(ctx, index, strategy, micro_batch_size, offsets)
+    return hit  # type: ignore[return-value]
+
+
+def _layer_cost(
+    ctx: CostContext, index: int, st: LayerStrategy, m: int, offsets: tuple[int, ...]
+) -> LayerCost:
+    if m < 1:
+        raise ValueError(f"micro-batch size must be at least 1, got {m}")
+    view, comm = ctx.view, ctx.comm
+    layer = view.layers[index]
+    share = -(-m // st.batch_split)
+    pt = view.point(index, share)
+    tp, sdp, dp = st.tp, st.sdp, st.dp
+    params, grads, opt = ctx.state_bytes[index]
+    scopes = _scopes(ctx, st, offsets)
+    sources: list[str] = []
+
+    f_comp, b_comp = pt.forward_s / tp, pt.backward_s / tp
+    r_comp = pt.recompute_s / tp if st.checkpoint else 0.0
+
+    tp_pass = 0.0
+    if tp > 1 and ctx.tp_allreduces[index]:
+        hidden = max(pt.output_bytes, pt.boundary_bytes / (1 + len(layer.extra_inputs)))
+        tp_pass = ctx.tp_allreduces[index] * comm.allreduce(hidden, tp, scopes[Dim.TP])
+        sources.append("tp allreduce: " + comm.source("allreduce", tp, scopes[Dim.TP]))
+    tp_rec = tp_pass if st.checkpoint else 0.0
+
+    gather = scatter = 0.0
+    if sdp > 1:
+        sc = scopes[Dim.SDP]
+        gather = comm.allgather(params / tp, sdp, sc)
+        scatter = comm.reduce_scatter(grads / tp, sdp, sc)
+        sources.append("sdp allgather: " + comm.source("allgather", sdp, sc))
+        sources.append("sdp reduce_scatter: " + comm.source("reduce_scatter", sdp, sc))
+    grad_shard = grads / (tp * sdp)
+    sync = 0.0
+    if dp > 1:
+        sync = comm.allreduce(grad_shard, dp, scopes[Dim.DP])
+        sources.append("dp allreduce: " + comm.source("allreduce", dp, scopes[Dim.DP]))
+
+    bwd_overlapped = overlap_time(b_comp, gather + scatter, ctx.overlap_slowdown)
+
+    stashed = pt.stashed_bytes / tp
+    if st.checkpoint:
+        fwd_act, transient = pt.boundary_bytes, stashed
+    else:
+        fwd_act, transient = pt.boundary_bytes + stashed, 0.0
+    if sdp > 1:
+        transient += (params + grads) / tp * (1.0 - 1.0 / sdp)
+    swap = fwd_act if st.swap else 0.0
+
+    return LayerCost(
+        index=index,
+        strategy=st,
+        micro_batch_size=m,
+        samples_per_device=share,
+        forward_s=f_comp + tp_pass + gather,
+        backward_s=bwd_overlapped + tp_pass,
+        recompute_s=r_comp + tp_rec,
+        grad_sync_s=sync,
+        forward_compute_s=f_comp,
+        backward_compute_s=b_comp,
+        recompute_compute_s=r_comp,
+        tp_comm_s=2 * tp_pass + tp_rec,
+        sdp_comm_s=2 * gather + scatter,
+        overlap_extra_s=bwd_overlapped - b_comp,
+        model_state_bytes=(params + grads + opt) / (tp * sdp),
+        forward_activation_bytes=fwd_act,
+        backward_transient_bytes=transient,
+        swap_bytes=swap,
+        grad_shard_bytes=grad_shard,
+        scopes=tuple(scopes.items()),
+        sources=tuple(sources),
+    )
+
+
+# --- Transformation between neighbouring layouts (Eq. 4) -----------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Transform:
+    """Re-layout of layer index-1's output for layer index (forward) and of its gradient (backward)."""
+
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    forward_bytes: float = 0.0  # per device, the worst device
+    backward_bytes: float = 0.0
+    source: str = "same layout"
+
+
+NO_TRANSFORM = Transform()
+
+
+def _sample_chunk(st: LayerStrategy, device: int) -> int:
+    """Which of the st.batch_split sample chunks `device` (rank inside the block) holds."""
+    strides: dict[Dim, int] = {}
+    stride = 1
+    for dim in reversed(st.order):
+        strides[dim] = stride
+        stride *= st.degree(dim)
+    chunk = 0
+    for dim in st.order:
+        if dim is not Dim.TP:
+            n = st.degree(dim)
+            chunk = chunk * n + (device // strides[dim]) % n
+    return chunk
+
+
+def missing_fraction(held: LayerStrategy, needed: LayerStrategy) -> float:
+    """Largest fraction of a micro-batch's tensor that a device lacks after a layout change."""
+    if held.devices != needed.devices:
+        raise ValueError(f"layouts on different device counts: {held.devices} vs {needed.devices}")
+    bh, bn = held.batch_split, needed.batch_split
+    worst = 0.0
+    for d in range(held.devices):
+        ch, cn = _sample_chunk(held, d), _sample_chunk(needed, d)
+        overlap = max(0.0, min((ch + 1) / bh, (cn + 1) / bn) - max(ch / bh, cn / bn))
+        worst = max(worst, 1.0 / bn - overlap)
+    return 0.0 if worst < 1e-12 else worst
+
+
+def transform_cost(
+    ctx: CostContext,
+    index: int,
+    prev: LayerStrategy,
+    strategy: LayerStrategy,
+    micro_batch_size: int,
+    offsets: tuple[int, ...] = (0,),
+) -> Transform:
+    """R(index, prev, strategy) of Galvatron-BMW Eq. 4; zero when the sample layouts agree."""
+    if index < 1 or prev.layout == strategy.layout:
+        return NO_TRANSFORM
+    offsets = ctx.node_offsets(offsets)
+    key = (index, prev.layout, strategy.layout, micro_batch_size, offsets)
+    hit = ctx.transform_cache.get(key)
+    if hit is not None:
+        return hit  # type: ignore[return-value]
+    fkey = ("missing", prev.layout, strategy.layout)
+    fractions = ctx.scope_cache.get(fkey)
+    if fractions is None:
+        fractions = ctx.scope_cache[fkey] = (missing_fraction(prev, strategy), missing_fraction(strategy, prev))
+    out_bytes = ctx.view.point(index - 1, micro_batch_size).output_bytes
+    fwd_b, bwd_b = fractions[0] * out_bytes, fractions[1] * out_bytes  # type: ignore[index]
+    if fwd_b <= 0 and bwd_b <= 0:
+        result = NO_TRANSFORM
+    else:
+        scope = block_scope(strategy.devices, offsets, ctx.fleet.devices_per_node)
+        result = Transform(
+            forward_s=ctx.comm.p2p(fwd_b, scope),
+            backward_s=ctx.comm.p2p(bwd_b, scope),
+            forward_bytes=fwd_b,
+            backward_bytes=bwd_b,
+            source=ctx.comm.source("p2p", 2, scope),
+        )
+    ctx.transform_cache[key] = result
+    return result
+
+
+def ceil_bytes(x: float) -> int:
+    return int(math.ceil(x - 1e-9)) if x > 0 else 0

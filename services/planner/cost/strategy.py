@@ -1,0 +1,129 @@
+"""How one layer runs (Galvatron-BMW §III: DP, SDP, TP, CKPT per layer) and how its model states are sized.
+
+`LayerStrategy.order` nests the non-pipeline dimensions outermost first; the innermost one gets
+consecutive device ranks and so the fastest (intra-node) links while its group fits in a node
+(Galvatron-BMW §III-B: the permutation of hybrid strategies matters under hierarchical bandwidth).
+Dimensions of degree 1 carry no meaning and are dropped from `order`; an empty order means
+(dp, sdp, tp): TP innermost, as Megatron places it.
+
+Model states per parameter (Varuna §2, ZeRO): fp32 Adam keeps 4 B weights + 4 B gradients + 8 B
+moments = 16 B (Galvatron-BMW's setting); mixed-precision Adam keeps 2 B fp16/bf16 weights + 2 B
+gradients + 12 B fp32 master copy and moments = 16 B; MEASURED takes the profile's own bytes.
+Gradient bytes also size DP/SDP traffic and parameter bytes the SDP all-gathers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ballast.v1 import plan_pb2
+    from services.planner.cost.profile_view import LayerView
+
+
+class Dim(StrEnum):
+    """A non-pipeline parallel dimension (values match plan.proto's lower-cased ParallelDim names)."""
+
+    DP = "dp"
+    SDP = "sdp"
+    TP = "tp"
+
+
+DEFAULT_ORDER = (Dim.DP, Dim.SDP, Dim.TP)
+_PROTO_DIM = {1: Dim.DP, 2: Dim.SDP, 3: Dim.TP}  # common_pb2.ParallelDim; PP and UNSPECIFIED are not layer dims
+_DIM_PROTO = {v: k for k, v in _PROTO_DIM.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class LayerStrategy:
+    """dp x sdp x tp devices for one layer, their nesting, and the memory-for-time switches."""
+
+    dp: int = 1
+    sdp: int = 1
+    tp: int = 1
+    order: tuple[Dim, ...] = ()  # outermost first; normalised to the dims of degree > 1
+    checkpoint: bool = False  # activation checkpointing: keep the boundary, recompute in backward
+    swap: bool = False  # swap the kept activations to host between forward and backward
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "sdp", "tp"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        dims = tuple(Dim(d) for d in self.order)
+        if len(set(dims)) != len(dims):
+            raise ValueError(f"order repeats a dimension: {[d.value for d in dims]}")
+        active = {d for d in Dim if self.degree(d) > 1}
+        given = tuple(d for d in (dims or DEFAULT_ORDER) if d in active)
+        if dims and set(given) != active:
+            missing = sorted(d.value for d in active - set(given))
+            raise ValueError(f"order {[d.value for d in dims]} lacks dimension(s) of degree > 1: {missing}")
+        object.__setattr__(self, "order", given)
+
+    def degree(self, dim: Dim) -> int:
+        return self.dp if dim is Dim.DP else self.sdp if dim is Dim.SDP else self.tp
+
+    @property
+    def devices(self) -> int:
+        return self.dp * self.sdp * self.tp
+
+    @property
+    def batch_split(self) -> int:
+        """Ways the micro-batch is split across devices (DP and SDP split samples; TP replicates them)."""
+        return self.dp * self.sdp
+
+    @property
+    def layout(self) -> tuple[int, int, int, tuple[Dim, ...]]:
+        """What a neighbouring layer must match for a zero transformation cost (Galvatron-BMW Eq. 4)."""
+        return (self.dp, self.sdp, self.tp, self.order)
+
+    def describe(self) -> str:
+        dims = "x".join(f"{d.value}{self.degree(d)}" for d in self.order) or "single"
+        flags = "".join((" +ckpt" if self.checkpoint else "", " +swap" if self.swap else ""))
+        return dims + flags
+
+    @classmethod
+    def from_proto(cls, msg: plan_pb2.LayerStrategy) -> LayerStrategy:
+        return cls(
+            dp=msg.dp or 1,
+            sdp=msg.sdp or 1,
+            tp=msg.tp or 1,
+            order=tuple(_PROTO_DIM[d] for d in msg.order if d in _PROTO_DIM),
+            checkpoint=msg.checkpoint,
+            swap=msg.swap_activations,
+        )
+
+    def to_proto(self, layer_index: int, stage_index: int) -> plan_pb2.LayerStrategy:
+        from ballast.v1 import plan_pb2
+
+        return plan_pb2.LayerStrategy(
+            layer_index=layer_index, stage_index=stage_index, dp=self.dp, sdp=self.sdp, tp=self.tp,
+            order=[_DIM_PROTO[d] for d in self.order], checkpoint=self.checkpoint, swap_activations=self.swap,
+        )
+
+
+class ModelStateFormat(StrEnum):
+    """Where bytes of weights, gradients and optimizer state come from."""
+
+    FP32_ADAM = "fp32_adam"  # 4 + 4 + 8 = 16 B/param
+    MIXED_ADAM = "mixed_adam"  # 2 + 2 + 12 = 16 B/param (fp16/bf16 weights and grads, fp32 master + moments)
+    MEASURED = "measured"  # the profile's parameter/gradient/optimizer_state_bytes
+
+
+Precision = ModelStateFormat  # the name the planners' options use
+
+BYTES_PER_PARAM: dict[ModelStateFormat, tuple[int, int, int]] = {
+    ModelStateFormat.FP32_ADAM: (4, 4, 8),
+    ModelStateFormat.MIXED_ADAM: (2, 2, 12),
+}
+
+
+def model_state_bytes(layer: LayerView, fmt: ModelStateFormat) -> tuple[float, float, float]:
+    """(parameter, gradient, optimizer) bytes of the whole, unsharded layer."""
+    if fmt is ModelStateFormat.MEASURED:
+        return float(layer.parameter_bytes), float(layer.gradient_bytes), float(layer.optimizer_state_bytes)
+    p, g, o = BYTES_PER_PARAM[fmt]
+    n = layer.parameter_count
+    return float(p * n), float(g * n), float(o * n)
