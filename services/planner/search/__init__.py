@@ -1,0 +1,23 @@
+"""Search engines' shared pieces: the per-layer strategy space."""
+
+from services.planner.search.space import (
+    DIMS,
+    PARALLEL_DIM,
+    Candidate,
+    InvalidSpace,
+    count,
+    layer_candidates,
+    pipeline_degrees,
+    strategy_space,
+)
+
+__all__ = [
+    "DIMS",
+    "PARALLEL_DIM",
+    "Candidate",
+    "InvalidSpace",
+    "count",
+    "layer_candidates",
+    "pipeline_degrees",
+    "strategy_space",
+]

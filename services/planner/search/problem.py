@@ -1,0 +1,125 @@
+"""What every search engine takes and returns, and the one pricing function they all share.
+
+Galvatron-BMW's hybrid search, Varuna's P x D configurator and the baselines all answer with
+`PricedPlan`s priced by `price()`: cost model (services.planner.cost) -> Pipeline -> simulator
+(services.planner.sim, pricing path). Same physics, so their numbers compare.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from services.planner.cost import CostContext, CostOptions, LayerStrategy, build_pipeline
+from services.planner.search.space import Candidate
+from services.planner.sim import Schedule, SimOptions, simulate
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """The knobs of a search request (engines ignore what does not apply to them)."""
+
+    # Per-device memory budget (Galvatron's E), bytes.
+    memory_budget_bytes: int
+    # Fixed global batch (Varuna; Galvatron's B0). None: search the batch size for the best throughput.
+    global_batch_size: int | None = None
+    # Galvatron Algorithm 2's r: also try B0 - r .. B0 + r (only with global_batch_size).
+    batch_radius: int = 0
+    # Largest global batch the throughput sweep tries when global_batch_size is None.
+    max_global_batch_size: int = 1024
+    # Schedules to price; the first is the default (1F1B).
+    schedules: tuple[Schedule, ...] = (Schedule.ONE_F_ONE_B,)
+    # Non-pipeline dims the fleet's executors can run ("dp", "sdp", "tp"); PP is always allowed.
+    dims: tuple[str, ...] = ("dp", "sdp", "tp")
+    # Checkpointing choices per layer.
+    checkpoint: tuple[bool, ...] = (False, True)
+    # Galvatron Takeaway 3: drop DP+SDP mixes.
+    takeaway3: bool = True
+    # Memory granularity of the dynamic program (Galvatron sweeps budgets in MB steps).
+    memory_granularity_bytes: int = 64 * MiB
+    # Alternatives kept for the explanation.
+    top_k: int = 5
+    cost: CostOptions = field(default_factory=CostOptions)
+
+
+@dataclass(frozen=True)
+class PricedPlan:
+    """A complete candidate plan and its price on the shared cost model."""
+
+    engine: str  # "galvatron", "varuna", "baseline"
+    name: str  # "Ballast", "DDP", "ZeRO-3", "Megatron TP", "GPipe", "DeepSpeed 3D", "DP+TP", "DP+PP", ...
+    stage_bounds: tuple[tuple[int, int], ...]  # [begin, end) layers per stage
+    strategies: tuple[LayerStrategy, ...]  # one per layer
+    replicas: int  # pipeline replicas (Varuna's D); Galvatron keeps DP inside strategies and uses 1
+    micro_batch_size: int  # samples per micro-batch per pipeline replica
+    num_micro_batches: int
+    schedule: Schedule
+    global_batch_size: int
+    iteration_s: float
+    peak_memory_bytes: tuple[int, ...]  # per stage, per device
+    out_of_memory: bool
+    bubble_fraction: float = 0.0
+    reason: str = ""  # why infeasible, or a note
+
+    @property
+    def throughput(self) -> float:
+        """Samples per second (0 when out of memory)."""
+        return 0.0 if self.out_of_memory or self.iteration_s <= 0 else self.global_batch_size / self.iteration_s
+
+    @property
+    def devices(self) -> int:
+        per_stage = [self.strategies[b].devices for b, _ in self.stage_bounds]
+        return sum(per_stage) * self.replicas
+
+
+def to_strategy(candidate: Candidate) -> LayerStrategy:
+    """The cost model's LayerStrategy for a strategy-space Candidate (its PP degree lives in the stages)."""
+    return LayerStrategy(
+        dp=candidate.dp, sdp=candidate.sdp, tp=candidate.tp, order=candidate.order, checkpoint=candidate.checkpoint
+    )
+
+
+def price(
+    ctx: CostContext,
+    stage_bounds: Sequence[tuple[int, int]],
+    strategies: Sequence[LayerStrategy],
+    micro_batch_size: int,
+    num_micro_batches: int,
+    schedule: Schedule,
+    memory_budget_bytes: int,
+    *,
+    replicas: int = 1,
+    engine: str = "galvatron",
+    name: str = "Ballast",
+) -> PricedPlan:
+    """Build the pipeline on the cost model, simulate one iteration (pricing path), check memory."""
+    pipe = build_pipeline(
+        ctx.view, None, stage_bounds, strategies, micro_batch_size, num_micro_batches,
+        replicas=replicas, context=ctx,
+    )
+    result = simulate(pipe, SimOptions(schedule=schedule, keep_timeline=False))
+    peaks = tuple(int(p) for p in result.peak_memory_bytes)
+    worst = max(peaks)
+    oom = worst > memory_budget_bytes
+    return PricedPlan(
+        engine=engine,
+        name=name,
+        stage_bounds=tuple((int(b), int(e)) for b, e in stage_bounds),
+        strategies=tuple(strategies),
+        replicas=replicas,
+        micro_batch_size=micro_batch_size,
+        num_micro_batches=num_micro_batches,
+        schedule=schedule,
+        # A stage's DP/SDP split a micro-batch across its devices (cost.layer), they do not multiply it.
+        global_batch_size=micro_batch_size * num_micro_batches * replicas,
+        iteration_s=result.iteration_s,
+        peak_memory_bytes=peaks,
+        out_of_memory=oom,
+        bubble_fraction=result.bubble_fraction,
+        reason=f"peak {worst / 2**30:.2f} GiB > budget {memory_budget_bytes / 2**30:.2f} GiB" if oom else "",
+    )
+
+
+__all__ = ["MiB", "PricedPlan", "SearchOptions", "price", "to_strategy"]

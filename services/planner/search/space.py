@@ -1,0 +1,186 @@
+"""The per-layer hybrid-parallel strategy space (Galvatron-BMW §III-B, decision trees and Takeaways 1-3).
+
+PP splits the devices first (Takeaway 1: pipeline stages go across the slow links) into equal groups
+(Takeaway 2), so a PP degree is a divisor of the device count and every stage runs on
+`num_devices // pp` devices. Inside a group, a layer's strategy is an ordered sequence of DISTINCT
+dims among DP, SDP and TP (no dim twice in one decision tree), outermost first, so the innermost dim
+gets the fastest links; each degree is at least 2 and the degrees multiply to the group size. A group
+of one device has the single no-parallelism strategy. Takeaway 3 drops every DP+SDP mix (pure SDP
+always communicates less), and each strategy comes with and without activation checkpointing.
+
+Non-powers of two: Galvatron only tries degrees {2, 4, 8, ...}; Ballast uses the same rule for any
+device count -- PP degree = any divisor of N, a group's degrees = any ordered factorization of the
+group size into factors >= 2 (6 = 2x3 and 3x2; 12 = 2x6, 6x2, 3x4, 4x3, 2x2x3, 2x3x2, 3x2x2). On powers
+of two this is exactly Galvatron's tree set: 8 devices give 68 strategies, 44 after Takeaway 3, 22 of
+them without checkpointing.
+
+Pure: no I/O, no grpc. ParallelDim enums (e.g. an executor's supported_parallelism) are accepted
+wherever dim names are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from itertools import permutations
+
+from ballast.v1 import common_pb2
+from services.runtime.errors import InvalidArgument
+
+DIMS = ("dp", "sdp", "tp")  # non-pipeline dims a layer can nest inside its stage's group
+PARALLEL_DIM = {
+    "dp": common_pb2.PARALLEL_DIM_DP,
+    "sdp": common_pb2.PARALLEL_DIM_SDP,
+    "tp": common_pb2.PARALLEL_DIM_TP,
+    "pp": common_pb2.PARALLEL_DIM_PP,
+}
+_NAME_BY_ENUM = {v: k for k, v in PARALLEL_DIM.items()}
+
+
+class InvalidSpace(InvalidArgument, ValueError):
+    """Bad input to the space builders (an InvalidArgument for servicers, a ValueError for Python callers)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One layer's strategy: its stage's PP degree, nested dims outermost first, checkpointing."""
+
+    pp: int
+    dims: tuple[tuple[str, int], ...]
+    checkpoint: bool = False
+
+    def degree(self, dim: str) -> int:
+        return next((d for name, d in self.dims if name == dim), 1)
+
+    @property
+    def dp(self) -> int:
+        return self.degree("dp")
+
+    @property
+    def sdp(self) -> int:
+        return self.degree("sdp")
+
+    @property
+    def tp(self) -> int:
+        return self.degree("tp")
+
+    @property
+    def order(self) -> tuple[str, ...]:
+        """Dim names outermost first (LayerStrategy.order, via PARALLEL_DIM)."""
+        return tuple(name for name, _ in self.dims)
+
+    @property
+    def group_size(self) -> int:
+        """Devices per stage: the product of the degrees."""
+        size = 1
+        for _, d in self.dims:
+            size *= d
+        return size
+
+    @property
+    def label(self) -> str:
+        """E.g. "PP2 · DP2×TP2 · ckpt"; "PP8 · none" for a one-device group."""
+        inner = "×".join(f"{name.upper()}{d}" for name, d in self.dims) or "none"
+        return f"PP{self.pp} · {inner}" + (" · ckpt" if self.checkpoint else "")
+
+
+def _count_arg(value: object, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidSpace(f"must be a positive integer, got {value!r}", field=field, fix="pass at least 1")
+    return value
+
+
+def _dim_names(dims: Iterable[str | int]) -> frozenset[str]:
+    names = set()
+    for dim in (dims,) if isinstance(dims, str) else dims:
+        if isinstance(dim, str):
+            name = dim.lower().removeprefix("parallel_dim_")
+        else:
+            name = _NAME_BY_ENUM.get(dim) if isinstance(dim, int) and not isinstance(dim, bool) else None
+        if name not in PARALLEL_DIM:
+            raise InvalidSpace(f"unknown parallel dim {dim!r}", field="dims", fix="use dp, sdp, tp, pp or ParallelDim")
+        names.add(name)
+    return frozenset(names)
+
+
+def _checkpoint_arg(checkpoint: Iterable[bool]) -> tuple[bool, ...]:
+    flags = tuple(dict.fromkeys(checkpoint))
+    if not flags or any(not isinstance(f, bool) for f in flags):
+        raise InvalidSpace(f"got {checkpoint!r}", field="checkpoint", fix="a non-empty subset of (False, True)")
+    return flags
+
+
+def _ordered_factorizations(n: int, max_parts: int) -> Iterator[tuple[int, ...]]:
+    """Ordered tuples of factors >= 2 multiplying to n, at most max_parts long (() for n == 1)."""
+    if n == 1:
+        yield ()
+        return
+    if max_parts == 0:
+        return
+    for d in range(2, n + 1):
+        if n % d == 0:
+            for rest in _ordered_factorizations(n // d, max_parts - 1):
+                yield (d, *rest)
+
+
+def pipeline_degrees(num_devices: int, *, max_pp: int | None = None) -> list[int]:
+    """PP degrees to try: every divisor of num_devices (equal groups), optionally capped (e.g. at the layer count)."""
+    n = _count_arg(num_devices, "num_devices")
+    cap = n if max_pp is None else _count_arg(max_pp, "max_pp")
+    return [p for p in range(1, min(n, cap) + 1) if n % p == 0]
+
+
+def layer_candidates(
+    group_size: int,
+    *,
+    pp: int = 1,
+    checkpoint: Iterable[bool] = (False, True),
+    takeaway3: bool = True,
+    dims: Iterable[str | int] = DIMS,
+) -> list[Candidate]:
+    """Every strategy of one layer on a group of `group_size` devices, restricted to `dims` ("pp" is ignored)."""
+    size = _count_arg(group_size, "group_size")
+    _count_arg(pp, "pp")
+    allowed = [d for d in DIMS if d in _dim_names(dims)]
+    flags = _checkpoint_arg(checkpoint)
+    shapes: list[tuple[tuple[str, int], ...]] = []
+    for degrees in _ordered_factorizations(size, len(allowed)):
+        for names in permutations(allowed, len(degrees)):
+            if takeaway3 and "dp" in names and "sdp" in names:
+                continue
+            shapes.append(tuple(zip(names, degrees, strict=True)))
+    return [Candidate(pp, shape, ckpt) for ckpt in flags for shape in shapes]
+
+
+def strategy_space(
+    num_devices: int,
+    *,
+    checkpoint: Iterable[bool] = (False, True),
+    takeaway3: bool = True,
+    dims: Iterable[str | int] = ("pp", *DIMS),
+    max_pp: int | None = None,
+) -> dict[int, list[Candidate]]:
+    """Candidates per PP degree (the decision-tree forest). Without "pp" in dims only PP1 is tried;
+    PP degrees whose group has no candidate under `dims` are left out."""
+    names = _dim_names(dims)
+    flags = _checkpoint_arg(checkpoint)
+    degrees = pipeline_degrees(num_devices, max_pp=max_pp) if "pp" in names else [1]
+    space = {}
+    for pp in degrees:
+        found = layer_candidates(num_devices // pp, pp=pp, checkpoint=flags, takeaway3=takeaway3, dims=names)
+        if found:
+            space[pp] = found
+    return space
+
+
+def count(
+    num_devices: int,
+    *,
+    checkpoint: Iterable[bool] = (False, True),
+    takeaway3: bool = True,
+    dims: Iterable[str | int] = ("pp", *DIMS),
+    max_pp: int | None = None,
+) -> int:
+    """Size of strategy_space(...) over all PP degrees."""
+    space = strategy_space(num_devices, checkpoint=checkpoint, takeaway3=takeaway3, dims=dims, max_pp=max_pp)
+    return sum(len(c) for c in space.values())
