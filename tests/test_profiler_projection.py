@@ -282,7 +282,7 @@ def test_analytical_profile_rejects_what_it_cannot_cost() -> None:
     bert = model_pb2.ModelSpec(name="b", family=model_pb2.MODEL_FAMILY_BERT, transformer=model_pb2.TransformerConfig())
     with pytest.raises(InvalidArgument) as err:
         analytical_profile(bert, "H100")
-    assert err.value.field == "spec.family"
+    assert err.value.field == "spec.transformer.num_layers"  # every family is costed; the spec is checked first
     costs = transformer_layer_costs(H, S, HEADS, vocab=100, layers=1)
     with pytest.raises(InvalidArgument) as err:
         analytical_profile(costs, "H100", efficiency=0)
