@@ -1,0 +1,229 @@
+"""Varuna's auto-configuration: pipeline depth P, replicas D, micro-batch size m and count Nm (Varuna §4.1-4.4).
+
+For G devices and a fixed global batch B (§4.2: B never changes when the fleet does):
+
+* Candidates (§4.1, §4.4): every P from 1 to min(G, layers) with D = G // P replicas, so P x D <= G and a P
+  that does not divide G leaves G - P*D devices idle (the paper's 9 x 11 on 100 GPUs). O(G) candidates.
+* A stage is one device: Varuna uses no intra-layer parallelism (§3 Obs. 1). Every stage but the last
+  recomputes its activations (§3.1, Fig. 5) when options.checkpoint allows it; the last stage recomputes only
+  when options.checkpoint forbids running without.
+* m (§4.4): the smallest size, in doubling steps, after which forward time per sample F(m)/m improves by less
+  than KNEE_TOLERANCE (§4.1: BERT-large runs 26% faster per sample at m = 8 than at 4), capped at B / D and
+  lowered to the largest divisor of B / D so Nm = B / (m D) is an integer. A P whose D does not divide B has no
+  such m and is skipped. When m runs out of memory the next smaller divisor is tried (§4.2: Varuna raises Nm
+  when m does not fit).
+* Nm >= 6 P keeps pipeline bubbles under 10% (§3.2, Fig. 4): when m leaves fewer micro-batches, the largest m
+  giving at least 6 P is priced too and the faster of the two is kept (at most two simulations per P).
+* Partition (§4.4: one cut-point assignment per P, balanced): contiguous stages minimising the slowest stage's
+  per-micro-batch compute F + B + recompute (the last stage without recompute), solved exactly by binary search
+  over the candidate stage sums with a greedy feasibility check (`balanced_bounds`).
+* Price (§4.4 parametrized simulation): `price()` on the Varuna schedule; out-of-memory configurations are
+  dropped and the rest returned best throughput first.
+
+Pure: no I/O, deterministic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from itertools import accumulate
+
+from services.planner.cost import CostContext, LayerStrategy, ModelView, layer_cost
+from services.planner.search.problem import PricedPlan, SearchOptions, price
+from services.planner.sim import Schedule
+from services.runtime.errors import InvalidArgument
+
+KNEE_TOLERANCE = 0.05  # "stops improving": doubling m gains less than 5% per sample
+MICRO_BATCHES_PER_STAGE = 6  # §3.2: Nm >= 6 P keeps the bubble below 10%
+
+
+def knee_micro_batch_size(view: ModelView, limit: int, tolerance: float = KNEE_TOLERANCE) -> int:
+    """Smallest m in 1, 2, 4, ... (at most `limit`) after which doubling m cuts F(m)/m by less than `tolerance`."""
+    def per_sample(m: int) -> float:
+        return sum(layer.forward_s(m) for layer in view.layers) / m
+
+    m = 1
+    while 2 * m <= limit:
+        now, nxt = per_sample(m), per_sample(2 * m)
+        if now <= 0 or nxt > (1.0 - tolerance) * now:
+            break
+        m *= 2
+    return m
+
+
+def _pack(pre: list[float], pre_last: list[float], stages: int, limit: float) -> list[int] | None:
+    """Stage sizes with every stage's sum <= limit, filling from the back as much as possible (None if none)."""
+    sizes, end = [], len(pre) - 1
+    for t in range(stages):
+        p = pre_last if t == 0 else pre
+        keep = stages - 1 - t  # layers left for the stages before this one
+        begin = end - 1
+        if p[end] - p[begin] > limit:
+            return None
+        while begin > keep and p[end] - p[begin - 1] <= limit:
+            begin -= 1
+        if t == stages - 1 and begin > 0:
+            return None
+        sizes.append(end - begin)
+        end = begin
+    return sizes[::-1]
+
+
+def balanced_bounds(
+    weights: Sequence[float], num_stages: int, last_weights: Sequence[float] | None = None
+) -> tuple[tuple[int, int], ...]:
+    """Contiguous non-empty stages minimising the largest stage sum (exact).
+
+    `last_weights` price the layers when they sit on the last stage (Varuna's last stage does not recompute).
+    The optimum is one of the O(L^2) segment sums; binary search over them with a greedy check: filling each
+    stage from the back as far as the limit allows leaves the shortest prefix, and a shorter prefix is never
+    harder to split.
+    """
+    n = len(weights)
+    if not 1 <= num_stages <= n:
+        raise ValueError(f"cannot cut {n} layers into {num_stages} non-empty stages")
+    last = weights if last_weights is None else last_weights
+    if len(last) != n or any(w < 0 for w in (*weights, *last)):
+        raise ValueError("weights must be non-negative, one per layer in both lists")
+    pre = [0.0, *accumulate(float(w) for w in weights)]
+    pre_last = [0.0, *accumulate(float(w) for w in last)]
+    sums = {pre[e] - pre[b] for b in range(n) for e in range(b + 1, n + 1)}
+    sums.update(pre_last[n] - pre_last[b] for b in range(n))
+    candidates = sorted(sums)
+    lo, hi = 0, len(candidates) - 1  # the largest sum (one stage of everything, or any cut) always packs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _pack(pre, pre_last, num_stages, candidates[mid]) is None:
+            lo = mid + 1
+        else:
+            hi = mid
+    sizes = _pack(pre, pre_last, num_stages, candidates[lo])
+    assert sizes is not None
+    out, begin = [], 0
+    for size in sizes:
+        out.append((begin, begin + size))
+        begin += size
+    return tuple(out)
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
+
+
+def _nearest_valid(batch: int, widths: Sequence[int]) -> list[int]:
+    def ok(b: int) -> bool:
+        return any(b % d == 0 for d in widths)
+
+    below = next((b for b in range(batch - 1, 0, -1) if ok(b)), None)
+    above = next(b for b in range(batch + 1, batch + max(widths) + 1) if ok(b))
+    return [b for b in (below, above) if b is not None]
+
+
+def _positive(value: object, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgument(f"must be a positive integer, got {value!r}", field=field, fix="pass at least 1")
+    return value
+
+
+def _price_depth(
+    ctx: CostContext, p: int, d: int, m: int, batch: int, options: SearchOptions, schedule: Schedule,
+    ckpt: tuple[bool, bool], note: str,
+) -> PricedPlan:
+    n = len(ctx.view)
+    inner, outer = LayerStrategy(checkpoint=ckpt[0]), LayerStrategy(checkpoint=ckpt[1])
+    weights = [layer_cost(ctx, i, inner, m).per_micro_batch_s for i in range(n)]
+    last = [layer_cost(ctx, i, outer, m).per_micro_batch_s for i in range(n)]
+    bounds = balanced_bounds(weights, p, last)
+    strategies = [inner] * bounds[-1][0] + [outer] * (n - bounds[-1][0])
+    nm = batch // (m * d)
+    plan = price(ctx, bounds, strategies, m, nm, schedule, options.memory_budget_bytes,
+                 replicas=d, engine="varuna", name="Varuna")
+    text = f"P={p} x D={d} on {p * d} devices, m={m} ({note}), Nm={nm}"
+    return dataclasses.replace(plan, reason=f"{text}; {plan.reason}" if plan.reason else text)
+
+
+def _configure_depth(
+    ctx: CostContext, p: int, d: int, batch: int, options: SearchOptions, schedule: Schedule, ckpt: tuple[bool, bool]
+) -> tuple[PricedPlan | None, PricedPlan | None]:
+    """(best fitting plan, least-memory OOM plan) for depth p."""
+    per_replica = batch // d
+    knee = knee_micro_batch_size(ctx.view, per_replica)
+    sizes = [m for m in _divisors(per_replica) if m <= knee][::-1]
+    oom: PricedPlan | None = None
+    best: PricedPlan | None = None
+    for m in sizes:  # largest divisor <= knee first; smaller ones only when memory says so
+        if m == knee:
+            note = "the knee"
+        else:
+            note = f"knee {knee}, " + ("larger sizes out of memory" if oom else "largest divisor of B/D below it")
+        plan = _price_depth(ctx, p, d, m, batch, options, schedule, ckpt, note)
+        if not plan.out_of_memory:
+            best = plan
+            break
+        oom = plan
+    if best is not None and per_replica // best.micro_batch_size < MICRO_BATCHES_PER_STAGE * p:
+        deep = [m for m in sizes if m < best.micro_batch_size and per_replica // m >= MICRO_BATCHES_PER_STAGE * p]
+        if deep:
+            alt = _price_depth(ctx, p, d, deep[0], batch, options, schedule, ckpt, f"Nm >= 6P, knee {knee}")
+            if not alt.out_of_memory and alt.throughput > best.throughput:
+                best = alt
+    return best, oom
+
+
+def configure(
+    ctx: CostContext,
+    num_devices: int,
+    global_batch_size: int,
+    options: SearchOptions,
+    *,
+    schedule: Schedule = Schedule.VARUNA,
+) -> list[PricedPlan]:
+    """Varuna's P x D configurations for `num_devices` and a fixed global batch, best throughput first.
+
+    Only configurations that fit options.memory_budget_bytes are returned; when none does, the result is the
+    single least-memory configuration, out_of_memory=True, with the reason. Raises InvalidArgument when no
+    replica count D divides the global batch (the message names the nearest sizes that work).
+    """
+    g = _positive(num_devices, "num_devices")
+    batch = _positive(global_batch_size, "global_batch_size")
+    if g > ctx.fleet.devices:
+        raise InvalidArgument(f"{g} devices asked, the fleet has {ctx.fleet.devices}", field="num_devices",
+                              fix=f"use at most {ctx.fleet.devices}")
+    depths = range(1, min(g, len(ctx.view)) + 1)
+    widths = sorted({g // p for p in depths})
+    if not any(batch % d == 0 for d in widths):
+        near = " or ".join(str(b) for b in _nearest_valid(batch, widths))
+        raise InvalidArgument(
+            f"{batch} is not a multiple of any data-parallel width D in {widths} (P x D on {g} devices, "
+            f"{len(ctx.view)} layers), so Nm = B / (m D) cannot be an integer",
+            field="global_batch_size", fix=f"nearest valid sizes: {near}",
+        )
+    # (non-last stages, last stage): Varuna recomputes everywhere but the last stage (§3.1).
+    ckpt = (True in options.checkpoint, False not in options.checkpoint)
+    fitting: list[PricedPlan] = []
+    least: PricedPlan | None = None
+    for p in depths:
+        d = g // p
+        if batch % d:
+            continue
+        best, oom = _configure_depth(ctx, p, d, batch, options, schedule, ckpt)
+        if best is not None:
+            fitting.append(best)
+        elif oom is not None and (least is None or max(oom.peak_memory_bytes) < max(least.peak_memory_bytes)):
+            least = oom
+    if fitting:
+        return sorted(fitting, key=lambda plan: (-plan.throughput, len(plan.stage_bounds)))
+    assert least is not None
+    return [dataclasses.replace(least, reason=f"no P x D configuration fits the memory budget; least memory: "
+                                              f"{least.reason}")]
+
+
+__all__ = [
+    "KNEE_TOLERANCE",
+    "MICRO_BATCHES_PER_STAGE",
+    "balanced_bounds",
+    "configure",
+    "knee_micro_batch_size",
+]
