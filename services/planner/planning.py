@@ -1,0 +1,367 @@
+"""From a profile and a fleet to a stored-ready Plan: run the engines, pick, compare, explain.
+
+Every engine (Galvatron-BMW's hybrid search, Varuna's P x D configurator) and every baseline answers
+with PricedPlans priced by the same cost model and simulator (search.problem.price), so choosing is
+a comparison of numbers on one physics: the plan with the highest predicted throughput that fits the
+memory budget wins, whichever produced it (a baseline can win; the plan then says so). Pure: no I/O.
+
+Runnable dims: executors declare the parallelisms their runtime executes; the search is confined to
+them unless `what_if` is set, in which case the full space is searched and the plan says which of its
+strategies no executor can run yet.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from ballast.v1 import common_pb2, fleet_pb2, plan_pb2, profile_pb2
+from services.planner.cost import (
+    CostContext,
+    CostOptions,
+    FleetView,
+    build_pipeline,
+    from_profile,
+    stage_layer_costs,
+)
+from services.planner.search import baselines as baseline_engine
+from services.planner.search import galvatron, varuna
+from services.planner.search.problem import PricedPlan, SearchOptions
+from services.planner.sim import Schedule
+from services.runtime.errors import FailedPrecondition, InvalidArgument
+
+GiB = float(1 << 30)
+ENGINE = {
+    "galvatron": plan_pb2.PLAN_ENGINE_GALVATRON,
+    "varuna": plan_pb2.PLAN_ENGINE_VARUNA,
+    "baseline": plan_pb2.PLAN_ENGINE_BASELINE,
+}
+SCHEDULE = {
+    Schedule.GPIPE: plan_pb2.SCHEDULE_GPIPE,
+    Schedule.ONE_F_ONE_B: plan_pb2.SCHEDULE_1F1B,
+    Schedule.VARUNA: plan_pb2.SCHEDULE_VARUNA,
+    Schedule.HARMONY_WRAP: plan_pb2.SCHEDULE_HARMONY_WRAP,
+}
+SCHEDULE_FROM_PROTO = {v: k for k, v in SCHEDULE.items()}
+DIM_NAMES = {common_pb2.PARALLEL_DIM_DP: "dp", common_pb2.PARALLEL_DIM_SDP: "sdp", common_pb2.PARALLEL_DIM_TP: "tp"}
+ALL_DIMS = ("dp", "sdp", "tp")
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What a plan request asks for (PlanRequest's fields, decoded)."""
+
+    global_batch_size: int = 0  # 0: the search chooses
+    memory_budget_bytes: int = 0  # 0: the fleet device's memory
+    engine: int = plan_pb2.PLAN_ENGINE_UNSPECIFIED  # unspecified: every engine, best wins
+    schedule: int = plan_pb2.SCHEDULE_UNSPECIFIED  # unspecified: 1F1B (GPipe also priced)
+    runnable_dims: tuple[str, ...] = ("dp",)  # what the fleet's executors can run, besides PP
+    what_if: bool = False  # search the full space; say what is not executable yet
+    max_global_batch_size: int = 512
+    top_k: int = 5
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Where one plan's iteration time goes, on its bottleneck stage (for explanations)."""
+
+    compute_s: float  # forward + backward + recompute compute of all micro-batches
+    recompute_s: float
+    tp_comm_s: float
+    sdp_comm_s: float
+    grad_sync_s: float
+    bubble_fraction: float
+
+
+def runnable_dims(hosts_parallelism: Sequence[Sequence[int]]) -> tuple[str, ...]:
+    """Dims every host can run (ParallelDim values per host); no host known: pipeline x data parallel."""
+    if not hosts_parallelism:
+        return ("dp",)
+    common = set(ALL_DIMS)
+    for dims in hosts_parallelism:
+        common &= {DIM_NAMES[d] for d in dims if d in DIM_NAMES}
+    return tuple(d for d in ALL_DIMS if d in common)
+
+
+def make_plan(profile: profile_pb2.Profile, fleet: fleet_pb2.Fleet, inputs: PlanInputs) -> plan_pb2.Plan:
+    """The best plan for `profile` on `fleet`, with alternatives, baselines and an explanation.
+
+    Raises InvalidArgument for a bad request (batch no configuration divides, unknown schedule) and
+    FailedPrecondition when nothing fits, stating the smallest per-device memory or device count that would.
+    """
+    _check(profile, fleet, inputs)
+    devices = fleet.nodes * fleet.devices_per_node
+    budget = inputs.memory_budget_bytes or fleet.device.memory_bytes
+    ctx = CostContext(from_profile(profile), fleet, CostOptions())
+    options = _options(inputs, budget)
+    engines = _run_engines(ctx, devices, options, inputs)
+    base = baseline_engine.baselines(ctx, devices, options)
+    feasible = sorted((p for p in [*engines, *base] if not p.out_of_memory), key=lambda p: -p.throughput)
+    if not feasible:
+        raise FailedPrecondition(_nothing_fits(ctx, fleet, options), field="memory_budget_bytes",
+                                 fix="raise the budget, add devices, or plan for a larger device")
+    best = feasible[0]
+    runners = _distinct([p for p in feasible[1:] if p.engine != "baseline"], best)[: max(0, inputs.top_k - 1)]
+    plan = _to_proto(ctx, profile, fleet, best, budget)
+    for rank, alt in enumerate(runners, 1):
+        plan.alternatives.append(_alternative(alt, f"runner-up {rank}: {_label(alt)}"))
+    for b in base:
+        plan.alternatives.append(_alternative(b, b.name))
+    plan.explanation = explain(ctx, best, runners[0] if runners else None, base, budget, inputs)
+    return plan
+
+
+def _distinct(plans: Sequence[PricedPlan], best: PricedPlan) -> list[PricedPlan]:
+    """Drop alternatives that repeat the chosen plan or one another (engines find the same plan twice)."""
+    def key(p: PricedPlan) -> tuple:
+        return (p.stage_bounds, p.strategies, p.replicas, p.micro_batch_size, p.num_micro_batches, p.schedule)
+
+    seen = {key(best)}
+    out = []
+    for p in plans:
+        if key(p) not in seen:
+            seen.add(key(p))
+            out.append(p)
+    return out
+
+
+def _check(profile: profile_pb2.Profile, fleet: fleet_pb2.Fleet, inputs: PlanInputs) -> None:
+    if not profile.layers:
+        raise InvalidArgument("profile has no layers", field="profile_id", fix="profile the model first")
+    if fleet.nodes < 1 or fleet.devices_per_node < 1:
+        raise InvalidArgument("fleet has no devices", field="fleet", fix="set nodes and devices_per_node >= 1")
+    if not fleet.device.memory_bytes and not inputs.memory_budget_bytes:
+        raise InvalidArgument("no device memory and no budget", field="memory_budget_bytes",
+                              fix="set fleet.device.memory_bytes or memory_budget_bytes")
+    if inputs.schedule and inputs.schedule not in SCHEDULE_FROM_PROTO:
+        raise InvalidArgument(f"unknown schedule {inputs.schedule}", field="schedule", fix="GPIPE, 1F1B or VARUNA")
+    if inputs.schedule == plan_pb2.SCHEDULE_HARMONY_WRAP:
+        raise InvalidArgument("Harmony's wrap-around schedule is priced by the simulator but not yet searched",
+                              field="schedule", fix="GPIPE, 1F1B or VARUNA")
+
+
+def _options(inputs: PlanInputs, budget: int) -> SearchOptions:
+    if inputs.schedule:
+        schedules: tuple[Schedule, ...] = (SCHEDULE_FROM_PROTO[inputs.schedule],)
+    else:
+        schedules = (Schedule.ONE_F_ONE_B, Schedule.GPIPE)
+    return SearchOptions(
+        memory_budget_bytes=budget,
+        global_batch_size=inputs.global_batch_size or None,
+        max_global_batch_size=inputs.max_global_batch_size,
+        schedules=schedules,
+        dims=ALL_DIMS if inputs.what_if else inputs.runnable_dims,
+        top_k=inputs.top_k,
+    )
+
+
+def _run_engines(ctx: CostContext, devices: int, options: SearchOptions, inputs: PlanInputs) -> list[PricedPlan]:
+    want = inputs.engine
+    plans: list[PricedPlan] = []
+    if want in (plan_pb2.PLAN_ENGINE_UNSPECIFIED, plan_pb2.PLAN_ENGINE_GALVATRON):
+        plans += galvatron.search(ctx, devices, options)
+    if want in (plan_pb2.PLAN_ENGINE_UNSPECIFIED, plan_pb2.PLAN_ENGINE_VARUNA):
+        batch = options.global_batch_size or next((p.global_batch_size for p in plans if not p.out_of_memory), 0)
+        if batch:
+            schedule = Schedule.VARUNA if not inputs.schedule else SCHEDULE_FROM_PROTO[inputs.schedule]
+            try:
+                plans += varuna.configure(ctx, devices, batch, options, schedule=schedule)
+            except InvalidArgument:
+                # Varuna needs D to divide the batch; the hybrid search may still have split it.
+                if want == plan_pb2.PLAN_ENGINE_VARUNA or not any(not p.out_of_memory for p in plans):
+                    raise
+        elif want == plan_pb2.PLAN_ENGINE_VARUNA:
+            raise InvalidArgument("Varuna configures a fixed global batch", field="global_batch_size",
+                                  fix="set global_batch_size")
+    if want not in (plan_pb2.PLAN_ENGINE_UNSPECIFIED, plan_pb2.PLAN_ENGINE_GALVATRON, plan_pb2.PLAN_ENGINE_VARUNA):
+        raise InvalidArgument(f"engine {plan_pb2.PlanEngine.Name(want)} is not a search engine", field="engine",
+                              fix="GALVATRON, VARUNA or unspecified")
+    return plans
+
+
+def _nothing_fits(ctx: CostContext, fleet: fleet_pb2.Fleet, options: SearchOptions) -> str:
+    """Name the smallest per-device memory, or device count, at which the leanest plan fits."""
+    devices = fleet.nodes * fleet.devices_per_node
+    lean = replace(options, global_batch_size=1, batch_radius=0, max_global_batch_size=1, dims=ALL_DIMS,
+                   checkpoint=(True,), memory_budget_bytes=1 << 62)
+    need = [p for p in baseline_engine.baselines(ctx, devices, lean) if p.peak_memory_bytes]
+    smallest = min((max(p.peak_memory_bytes) for p in need), default=0)
+    text = (f"no plan fits {_size(options.memory_budget_bytes)} per device on {devices} devices "
+            f"even fully sharded and checkpointed at batch 1")
+    if smallest:
+        text += f"; the leanest plan needs {_size(smallest)} per device"
+    more = _devices_needed(ctx, fleet, lean, options.memory_budget_bytes)
+    if more:
+        text += f", or about {more} devices at this budget"
+    return text
+
+
+def _devices_needed(ctx: CostContext, fleet: fleet_pb2.Fleet, lean: SearchOptions, budget: int) -> int:
+    """Smallest multiple of a node (up to 64 nodes) at which a ZeRO-3 checkpointed plan fits `budget`."""
+    per_node = fleet.devices_per_node
+    for nodes in range(fleet.nodes + 1, 65):
+        bigger = fleet_pb2.Fleet()
+        bigger.CopyFrom(fleet)
+        bigger.nodes = nodes
+        if not bigger.HasField("inter_node") or not bigger.inter_node.bandwidth_bytes_per_s:
+            bigger.inter_node.CopyFrom(fleet_pb2.Link(kind=fleet_pb2.LINK_KIND_INFINIBAND,
+                                                      bandwidth_bytes_per_s=25e9, latency_s=5e-6))
+        wide = CostContext(ctx.view, FleetView.from_fleet(bigger), ctx.options)
+        zero = baseline_engine.best_baseline(wide, "ZeRO-3", nodes * per_node, lean)
+        if zero.peak_memory_bytes and max(zero.peak_memory_bytes) <= budget:
+            return nodes * per_node
+    return 0
+
+
+def breakdown(ctx: CostContext, plan: PricedPlan) -> Breakdown:
+    """Cost terms of the plan's slowest stage over one iteration."""
+    pipe = build_pipeline(ctx.view, None, plan.stage_bounds, plan.strategies, plan.micro_batch_size,
+                          plan.num_micro_batches, replicas=plan.replicas, context=ctx)
+    nm = plan.num_micro_batches
+    terms = []
+    for (b, e), stage in zip(plan.stage_bounds, pipe.stages, strict=True):
+        costs = stage_layer_costs(ctx, b, e, plan.strategies, plan.micro_batch_size)
+        terms.append(Breakdown(
+            compute_s=nm * sum(c.forward_compute_s + c.backward_compute_s + c.recompute_compute_s for c in costs),
+            recompute_s=nm * sum(c.recompute_compute_s for c in costs),
+            tp_comm_s=nm * sum(c.tp_comm_s for c in costs),
+            sdp_comm_s=nm * sum(c.sdp_comm_s for c in costs),
+            grad_sync_s=stage.allreduce_s,  # in-stage DP/SDP sync and the sync across pipeline replicas
+            bubble_fraction=plan.bubble_fraction,
+        ))
+    return max(terms, key=lambda t: t.compute_s + t.tp_comm_s + t.sdp_comm_s + t.grad_sync_s)
+
+
+def explain(
+    ctx: CostContext,
+    best: PricedPlan,
+    runner_up: PricedPlan | None,
+    base: Sequence[PricedPlan],
+    budget: int,
+    inputs: PlanInputs,
+) -> str:
+    """Why this plan: what it is, what it costs, what made it beat the runner-up, and the baselines."""
+    lines = [
+        f"Chosen: {_label(best)} ({best.engine}{'' if best.engine != 'baseline' else ': ' + best.name}), "
+        f"global batch {best.global_batch_size} = {best.micro_batch_size} x {best.num_micro_batches} micro-batches"
+        f"{f' x {best.replicas} replicas' if best.replicas > 1 else ''}, {best.schedule.value}.",
+        f"Predicted {best.iteration_s:.4g} s per iteration, {best.throughput:.4g} samples/s, "
+        f"peak {_size(max(best.peak_memory_bytes))} of a {_size(budget)} budget.",
+    ]
+    terms = breakdown(ctx, best)
+    lines.append("Slowest stage per iteration: " + _terms(terms) + ".")
+    if runner_up is not None:
+        gain = best.throughput / runner_up.throughput - 1 if runner_up.throughput else math.inf
+        other = breakdown(ctx, runner_up)
+        lines.append(
+            f"Runner-up: {_label(runner_up)} ({runner_up.engine}) at {runner_up.throughput:.4g} samples/s "
+            f"({gain:+.1%} for the chosen plan); its slowest stage: {_terms(other)}."
+        )
+        lines.append("What decided it: " + _decisive(terms, other, best, runner_up) + ".")
+    fits = [b for b in base if not b.out_of_memory]
+    if fits:
+        top = max(fits, key=lambda b: b.throughput)
+        lines.append(f"Best baseline: {top.name} at {top.throughput:.4g} samples/s "
+                     f"(chosen plan {best.throughput / top.throughput:.2f}x).")
+    oom = [b.name for b in base if b.out_of_memory]
+    if oom:
+        lines.append("Out of memory at this budget: " + ", ".join(oom) + ".")
+    blocked = _not_executable(best, inputs)
+    if blocked:
+        lines.append(blocked)
+    return "\n".join(lines)
+
+
+def _size(n: float) -> str:
+    """Bytes in the largest binary unit that keeps a readable number (budgets range from MiB to TiB)."""
+    for unit, scale in (("GiB", GiB), ("MiB", float(1 << 20)), ("KiB", 1024.0)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _terms(t: Breakdown) -> str:
+    return (f"compute {t.compute_s:.4g} s (recompute {t.recompute_s:.4g} s), TP comm {t.tp_comm_s:.4g} s, "
+            f"SDP comm {t.sdp_comm_s:.4g} s, gradient sync {t.grad_sync_s:.4g} s, bubble {t.bubble_fraction:.1%}")
+
+
+def _decisive(a: Breakdown, b: Breakdown, pa: PricedPlan, pb: PricedPlan) -> str:
+    """The cost term with the largest difference in the chosen plan's favour (or the batch size)."""
+    diffs = {
+        "less compute on the slowest stage": b.compute_s - a.compute_s,
+        "less recompute": b.recompute_s - a.recompute_s,
+        "less tensor-parallel communication": b.tp_comm_s - a.tp_comm_s,
+        "less sharded-data-parallel communication": b.sdp_comm_s - a.sdp_comm_s,
+        "less gradient synchronisation": b.grad_sync_s - a.grad_sync_s,
+    }
+    name, saved = max(diffs.items(), key=lambda kv: kv[1])
+    reasons = [f"{name} ({saved:.4g} s)"] if saved > 0 else []
+    if pa.global_batch_size != pb.global_batch_size:
+        reasons.append(f"batch {pa.global_batch_size} against {pb.global_batch_size}")
+    if a.bubble_fraction < b.bubble_fraction:
+        reasons.append(f"bubble {a.bubble_fraction:.1%} against {b.bubble_fraction:.1%}")
+    if not reasons:
+        return "nothing material: the two price within rounding of each other (either would do)"
+    return "; ".join(reasons)
+
+
+def _not_executable(plan: PricedPlan, inputs: PlanInputs) -> str:
+    needed = sorted({d for s in plan.strategies for d in ALL_DIMS if getattr(s, d) > 1} - set(inputs.runnable_dims))
+    if not needed:
+        return ""
+    return (f"Not yet executable on this fleet: {', '.join(d.upper() for d in needed)} "
+            f"(executors run {', '.join(d.upper() for d in inputs.runnable_dims) or 'pipeline only'}); "
+            "what-if plan.")
+
+
+def _label(p: PricedPlan) -> str:
+    kinds = sorted({s.describe() for s in p.strategies})
+    shown = ", ".join(kinds[:3]) + (f" (+{len(kinds) - 3} more)" if len(kinds) > 3 else "")
+    return f"PP{len(p.stage_bounds)} [{shown}]"
+
+
+def _prediction(p: PricedPlan) -> plan_pb2.Prediction:
+    return plan_pb2.Prediction(
+        iteration_time_s=p.iteration_s if math.isfinite(p.iteration_s) else 0.0,
+        throughput_samples_per_s=p.throughput,
+        peak_memory_bytes=max(p.peak_memory_bytes, default=0),
+        bubble_fraction=p.bubble_fraction,
+        out_of_memory=p.out_of_memory,
+    )
+
+
+def _alternative(p: PricedPlan, name: str) -> plan_pb2.PlanAlternative:
+    return plan_pb2.PlanAlternative(
+        name=name, engine=ENGINE[p.engine], prediction=_prediction(p), global_batch_size=p.global_batch_size,
+        reason=p.reason,
+    )
+
+
+def _to_proto(
+    ctx: CostContext, profile: profile_pb2.Profile, fleet: fleet_pb2.Fleet, p: PricedPlan, budget: int
+) -> plan_pb2.Plan:
+    plan = plan_pb2.Plan(
+        model_id=profile.model_id, profile_id=profile.id, engine=ENGINE[p.engine], version=1,
+        global_batch_size=p.global_batch_size, micro_batch_size=p.micro_batch_size,
+        num_micro_batches=p.num_micro_batches, schedule=SCHEDULE[p.schedule], prediction=_prediction(p),
+        memory_budget_bytes=budget,
+    )
+    plan.fleet.CopyFrom(fleet)
+    # Varuna's D pipeline replicas are, per stage, a D-way data-parallel group: the plan states them as
+    # dp x D on every layer with the micro-batch of all D replicas, which is how executors build them.
+    strategies = [
+        replace(st, dp=st.dp * p.replicas, order=st.order if st.dp > 1 or p.replicas == 1 else ("dp", *st.order))
+        for st in p.strategies
+    ]
+    plan.micro_batch_size = p.micro_batch_size * p.replicas
+    for s, (b, e) in enumerate(p.stage_bounds):
+        costs = stage_layer_costs(ctx, b, e, p.strategies, p.micro_batch_size)
+        plan.stages.append(plan_pb2.Stage(
+            index=s, layer_begin=b, layer_end=e, devices=strategies[b].devices,
+            predicted_time_s=sum(c.per_micro_batch_s for c in costs),
+            predicted_peak_memory_bytes=p.peak_memory_bytes[s],
+        ))
+        for i in range(b, e):
+            plan.layers.append(strategies[i].to_proto(i, s))
+    return plan

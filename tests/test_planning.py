@@ -1,0 +1,119 @@
+"""make_plan: engines and baselines on one cost model, the choice, its explanation, and bad requests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from google.protobuf.json_format import ParseDict
+
+from ballast.v1 import model_pb2, plan_pb2
+from services.planner.fleet_file import load_fleet
+from services.planner.planning import PlanInputs, make_plan, runnable_dims
+from services.profiler.projection import analytical_profile
+from services.runtime.errors import FailedPrecondition, InvalidArgument
+
+ROOT = Path(__file__).resolve().parents[1]
+BASELINES = ["DDP", "ZeRO-3", "Megatron TP", "GPipe", "DeepSpeed 3D", "DP+TP", "DP+PP"]
+GPT = {
+    "name": "gpt-8x512",
+    "family": "MODEL_FAMILY_GPT",
+    "dtype": "DTYPE_FP32",
+    "transformer": {"num_layers": 8, "hidden_size": 512, "num_heads": 8, "vocab_size": 8192, "seq_length": 256},
+}
+
+
+@pytest.fixture(scope="module")
+def profile():
+    prof = analytical_profile(ParseDict(GPT, model_pb2.ModelSpec()), "nvidia-titan-rtx-24gb", "fp32")
+    prof.id, prof.model_id = "prf-test", "mdl-test"
+    return prof
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    return load_fleet(ROOT / "examples" / "fleet-8xTITAN.yaml", dtype="fp32")
+
+
+@pytest.fixture(scope="module")
+def plan(profile, fleet):
+    return make_plan(profile, fleet, PlanInputs(max_global_batch_size=64))
+
+
+def test_plan_covers_every_layer_once_in_contiguous_stages(plan, profile):
+    assert [layer.layer_index for layer in plan.layers] == list(range(len(profile.layers)))
+    assert plan.stages[0].layer_begin == 0 and plan.stages[-1].layer_end == len(profile.layers)
+    for a, b in zip(plan.stages, plan.stages[1:], strict=False):
+        assert a.layer_end == b.layer_begin
+    for layer in plan.layers:
+        stage = plan.stages[layer.stage_index]
+        assert stage.layer_begin <= layer.layer_index < stage.layer_end
+    assert plan.global_batch_size == plan.micro_batch_size * plan.num_micro_batches
+    assert sum(s.devices for s in plan.stages) <= 8
+
+
+def test_plan_fits_and_is_never_below_a_baseline(plan):
+    assert not plan.prediction.out_of_memory
+    assert plan.prediction.peak_memory_bytes <= plan.memory_budget_bytes
+    baselines = {a.name: a for a in plan.alternatives if a.engine == plan_pb2.PLAN_ENGINE_BASELINE}
+    assert list(baselines) == BASELINES
+    for b in baselines.values():
+        if not b.prediction.out_of_memory:
+            assert plan.prediction.throughput_samples_per_s >= b.prediction.throughput_samples_per_s - 1e-9
+
+
+def test_default_runnable_dims_keep_the_plan_executable(plan):
+    """Executors run pipeline x data parallel (issue 5 item 8): no TP or SDP in a plan they must run."""
+    assert all(layer.tp == 1 and layer.sdp == 1 for layer in plan.layers)
+    assert "Not yet executable" not in plan.explanation
+
+
+def test_explanation_names_the_winner_the_runner_up_and_the_baselines(plan):
+    text = plan.explanation
+    assert text.startswith("Chosen: ")
+    assert "samples/s" in text and "Best baseline:" in text
+    if any(a.name.startswith("runner-up") for a in plan.alternatives):
+        assert "Runner-up:" in text and "What decided it:" in text
+
+
+def test_what_if_may_use_the_full_space_and_says_what_is_not_executable(profile, fleet):
+    plan = make_plan(profile, fleet, PlanInputs(what_if=True, max_global_batch_size=64, runnable_dims=("dp",)))
+    uses = {d for layer in plan.layers for d in ("tp", "sdp") if getattr(layer, d) > 1}
+    assert ("Not yet executable" in plan.explanation) == bool(uses)
+
+
+def test_fixed_global_batch_is_kept(profile, fleet):
+    plan = make_plan(profile, fleet, PlanInputs(global_batch_size=32))
+    assert plan.global_batch_size == 32
+
+
+def test_nothing_fits_names_the_memory_or_devices_that_would(profile, fleet):
+    with pytest.raises(FailedPrecondition) as err:
+        make_plan(profile, fleet, PlanInputs(memory_budget_bytes=1 << 20, max_global_batch_size=8))
+    assert "the leanest plan needs" in str(err.value) and "MiB per device" in str(err.value)
+    assert err.value.field == "memory_budget_bytes"
+
+
+def test_bad_requests_name_the_field(profile, fleet):
+    with pytest.raises(InvalidArgument) as err:
+        make_plan(profile, fleet, PlanInputs(engine=plan_pb2.PLAN_ENGINE_VARUNA))
+    assert err.value.field == "global_batch_size"
+    with pytest.raises(InvalidArgument) as err:
+        make_plan(profile, fleet, PlanInputs(engine=plan_pb2.PLAN_ENGINE_HARMONY))
+    assert err.value.field == "engine"
+    with pytest.raises(InvalidArgument) as err:
+        make_plan(profile, fleet, PlanInputs(schedule=plan_pb2.SCHEDULE_HARMONY_WRAP))
+    assert err.value.field == "schedule"
+
+
+def test_runnable_dims_are_what_every_host_runs():
+    from ballast.v1 import common_pb2 as c
+
+    assert runnable_dims([]) == ("dp",)
+    assert runnable_dims([[c.PARALLEL_DIM_PP, c.PARALLEL_DIM_DP], [c.PARALLEL_DIM_DP, c.PARALLEL_DIM_TP]]) == ("dp",)
+    assert runnable_dims([[c.PARALLEL_DIM_DP, c.PARALLEL_DIM_TP]]) == ("dp", "tp")
+
+
+def test_example_fleet_yaml_parses():
+    assert yaml.safe_load((ROOT / "examples" / "fleet-8xTITAN.yaml").read_text())["nodes"] == 1
