@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,8 @@ pytestmark = pytest.mark.slow
 
 
 def ballast(settings, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ballast", *args], env=settings_env(settings), cwd=ROOT,
+    env = {**settings_env(settings), "COLUMNS": "200"}  # rich wraps at 80 columns without a terminal
+    return subprocess.run([sys.executable, "-m", "ballast", *args], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -64,6 +66,55 @@ def test_up_status_sql_down(tmp_path: Path) -> None:
     leftovers = subprocess.run(["pgrep", "-f", data_dir], capture_output=True, text=True).stdout.split()
     assert leftovers == []
     assert ballast(settings, "status", "--data-dir", data_dir).returncode == 1
+
+
+def test_plan_and_explain_against_a_running_control_plane(tmp_path: Path) -> None:
+    """What a new user runs: up, plan a model for a fleet of GPUs this host does not have, explain, SQL, down."""
+    settings = make_settings(tmp_path / "d")
+    data_dir = str(settings.data_dir)
+    plan_args = ("plan", "examples/gpt-tiny.yaml", "--fleet", "examples/fleet-8xTITAN.yaml", "--batch", "64",
+                 "--data-dir", data_dir)
+    up = ballast(settings, "up", "--data-dir", data_dir, "--executors", "1")
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        planned = ballast(settings, *plan_args)
+        assert planned.returncode == 0, planned.stdout + planned.stderr
+        out = planned.stdout
+        plan_id = re.search(r"plan (pln-[0-9a-f]+) \(request (req-[0-9a-f]+)\)", out).group(1)
+        assert "analytical for nvidia-titan-rtx-24gb, nothing measured" in out  # which profile, said plainly
+        assert "batch 64 =" in out and "per-layer strategies" in out and "Chosen: " in out
+        assert "DDP" in out and "ZeRO-3" in out  # the baseline table
+
+        again = ballast(settings, *plan_args, "--json")  # same model, fleet and options: the same plan
+        assert again.returncode == 0, again.stderr
+        reply = json.loads(again.stdout)
+        assert reply["plan"]["id"] == plan_id and reply["profile"]["kind"] == "analytical"
+        layers = len(reply["plan"]["layers"])
+
+        explained = ballast(settings, "explain", plan_id, "--data-dir", data_dir)
+        assert explained.returncode == 0, explained.stderr
+        assert "Chosen: " in explained.stdout and "per-layer strategies" in explained.stdout
+        assert "alternatives and baselines" in explained.stdout
+
+        def rows(sql: str) -> list:
+            done = ballast(settings, "sql", "--json", "--data-dir", data_dir, sql)
+            assert done.returncode == 0, done.stderr
+            return json.loads(done.stdout)["rows"]
+
+        assert rows(f"SELECT count(*) FROM plans WHERE id = '{plan_id}' AND request_id IS NOT NULL") == [[1]]
+        assert rows(f"SELECT count(*) FROM plan_layers WHERE plan_id = '{plan_id}'") == [[layers]]
+        assert rows(f"SELECT count(*) FROM plan_candidates WHERE plan_id = '{plan_id}'")[0][0] >= 7
+
+        what_if = ballast(settings, *plan_args, "--what-if", "--json")
+        assert what_if.returncode == 0, what_if.stderr
+        assert not json.loads(what_if.stdout)["plan"].get("id")
+        assert rows("SELECT count(*) FROM plans") == [[1]]  # what-if plans are not stored
+
+        missing = ballast(settings, "explain", "pln-doesnotexist", "--data-dir", data_dir)
+        assert missing.returncode == 1 and "NOT_FOUND" in missing.stderr
+    finally:
+        down = ballast(settings, "down", "--data-dir", data_dir)
+    assert down.returncode == 0, down.stderr
 
 
 def test_up_names_the_component_that_fails(tmp_path: Path) -> None:

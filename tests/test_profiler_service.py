@@ -94,6 +94,30 @@ def test_bad_input_names_the_field_and_stores_nothing(plane, mutate, code, field
         assert after == before
 
 
+def test_analytical_profile_for_any_catalog_device_is_stored_once_and_measures_nothing(plane) -> None:
+    ask = services_pb2.ProfileRequest(model=tiny_gpt("gpt-analytical"), analytical=True, device_kind="A100-80GB",
+                                      options=services_pb2.ProfileOptions(micro_batch_sizes=[1, 2, 4]))
+    with plane.client() as client:
+        updates = list(client.profiler.ProfileStream(ask, timeout=60))
+        assert len(updates) == 1 and not updates[0].cached  # no measuring phases: nothing ran on this host
+        profile = updates[0].profile
+        assert profile.id and profile.projected and not profile.source_profile_id
+        assert profile.device.kind == "nvidia-a100-80gb" and profile.software.startswith("analytical roofline")
+        assert [s.micro_batch_size for s in profile.layers[0].samples] == [1, 2, 4]
+        assert not any(s.measured for layer in profile.layers for s in layer.samples)
+        again = client.profiler.Profile(ask, timeout=60)
+        assert again == profile  # the same model, device, precision, formula and sizes: reused
+        for mutate, field in [(lambda r: setattr(r, "device_kind", ""), "device_kind"),
+                              (lambda r: setattr(r, "project_to", "H100"), "project_to"),
+                              (lambda r: setattr(r, "device_kind", "abacus"), "device")]:
+            bad = services_pb2.ProfileRequest()
+            bad.CopyFrom(ask)
+            mutate(bad)
+            with pytest.raises(grpc.RpcError) as info:
+                client.profiler.Profile(bad, timeout=60)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in info.value.details()
+
+
 def test_a_worker_that_dies_is_reported_and_nothing_is_stored(plane) -> None:
     from services.runtime.remote import store_stubs
 

@@ -123,12 +123,12 @@ def test_unknown_id_is_not_found(plane) -> None:
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-def test_later_rpcs_are_unimplemented_and_say_what_is_missing(plane) -> None:
+def test_empty_plan_and_profile_requests_name_the_missing_field(plane) -> None:
     with plane.client() as client:
         with pytest.raises(grpc.RpcError) as info:
             client.planner.Plan(services_pb2.PlanRequest(profile_id="prf-x"))
-        assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
-        assert "plan search" in info.value.details()
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "fleet" in info.value.details()
         with pytest.raises(grpc.RpcError) as info:
             client.profiler.Profile(services_pb2.ProfileRequest())
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT

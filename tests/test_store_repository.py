@@ -1395,6 +1395,99 @@ def test_plan_versions_are_unique_per_job(store: Store):
         conn.execute(sa.text(f"UPDATE plans SET version = 7 WHERE job_id = '{job.id}' AND version = 8"))
 
 
+# --- plans: CreatePlan is idempotent by request_id ------------------------------------------------
+
+
+def test_create_plan_with_a_request_id_stores_one_plan(store: Store):
+    """A re-run search (same queued request id) gets the stored plan back; the key is per tenant."""
+    repo, a, b = store.repo, store.a, store.b
+    job = new_job(store)
+    prof = repo.create_profile(a, store_pb2.CreateProfileRequest(profile=profile_msg(job.model_id)))
+    sent = plan_msg(job.model_id, profile_id=prof.id)
+
+    def create(who: Principal, plan: plan_pb2.Plan, key: str = "req-1") -> plan_pb2.Plan:
+        return repo.create_plan(who, store_pb2.CreatePlanRequest(plan=plan, request_id=key))
+
+    first = create(a, sent)
+    assert create(a, sent) == first
+    assert create(store.admin, sent) == first  # the worker acts as the platform; the key is the model tenant's
+    assert store.count("plans") == 1 and store.count("plan_layers") == 2 and store.count("plan_candidates") == 1
+    assert create(a, sent, key="req-2").id != first.id  # another key, another plan
+    other = plan_msg(job.model_id)  # no profile: not the plan stored under req-1
+    with pytest.raises(AlreadyExists) as err:
+        create(a, other)
+    assert err.value.field == "request_id"
+    b_job = new_job(store, who=b)
+    b_plan = create(b, plan_msg(b_job.model_id))  # b's req-1 is its own key, and says nothing of a's
+    assert b_plan.tenant_id == b.tenant_id and b_plan.id != first.id
+    with pytest.raises(NotFound):  # and a's stored plan stays invisible to b through the key
+        create(b, sent)
+    assert store.count("plans") == 3
+    plain = [repo.create_plan(a, store_pb2.CreatePlanRequest(plan=sent)) for _ in range(2)]  # no key: no dedup
+    assert plain[0].id != plain[1].id
+    with pytest.raises(sa.exc.IntegrityError), store.engine.begin() as conn:  # the database enforces the key
+        conn.execute(sa.text(f"UPDATE plans SET request_id = 'req-1' WHERE id = '{plain[0].id}'"))
+
+
+def test_concurrent_create_plan_with_one_request_id_stores_one_plan(store: Store):
+    """Two workers racing to store one request's plan: the loser of the insert gets the winner's plan."""
+    job = new_job(store)
+    sent = plan_msg(job.model_id)
+    barrier = threading.Barrier(4)
+    ids: list[str] = []
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            barrier.wait()
+            ids.append(store.repo.create_plan(store.admin, store_pb2.CreatePlanRequest(
+                plan=sent, request_id="req-race")).id)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(set(ids)) == 1 and len(ids) == 4
+    assert store.count("plans") == 1
+
+
+def test_migration_0005_adds_and_drops_the_request_key(empty_database_url):
+    url = empty_database_url
+    schema.upgrade(url)
+    engine = create_engine(url)
+    repo = Repository(engine, now=FakeClock())
+    admin = repo.ensure_admin(ADMIN_TOKEN)
+    model = repo.create_model(admin, store_pb2.CreateModelRequest(spec=gpt()))
+    keyed = repo.create_plan(admin, store_pb2.CreatePlanRequest(plan=plan_msg(model.id), request_id="req-k"))
+    engine.dispose()
+
+    def state() -> tuple[set[str], set[str]]:
+        inspector = sa.inspect(engine)
+        return ({c["name"] for c in inspector.get_columns("plans")},
+                {u["name"] for u in inspector.get_unique_constraints("plans")})
+
+    try:
+        schema.downgrade(url, "0004_profile_details")
+        columns, uniques = state()
+        assert "request_id" not in columns and "uq_plans_tenant_request" not in uniques
+        assert "uq_plans_job_version" in uniques
+        with engine.connect() as conn:  # plans and their rows survive the rebuild
+            assert conn.execute(sa.text("SELECT count(*) FROM plan_layers")).scalar_one() == 2
+        engine.dispose()
+        schema.upgrade(url)
+        schema.check_schema(engine)
+        columns, uniques = state()
+        assert "request_id" in columns and "uq_plans_tenant_request" in uniques
+        assert repo.get_plan(admin, store_pb2.GetRequest(id=keyed.id)).id == keyed.id
+        again = repo.create_plan(admin, store_pb2.CreatePlanRequest(plan=plan_msg(model.id), request_id="req-k"))
+        assert again.id != keyed.id  # the key was dropped with the column; the plan was kept
+    finally:
+        engine.dispose()
+
+
 def test_migration_0003_renumbers_clashing_plans_and_releases_failed_keys(empty_database_url):
     url = empty_database_url
     schema.upgrade(url)

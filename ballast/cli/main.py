@@ -9,6 +9,7 @@ from pathlib import Path
 
 import grpc
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ballast.config import Settings, load_settings
@@ -119,7 +120,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
         return 0
     table = Table(*reply.columns)
     for row in rows:
-        table.add_row(*["NULL" if v is None else str(v) for v in row])
+        table.add_row(*["NULL" if v is None else escape(str(v)) for v in row])  # values are data, not markup
     console.print(table)
     if reply.truncated:
         err.print(f"(truncated at {args.limit or 1000} rows; raise --limit)")
@@ -188,6 +189,18 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return run(_settings(args), args)
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from ballast.cli.plan import run_plan
+
+    return run_plan(_settings(args), args)
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from ballast.cli.plan import run_explain
+
+    return run_explain(_settings(args), args)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from ballast.cli.demo import run_demo
 
@@ -235,6 +248,12 @@ def build_parser() -> argparse.ArgumentParser:
     from ballast.cli.profile import add_arguments
 
     add_arguments(p)
+    from ballast.cli.plan import add_explain_arguments, add_plan_arguments
+
+    p = add("plan", cmd_plan, "profile a model for a fleet and search its plan (stages, per-layer table, baselines)")
+    add_plan_arguments(p)
+    p = add("explain", cmd_explain, "a stored plan: its explanation, per-layer strategies and alternatives")
+    add_explain_arguments(p)
     p = add("demo", cmd_demo, "bring the control plane up, store examples/gpt-tiny.yaml, read it back, shut down")
     p.add_argument("--model", type=Path, default=None)
     p.add_argument("--executors", type=int, default=1)

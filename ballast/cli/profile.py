@@ -69,21 +69,27 @@ def layer_table(profile: profile_pb2.Profile) -> Table:
     return table
 
 
+def stream(client: Client, request: services_pb2.ProfileRequest) -> services_pb2.ProfileProgress:
+    """ProfileStream with a progress bar on stderr; the last update (it carries the profile)."""
+    final = None
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                  TimeElapsedColumn(), console=err, transient=True) as bar:
+        task = bar.add_task("profiling", total=1.0)
+        for update in client.profiler.ProfileStream(request):
+            label = update.phase + (f" layer {update.layer_index + 1}/{update.layers_total}"
+                                    if update.layers_total else "")
+            if update.micro_batch_size:
+                label += f" m={update.micro_batch_size}"
+            bar.update(task, completed=update.fraction, description=label)
+            final = update
+    return final
+
+
 def run(settings: Settings, args: argparse.Namespace) -> int:
     request = build_request(args)
-    final = None
     with Client(profiler=settings.address("profiler"), token=settings.resolved_token()) as client:
         try:
-            with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                          TimeElapsedColumn(), console=err, transient=True) as bar:
-                task = bar.add_task("profiling", total=1.0)
-                for update in client.profiler.ProfileStream(request):
-                    label = update.phase + (f" layer {update.layer_index + 1}/{update.layers_total}"
-                                            if update.layers_total else "")
-                    if update.micro_batch_size:
-                        label += f" m={update.micro_batch_size}"
-                    bar.update(task, completed=update.fraction, description=label)
-                    final = update
+            final = stream(client, request)
         except grpc.RpcError as exc:
             err.print(f"[red]error[/red] {exc.code().name}: {exc.details()}")
             return 1

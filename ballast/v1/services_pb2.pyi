@@ -65,7 +65,7 @@ class CalibrateRequest(_message.Message):
     def __init__(self, group_sizes: _Optional[_Iterable[int]] = ..., sizes_bytes: _Optional[_Iterable[int]] = ..., backend: _Optional[str] = ...) -> None: ...
 
 class ProfileRequest(_message.Message):
-    __slots__ = ("model_id", "device_kind", "max_micro_batch_size", "memory_cap_bytes", "refresh", "model", "dtype", "options", "project_to")
+    __slots__ = ("model_id", "device_kind", "max_micro_batch_size", "memory_cap_bytes", "refresh", "model", "dtype", "options", "project_to", "analytical")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_KIND_FIELD_NUMBER: _ClassVar[int]
     MAX_MICRO_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -75,6 +75,7 @@ class ProfileRequest(_message.Message):
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     PROJECT_TO_FIELD_NUMBER: _ClassVar[int]
+    ANALYTICAL_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     device_kind: str
     max_micro_batch_size: int
@@ -84,7 +85,8 @@ class ProfileRequest(_message.Message):
     dtype: _common_pb2.DType
     options: ProfileOptions
     project_to: str
-    def __init__(self, model_id: _Optional[str] = ..., device_kind: _Optional[str] = ..., max_micro_batch_size: _Optional[int] = ..., memory_cap_bytes: _Optional[int] = ..., refresh: _Optional[bool] = ..., model: _Optional[_Union[_model_pb2.ModelSpec, _Mapping]] = ..., dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., options: _Optional[_Union[ProfileOptions, _Mapping]] = ..., project_to: _Optional[str] = ...) -> None: ...
+    analytical: bool
+    def __init__(self, model_id: _Optional[str] = ..., device_kind: _Optional[str] = ..., max_micro_batch_size: _Optional[int] = ..., memory_cap_bytes: _Optional[int] = ..., refresh: _Optional[bool] = ..., model: _Optional[_Union[_model_pb2.ModelSpec, _Mapping]] = ..., dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., options: _Optional[_Union[ProfileOptions, _Mapping]] = ..., project_to: _Optional[str] = ..., analytical: _Optional[bool] = ...) -> None: ...
 
 class ProjectProfileRequest(_message.Message):
     __slots__ = ("profile_id", "device")
@@ -127,6 +129,48 @@ class PlanOperation(_message.Message):
     request: _queue_pb2.QueuedRequest
     plan_id: str
     def __init__(self, request: _Optional[_Union[_queue_pb2.QueuedRequest, _Mapping]] = ..., plan_id: _Optional[str] = ...) -> None: ...
+
+class ComparePlansRequest(_message.Message):
+    __slots__ = ("plan_ids",)
+    PLAN_IDS_FIELD_NUMBER: _ClassVar[int]
+    plan_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, plan_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class PlanComparison(_message.Message):
+    __slots__ = ("plan_id", "engine", "profile_id", "fleet_name", "devices", "global_batch_size", "micro_batch_size", "num_micro_batches", "pipeline_stages", "schedule", "prediction", "relative_throughput")
+    PLAN_ID_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
+    FLEET_NAME_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MICRO_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    NUM_MICRO_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    PIPELINE_STAGES_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    PREDICTION_FIELD_NUMBER: _ClassVar[int]
+    RELATIVE_THROUGHPUT_FIELD_NUMBER: _ClassVar[int]
+    plan_id: str
+    engine: _plan_pb2.PlanEngine
+    profile_id: str
+    fleet_name: str
+    devices: int
+    global_batch_size: int
+    micro_batch_size: int
+    num_micro_batches: int
+    pipeline_stages: int
+    schedule: _plan_pb2.Schedule
+    prediction: _plan_pb2.Prediction
+    relative_throughput: float
+    def __init__(self, plan_id: _Optional[str] = ..., engine: _Optional[_Union[_plan_pb2.PlanEngine, str]] = ..., profile_id: _Optional[str] = ..., fleet_name: _Optional[str] = ..., devices: _Optional[int] = ..., global_batch_size: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., num_micro_batches: _Optional[int] = ..., pipeline_stages: _Optional[int] = ..., schedule: _Optional[_Union[_plan_pb2.Schedule, str]] = ..., prediction: _Optional[_Union[_plan_pb2.Prediction, _Mapping]] = ..., relative_throughput: _Optional[float] = ...) -> None: ...
+
+class ComparePlansResponse(_message.Message):
+    __slots__ = ("plans", "best_plan_id")
+    PLANS_FIELD_NUMBER: _ClassVar[int]
+    BEST_PLAN_ID_FIELD_NUMBER: _ClassVar[int]
+    plans: _containers.RepeatedCompositeFieldContainer[PlanComparison]
+    best_plan_id: str
+    def __init__(self, plans: _Optional[_Iterable[_Union[PlanComparison, _Mapping]]] = ..., best_plan_id: _Optional[str] = ...) -> None: ...
 
 class EchoRequest(_message.Message):
     __slots__ = ("text",)

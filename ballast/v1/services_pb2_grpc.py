@@ -4,6 +4,7 @@ import grpc
 import warnings
 
 from ballast.v1 import job_pb2 as ballast_dot_v1_dot_job__pb2
+from ballast.v1 import plan_pb2 as ballast_dot_v1_dot_plan__pb2
 from ballast.v1 import profile_pb2 as ballast_dot_v1_dot_profile__pb2
 from ballast.v1 import queue_pb2 as ballast_dot_v1_dot_queue__pb2
 from ballast.v1 import services_pb2 as ballast_dot_v1_dot_services__pb2
@@ -355,6 +356,21 @@ class PlannerServiceStub:
                 request_serializer=ballast_dot_v1_dot_store__pb2.GetRequest.SerializeToString,
                 response_deserializer=ballast_dot_v1_dot_queue__pb2.QueuedRequest.FromString,
                 _registered_method=True)
+        self.GetPlan = channel.unary_unary(
+                '/ballast.v1.PlannerService/GetPlan',
+                request_serializer=ballast_dot_v1_dot_store__pb2.GetRequest.SerializeToString,
+                response_deserializer=ballast_dot_v1_dot_plan__pb2.Plan.FromString,
+                _registered_method=True)
+        self.WhatIf = channel.unary_unary(
+                '/ballast.v1.PlannerService/WhatIf',
+                request_serializer=ballast_dot_v1_dot_services__pb2.PlanRequest.SerializeToString,
+                response_deserializer=ballast_dot_v1_dot_plan__pb2.Plan.FromString,
+                _registered_method=True)
+        self.Compare = channel.unary_unary(
+                '/ballast.v1.PlannerService/Compare',
+                request_serializer=ballast_dot_v1_dot_services__pb2.ComparePlansRequest.SerializeToString,
+                response_deserializer=ballast_dot_v1_dot_services__pb2.ComparePlansResponse.FromString,
+                _registered_method=True)
 
 
 class PlannerServiceServicer:
@@ -389,6 +405,29 @@ class PlannerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetPlan(self, request, context):
+        """Get a stored plan (the caller's tenant only).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WhatIf(self, request, context):
+        """Search a plan synchronously over the full strategy space (what_if: the explanation says what no
+        executor runs yet) and return it without storing it; for small spaces within the call's deadline,
+        DEADLINE_EXCEEDED otherwise (use Plan, which is queued and stored).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Compare(self, request, context):
+        """Predictions of stored plans side by side.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PlannerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -411,6 +450,21 @@ def add_PlannerServiceServicer_to_server(servicer, server):
                     servicer.GetQueuedRequest,
                     request_deserializer=ballast_dot_v1_dot_store__pb2.GetRequest.FromString,
                     response_serializer=ballast_dot_v1_dot_queue__pb2.QueuedRequest.SerializeToString,
+            ),
+            'GetPlan': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPlan,
+                    request_deserializer=ballast_dot_v1_dot_store__pb2.GetRequest.FromString,
+                    response_serializer=ballast_dot_v1_dot_plan__pb2.Plan.SerializeToString,
+            ),
+            'WhatIf': grpc.unary_unary_rpc_method_handler(
+                    servicer.WhatIf,
+                    request_deserializer=ballast_dot_v1_dot_services__pb2.PlanRequest.FromString,
+                    response_serializer=ballast_dot_v1_dot_plan__pb2.Plan.SerializeToString,
+            ),
+            'Compare': grpc.unary_unary_rpc_method_handler(
+                    servicer.Compare,
+                    request_deserializer=ballast_dot_v1_dot_services__pb2.ComparePlansRequest.FromString,
+                    response_serializer=ballast_dot_v1_dot_services__pb2.ComparePlansResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -522,6 +576,87 @@ class PlannerService:
             '/ballast.v1.PlannerService/GetQueuedRequest',
             ballast_dot_v1_dot_store__pb2.GetRequest.SerializeToString,
             ballast_dot_v1_dot_queue__pb2.QueuedRequest.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPlan(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ballast.v1.PlannerService/GetPlan',
+            ballast_dot_v1_dot_store__pb2.GetRequest.SerializeToString,
+            ballast_dot_v1_dot_plan__pb2.Plan.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WhatIf(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ballast.v1.PlannerService/WhatIf',
+            ballast_dot_v1_dot_services__pb2.PlanRequest.SerializeToString,
+            ballast_dot_v1_dot_plan__pb2.Plan.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Compare(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ballast.v1.PlannerService/Compare',
+            ballast_dot_v1_dot_services__pb2.ComparePlansRequest.SerializeToString,
+            ballast_dot_v1_dot_services__pb2.ComparePlansResponse.FromString,
             options,
             channel_credentials,
             insecure,

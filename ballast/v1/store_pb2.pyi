@@ -152,10 +152,12 @@ class ListHostsResponse(_message.Message):
     def __init__(self, hosts: _Optional[_Iterable[_Union[_fleet_pb2.Host, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class CreatePlanRequest(_message.Message):
-    __slots__ = ("plan",)
+    __slots__ = ("plan", "request_id")
     PLAN_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     plan: _plan_pb2.Plan
-    def __init__(self, plan: _Optional[_Union[_plan_pb2.Plan, _Mapping]] = ...) -> None: ...
+    request_id: str
+    def __init__(self, plan: _Optional[_Union[_plan_pb2.Plan, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class ListPlansRequest(_message.Message):
     __slots__ = ("page", "model_id", "job_id", "engine")

@@ -22,7 +22,8 @@ from services.runtime.remote import call, store_stubs
 log = logging.getLogger("ballast.worker")
 
 TASK = "ballast.planner.run_request"
-HOLD_ENV = "BALLAST_TEST_TASK_HOLD_S"
+HOLD_ENV = "BALLAST_TEST_TASK_HOLD_S"  # test hooks: hold a task open before / after its handler ran
+HOLD_AFTER_ENV = "BALLAST_TEST_TASK_HOLD_AFTER_S"
 
 
 def make_app(settings: Settings) -> Celery:
@@ -66,7 +67,8 @@ def _run_request(request_id: str) -> None:
     if not _WORKER:
         configure_worker(load_settings())
     settings, store, worker = _WORKER["settings"], _WORKER["store"], _WORKER["name"]
-    queue.run_request(store, request_id, worker, settings.lease_seconds, float(os.environ.get(HOLD_ENV, "0")))
+    queue.run_request(store, request_id, worker, settings.lease_seconds, float(os.environ.get(HOLD_ENV, "0")),
+                      float(os.environ.get(HOLD_AFTER_ENV, "0")))
 
 
 def sender(app: Celery, queue_name: str):

@@ -13,26 +13,57 @@ import logging
 import os
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from ballast.v1 import queue_pb2, store_pb2, store_pb2_grpc
-from services.runtime.errors import FailedPrecondition, InvalidArgument
+from services.runtime.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
 from services.runtime.remote import call
 
 log = logging.getLogger("ballast.queue")
 
 Send = Callable[[str], None]
-# A handler gets the payload and an event set when its lease is lost: long work checks it and stops,
-# because another worker now owns the request and this one's result will be refused.
-Handler = Callable[[dict[str, Any], threading.Event], dict[str, Any]]
+# Failures worth another attempt (the store restarting); anything else a handler raises is deterministic for
+# its payload (bad input, nothing fits) and ends the request as FAILED at once, with the error as its reason.
+TRANSIENT = (Unavailable, DeadlineExceeded)
 
 
-def _echo(payload: dict[str, Any], lease_lost: threading.Event) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Task:
+    """What a handler gets besides its payload.
+
+    `request` is the claimed row: its id is the idempotency key for anything the handler stores (a re-run
+    after a lost lease must find its own earlier write), its tenant_id who asked, as the store recorded it.
+    `store` acts for the platform, so the handler itself must confine the work to that tenant's rows.
+    `lease_lost` is set when another worker took the request: long work checks it and stops (LeaseLost),
+    because this worker's result would be refused.
+    """
+
+    request: queue_pb2.QueuedRequest
+    store: store_pb2_grpc.StoreServiceStub
+    lease_lost: threading.Event
+
+
+class LeaseLost(Exception):
+    """Raised by a handler that saw its lease go: another worker owns the request; nothing is completed."""
+
+
+Handler = Callable[[dict[str, Any], Task], dict[str, Any]]
+
+
+def _echo(payload: dict[str, Any], task: Task) -> dict[str, Any]:
     """Diagnostic: proves the path client -> store -> broker -> worker -> store end to end."""
     return {"text": str(payload.get("text", "")), "worker_pid": os.getpid()}
 
 
-HANDLERS: dict[str, Handler] = {"diagnostic.echo": _echo}
+def _plan(payload: dict[str, Any], task: Task) -> dict[str, Any]:
+    """A plan search (services/planner/plans.py); imported on first use, as the search pulls in numpy."""
+    from services.planner.plans import run_plan
+
+    return run_plan(payload, task)
+
+
+HANDLERS: dict[str, Handler] = {"diagnostic.echo": _echo, "planner.plan": _plan}
 
 
 def submit(store: store_pb2_grpc.StoreServiceStub, kind: str, payload: dict[str, Any], send: Send,
@@ -84,8 +115,9 @@ class Sweeper(threading.Thread):
 
 
 def run_request(store: store_pb2_grpc.StoreServiceStub, request_id: str, worker: str, lease_s: float,
-                hold_s: float = 0.0) -> queue_pb2.QueuedRequest | None:
-    """Claim, run and complete one request. Returns the completed request, or None if not ours to run."""
+                hold_s: float = 0.0, hold_after_s: float = 0.0) -> queue_pb2.QueuedRequest | None:
+    """Claim, run and complete one request. Returns the completed request, or None if not ours to run
+    (or left for another attempt after a transient failure: the lease expires and the sweeper re-sends it)."""
     claim = call(store.ClaimRequest, store_pb2.ClaimRequestRequest(id=request_id, worker=worker,
                                                                   lease_seconds=lease_s))
     if not claim.claimed:
@@ -108,21 +140,35 @@ def run_request(store: store_pb2_grpc.StoreServiceStub, request_id: str, worker:
 
     renewer = threading.Thread(target=renew, name=f"lease-{request_id}", daemon=True)
     renewer.start()
+    completion: store_pb2.CompleteRequestRequest | None = None
     try:
         if hold_s:
             lost.wait(hold_s)  # test hook: keeps the task open so a kill lands mid-task
         request = claim.request
         try:
-            result = HANDLERS[request.kind](json.loads(request.payload_json), lost)
+            result = HANDLERS[request.kind](json.loads(request.payload_json), Task(request, store, lost))
             completion = store_pb2.CompleteRequestRequest(id=request_id, lease_token=token,
                                                           result_json=json.dumps(result, sort_keys=True))
-        except Exception as exc:  # noqa: BLE001 - recorded as the request's error
+            if hold_after_s:
+                lost.wait(hold_after_s)  # test hook: the work is done (and stored) but not yet completed
+        except LeaseLost:
+            log.warning("lease lost mid-task; stopped", extra={"request_id": request_id})
+        except TRANSIENT as exc:
+            if request.attempts < request.max_attempts:
+                log.warning("transient failure; the sweeper retries after the lease expires",
+                            extra={"request_id": request_id, "attempt": request.attempts, "why": str(exc)})
+            else:  # out of attempts: record the real reason rather than "gave up" at the next claim
+                completion = store_pb2.CompleteRequestRequest(id=request_id, lease_token=token,
+                                                              error=f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - deterministic for this payload: recorded, never retried
             log.exception("request failed", extra={"request_id": request_id})
             completion = store_pb2.CompleteRequestRequest(id=request_id, lease_token=token,
                                                           error=f"{type(exc).__name__}: {exc}")
     finally:
         done.set()
         renewer.join()
+    if completion is None:
+        return None
     try:
         return call(store.CompleteRequest, completion)
     except FailedPrecondition as exc:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from ballast.config import Settings
 from ballast.v1 import executor_pb2, executor_pb2_grpc, services_pb2, services_pb2_grpc
-from services.planner import jobs, queue
+from services.planner import jobs, plans, queue
 from services.planner.celery_app import make_app, sender
 from services.planner.control import AgentRegistry
-from services.runtime.context import current_principal
+from services.runtime.context import current_principal, remaining_time
 from services.runtime.remote import StoreAuthenticator, anonymous_store, call, store_stubs
 from services.runtime.server import Server, ServerSpec
 from services.runtime.servicer import delegate
@@ -16,14 +16,14 @@ PLANNER = services_pb2.DESCRIPTOR.services_by_name["PlannerService"]
 JOBS = services_pb2.DESCRIPTOR.services_by_name["JobService"]
 CONTROL = executor_pb2.DESCRIPTOR.services_by_name["ExecutorControl"]
 
-SEARCH_LATER = "the Galvatron-BMW / Varuna plan search arrives with the planner issue (roadmap row 2)"
-
 
 def build_server(settings: Settings, address: str | None = None, send: queue.Send | None = None) -> Server:
     as_caller, as_platform = store_stubs(settings)
     send = send or sender(make_app(settings), settings.queue)
     registry = AgentRegistry(as_platform)
     sweeper = queue.Sweeper(as_platform, send, settings.sweep_interval_s, settings.requeue_unclaimed_s)
+
+    what_if = plans.WhatIf()
 
     def echo(request: services_pb2.EchoRequest, ctx):
         return queue.submit(as_caller, "diagnostic.echo", {"text": request.text}, send)
@@ -32,10 +32,14 @@ def build_server(settings: Settings, address: str | None = None, send: queue.Sen
         PLANNER,
         None,
         overrides={
+            "Plan": lambda request, ctx: plans.submit(as_caller, request, send),
+            "GetPlanOperation": lambda request, ctx: plans.get_operation(as_caller, request),
+            "GetPlan": lambda request, ctx: call(as_caller.GetPlan, request),
+            "WhatIf": lambda request, ctx: what_if(as_caller, request, remaining_time),
+            "Compare": lambda request, ctx: plans.compare(as_caller, request),
             "Echo": echo,
             "GetQueuedRequest": lambda request, ctx: call(as_caller.GetQueuedRequest, request),
         },
-        missing={"Plan": SEARCH_LATER, "GetPlanOperation": SEARCH_LATER},
     )()
     job_service = delegate(
         JOBS,
@@ -66,7 +70,7 @@ def build_server(settings: Settings, address: str | None = None, send: queue.Sen
             register=register,
             services=[PLANNER.full_name, JOBS.full_name, CONTROL.full_name],
             authenticate=StoreAuthenticator(anonymous_store(settings)),
-            on_stop=[sweeper.stop, registry.close_all],
+            on_stop=[sweeper.stop, registry.close_all, what_if.close],
             # One Connect stream per executor host, never crowded out by Watch streams.
             max_workers=160,
             max_streams=32,

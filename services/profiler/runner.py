@@ -92,6 +92,9 @@ class Runner:
 
     def stream(self, request: services_pb2.ProfileRequest,
                active: Callable[[], bool] = lambda: True) -> Iterator[services_pb2.ProfileProgress]:
+        if request.analytical:
+            yield self.analytical(request)
+            return
         device = local_device(request.device_kind)
         target = catalog.device(request.project_to) if request.project_to else None
         model = resolve_model(self._store, request, self._allowed)
@@ -123,6 +126,36 @@ class Runner:
         yield services_pb2.ProfileProgress(phase="done", fraction=1.0, profile=profile, cached=cached_hit,
                                            message=message)
 
+    def analytical(self, request: services_pb2.ProfileRequest) -> services_pb2.ProfileProgress:
+        """An analytical profile for any catalog device (nothing measured, so no turn on the CPU), stored
+        once per model signature, device, precision and formula (its software string) and reused after."""
+        if not request.device_kind:
+            raise InvalidArgument("required with analytical", field="device_kind", fix="name a catalog device")
+        if request.project_to:
+            raise InvalidArgument("an analytical profile is computed for device_kind directly", field="project_to",
+                                  fix="leave project_to empty and set device_kind")
+        kind = catalog.device(request.device_kind).kind
+        model = resolve_model(self._store, request, self._allowed)
+        sizes = analytical_sizes(request)
+        profile = projection.analytical_profile(model.spec, kind, request.dtype or None, sizes,
+                                                model_id=model.id, model_signature=model.signature)
+        lookup = store_pb2.ListProfilesRequest(model_signature=model.signature, device_kind=kind, dtype=profile.dtype,
+                                               software=profile.software, projected=True)
+        hit = None
+        while not request.refresh:
+            reply = call(self._store.ListProfiles, lookup)
+            hit = next((p for p in reversed(reply.profiles) if not p.source_profile_id and p.layers
+                        and [smp.micro_batch_size for smp in p.layers[0].samples] == sizes), hit)
+            if not reply.next_page_token:
+                break
+            lookup.page.page_token = reply.next_page_token
+        if hit is not None:
+            return services_pb2.ProfileProgress(phase="done", fraction=1.0, profile=hit, cached=True,
+                                                message=f"analytical profile {hit.id} (cached)")
+        stored = call(self._store.CreateProfile, store_pb2.CreateProfileRequest(profile=profile))
+        return services_pb2.ProfileProgress(phase="done", fraction=1.0, profile=stored,
+                                            message=f"analytical profile {stored.id} for {kind}")
+
     def profile(self, request: services_pb2.ProfileRequest) -> profile_pb2.Profile:
         final = None
         for update in self.stream(request):
@@ -136,6 +169,15 @@ class Runner:
         target = request.device if request.device.peak_flops else request.device.kind
         return call(self._store.CreateProfile, store_pb2.CreateProfileRequest(
             profile=projection.project(source, target)))
+
+
+def analytical_sizes(request: services_pb2.ProfileRequest) -> list[int]:
+    """Micro-batch sizes of an analytical profile: those asked for, else powers of two up to the sweep cap
+    (max_micro_batch_size, default 8; the cost model extends the rows linearly beyond them)."""
+    if request.options.micro_batch_sizes:
+        return sorted(set(request.options.micro_batch_sizes))
+    top = request.max_micro_batch_size or 8
+    return [1 << i for i in range(top.bit_length()) if 1 << i <= top]
 
 
 def list_device_kinds() -> services_pb2.ListDeviceKindsResponse:

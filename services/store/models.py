@@ -181,7 +181,12 @@ class Device(Base):
 class Plan(Base):
     __tablename__ = "plans"
     # A job's versions are unique; what-if plans (job_id NULL) are exempt, as NULLs never compare equal.
-    __table_args__ = (sa.UniqueConstraint("job_id", "version", name="uq_plans_job_version"),)
+    # request_id is CreatePlan's idempotency key (a queued search's request id), unique within a tenant;
+    # plans stored without one (NULL) are unconstrained.
+    __table_args__ = (
+        sa.UniqueConstraint("job_id", "version", name="uq_plans_job_version"),
+        sa.UniqueConstraint("tenant_id", "request_id", name="uq_plans_tenant_request"),
+    )
     id: Mapped[str] = mapped_column(Id, primary_key=True)
     tenant_id: Mapped[str] = mapped_column(Id, _fk("tenants.id"), index=True)
     model_id: Mapped[str] = mapped_column(Id, _fk("models.id"), index=True)
@@ -205,6 +210,7 @@ class Plan(Base):
     prediction: Mapped[dict[str, Any]]
     explanation: Mapped[str] = mapped_column(sa.Text, default="")
     created_at: Mapped[datetime] = mapped_column(index=True)
+    request_id: Mapped[str | None] = mapped_column(Id)  # added by 0005
 
     layers: Mapped[list[PlanLayer]] = relationship(
         order_by="PlanLayer.layer_index", cascade="all, delete-orphan"

@@ -67,15 +67,39 @@ def check_plan_layer(layer: plan_pb2.LayerStrategy, i: int, seen: set[int], num_
             )
 
 
+class _Clash(Exception):
+    """A unique constraint fired at flush; which one is decided after the failed transaction is gone."""
+
+
 class PlanStore(RepositoryBase):
     """Plan RPCs; a plan made for a job gets the job's next version unless it names one."""
 
     def create_plan(self, p: Principal, req: store_pb2.CreatePlanRequest) -> plan_pb2.Plan:
-        """A job's plan versions are unique (uq_plans_job_version); what-if plans (no job) are all version 1."""
+        """A job's plan versions are unique (uq_plans_job_version); what-if plans (no job) are all version 1.
+
+        With a request_id the write is idempotent: the tenant's plan already stored under that key is
+        returned instead of inserting a second one (uq_plans_tenant_request makes a concurrent insert lose).
+        """
         pl = req.plan
         fit(m.Plan.version, pl.version, "plan.version")
+        key = fit(m.Plan.request_id, req.request_id, "request_id") or None
+        try:
+            return self._create_plan(p, pl, key)
+        except _Clash as clash:
+            if key is not None:  # a concurrent CreatePlan with the same key committed first: return its plan
+                with self._tx(write=False) as s:
+                    model = self._one(s, m.Model, pl.model_id, p, what="model", field="plan.model_id")
+                    if (stored := self._by_request(s, model.tenant_id, key, pl)) is not None:
+                        return stored
+            raise AlreadyExists(
+                f"job {pl.job_id} already has plan version {clash.args[0]}", field="plan.version", fix=VERSION_FIX
+            ) from None
+
+    def _create_plan(self, p: Principal, pl: plan_pb2.Plan, key: str | None) -> plan_pb2.Plan:
         with self._tx(write=True) as s:
             model = self._one(s, m.Model, pl.model_id, p, what="model", field="plan.model_id")
+            if key is not None and (stored := self._by_request(s, model.tenant_id, key, pl)) is not None:
+                return stored
             if pl.profile_id:
                 self._one(s, m.Profile, pl.profile_id, p, what="profile", field="plan.profile_id")
             if pl.parent_plan_id:
@@ -107,14 +131,13 @@ class PlanStore(RepositoryBase):
                 stages=[to_json(st) for st in pl.stages],
                 prediction=to_json(pl.prediction),
                 created_at=self.now(),
+                request_id=key,
             )
             s.add(row)
             try:
                 s.flush()  # the plan row exists now; a bad layer below must roll it back with everything else
-            except sa_exc.IntegrityError:  # a concurrent writer took the version (the job lock makes this rare)
-                raise AlreadyExists(
-                    f"job {pl.job_id} already has plan version {row.version}", field="plan.version", fix=VERSION_FIX
-                ) from None
+            except sa_exc.IntegrityError:  # a concurrent writer took the version or the key (rare: the job lock,
+                raise _Clash(row.version) from None  # SQLite's single writer)
             seen: set[int] = set()
             for i, layer in enumerate(pl.layers):
                 check_plan_layer(layer, i, seen, len(pl.stages))
@@ -123,6 +146,20 @@ class PlanStore(RepositoryBase):
             row.candidates.extend(candidate_row(alt, pos) for pos, alt in enumerate(pl.alternatives))
             s.flush()
             return plan_pb(row)
+
+    @staticmethod
+    def _by_request(s: Session, tenant_id: str, key: str, pl: plan_pb2.Plan) -> plan_pb2.Plan | None:
+        """The tenant's plan stored under `key`, if any; the same key for a different plan is refused."""
+        stmt = sa.select(m.Plan).where(m.Plan.tenant_id == tenant_id, m.Plan.request_id == key).options(*PLAN_LOAD)
+        row = s.scalars(stmt).first()
+        if row is None:
+            return None
+        if (row.model_id, row.profile_id or "", row.job_id or "") != (pl.model_id, pl.profile_id, pl.job_id):
+            raise AlreadyExists(
+                f"request_id {key!r} already stored plan {row.id} for another model, profile or job",
+                field="request_id", fix="use a fresh request_id for a different plan",
+            )
+        return plan_pb(row)
 
     @staticmethod
     def _plan_version_taken(s: Session, job_id: str, version: int) -> bool:

@@ -1,0 +1,263 @@
+"""`ballast plan SPEC.yaml --fleet FLEET.yaml` and `ballast explain PLAN_ID` against a running control plane.
+
+A plan is priced on a profile of the fleet's device. This host can only measure its own device (cpu),
+so for any other fleet the honest default is an analytical profile of that device (FLOP and byte
+counts at an assumed fraction of its datasheet peaks; nothing measured, and the output says so).
+`--profile projected` measures here and projects by roofline instead, which carries this CPU's
+efficiency over to the target device: anchored in a measurement, but of the wrong hardware.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+from pathlib import Path
+
+import grpc
+from google.protobuf.json_format import MessageToDict
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from ballast.client import Client
+from ballast.config import Settings
+from ballast.v1 import common_pb2, plan_pb2, profile_pb2, queue_pb2, services_pb2, store_pb2
+
+console = Console()
+err = Console(stderr=True)
+GiB = float(1 << 30)
+LOCAL_DEVICE = "cpu"
+UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+         "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+ENGINES = {"galvatron": plan_pb2.PLAN_ENGINE_GALVATRON, "varuna": plan_pb2.PLAN_ENGINE_VARUNA}
+SCHEDULES = {"gpipe": plan_pb2.SCHEDULE_GPIPE, "1f1b": plan_pb2.SCHEDULE_1F1B, "varuna": plan_pb2.SCHEDULE_VARUNA}
+DTYPES = {"fp32": common_pb2.DTYPE_FP32, "fp16": common_pb2.DTYPE_FP16, "bf16": common_pb2.DTYPE_BF16}
+DONE = (queue_pb2.REQUEST_STATE_SUCCEEDED, queue_pb2.REQUEST_STATE_FAILED)
+
+
+def add_plan_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", help="model spec YAML (e.g. examples/gpt-tiny.yaml)")
+    p.add_argument("--fleet", type=Path, required=True, help="fleet YAML (e.g. examples/fleet-8xTITAN.yaml)")
+    p.add_argument("--memory", default="", help="per-device memory budget: 16GiB (2**30), 16GB (10**9), bytes; "
+                                                "default the device's memory")
+    p.add_argument("--batch", type=int, default=0, help="global batch size (default: the search chooses)")
+    p.add_argument("--engine", choices=sorted(ENGINES), default=None, help="default: every engine, best wins")
+    p.add_argument("--schedule", choices=sorted(SCHEDULES), default=None, help="default: 1F1B and GPipe priced")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                   help="training precision (default: the model's, else the fleet file's)")
+    p.add_argument("--profile", choices=["auto", "measured", "projected", "analytical"], default="auto",
+                   help="auto: measured here if the fleet's device is this host's (cpu), else analytical")
+    p.add_argument("--micro-batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8],
+                   help="sizes the profile holds (measured or computed); the cost model extends them linearly")
+    p.add_argument("--what-if", action="store_true",
+                   help="search the full space (TP/SDP too) synchronously; the plan is not stored")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the search")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+def add_explain_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("plan_id")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+def parse_bytes(text: str) -> int:
+    """'16GiB' -> 16 * 2**30, '16GB' -> 16 * 10**9, '123' -> 123 (units as written, never guessed)."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    if not match or match.group(2).lower() not in UNITS:
+        raise ValueError(f"cannot read {text!r} as bytes (e.g. 16GiB, 16GB, 800MiB)")
+    return int(float(match.group(1)) * UNITS[match.group(2).lower()])
+
+
+def precision(args: argparse.Namespace, spec) -> int:
+    """--dtype, else the model's, else the fleet file's; 0 leaves both to the device's default."""
+    import yaml
+
+    if args.dtype:
+        return DTYPES[args.dtype]
+    if spec.dtype:
+        return spec.dtype
+    named = (yaml.safe_load(Path(args.fleet).read_text()) or {}).get("dtype")
+    return DTYPES.get(str(named).lower(), 0) if named else 0
+
+
+def profile_kind(choice: str, device_kind: str) -> str:
+    if choice != "auto":
+        return choice
+    return "measured" if device_kind == LOCAL_DEVICE else "analytical"
+
+
+def profile_request(args: argparse.Namespace, kind: str, device_kind: str, dtype: int) -> services_pb2.ProfileRequest:
+    """The same request `ballast profile` sends (its defaults), for the chosen kind of profile."""
+    from ballast.cli.profile import add_arguments, build_request
+
+    defaults = argparse.ArgumentParser()
+    add_arguments(defaults)
+    request = build_request(defaults.parse_args([args.spec, "--micro-batch-sizes", *map(str, args.micro_batch_sizes)]))
+    request.dtype = dtype
+    if kind == "analytical":
+        request.analytical, request.device_kind = True, device_kind
+    elif kind == "projected":
+        request.project_to = device_kind
+    return request
+
+
+def describe_profile(profile: profile_pb2.Profile, kind: str) -> str:
+    if kind == "measured":
+        return f"measured on {profile.device.kind} ({profile.software})"
+    if kind == "projected":
+        return (f"measured on {LOCAL_DEVICE} as {profile.source_profile_id}, projected by roofline to "
+                f"{profile.device.kind}: an estimate, not a measurement")
+    return f"analytical for {profile.device.kind}, nothing measured: {profile.software}"
+
+
+def run_plan(settings: Settings, args: argparse.Namespace) -> int:
+    from ballast.cli.demo import load_model_spec
+    from ballast.cli.profile import stream
+    from services.planner.fleet_file import load_fleet
+
+    spec = load_model_spec(Path(args.spec))
+    fleet = load_fleet(args.fleet)  # validates the file before anything is sent
+    dtype = precision(args, spec)
+    if dtype:  # profile and fleet priced at one precision
+        fleet = load_fleet(args.fleet, dtype=dtype)
+    kind = profile_kind(args.profile, fleet.device.kind)
+    if kind == "measured" and fleet.device.kind != LOCAL_DEVICE:
+        err.print(f"[red]error[/red] --profile measured: this host measures {LOCAL_DEVICE}, not {fleet.device.kind}; "
+                  "use --profile analytical or projected, or run `ballast plan` where that device is")
+        return 2
+    try:
+        budget = parse_bytes(args.memory) if args.memory else 0
+    except ValueError as exc:
+        err.print(f"[red]error[/red] --memory: {escape(str(exc))}")
+        return 2
+    with Client(store=settings.address("store"), planner=settings.address("planner"),
+                profiler=settings.address("profiler"), token=settings.resolved_token()) as client:
+        try:
+            profiled = stream(client, profile_request(args, kind, fleet.device.kind, dtype))
+            profile = profiled.profile
+            if args.json:
+                err.print(f"profile {profile.id}: {describe_profile(profile, kind)}", markup=False)
+            request = services_pb2.PlanRequest(
+                profile_id=profile.id, fleet=fleet, global_batch_size=args.batch, memory_budget_bytes=budget,
+                engine=ENGINES.get(args.engine or "", 0), schedule=SCHEDULES.get(args.schedule or "", 0))
+            if args.what_if:
+                with err.status("what-if search (not stored)…"):
+                    plan = client.planner.WhatIf(request, timeout=args.timeout)
+                request_id = ""
+            else:
+                op = client.planner.Plan(request)
+                request_id = op.request.id
+                op = wait(client, op, args.timeout)
+                if op.request.state != queue_pb2.REQUEST_STATE_SUCCEEDED:
+                    err.print(f"[red]search failed[/red] (request {op.request.id}): {escape(op.request.error)}")
+                    return 1
+                plan = client.planner.GetPlan(store_pb2.GetRequest(id=op.plan_id))
+        except grpc.RpcError as exc:
+            err.print(f"[red]error[/red] {exc.code().name}: {escape(exc.details() or '')}")
+            return 1
+        except TimeoutError as exc:
+            err.print(f"[red]error[/red] {escape(str(exc))}")
+            return 1
+    if args.json:
+        print(json.dumps({"plan": MessageToDict(plan, preserving_proto_field_name=True), "request_id": request_id,
+                          "profile": {"id": profile.id, "kind": kind, "device": profile.device.kind,
+                                      "software": profile.software}}))
+        return 0
+    if args.what_if:
+        console.print("[bold]what-if plan[/bold] (not stored)")
+    else:
+        console.print(f"[bold]plan {plan.id}[/bold] (request {request_id}); `ballast explain {plan.id}` shows it again")
+    reused = (" (measurement reused)" if kind == "projected" else " (reused)") if profiled.cached else ""
+    console.print(f"profile {profile.id}: {describe_profile(profile, kind)}{reused}", markup=False)
+    show(plan)
+    return 0
+
+
+def wait(client: Client, op: services_pb2.PlanOperation, timeout: float) -> services_pb2.PlanOperation:
+    """Poll GetPlanOperation with a spinner until the request is done."""
+    deadline = time.monotonic() + timeout
+    with err.status(f"searching (request {op.request.id})…") as status:
+        while op.request.state not in DONE:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"request {op.request.id} still {state_name(op)} after {timeout:.0f} s; "
+                                   f"the search goes on: poll it later with GetPlanOperation")
+            time.sleep(0.3)
+            op = client.planner.GetPlanOperation(store_pb2.GetRequest(id=op.request.id))
+            status.update(f"searching (request {op.request.id}, {state_name(op)}, attempt {op.request.attempts})…")
+    return op
+
+
+def state_name(op: services_pb2.PlanOperation) -> str:
+    return queue_pb2.RequestState.Name(op.request.state).removeprefix("REQUEST_STATE_").lower()
+
+
+def run_explain(settings: Settings, args: argparse.Namespace) -> int:
+    with Client(planner=settings.address("planner"), token=settings.resolved_token()) as client:
+        try:
+            plan = client.planner.GetPlan(store_pb2.GetRequest(id=args.plan_id))
+        except grpc.RpcError as exc:
+            err.print(f"[red]error[/red] {exc.code().name}: {escape(exc.details() or '')}")
+            return 1
+    if args.json:
+        print(json.dumps(MessageToDict(plan, preserving_proto_field_name=True)))
+        return 0
+    console.print(f"[bold]plan {plan.id}[/bold] for model {plan.model_id}, profile {plan.profile_id}")
+    show(plan)
+    return 0
+
+
+def show(plan: plan_pb2.Plan) -> None:
+    """Summary, stages, per-layer strategies, alternatives and baselines, then the explanation."""
+    p, fleet = plan.prediction, plan.fleet
+    console.print(
+        f"{plan_pb2.PlanEngine.Name(plan.engine).removeprefix('PLAN_ENGINE_').lower()} plan on "
+        f"{fleet.name or fleet.device.kind} ({fleet.nodes}x{fleet.devices_per_node} {fleet.device.kind}): "
+        f"batch {plan.global_batch_size} = {plan.micro_batch_size} x {plan.num_micro_batches} micro-batches, "
+        f"{plan_pb2.Schedule.Name(plan.schedule).removeprefix('SCHEDULE_')}, {len(plan.stages)} stage(s); "
+        f"predicted {p.iteration_time_s:.4g} s/iteration, {p.throughput_samples_per_s:.4g} samples/s, "
+        f"peak {p.peak_memory_bytes / GiB:.2f} of {plan.memory_budget_bytes / GiB:.2f} GiB per device", markup=False)
+    console.print(stage_table(plan))
+    console.print(layer_table(plan))
+    console.print(alternatives_table(plan))
+    console.print(plan.explanation, markup=False)
+
+
+def stage_table(plan: plan_pb2.Plan) -> Table:
+    table = Table("stage", "layers", "devices", "time/micro-batch ms", "peak GiB", title="stages")
+    for s in plan.stages:
+        table.add_row(str(s.index), f"{s.layer_begin}-{s.layer_end - 1}", str(s.devices),
+                      f"{s.predicted_time_s * 1e3:.3f}", f"{s.predicted_peak_memory_bytes / GiB:.2f}")
+    return table
+
+
+def strategy(layer: plan_pb2.LayerStrategy) -> str:
+    dims = "x".join(f"{name}{getattr(layer, name)}" for name in
+                    (common_pb2.ParallelDim.Name(d).removeprefix("PARALLEL_DIM_").lower() for d in layer.order)
+                    if name in ("dp", "sdp", "tp")) or "single"
+    return dims + (" +ckpt" if layer.checkpoint else "") + (" +swap" if layer.swap_activations else "")
+
+
+def layer_table(plan: plan_pb2.Plan) -> Table:
+    table = Table("layer", "stage", "dp", "sdp", "tp", "strategy", title="per-layer strategies")
+    for layer in plan.layers:
+        table.add_row(str(layer.layer_index), str(layer.stage_index), str(layer.dp), str(layer.sdp), str(layer.tp),
+                      strategy(layer))
+    return table
+
+
+def alternatives_table(plan: plan_pb2.Plan) -> Table:
+    table = Table("alternative", "engine", "batch", "s/iteration", "samples/s", "peak GiB", "vs chosen",
+                  title="alternatives and baselines (same cost model)")
+    chosen = plan.prediction.throughput_samples_per_s
+    for alt in plan.alternatives:
+        q = alt.prediction
+        fits = not q.out_of_memory
+        table.add_row(escape(alt.name), plan_pb2.PlanEngine.Name(alt.engine).removeprefix("PLAN_ENGINE_").lower(),
+                      str(alt.global_batch_size), f"{q.iteration_time_s:.4g}" if fits else "-",
+                      f"{q.throughput_samples_per_s:.4g}" if fits else "out of memory",
+                      f"{q.peak_memory_bytes / GiB:.2f}" if q.peak_memory_bytes else "-",
+                      f"{q.throughput_samples_per_s / chosen:.2f}x" if fits and chosen else "-")
+    return table
+
