@@ -219,12 +219,17 @@ def breakdown(ctx: CostContext, plan: PricedPlan) -> Breakdown:
     pipe = build_pipeline(ctx.view, None, plan.stage_bounds, plan.strategies, plan.micro_batch_size,
                           plan.num_micro_batches, replicas=plan.replicas, context=ctx)
     nm = plan.num_micro_batches
+    last = len(plan.stage_bounds) - 1
     terms = []
-    for (b, e), stage in zip(plan.stage_bounds, pipe.stages, strict=True):
+    for s, ((b, e), stage) in enumerate(zip(plan.stage_bounds, pipe.stages, strict=True)):
         costs = stage_layer_costs(ctx, b, e, plan.strategies, plan.micro_batch_size)
+        # The last stage runs a micro-batch's backward right after its forward and skips the recompute
+        # (every micro-batch under 1F1B and Varuna, the last one under GPipe), as the simulator does.
+        recomputed = nm if s != last else (nm - 1 if plan.schedule is Schedule.GPIPE else 0)
         terms.append(Breakdown(
-            compute_s=nm * sum(c.forward_compute_s + c.backward_compute_s + c.recompute_compute_s for c in costs),
-            recompute_s=nm * sum(c.recompute_compute_s for c in costs),
+            compute_s=nm * sum(c.forward_compute_s + c.backward_compute_s for c in costs)
+            + recomputed * sum(c.recompute_compute_s for c in costs),
+            recompute_s=recomputed * sum(c.recompute_compute_s for c in costs),
             tp_comm_s=nm * sum(c.tp_comm_s for c in costs),
             sdp_comm_s=nm * sum(c.sdp_comm_s for c in costs),
             grad_sync_s=stage.allreduce_s,  # in-stage DP/SDP sync and the sync across pipeline replicas
@@ -296,10 +301,11 @@ def _decisive(a: Breakdown, b: Breakdown, pa: PricedPlan, pb: PricedPlan) -> str
         "less gradient synchronisation": b.grad_sync_s - a.grad_sync_s,
     }
     name, saved = max(diffs.items(), key=lambda kv: kv[1])
-    reasons = [f"{name} ({saved:.4g} s)"] if saved > 0 else []
+    material = 1e-3 * max(a.compute_s, b.compute_s, 1e-12)  # below 0.1% of compute is rounding, not a reason
+    reasons = [f"{name} ({saved:.4g} s)"] if saved > material else []
     if pa.global_batch_size != pb.global_batch_size:
         reasons.append(f"batch {pa.global_batch_size} against {pb.global_batch_size}")
-    if a.bubble_fraction < b.bubble_fraction:
+    if a.bubble_fraction < b.bubble_fraction - 1e-3:
         reasons.append(f"bubble {a.bubble_fraction:.1%} against {b.bubble_fraction:.1%}")
     if not reasons:
         return "nothing material: the two price within rounding of each other (either would do)"
