@@ -28,6 +28,7 @@ from services.planner.cost import (
 from services.planner.search import baselines as baseline_engine
 from services.planner.search import galvatron, varuna
 from services.planner.search.problem import PricedPlan, SearchOptions
+from services.planner.search.space import DIMS
 from services.planner.sim import Schedule
 from services.runtime.errors import FailedPrecondition, InvalidArgument
 
@@ -45,7 +46,7 @@ SCHEDULE = {
 }
 SCHEDULE_FROM_PROTO = {v: k for k, v in SCHEDULE.items()}
 DIM_NAMES = {common_pb2.PARALLEL_DIM_DP: "dp", common_pb2.PARALLEL_DIM_SDP: "sdp", common_pb2.PARALLEL_DIM_TP: "tp"}
-ALL_DIMS = ("dp", "sdp", "tp")
+ALL_DIMS = DIMS  # the strategy space's non-pipeline dims
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ For G devices and a fixed global batch B (§4.2: B never changes when the fleet 
 * Nm >= 6 P keeps pipeline bubbles under 10% (§3.2, Fig. 4): when m leaves fewer micro-batches, the largest m
   giving at least 6 P is priced too and the faster of the two is kept (at most two simulations per P).
 * Partition (§4.4: one cut-point assignment per P, balanced): contiguous stages minimising the slowest stage's
-  per-micro-batch compute F + B + recompute (the last stage without recompute), solved exactly by binary search
-  over the candidate stage sums with a greedy feasibility check (`balanced_bounds`).
+  per-micro-batch compute F + B + recompute (the last stage without recompute), solved exactly
+  with the same min-max DP the hybrid search uses (`balanced_bounds`, partition.balanced).
 * Price (§4.4 parametrized simulation): `price()` on the Varuna schedule; out-of-memory configurations are
   dropped and the rest returned best throughput first.
 
@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from itertools import accumulate
+
+import numpy as np
 
 from services.planner.cost import CostContext, LayerStrategy, ModelView, layer_cost
+from services.planner.search import partition as part
 from services.planner.search.problem import PricedPlan, SearchOptions, price
 from services.planner.sim import Schedule
 from services.runtime.errors import InvalidArgument
@@ -52,33 +54,12 @@ def knee_micro_batch_size(view: ModelView, limit: int, tolerance: float = KNEE_T
     return m
 
 
-def _pack(pre: list[float], pre_last: list[float], stages: int, limit: float) -> list[int] | None:
-    """Stage sizes with every stage's sum <= limit, filling from the back as much as possible (None if none)."""
-    sizes, end = [], len(pre) - 1
-    for t in range(stages):
-        p = pre_last if t == 0 else pre
-        keep = stages - 1 - t  # layers left for the stages before this one
-        begin = end - 1
-        if p[end] - p[begin] > limit:
-            return None
-        while begin > keep and p[end] - p[begin - 1] <= limit:
-            begin -= 1
-        if t == stages - 1 and begin > 0:
-            return None
-        sizes.append(end - begin)
-        end = begin
-    return sizes[::-1]
-
-
 def balanced_bounds(
     weights: Sequence[float], num_stages: int, last_weights: Sequence[float] | None = None
 ) -> tuple[tuple[int, int], ...]:
-    """Contiguous non-empty stages minimising the largest stage sum (exact).
+    """Contiguous non-empty stages minimising the largest stage sum (exact; partition.balanced's DP).
 
     `last_weights` price the layers when they sit on the last stage (Varuna's last stage does not recompute).
-    The optimum is one of the O(L^2) segment sums; binary search over them with a greedy check: filling each
-    stage from the back as far as the limit allows leaves the shortest prefix, and a shorter prefix is never
-    harder to split.
     """
     n = len(weights)
     if not 1 <= num_stages <= n:
@@ -86,25 +67,8 @@ def balanced_bounds(
     last = weights if last_weights is None else last_weights
     if len(last) != n or any(w < 0 for w in (*weights, *last)):
         raise ValueError("weights must be non-negative, one per layer in both lists")
-    pre = [0.0, *accumulate(float(w) for w in weights)]
-    pre_last = [0.0, *accumulate(float(w) for w in last)]
-    sums = {pre[e] - pre[b] for b in range(n) for e in range(b + 1, n + 1)}
-    sums.update(pre_last[n] - pre_last[b] for b in range(n))
-    candidates = sorted(sums)
-    lo, hi = 0, len(candidates) - 1  # the largest sum (one stage of everything, or any cut) always packs
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if _pack(pre, pre_last, num_stages, candidates[mid]) is None:
-            lo = mid + 1
-        else:
-            hi = mid
-    sizes = _pack(pre, pre_last, num_stages, candidates[lo])
-    assert sizes is not None
-    out, begin = [], 0
-    for size in sizes:
-        out.append((begin, begin + size))
-        begin += size
-    return tuple(out)
+    rows = np.array([list(weights)] * (num_stages - 1) + [list(last)], dtype=float)
+    return part.balanced(rows)
 
 
 def _divisors(n: int) -> list[int]:
