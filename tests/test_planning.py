@@ -117,3 +117,32 @@ def test_runnable_dims_are_what_every_host_runs():
 
 def test_example_fleet_yaml_parses():
     assert yaml.safe_load((ROOT / "examples" / "fleet-8xTITAN.yaml").read_text())["nodes"] == 1
+
+
+def test_a_batch_no_configuration_splits_names_the_nearest_sizes(profile, fleet):
+    """16 devices, 10 layers: at most 8 stages, so every stage has 2+ replicas and batches must be even."""
+    two_nodes = plan_pb2.Plan().fleet.__class__()
+    two_nodes.CopyFrom(fleet)
+    two_nodes.nodes = 2
+    two_nodes.inter_node.CopyFrom(fleet.intra_node)
+    with pytest.raises(InvalidArgument) as err:
+        make_plan(profile, two_nodes, PlanInputs(global_batch_size=7))
+    assert err.value.field == "global_batch_size" and "use 6 or 8" in str(err.value)
+    assert make_plan(profile, fleet, PlanInputs(global_batch_size=7)).global_batch_size == 7  # 8 stages of one
+
+
+def test_no_priced_plan_splits_a_sample(plan, profile, fleet):
+    """The plan and every baseline give each device whole samples: dp x sdp divides the micro-batch."""
+    from services.planner.cost import CostContext, CostOptions, from_profile
+    from services.planner.search.baselines import baselines
+    from services.planner.search.problem import SearchOptions
+
+    for layer in plan.layers:
+        assert plan.micro_batch_size % (layer.dp * layer.sdp) == 0
+    ctx = CostContext(from_profile(profile), fleet, CostOptions())
+    priced = baselines(ctx, 8, SearchOptions(memory_budget_bytes=24 << 30, max_global_batch_size=64))
+    assert [p.name for p in priced] == BASELINES
+    for p in priced:
+        assert all(p.micro_batch_size % st.batch_split == 0 for st in p.strategies), p.name
+    ddp = priced[0]
+    assert not ddp.out_of_memory and ddp.global_batch_size >= 8  # batches 1, 2 and 4 cannot feed 8 replicas

@@ -19,6 +19,7 @@ from services.planner.cost import (
 from services.planner.search import layer_candidates
 from services.planner.search import partition as part
 from services.planner.search.dp import LayerTables, StagePlan, StageSolver, layer_tables, stage_dp
+from services.planner.search.problem import to_strategy
 from services.planner.sim import Schedule
 from tests.cost_support import fleet, layer, model
 
@@ -239,3 +240,16 @@ def test_pipeline_objective_is_eq_5():
     assert part.pipeline_objective([2.0, 3.0, 1.0], 4) == pytest.approx((3 * 3.0 + 6.0) / 4)
     assert part.pipeline_objective([2.0, math.inf], 4) == math.inf
     assert part.count_partitions(6, 3) == 10 == len(list(part.all_partitions(6, 3)))
+
+
+def test_strategies_that_would_split_a_sample_are_infeasible():
+    """A micro-batch of 2 on 4 devices: DP4 and SDP4 would need half samples; DP2xTP2 and TP4 do not."""
+    ctx = blocks_context(2)
+    candidates = layer_candidates(4, dims=("dp", "sdp", "tp"), checkpoint=(False,))
+    tables = layer_tables(ctx, candidates, 2)
+    for c in candidates:
+        k = tables.strategies.index(to_strategy(c))
+        assert math.isinf(tables.per_micro_batch_s[0, k]) == (2 % c.batch_split != 0), c.label
+    plan = StageSolver(tables, num_micro_batches=NM, in_flight=1, budget_bytes=1 << 40,
+                       granularity_bytes=MiB).solve(0, 2)
+    assert all(2 % st.batch_split == 0 for st in plan.strategies)

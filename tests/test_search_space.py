@@ -16,6 +16,7 @@ from services.planner.search import (
     pipeline_degrees,
     strategy_space,
 )
+from services.planner.search.space import global_batch_fits, nearest_global_batches
 from services.runtime.errors import InvalidArgument
 
 # N -> (before Takeaway 3, after Takeaway 3, after Takeaway 3 without checkpointing).
@@ -175,3 +176,15 @@ def test_invalid_input(call, field):
 def test_zero_devices_message_is_clear():
     with pytest.raises(ValueError, match=r"num_devices: must be a positive integer, got 0"):
         count(0)
+
+
+def test_global_batches_must_split_into_whole_samples():
+    """8 devices, 4 layers, pipeline x data parallel: stages hold 8, 4 or 2 replicas, so batches are even."""
+    dp_only = {"num_layers": 4, "dims": ("pp", "dp")}
+    assert global_batch_fits(6, 8, **dp_only) and global_batch_fits(8, 8, **dp_only)
+    assert not global_batch_fits(7, 8, **dp_only)
+    assert nearest_global_batches(7, 8, **dp_only) == [6, 8]
+    # One layer leaves no pipeline: only multiples of 8, and nothing below 8 for a batch of 3.
+    assert nearest_global_batches(3, 8, num_layers=1, dims=("pp", "dp")) == [8]
+    assert global_batch_fits(7, 8, num_layers=4)  # tensor parallelism replicates samples instead
+    assert {c.batch_split for c in layer_candidates(4, dims=("dp", "tp"), checkpoint=(False,))} == {1, 2, 4}

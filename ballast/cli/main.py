@@ -201,6 +201,18 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return run_explain(_settings(args), args)
 
 
+def cmd_submit(args: argparse.Namespace) -> int:
+    from ballast.cli.jobs import run_submit
+
+    return run_submit(_settings(args), args)
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    from ballast.cli.jobs import run_watch
+
+    return run_watch(_settings(args), args)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from ballast.cli.demo import run_demo
 
@@ -254,6 +266,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_plan_arguments(p)
     p = add("explain", cmd_explain, "a stored plan: its explanation, per-layer strategies and alternatives")
     add_explain_arguments(p)
+    from ballast.cli.jobs import add_submit_arguments, add_watch_arguments
+
+    p = add("submit", cmd_submit, "submit a training job (profiled, planned and run by the control plane)")
+    add_submit_arguments(p)
+    p = add("watch", cmd_watch, "follow a job's events (state changes, plan, progress)")
+    add_watch_arguments(p)
     p = add("demo", cmd_demo, "bring the control plane up, store examples/gpt-tiny.yaml, read it back, shut down")
     p.add_argument("--model", type=Path, default=None)
     p.add_argument("--executors", type=int, default=1)

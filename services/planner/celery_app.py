@@ -14,8 +14,9 @@ import threading
 
 from celery import Celery
 
+from ballast.client import open_channel
 from ballast.config import Settings, load_settings
-from ballast.v1 import queue_pb2, store_pb2
+from ballast.v1 import queue_pb2, services_pb2_grpc, store_pb2
 from services.planner import queue
 from services.runtime.remote import call, store_stubs
 
@@ -24,6 +25,7 @@ log = logging.getLogger("ballast.worker")
 TASK = "ballast.planner.run_request"
 HOLD_ENV = "BALLAST_TEST_TASK_HOLD_S"  # test hooks: hold a task open before / after its handler ran
 HOLD_AFTER_ENV = "BALLAST_TEST_TASK_HOLD_AFTER_S"
+PROFILE_TIMEOUT_S = 3600.0  # a job's profile is measured inside the call
 
 
 def make_app(settings: Settings) -> Celery:
@@ -60,7 +62,10 @@ _WORKER: dict[str, object] = {}
 def configure_worker(settings: Settings) -> None:
     """The settings tasks in this process use (`ballast worker --data-dir D` must mean D, not the env)."""
     _, platform = store_stubs(settings)
-    _WORKER.update(settings=settings, store=platform, name=f"{socket.gethostname()}:{os.getpid()}")
+    profiler = services_pb2_grpc.ProfilerServiceStub(
+        open_channel(settings.address("profiler"), settings.resolved_token(), timeout=PROFILE_TIMEOUT_S))
+    _WORKER.update(settings=settings, store=platform, profiler=profiler,
+                   name=f"{socket.gethostname()}:{os.getpid()}")
 
 
 def _run_request(request_id: str) -> None:
@@ -68,7 +73,7 @@ def _run_request(request_id: str) -> None:
         configure_worker(load_settings())
     settings, store, worker = _WORKER["settings"], _WORKER["store"], _WORKER["name"]
     queue.run_request(store, request_id, worker, settings.lease_seconds, float(os.environ.get(HOLD_ENV, "0")),
-                      float(os.environ.get(HOLD_AFTER_ENV, "0")))
+                      float(os.environ.get(HOLD_AFTER_ENV, "0")), profiler=_WORKER["profiler"])
 
 
 def sender(app: Celery, queue_name: str):

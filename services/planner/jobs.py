@@ -6,17 +6,30 @@ import time
 from collections.abc import Callable, Iterator
 
 from ballast.v1 import job_pb2, services_pb2, store_pb2, store_pb2_grpc
+from services.planner import queue
 from services.runtime.errors import FailedPrecondition, InvalidArgument
 from services.runtime.remote import call
 
+PREPARE = "jobs.prepare"
 TERMINAL = {job_pb2.JOB_STATE_SUCCEEDED, job_pb2.JOB_STATE_FAILED, job_pb2.JOB_STATE_CANCELLED}
 
 
-def submit(store: store_pb2_grpc.StoreServiceStub, request: services_pb2.SubmitJobRequest) -> job_pb2.Job:
-    """Store the job, its model and its SUBMITTED event in one store transaction (validated there)."""
+def submit(store: store_pb2_grpc.StoreServiceStub, request: services_pb2.SubmitJobRequest,
+           send: queue.Send) -> job_pb2.Job:
+    """Store the job, its model and its SUBMITTED event in one store transaction (validated there), then
+    queue its preparation (profile and plan, services/planner/prepare.py) as the caller. A job whose
+    preparation could not be queued is failed with the reason rather than left waiting for nothing."""
     if not request.HasField("spec"):
         raise InvalidArgument("required", field="spec", fix="send a JobSpec with model, global_batch_size, iterations")
-    return call(store.CreateJob, store_pb2.CreateJobRequest(spec=request.spec))
+    job = call(store.CreateJob, store_pb2.CreateJobRequest(spec=request.spec))
+    try:
+        queue.submit(store, PREPARE, {"job_id": job.id}, send)
+    except Exception as exc:
+        call(store.TransitionJob, store_pb2.TransitionJobRequest(
+            id=job.id, state=job_pb2.JOB_STATE_FAILED, expected_state=job_pb2.JOB_STATE_SUBMITTED,
+            message=f"could not queue the job's preparation: {exc}", event_type="FAILED"))
+        raise
+    return job
 
 
 def watch(store: store_pb2_grpc.StoreServiceStub, job_id: str, after_seq: int,

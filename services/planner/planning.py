@@ -28,7 +28,7 @@ from services.planner.cost import (
 from services.planner.search import baselines as baseline_engine
 from services.planner.search import galvatron, varuna
 from services.planner.search.problem import PricedPlan, SearchOptions
-from services.planner.search.space import DIMS
+from services.planner.search.space import DIMS, global_batch_fits, nearest_global_batches
 from services.planner.sim import Schedule
 from services.runtime.errors import FailedPrecondition, InvalidArgument
 
@@ -93,6 +93,7 @@ def make_plan(profile: profile_pb2.Profile, fleet: fleet_pb2.Fleet, inputs: Plan
     """
     _check(profile, fleet, inputs)
     devices = fleet.nodes * fleet.devices_per_node
+    _check_batch(inputs, devices, len(profile.layers))
     budget = inputs.memory_budget_bytes or fleet.device.memory_bytes
     ctx = CostContext(from_profile(profile), fleet, CostOptions())
     options = _options(inputs, budget)
@@ -142,6 +143,19 @@ def _check(profile: profile_pb2.Profile, fleet: fleet_pb2.Fleet, inputs: PlanInp
                               field="schedule", fix="GPIPE, 1F1B or VARUNA")
 
 
+def _check_batch(inputs: PlanInputs, devices: int, num_layers: int) -> None:
+    """A fixed global batch must split into whole samples per device under some runnable configuration."""
+    batch = inputs.global_batch_size
+    dims = ("pp", *(ALL_DIMS if inputs.what_if else inputs.runnable_dims))
+    if not batch or global_batch_fits(batch, devices, num_layers=num_layers, dims=dims):
+        return
+    near = nearest_global_batches(batch, devices, num_layers=num_layers, dims=dims)
+    raise InvalidArgument(
+        f"no configuration of {devices} devices running {'/'.join(dims)} splits a global batch of {batch} into "
+        f"whole samples per device", field="global_batch_size",
+        fix="use " + " or ".join(str(b) for b in near) if near else "use another fleet")
+
+
 def _options(inputs: PlanInputs, budget: int) -> SearchOptions:
     if inputs.schedule:
         schedules: tuple[Schedule, ...] = (SCHEDULE_FROM_PROTO[inputs.schedule],)
@@ -184,12 +198,12 @@ def _run_engines(ctx: CostContext, devices: int, options: SearchOptions, inputs:
 def _nothing_fits(ctx: CostContext, fleet: fleet_pb2.Fleet, options: SearchOptions) -> str:
     """Name the smallest per-device memory, or device count, at which the leanest plan fits."""
     devices = fleet.nodes * fleet.devices_per_node
-    lean = replace(options, global_batch_size=1, batch_radius=0, max_global_batch_size=1, dims=ALL_DIMS,
+    lean = replace(options, global_batch_size=devices, batch_radius=0, max_global_batch_size=devices, dims=ALL_DIMS,
                    checkpoint=(True,), memory_budget_bytes=1 << 62)
     need = [p for p in baseline_engine.baselines(ctx, devices, lean) if p.peak_memory_bytes]
     smallest = min((max(p.peak_memory_bytes) for p in need), default=0)
     text = (f"no plan fits {_size(options.memory_budget_bytes)} per device on {devices} devices "
-            f"even fully sharded and checkpointed at batch 1")
+            f"even fully sharded and checkpointed at one sample per device")
     if smallest:
         text += f"; the leanest plan needs {_size(smallest)} per device"
     more = _devices_needed(ctx, fleet, lean, options.memory_budget_bytes)
@@ -209,7 +223,8 @@ def _devices_needed(ctx: CostContext, fleet: fleet_pb2.Fleet, lean: SearchOption
             bigger.inter_node.CopyFrom(fleet_pb2.Link(kind=fleet_pb2.LINK_KIND_INFINIBAND,
                                                       bandwidth_bytes_per_s=25e9, latency_s=5e-6))
         wide = CostContext(ctx.view, FleetView.from_fleet(bigger), ctx.options)
-        zero = baseline_engine.best_baseline(wide, "ZeRO-3", nodes * per_node, lean)
+        one_each = replace(lean, global_batch_size=nodes * per_node, max_global_batch_size=nodes * per_node)
+        zero = baseline_engine.best_baseline(wide, "ZeRO-3", nodes * per_node, one_each)
         if zero.peak_memory_bytes and max(zero.peak_memory_bytes) <= budget:
             return nodes * per_node
     return 0

@@ -36,12 +36,14 @@ class Task:
     after a lost lease must find its own earlier write), its tenant_id who asked, as the store recorded it.
     `store` acts for the platform, so the handler itself must confine the work to that tenant's rows.
     `lease_lost` is set when another worker took the request: long work checks it and stops (LeaseLost),
-    because this worker's result would be refused.
+    because this worker's result would be refused. `profiler` reaches ProfilerService as the platform
+    (None where a worker was started without one).
     """
 
     request: queue_pb2.QueuedRequest
     store: store_pb2_grpc.StoreServiceStub
     lease_lost: threading.Event
+    profiler: Any = None
 
 
 class LeaseLost(Exception):
@@ -63,7 +65,14 @@ def _plan(payload: dict[str, Any], task: Task) -> dict[str, Any]:
     return run_plan(payload, task)
 
 
-HANDLERS: dict[str, Handler] = {"diagnostic.echo": _echo, "planner.plan": _plan}
+def _prepare(payload: dict[str, Any], task: Task) -> dict[str, Any]:
+    """A submitted job's profile and plan (services/planner/prepare.py)."""
+    from services.planner.prepare import prepare_job
+
+    return prepare_job(payload, task)
+
+
+HANDLERS: dict[str, Handler] = {"diagnostic.echo": _echo, "planner.plan": _plan, "jobs.prepare": _prepare}
 
 
 def submit(store: store_pb2_grpc.StoreServiceStub, kind: str, payload: dict[str, Any], send: Send,
@@ -115,7 +124,7 @@ class Sweeper(threading.Thread):
 
 
 def run_request(store: store_pb2_grpc.StoreServiceStub, request_id: str, worker: str, lease_s: float,
-                hold_s: float = 0.0, hold_after_s: float = 0.0) -> queue_pb2.QueuedRequest | None:
+                hold_s: float = 0.0, hold_after_s: float = 0.0, profiler: Any = None) -> queue_pb2.QueuedRequest | None:
     """Claim, run and complete one request. Returns the completed request, or None if not ours to run
     (or left for another attempt after a transient failure: the lease expires and the sweeper re-sends it)."""
     claim = call(store.ClaimRequest, store_pb2.ClaimRequestRequest(id=request_id, worker=worker,
@@ -146,7 +155,7 @@ def run_request(store: store_pb2_grpc.StoreServiceStub, request_id: str, worker:
             lost.wait(hold_s)  # test hook: keeps the task open so a kill lands mid-task
         request = claim.request
         try:
-            result = HANDLERS[request.kind](json.loads(request.payload_json), Task(request, store, lost))
+            result = HANDLERS[request.kind](json.loads(request.payload_json), Task(request, store, lost, profiler))
             completion = store_pb2.CompleteRequestRequest(id=request_id, lease_token=token,
                                                           result_json=json.dumps(result, sort_keys=True))
             if hold_after_s:

@@ -45,7 +45,7 @@ def build_server(settings: Settings, address: str | None = None, send: queue.Sen
         JOBS,
         None,
         overrides={
-            "Submit": lambda request, ctx: jobs.submit(as_caller, request),
+            "Submit": lambda request, ctx: jobs.submit(as_caller, request, send),
             "Get": lambda request, ctx: call(as_caller.GetJob, request),
             "List": lambda request, ctx: call(as_caller.ListJobs, request),
             "Watch": lambda request, ctx: jobs.watch(as_caller, request.job_id, request.after_seq, ctx.is_active),

@@ -64,8 +64,11 @@ def local_device(kind: str) -> str:
 
 
 def cached(store, model: model_pb2.Model, device: str, dtype: int) -> profile_pb2.Profile | None:
-    """The newest measured profile of the same model signature, device, precision and software."""
-    request = store_pb2.ListProfilesRequest(model_signature=model.signature, device_kind=device, dtype=dtype,
+    """The newest measured profile of the same model, device, precision and software. By model id, not only
+    signature: a platform caller (a worker preparing a job) sees every tenant's profiles and must get the
+    job's own (a tenant stores each signature once, so for tenants the two keys agree)."""
+    request = store_pb2.ListProfilesRequest(model_id=model.id, model_signature=model.signature,
+                                            device_kind=device, dtype=dtype,
                                             software=software(), projected=False)
     newest = None
     while True:
@@ -139,7 +142,8 @@ class Runner:
         sizes = analytical_sizes(request)
         profile = projection.analytical_profile(model.spec, kind, request.dtype or None, sizes,
                                                 model_id=model.id, model_signature=model.signature)
-        lookup = store_pb2.ListProfilesRequest(model_signature=model.signature, device_kind=kind, dtype=profile.dtype,
+        lookup = store_pb2.ListProfilesRequest(model_id=model.id, model_signature=model.signature, device_kind=kind,
+                                               dtype=profile.dtype,
                                                software=profile.software, projected=True)
         hit = None
         while not request.refresh:

@@ -102,10 +102,13 @@ def batch_sizes(options: SearchOptions) -> list[int]:
 
 
 def _micro_batch_counts(shape: Shape, batch: int) -> list[int]:
+    """Micro-batch counts to price; only those whose micro-batch splits into whole samples over dp x sdp."""
     if shape.stages == 1:
-        return [1]
-    counts = [shape.stages * f for f in MICRO_BATCH_FACTORS if batch % (shape.stages * f) == 0]
-    return counts or [_largest_divisor_at_most(batch, shape.stages * MICRO_BATCH_FACTORS[-1])]
+        counts = [1]
+    else:
+        counts = [shape.stages * f for f in MICRO_BATCH_FACTORS if batch % (shape.stages * f) == 0]
+        counts = counts or [_largest_divisor_at_most(batch, shape.stages * MICRO_BATCH_FACTORS[-1])]
+    return [nm for nm in counts if (batch // nm) % shape.strategy.batch_split == 0]
 
 
 def _price_shape(ctx: CostContext, name: str, shape: Shape, batch: int, nm: int, budget: int) -> PricedPlan:
@@ -142,9 +145,10 @@ def best_baseline(ctx: CostContext, name: str, num_devices: int, options: Search
     least: tuple[PricedPlan, Shape] | None = None
     tried = batch_sizes(options)
     for batch in tried:
-        fitted = False
+        priced = fitted = False
         for shape in found:
             for nm in _micro_batch_counts(shape, batch):
+                priced = True
                 plan = _price_shape(ctx, name, shape, batch, nm, options.memory_budget_bytes)
                 if not plan.out_of_memory:
                     fitted = True
@@ -152,11 +156,14 @@ def best_baseline(ctx: CostContext, name: str, num_devices: int, options: Search
                         best = plan, shape
                 elif least is None or max(plan.peak_memory_bytes) < max(least[0].peak_memory_bytes):
                     least = plan, shape
-        if not fitted:
+        if priced and not fitted:
             break  # memory grows with the batch (module docstring): larger ones cannot fit either
     if best is not None:
         return _with_reason(best[0], best[1].note, _flags(best[1], options))
-    assert least is not None
+    if least is None:  # no tried batch splits into whole samples over this baseline's devices
+        split = found[0].strategy.batch_split
+        reason = f"no global batch tried ({tried[0]}..{tried[-1]}) splits over its dp x sdp = {split}"
+        return PricedPlan("baseline", name, (), (), 1, 0, 0, Schedule.GPIPE, 0, 0.0, (), True, reason=reason)
     plan, shape = least
     where = f"the smallest global batch tried ({plan.global_batch_size})"
     return _with_reason(plan, f"out of memory at {where}; least memory: {plan.reason}", shape.note,

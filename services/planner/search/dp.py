@@ -219,7 +219,8 @@ def layer_tables(
                 arr[i] = arr[layer_rep[i]]
             continue
         for k, st in enumerate(sts):
-            if st is not None:
+            # A strategy whose dp x sdp does not divide the micro-batch would split samples: infeasible here.
+            if st is not None and micro_batch_size % st.batch_split == 0:
                 c = layer_cost(ctx, i, st, micro_batch_size, offsets)
                 values = (c.per_micro_batch_s, c.grad_sync_s, c.backward_compute_s, c.recompute_s, c.model_state_bytes,
                           c.forward_activation_bytes, c.backward_transient_bytes)

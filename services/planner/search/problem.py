@@ -94,7 +94,12 @@ def price(
     engine: str = "galvatron",
     name: str = "Ballast",
 ) -> PricedPlan:
-    """Build the pipeline on the cost model, simulate one iteration (pricing path), check memory."""
+    """Build the pipeline on the cost model, simulate one iteration (pricing path), check memory.
+
+    Every strategy's dp x sdp must divide the micro-batch (whole samples per device): engines filter
+    those out before pricing, so one here is a bug in the caller (ValueError)."""
+    if bad := next((st for st in strategies if micro_batch_size % st.batch_split), None):
+        raise ValueError(f"a micro-batch of {micro_batch_size} does not split over dp x sdp = {bad.batch_split}")
     pipe = build_pipeline(
         ctx.view, None, stage_bounds, strategies, micro_batch_size, num_micro_batches,
         replicas=replicas, context=ctx,

@@ -14,6 +14,10 @@ group size into factors >= 2 (6 = 2x3 and 3x2; 12 = 2x6, 6x2, 3x4, 4x3, 2x2x3, 2
 of two this is exactly Galvatron's tree set: 8 devices give 68 strategies, 44 after Takeaway 3, 22 of
 them without checkpointing.
 
+Whole samples: DP and SDP split each micro-batch across their devices, so a strategy only applies to
+micro-batches its dp x sdp divides (`splits`); a global batch no runnable configuration can split is
+refused with the nearest sizes that work (`nearest_global_batches`).
+
 Pure: no I/O, no grpc. ParallelDim enums (e.g. an executor's supported_parallelism) are accepted
 wherever dim names are.
 """
@@ -68,6 +72,11 @@ class Candidate:
     def order(self) -> tuple[str, ...]:
         """Dim names outermost first (LayerStrategy.order, via PARALLEL_DIM)."""
         return tuple(name for name, _ in self.dims)
+
+    @property
+    def batch_split(self) -> int:
+        """Ways a micro-batch is split across the group (DP and SDP split samples; TP does not)."""
+        return self.dp * self.sdp
 
     @property
     def group_size(self) -> int:
@@ -184,3 +193,28 @@ def count(
     """Size of strategy_space(...) over all PP degrees."""
     space = strategy_space(num_devices, checkpoint=checkpoint, takeaway3=takeaway3, dims=dims, max_pp=max_pp)
     return sum(len(c) for c in space.values())
+
+
+def splits(micro_batch_size: int, batch_split: int) -> bool:
+    """Whether a micro-batch splits into whole samples over `batch_split` devices."""
+    return micro_batch_size % batch_split == 0
+
+
+def global_batch_fits(global_batch: int, num_devices: int, *, num_layers: int,
+                      dims: Iterable[str | int] = ("pp", *DIMS)) -> bool:
+    """Some PP degree and layer strategy split `global_batch` into whole samples per device: with micro-batch
+    m = B / nm for any nm, that needs a candidate whose dp x sdp divides B."""
+    space = strategy_space(num_devices, checkpoint=(False,), dims=dims, max_pp=num_layers)
+    return any(global_batch % c.batch_split == 0 for found in space.values() for c in found)
+
+
+def nearest_global_batches(global_batch: int, num_devices: int, *, num_layers: int,
+                           dims: Iterable[str | int] = ("pp", *DIMS)) -> list[int]:
+    """The closest valid global batch sizes below and above `global_batch` (below only if >= 1)."""
+    space = strategy_space(num_devices, checkpoint=(False,), dims=dims, max_pp=num_layers)
+    split_sizes = sorted({c.batch_split for found in space.values() for c in found})
+    if not split_sizes:
+        return []
+    below = max((b for b in (global_batch // s * s for s in split_sizes) if b >= 1), default=None)
+    above = min(-(-global_batch // s) * s for s in split_sizes)
+    return [b for b in (below, above) if b is not None and b != global_batch]

@@ -1,0 +1,212 @@
+"""Preparing a submitted job on a planner worker: profile it, search its plan, hand it to scheduling.
+
+Submit queues one "jobs.prepare" request per job; a Celery worker runs `prepare_job`, which moves the
+job SUBMITTED -> PROFILING -> PLANNING -> SCHEDULED with an event at each step (the proto's SCHEDULED is
+"plan chosen; stages being assigned"), or to FAILED with the reason and the step it failed in.
+
+Every step is idempotent, so a re-run after a lost worker resumes where the job stands: the profiler
+answers a repeated request from its cache, the plan is stored under the queued request's id, and every
+state change is a compare-and-set on the state the worker last saw, so a cancel landing between two
+steps wins and the worker finishes it (CANCELLING -> CANCELLED) instead of carrying on.
+
+Profiles: a fleet of this host's device kind (the local CPU executors) is measured by the profiler;
+any other catalog device gets an analytical profile, since nothing here can measure it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ballast.v1 import fleet_pb2, job_pb2, plan_pb2, services_pb2, store_pb2, store_pb2_grpc
+from services.planner import queue
+from services.planner.fleet_file import FleetFileError, fleet_from_dict
+from services.runtime.errors import FailedPrecondition, NotFound, Unavailable
+from services.runtime.remote import call
+
+KIND = "jobs.prepare"
+MEASURED_KINDS = ("cpu",)  # device kinds the profiler measures on (services/profiler/runner.local_device)
+MAX_SWEEP = 64  # largest micro-batch profiled for a job, besides its global batch
+GiB = float(1 << 30)
+
+S = job_pb2.JobState
+
+
+class Stopped(Exception):
+    """The job left the state this worker expected (a cancel, or another worker got further)."""
+
+    def __init__(self, job: job_pb2.Job):
+        super().__init__(S.Name(job.state))
+        self.job = job
+
+
+def online_hosts(store: store_pb2_grpc.StoreServiceStub) -> list[fleet_pb2.Host]:
+    hosts, request = [], store_pb2.ListHostsRequest(state=fleet_pb2.HOST_STATE_ONLINE)
+    while True:
+        page = call(store.ListHosts, request)
+        hosts += page.hosts
+        if not page.next_page_token:
+            return hosts
+        request.page.page_token = page.next_page_token
+
+
+def fleet_of_hosts(hosts: list[fleet_pb2.Host], dtype: int = 0) -> fleet_pb2.Fleet:
+    """The fleet the online executors form: one node per host, its smallest device count and memory.
+
+    Hosts sharing an address are one machine standing in for several (tests, the local demo): their
+    link is shared memory; distinct machines are assumed on 10 Gb Ethernet until calibrated.
+    """
+    fix = "start executors (`ballast up --executors 2`) or set spec.fleet to plan for a fleet not at hand"
+    devices = [d for h in hosts for d in h.devices]
+    if not hosts or not devices:
+        raise FailedPrecondition("no executor host with devices is online", field="spec.fleet", fix=fix)
+    kinds = sorted({d.spec.kind for d in devices})
+    if len(kinds) != 1:
+        raise FailedPrecondition(f"the online hosts mix device kinds {kinds}", field="spec.fleet",
+                                 fix="set spec.fleet to the device kind to plan for")
+    per_node = min(len(h.devices) for h in hosts)
+    memory = min(d.spec.memory_bytes for d in devices)
+    entry: dict[str, Any] = {"name": f"online-{len(hosts)}x{per_node}-{kinds[0]}", "device": kinds[0],
+                             "nodes": len(hosts), "devices_per_node": per_node}
+    if memory:
+        entry["memory_gib"] = memory / GiB
+    if kinds[0] in MEASURED_KINDS:
+        entry["intra_node"] = "shm"
+    if len(hosts) > 1:
+        entry["inter_node"] = "shm" if len({h.address for h in hosts}) == 1 else "eth-10"
+    try:
+        return fleet_from_dict(entry, dtype=dtype or None)
+    except FleetFileError as err:
+        raise FailedPrecondition(f"cannot plan for the online hosts: {err}", field="spec.fleet",
+                                 fix="set spec.fleet to a catalog device") from None
+
+
+def profile_request(job: job_pb2.Job, fleet: fleet_pb2.Fleet) -> services_pb2.ProfileRequest:
+    """Measured on this host's kind, analytical for any other; the sweep stops at the global batch."""
+    kind = fleet.device.kind
+    top = min(job.spec.global_batch_size or MAX_SWEEP, MAX_SWEEP)
+    return services_pb2.ProfileRequest(model_id=job.model_id, device_kind=kind, max_micro_batch_size=top,
+                                       analytical=kind not in MEASURED_KINDS)
+
+
+def plan_inputs(job: job_pb2.Job, dims: tuple[str, ...]):
+    from services.planner.planning import PlanInputs
+
+    spec = job.spec
+    return PlanInputs(global_batch_size=spec.global_batch_size, memory_budget_bytes=spec.memory_budget_bytes,
+                      engine=spec.engine, schedule=spec.schedule, runnable_dims=dims)
+
+
+def plan_summary(plan: plan_pb2.Plan) -> tuple[str, dict[str, str]]:
+    p = plan.prediction
+    replicas = max((s.devices for s in plan.stages), default=1)
+    attributes = {
+        "plan_id": plan.id, "engine": plan_pb2.PlanEngine.Name(plan.engine), "stages": str(len(plan.stages)),
+        "micro_batch_size": str(plan.micro_batch_size), "num_micro_batches": str(plan.num_micro_batches),
+        "predicted_iteration_time_s": f"{p.iteration_time_s:.6g}",
+        "predicted_throughput_samples_per_s": f"{p.throughput_samples_per_s:.6g}",
+    }
+    message = (f"plan {plan.id}: {len(plan.stages)} stage(s) x up to {replicas} device(s), "
+               f"{plan.num_micro_batches} micro-batch(es) of {plan.micro_batch_size}, predicted "
+               f"{p.iteration_time_s:.4g} s/iteration ({p.throughput_samples_per_s:.4g} samples/s)")
+    return message, attributes
+
+
+class _Job:
+    """The job as this worker last saw it; every move is a compare-and-set on that state."""
+
+    def __init__(self, store: store_pb2_grpc.StoreServiceStub, job: job_pb2.Job):
+        self.store, self.job = store, job
+
+    def move(self, target: int, message: str, event_type: str = "STATE_CHANGED",
+             attributes: dict[str, str] | None = None, plan_id: str = "") -> None:
+        try:
+            self.job = call(self.store.TransitionJob, store_pb2.TransitionJobRequest(
+                id=self.job.id, state=target, expected_state=self.job.state, message=message,
+                event_type=event_type, attributes=attributes or {}, plan_id=plan_id))
+        except FailedPrecondition:
+            now = call(self.store.GetJob, store_pb2.GetRequest(id=self.job.id))
+            if now.state == self.job.state:
+                raise
+            raise Stopped(now) from None
+
+    def fail(self, step: str, exc: BaseException) -> None:
+        text = f"{step} failed: {exc}"
+        try:
+            self.move(S.JOB_STATE_FAILED, text[:2000], event_type="FAILED",
+                      attributes={"step": step, "error": type(exc).__name__})
+        except Stopped as stopped:  # a cancel got there first: finish that instead
+            _finish_cancel(self.store, stopped.job)
+
+
+def _finish_cancel(store: store_pb2_grpc.StoreServiceStub, job: job_pb2.Job) -> dict[str, Any]:
+    """Nothing runs a job before it is scheduled, so a cancel during preparation completes here."""
+    if job.state == S.JOB_STATE_CANCELLING:
+        try:
+            job = call(store.TransitionJob, store_pb2.TransitionJobRequest(
+                id=job.id, state=S.JOB_STATE_CANCELLED, expected_state=S.JOB_STATE_CANCELLING,
+                message="cancelled before it was scheduled", event_type="CANCELLED"))
+        except FailedPrecondition:
+            job = call(store.GetJob, store_pb2.GetRequest(id=job.id))
+    return {"job_id": job.id, "state": S.Name(job.state)}
+
+
+def _owned(store: store_pb2_grpc.StoreServiceStub, job_id: str, tenant_id: str) -> job_pb2.Job:
+    """The worker acts for the platform: only the job's tenant (or an admin) may have queued this."""
+    job = call(store.GetJob, store_pb2.GetRequest(id=job_id))
+    if job.tenant_id != tenant_id and not call(store.GetTenant, store_pb2.GetRequest(id=tenant_id)).admin:
+        raise NotFound(f"job {job_id!r} not found", field="job_id")
+    return job
+
+
+def prepare_job(payload: dict[str, Any], task: queue.Task) -> dict[str, Any]:
+    """Profile, plan and schedule one job; resumes from whatever state a previous attempt reached."""
+    from services.planner.planning import make_plan
+    from services.planner.plans import check_profile, executor_dims
+
+    job = _Job(task.store, _owned(task.store, str(payload.get("job_id", "")), task.request.tenant_id))
+    state = job.job.state
+    if state == S.JOB_STATE_CANCELLING:
+        return _finish_cancel(task.store, job.job)
+    if state not in (S.JOB_STATE_SUBMITTED, S.JOB_STATE_PROFILING, S.JOB_STATE_PLANNING):
+        return {"job_id": job.job.id, "state": S.Name(state), "plan_id": job.job.plan_id}
+    if task.profiler is None:
+        raise Unavailable("this worker has no profiler connection", fix="start workers with `ballast worker`")
+    step = "fleet"
+    try:
+        spec = job.job.spec
+        fleet = spec.fleet if spec.HasField("fleet") else fleet_of_hosts(online_hosts(task.store),
+                                                                          spec.model.dtype)
+        request = profile_request(job.job, fleet)
+        how = "analytical" if request.analytical else "measured"
+        step = "profiling"
+        if job.job.state == S.JOB_STATE_SUBMITTED:
+            job.move(S.JOB_STATE_PROFILING, f"profiling {spec.model.name or job.job.model_id} for "
+                     f"{fleet.device.kind} ({how}) on fleet {fleet.name}",
+                     attributes={"device_kind": fleet.device.kind, "profile": how, "fleet": fleet.name})
+        profile = call(task.profiler.Profile, request)
+        check_profile(profile, fleet)
+        step = "planning"
+        if job.job.state == S.JOB_STATE_PROFILING:
+            job.move(S.JOB_STATE_PLANNING, f"profile {profile.id} ({how}, {len(profile.layers)} layers); "
+                     f"searching a plan for {fleet.nodes * fleet.devices_per_node} {fleet.device.kind} device(s)",
+                     event_type="PROFILED", attributes={"profile_id": profile.id, "profile": how})
+        plan = make_plan(profile, fleet, plan_inputs(job.job, executor_dims(task.store)))
+        plan.job_id = job.job.id
+        if task.lease_lost.is_set():
+            raise queue.LeaseLost()
+        stored = call(task.store.CreatePlan, store_pb2.CreatePlanRequest(plan=plan, request_id=task.request.id))
+        message, attributes = plan_summary(stored)
+        job.move(S.JOB_STATE_SCHEDULED, message, event_type="PLAN_CHOSEN", attributes=attributes,
+                 plan_id=stored.id)
+        return {"job_id": job.job.id, "state": S.Name(job.job.state), "plan_id": stored.id}
+    except Stopped as stopped:
+        return _finish_cancel(task.store, stopped.job)
+    except queue.LeaseLost:
+        raise
+    except queue.TRANSIENT as exc:
+        if task.request.attempts >= task.request.max_attempts:
+            job.fail(step, exc)
+        raise
+    except Exception as exc:
+        job.fail(step, exc)
+        raise

@@ -1,0 +1,152 @@
+"""prepare_job's own logic against a real store server: resuming after a transient failure, giving up
+with the reason once attempts run out, a cancel that lands mid-step, and the fleet the online hosts form.
+The profiler is a stand-in that serves analytical profiles (profiling itself is covered elsewhere)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from ballast.v1 import fleet_pb2, job_pb2, model_pb2, queue_pb2, services_pb2, store_pb2
+from services.planner import jobs, queue
+from services.planner.fleet_file import load_fleet
+from services.planner.prepare import fleet_of_hosts, prepare_job
+from services.profiler.projection import analytical_profile
+from services.runtime.errors import FailedPrecondition, Unavailable
+from tests.harness import ROOT, make_settings, start_plane
+
+S = job_pb2.JobState
+FLEET = load_fleet(ROOT / "examples" / "fleet-8xTITAN.yaml", dtype="fp32")
+
+
+class Profiler:
+    """Stores an analytical profile for the requested model and device; `before` runs first (faults, cancels)."""
+
+    def __init__(self, store, before=None):
+        self.store, self.before, self.calls = store, before, 0
+
+    def Profile(self, request: services_pb2.ProfileRequest):  # noqa: N802 - the stub's method name
+        self.calls += 1
+        if self.before:
+            self.before()
+        model = self.store.GetModel(store_pb2.GetRequest(id=request.model_id))
+        profile = analytical_profile(model.spec, request.device_kind, "fp32", model_id=model.id,
+                                     model_signature=model.signature)
+        return self.store.CreateProfile(store_pb2.CreateProfileRequest(profile=profile))
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory):
+    plane = start_plane(make_settings(tmp_path_factory.mktemp("prepare")), services=("store",))
+    yield plane
+    plane.stop()
+
+
+@pytest.fixture
+def client(plane):
+    return plane.client()
+
+
+def new_job(client, vocab: int) -> job_pb2.Job:
+    model = model_pb2.ModelSpec(
+        name=f"gpt-{vocab}", family=model_pb2.MODEL_FAMILY_GPT,
+        transformer=model_pb2.TransformerConfig(num_layers=2, hidden_size=64, num_heads=2, vocab_size=vocab,
+                                                seq_length=32))
+    spec = job_pb2.JobSpec(name=f"job-{vocab}", global_batch_size=8, iterations=3, fleet=FLEET, model=model)
+    return client.store.CreateJob(store_pb2.CreateJobRequest(spec=spec))
+
+
+def task(client, job: job_pb2.Job, profiler, attempts: int = 1) -> queue.Task:
+    request = queue_pb2.QueuedRequest(id=f"req-{job.id}", kind="jobs.prepare", tenant_id=job.tenant_id,
+                                      attempts=attempts, max_attempts=3)
+    return queue.Task(request, client.store, threading.Event(), profiler)
+
+
+def states(client, job_id: str) -> list[tuple[str, int]]:
+    events = client.store.ListJobEvents(store_pb2.ListJobEventsRequest(job_id=job_id)).events
+    return [(e.type, e.state) for e in events]
+
+
+def test_a_transient_failure_leaves_the_job_to_resume_where_it_stood(client):
+    job = new_job(client, 320)
+
+    def down():
+        raise Unavailable("profiler restarting")
+
+    with pytest.raises(Unavailable):
+        prepare_job({"job_id": job.id}, task(client, job, Profiler(client.store, down), attempts=1))
+    assert client.store.GetJob(store_pb2.GetRequest(id=job.id)).state == S.JOB_STATE_PROFILING
+
+    result = prepare_job({"job_id": job.id}, task(client, job, Profiler(client.store), attempts=2))
+    done = client.store.GetJob(store_pb2.GetRequest(id=job.id))
+    assert done.state == S.JOB_STATE_SCHEDULED and result["plan_id"] == done.plan_id
+    assert [t for t, _ in states(client, job.id)] == ["SUBMITTED", "STATE_CHANGED", "PROFILED", "PLAN_CHOSEN"]
+
+    # A redelivery after success changes nothing and stores no second plan.
+    again = prepare_job({"job_id": job.id}, task(client, job, Profiler(client.store), attempts=3))
+    assert again["plan_id"] == done.plan_id
+    assert len(client.store.ListPlans(store_pb2.ListPlansRequest(job_id=job.id)).plans) == 1
+
+
+def test_the_last_attempt_fails_the_job_with_the_reason(client):
+    job = new_job(client, 384)
+
+    def down():
+        raise Unavailable("profiler unreachable")
+
+    with pytest.raises(Unavailable):
+        prepare_job({"job_id": job.id}, task(client, job, Profiler(client.store, down), attempts=3))
+    failed = client.store.GetJob(store_pb2.GetRequest(id=job.id))
+    assert failed.state == S.JOB_STATE_FAILED
+    assert failed.message.startswith("profiling failed:") and "profiler unreachable" in failed.message
+
+
+def test_a_cancel_during_profiling_ends_cancelled_without_a_plan(client):
+    job = new_job(client, 448)
+
+    def cancel_now():
+        jobs.cancel(client.store, services_pb2.CancelJobRequest(job_id=job.id, reason="not needed"))
+
+    result = prepare_job({"job_id": job.id}, task(client, job, Profiler(client.store, cancel_now)))
+    assert result["state"] == "JOB_STATE_CANCELLED"
+    assert states(client, job.id)[-2:] == [("CANCEL_REQUESTED", S.JOB_STATE_CANCELLING),
+                                           ("CANCELLED", S.JOB_STATE_CANCELLED)]
+    assert not client.store.ListPlans(store_pb2.ListPlansRequest(job_id=job.id)).plans
+
+
+def test_another_tenants_request_cannot_prepare_the_job(client):
+    job = new_job(client, 512)
+    other = client.store.CreateTenant(store_pb2.CreateTenantRequest(name="someone-else")).tenant
+    stranger = queue.Task(queue_pb2.QueuedRequest(id="req-x", tenant_id=other.id, attempts=1, max_attempts=3),
+                          client.store, threading.Event(), Profiler(client.store))
+    with pytest.raises(Exception, match="not found"):
+        prepare_job({"job_id": job.id}, stranger)
+    assert client.store.GetJob(store_pb2.GetRequest(id=job.id)).state == S.JOB_STATE_SUBMITTED
+
+
+def host(name: str, address: str, slots: int, kind: str = "cpu", memory: int = 8 << 30) -> fleet_pb2.Host:
+    spec = fleet_pb2.DeviceSpec(kind=kind, memory_bytes=memory)
+    return fleet_pb2.Host(name=name, address=address,
+                          devices=[fleet_pb2.Device(index=i, spec=spec) for i in range(slots)])
+
+
+def test_the_online_hosts_form_one_node_each():
+    fleet = fleet_of_hosts([host("a", "10.0.0.1", 2), host("b", "10.0.0.1", 1, memory=4 << 30)])
+    assert (fleet.nodes, fleet.devices_per_node, fleet.device.kind) == (2, 1, "cpu")
+    assert fleet.device.memory_bytes == 4 << 30
+    assert fleet.inter_node.kind == fleet_pb2.LINK_KIND_SHARED_MEMORY  # one machine standing in for two
+    apart = fleet_of_hosts([host("a", "10.0.0.1", 1), host("b", "10.0.0.2", 1)])
+    assert apart.inter_node.kind == fleet_pb2.LINK_KIND_ETHERNET
+    assert fleet_of_hosts([host("a", "h", 2)]).nodes == 1
+
+
+@pytest.mark.parametrize("hosts, words", [
+    ([], "no executor host"),
+    ([host("a", "h", 1), host("b", "h", 1, kind="nvidia-titan-rtx-24gb")], "mix device kinds"),
+    ([host("a", "h", 1, kind="nvidia-gpu")], "cannot plan for the online hosts"),
+])
+def test_hosts_that_cannot_form_a_fleet_say_why(hosts, words):
+    with pytest.raises(FailedPrecondition) as err:
+        fleet_of_hosts(hosts)
+    assert words in str(err.value) and err.value.field == "spec.fleet"
