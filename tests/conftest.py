@@ -89,3 +89,14 @@ def empty_database_url(request, tmp_path) -> Iterator[str]:
 def redis_url() -> str:
     require_redis()
     return REDIS_URL
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """One intra-op thread, as profiling and executor workers use: deterministic sums, no oversubscription."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -17,7 +17,8 @@ from tests.harness import ROOT, kill_group, make_settings, spawn_cli, start_plan
 pytestmark = pytest.mark.slow
 
 S = job_pb2.JobState
-TERMINAL_OR_SCHEDULED = (S.JOB_STATE_SCHEDULED, S.JOB_STATE_FAILED, S.JOB_STATE_CANCELLED)
+PREPARING = (S.JOB_STATE_SUBMITTED, S.JOB_STATE_PROFILING, S.JOB_STATE_PLANNING)
+PLANNED = (S.JOB_STATE_SCHEDULED, S.JOB_STATE_RUNNING, S.JOB_STATE_SUCCEEDED)  # the scheduler takes it on at once
 
 
 def tiny_gpt(vocab: int = 256) -> model_pb2.ModelSpec:
@@ -33,7 +34,7 @@ def spec(name: str, vocab: int = 256, **kw) -> job_pb2.JobSpec:
 
 
 def settled(client, job_id: str, timeout: float = 120.0) -> job_pb2.Job:
-    return wait_for(lambda: (j := client.jobs.Get(store_pb2.GetRequest(id=job_id))).state in TERMINAL_OR_SCHEDULED
+    return wait_for(lambda: (j := client.jobs.Get(store_pb2.GetRequest(id=job_id))).state not in PREPARING
                     and j, timeout=timeout, what=f"job {job_id} to be scheduled or to end")
 
 
@@ -87,8 +88,8 @@ def test_submit_profiles_plans_and_schedules_on_the_online_hosts(plane, agents):
     client = plane.client()
     job = client.jobs.Submit(services_pb2.SubmitJobRequest(spec=spec("on-hosts")))
     done = settled(client, job.id, timeout=300)
-    assert done.state == S.JOB_STATE_SCHEDULED, done.message
-    log = events(client, job.id)
+    assert done.state in PLANNED, done.message
+    log = events(client, job.id)[:4]
     assert [e.type for e in log] == ["SUBMITTED", "STATE_CHANGED", "PROFILED", "PLAN_CHOSEN"]
     assert [e.state for e in log] == [S.JOB_STATE_SUBMITTED, S.JOB_STATE_PROFILING, S.JOB_STATE_PLANNING,
                                       S.JOB_STATE_SCHEDULED]
@@ -107,7 +108,7 @@ def test_submit_profiles_plans_and_schedules_on_the_online_hosts(plane, agents):
 
     # The same model again: the profile comes from the cache, and a second job gets a plan of its own.
     again = settled(client, client.jobs.Submit(services_pb2.SubmitJobRequest(spec=spec("again"))).id)
-    assert again.state == S.JOB_STATE_SCHEDULED and again.plan_id != done.plan_id
+    assert again.state in PLANNED and again.plan_id != done.plan_id
     assert events(client, again.id)[2].attributes["profile_id"] == profile.id
 
 
@@ -117,7 +118,7 @@ def test_a_fleet_not_at_hand_gets_an_analytical_profile(plane, agents):
     job = client.jobs.Submit(services_pb2.SubmitJobRequest(spec=spec("titan", vocab=512, fleet=fleet,
                                                                      global_batch_size=16)))
     done = settled(client, job.id)
-    assert done.state == S.JOB_STATE_SCHEDULED, done.message
+    assert done.state == S.JOB_STATE_SCHEDULED, done.message  # no executor offers the device: it waits, then fails
     log = events(client, job.id)
     assert log[1].attributes["profile"] == "analytical"
     plan = client.planner.GetPlan(store_pb2.GetRequest(id=done.plan_id))

@@ -146,3 +146,11 @@ def test_no_priced_plan_splits_a_sample(plan, profile, fleet):
         assert all(p.micro_batch_size % st.batch_split == 0 for st in p.strategies), p.name
     ddp = priced[0]
     assert not ddp.out_of_memory and ddp.global_batch_size >= 8  # batches 1, 2 and 4 cannot feed 8 replicas
+
+
+def test_a_baseline_the_executors_cannot_run_is_never_chosen(profile, fleet):
+    """Pipeline x data parallel executors: the plan uses DP only, whatever TP or ZeRO-3 would have given."""
+    chosen = make_plan(profile, fleet, PlanInputs(max_global_batch_size=16, runnable_dims=("dp",)))
+    assert all(layer.sdp == 1 and layer.tp == 1 for layer in chosen.layers)
+    names = [a.name for a in chosen.alternatives]
+    assert "Megatron TP" in names and "ZeRO-3" in names  # still priced for the table

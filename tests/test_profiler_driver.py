@@ -28,7 +28,7 @@ GPT = {
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
+def restore_threads():
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)

@@ -23,12 +23,7 @@ T5 = {
 }
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # timings and sums as the workers run them
 
 
 def built(raw: dict, batch: int):

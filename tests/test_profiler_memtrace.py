@@ -18,12 +18,7 @@ GPT = {
 }
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # timings and sums as the workers run them
 
 
 @pytest.fixture(scope="module")

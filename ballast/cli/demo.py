@@ -1,22 +1,24 @@
-"""`ballast demo`: the newcomer's first run. Today: up, store a model, read it back with SQL, down.
-Later issues extend it into profiling, planning and real training."""
+"""`ballast demo`: the newcomer's first run. The control plane comes up with local CPU executors, gpt-tiny is
+submitted as a job (profiled on this host, planned, trained for real over torch.distributed), and a short
+report compares the plan's predicted iteration time with the measured one and saves the loss curve."""
 
 from __future__ import annotations
 
 import argparse
-import json
+import statistics
 import tempfile
 from pathlib import Path
 
 import yaml
-from google.protobuf.json_format import MessageToDict, ParseDict
+from google.protobuf.json_format import ParseDict
 from rich.console import Console
 
 from ballast.client import Client
 from ballast.config import Settings, load_settings
-from ballast.v1 import model_pb2, store_pb2
+from ballast.v1 import job_pb2, model_pb2, plan_pb2, services_pb2, store_pb2
 
 console = Console()
+WARM_UP = 2  # iterations left out of the measured median (allocator and thread-pool warm-up)
 
 
 def default_model_path() -> Path:
@@ -33,12 +35,14 @@ def load_model_spec(path: Path) -> model_pb2.ModelSpec:
 
 
 def run_demo(settings: Settings, args: argparse.Namespace) -> int:
+    """Up; submit gpt-tiny as a job (profiled here, planned, trained on the local executors); report; down."""
     from ballast.cli import control_plane as cp
+    from ballast.cli.jobs import follow
 
     if args.data_dir is None:
         settings = load_settings(data_dir=Path(tempfile.mkdtemp(prefix="ballast-demo-")))
     spec = load_model_spec(args.model or default_model_path())
-    console.rule("1. bring the control plane up")
+    console.rule(f"1. bring the control plane up ({args.executors} CPU executors)")
     ok, rows, message = cp.bring_up(settings, args.executors, 90.0)
     for name, address, status in rows:
         console.print(f"  {name:<12} {address:<18} {status}")
@@ -47,22 +51,64 @@ def run_demo(settings: Settings, args: argparse.Namespace) -> int:
         return 1
     state = cp.State.load(settings)
     try:
-        with Client(store=settings.address("store"), token=settings.resolved_token()) as client:
-            console.rule("2. store the model")
-            model = client.store.CreateModel(store_pb2.CreateModelRequest(spec=spec))
-            console.print_json(json.dumps(MessageToDict(model, preserving_proto_field_name=True)))
-            console.rule("3. read it back with SQL")
-            query = f"SELECT id, name, family, signature FROM models WHERE id = '{model.id}'"
-            console.print(f"  ballast sql \"{query}\"")
-            reply = client.store.Query(store_pb2.QueryRequest(sql=query))
-            rows = [MessageToDict(r) for r in reply.rows]
-            for row in rows:
-                console.print("  " + " | ".join(str(v) for v in row))
-            if not rows or rows[0][0] != model.id:
-                console.print("[red]model not found by SQL[/red]")
+        with Client(store=settings.address("store"), planner=settings.address("planner"),
+                    token=settings.resolved_token()) as client:
+            console.rule(f"2. submit {spec.name}: profile, plan, train {args.iterations} iterations")
+            job_spec = job_pb2.JobSpec(name=f"demo-{spec.name}", model=spec, global_batch_size=args.batch,
+                                       iterations=args.iterations, seed=1,
+                                       optimizer=job_pb2.OptimizerSpec(name="adam", learning_rate=3e-3))
+            job = client.jobs.Submit(services_pb2.SubmitJobRequest(spec=job_spec))
+            console.print(f"  job {job.id}; the same as `ballast submit {args.model or 'examples/gpt-tiny.yaml'} "
+                          f"--batch {args.batch} --iterations {args.iterations} --wait`")
+            if follow(client, job.id, 0, None) != 0:
+                console.print("[red]the job did not succeed[/red]")
                 return 1
+            console.rule("3. report")
+            return report(client, job.id, settings.data_dir / "loss.png")
     finally:
         console.rule("4. shut down")
         killed = cp.stop_all(settings, state)
         console.print(f"  stopped {len(state.children)} processes" + (f" (force-killed {killed})" if killed else ""))
-    return 0
+
+
+def report(client: Client, job_id: str, png: Path) -> int:
+    """Plan, predicted against measured iteration time, the loss curve (saved as PNG), the SQL behind it."""
+    job = client.jobs.Get(store_pb2.GetRequest(id=job_id))
+    plan = client.planner.GetPlan(store_pb2.GetRequest(id=job.plan_id))
+    rows = client.store.ListIterationMetrics(store_pb2.ListIterationMetricsRequest(job_id=job_id)).metrics
+    replicas = plan.stages[0].devices
+    console.print(f"  plan {plan.id}: {len(plan.stages)} stage(s) x {replicas} replica(s), "
+                  f"{plan.num_micro_batches} micro-batch(es) of {plan.micro_batch_size}, "
+                  f"{plan_pb2.Schedule.Name(plan.schedule).removeprefix('SCHEDULE_')}")
+    per_iteration: dict[int, float] = {}
+    for m in rows:  # an iteration takes as long as its slowest worker
+        per_iteration[m.iteration] = max(per_iteration.get(m.iteration, 0.0), m.iteration_time_s)
+    steady = [t for i, t in sorted(per_iteration.items()) if i >= WARM_UP] or list(per_iteration.values())
+    measured = statistics.median(steady)
+    predicted = plan.prediction.iteration_time_s
+    console.print(f"  iteration time: predicted {predicted * 1e3:.1f} ms, measured {measured * 1e3:.1f} ms "
+                  f"(median after {WARM_UP} warm-up iterations), error {(predicted - measured) / measured:+.0%}")
+    losses = sorted((m.iteration, m.loss) for m in rows if m.has_loss and m.replica_index == 0)
+    console.print(f"  loss: {losses[0][1]:.3f} at iteration 0 -> {losses[-1][1]:.3f} at iteration {losses[-1][0]}")
+    save_curve(losses, png, job_id)
+    console.print(f"  loss curve: {png}")
+    console.print(f"  SQL: ballast sql \"SELECT iteration, stage_index, replica_index, iteration_time_s, "
+                  f"predicted_iteration_time_s, loss FROM iteration_metrics WHERE job_id = '{job_id}'\"")
+    return 0 if losses[-1][1] < losses[0][1] else 1
+
+
+def save_curve(losses: list[tuple[int, float]], png: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot([i for i, _ in losses], [v for _, v in losses], marker=".")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("loss (mean per token)")
+    ax.set_title(title)
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=100)
+    plt.close(fig)

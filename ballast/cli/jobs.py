@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import queue
+import threading
 from pathlib import Path
 
 import grpc
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import BarColumn, Progress, TextColumn
 
 from ballast.cli.plan import ENGINES, SCHEDULES, parse_bytes
 from ballast.client import Client
 from ballast.config import Settings
-from ballast.v1 import job_pb2, services_pb2
+from ballast.v1 import job_pb2, services_pb2, store_pb2
 
 console = Console()
 err = Console(stderr=True)
@@ -71,7 +74,7 @@ def run_submit(settings: Settings, args: argparse.Namespace) -> int:
     except ValueError as exc:
         err.print(f"[red]error[/red] {escape(str(exc))}")
         return 2
-    with Client(planner=settings.address("planner"), token=settings.resolved_token()) as client:
+    with _client(settings) as client:
         try:
             job = client.jobs.Submit(services_pb2.SubmitJobRequest(spec=spec))
         except grpc.RpcError as exc:
@@ -84,24 +87,84 @@ def run_submit(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def run_watch(settings: Settings, args: argparse.Namespace) -> int:
-    with Client(planner=settings.address("planner"), token=settings.resolved_token()) as client:
+    with _client(settings) as client:
         return follow(client, args.job_id, args.after, args.until)
 
 
+def _client(settings: Settings) -> Client:
+    return Client(store=settings.address("store"), planner=settings.address("planner"),
+                  token=settings.resolved_token())
+
+
 def follow(client: Client, job_id: str, after: int, until: str | None) -> int:
-    """Print events as they come; exit 0 at SUCCEEDED (or the --until state), 1 at FAILED or CANCELLED."""
+    """Print events as they come, with a live bar (step, loss, samples/s) while the job trains; exit 0 at
+    SUCCEEDED (or the --until state), 1 at FAILED or CANCELLED."""
     target = STATES[until] if until else S.JOB_STATE_SUCCEEDED
+    events: queue.Queue = queue.Queue()
+    stream = client.jobs.Watch(services_pb2.WatchJobRequest(job_id=job_id, after_seq=after), timeout=None)
+
+    def pump() -> None:
+        try:
+            for event in stream:
+                events.put(event)
+        except grpc.RpcError as exc:
+            events.put(exc)
+        events.put(None)
+
+    threading.Thread(target=pump, name="watch", daemon=True).start()
+    bar: Progress | None = None  # shown only while the job trains
+    task = None
     try:
-        for event in client.jobs.Watch(services_pb2.WatchJobRequest(job_id=job_id, after_seq=after), timeout=None):
-            show(event)
-            if event.state in BAD_END:
-                return 1
-            if event.state in ORDER and ORDER.index(event.state) >= ORDER.index(target):
+        while True:
+            try:
+                item = events.get(timeout=0.5)
+            except queue.Empty:
+                if bar is not None:
+                    _progress(client, job_id, bar, task)
+                continue
+            if item is None:
                 return 0
-    except grpc.RpcError as exc:
-        err.print(f"[red]error[/red] {exc.code().name}: {escape(exc.details() or '')}")
-        return 1
-    return 0
+            if isinstance(item, grpc.RpcError):
+                if item.code() == grpc.StatusCode.CANCELLED:
+                    return 0
+                err.print(f"[red]error[/red] {item.code().name}: {escape(item.details() or '')}")
+                return 1
+            if bar is not None and item.state != S.JOB_STATE_RUNNING:
+                _progress(client, job_id, bar, task)
+                bar.stop()
+                bar = None
+            show(item)
+            if item.state in BAD_END:
+                return 1
+            if item.state in ORDER and ORDER.index(item.state) >= ORDER.index(target):
+                return 0
+            if item.state == S.JOB_STATE_RUNNING and bar is None:
+                job = client.jobs.Get(store_pb2.GetRequest(id=job_id))
+                bar = Progress(TextColumn("{task.description}"), BarColumn(),
+                               TextColumn("{task.completed}/{task.total}"), TextColumn("{task.fields[detail]}"),
+                               console=console, transient=True)
+                task = bar.add_task("training", total=job.spec.iterations, detail="")
+                bar.start()
+    finally:
+        if bar is not None:
+            bar.stop()
+        stream.cancel()
+
+
+def _progress(client: Client, job_id: str, bar: Progress, task) -> None:
+    job = client.jobs.Get(store_pb2.GetRequest(id=job_id))
+    done = job.iteration + 1 if job.iteration or _any_metric(client, job_id) else 0
+    rows = client.store.ListIterationMetrics(store_pb2.ListIterationMetricsRequest(
+        job_id=job_id, from_iteration=job.iteration)).metrics
+    loss = next((m.loss for m in rows if m.has_loss), None)
+    speed = max((m.throughput_samples_per_s for m in rows), default=0.0)
+    detail = (f"loss {loss:.4f}  " if loss is not None else "") + (f"{speed:.1f} samples/s" if speed else "")
+    bar.update(task, completed=min(done, job.spec.iterations), detail=detail)
+
+
+def _any_metric(client: Client, job_id: str) -> bool:
+    page = client.store.ListIterationMetrics(store_pb2.ListIterationMetricsRequest(job_id=job_id))
+    return bool(page.metrics)
 
 
 def show(event: job_pb2.JobEvent) -> None:

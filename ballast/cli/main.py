@@ -272,9 +272,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_submit_arguments(p)
     p = add("watch", cmd_watch, "follow a job's events (state changes, plan, progress)")
     add_watch_arguments(p)
-    p = add("demo", cmd_demo, "bring the control plane up, store examples/gpt-tiny.yaml, read it back, shut down")
+    p = add("demo", cmd_demo, "up, train examples/gpt-tiny.yaml on local CPU executors, report, shut down")
     p.add_argument("--model", type=Path, default=None)
-    p.add_argument("--executors", type=int, default=1)
+    p.add_argument("--executors", type=int, default=2)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--iterations", type=int, default=30)
     return parser
 
 

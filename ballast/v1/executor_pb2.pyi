@@ -2,6 +2,7 @@ import datetime
 
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from ballast.v1 import fleet_pb2 as _fleet_pb2
+from ballast.v1 import job_pb2 as _job_pb2
 from ballast.v1 import plan_pb2 as _plan_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
@@ -12,7 +13,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class StageStats(_message.Message):
-    __slots__ = ("job_id", "stage_index", "replica_index", "iteration", "plan_version", "forward_s", "backward_s", "comm_s", "idle_s", "memory_bytes", "peak_memory_bytes", "loss", "has_loss", "layers")
+    __slots__ = ("job_id", "stage_index", "replica_index", "iteration", "plan_version", "forward_s", "backward_s", "comm_s", "idle_s", "memory_bytes", "peak_memory_bytes", "loss", "has_loss", "layers", "iteration_time_s", "recompute_s", "bytes_sent", "throughput_samples_per_s", "rank")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     REPLICA_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +28,11 @@ class StageStats(_message.Message):
     LOSS_FIELD_NUMBER: _ClassVar[int]
     HAS_LOSS_FIELD_NUMBER: _ClassVar[int]
     LAYERS_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    RECOMPUTE_S_FIELD_NUMBER: _ClassVar[int]
+    BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
+    THROUGHPUT_SAMPLES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     stage_index: int
     replica_index: int
@@ -41,7 +47,12 @@ class StageStats(_message.Message):
     loss: float
     has_loss: bool
     layers: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, job_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., replica_index: _Optional[int] = ..., iteration: _Optional[int] = ..., plan_version: _Optional[int] = ..., forward_s: _Optional[float] = ..., backward_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., idle_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., peak_memory_bytes: _Optional[int] = ..., loss: _Optional[float] = ..., has_loss: _Optional[bool] = ..., layers: _Optional[_Iterable[int]] = ...) -> None: ...
+    iteration_time_s: float
+    recompute_s: float
+    bytes_sent: int
+    throughput_samples_per_s: float
+    rank: int
+    def __init__(self, job_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., replica_index: _Optional[int] = ..., iteration: _Optional[int] = ..., plan_version: _Optional[int] = ..., forward_s: _Optional[float] = ..., backward_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., idle_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., peak_memory_bytes: _Optional[int] = ..., loss: _Optional[float] = ..., has_loss: _Optional[bool] = ..., layers: _Optional[_Iterable[int]] = ..., iteration_time_s: _Optional[float] = ..., recompute_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., throughput_samples_per_s: _Optional[float] = ..., rank: _Optional[int] = ...) -> None: ...
 
 class RegisterAgent(_message.Message):
     __slots__ = ("host", "applied_versions")
@@ -80,15 +91,47 @@ class InstructionAck(_message.Message):
     message: str
     def __init__(self, instruction_id: _Optional[str] = ..., version: _Optional[int] = ..., ok: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
 
+class WorkerExit(_message.Message):
+    __slots__ = ("job_id", "rank", "stage_index", "replica_index", "exit_code", "finished", "message", "iteration")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_INDEX_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    rank: int
+    stage_index: int
+    replica_index: int
+    exit_code: int
+    finished: bool
+    message: str
+    iteration: int
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., stage_index: _Optional[int] = ..., replica_index: _Optional[int] = ..., exit_code: _Optional[int] = ..., finished: _Optional[bool] = ..., message: _Optional[str] = ..., iteration: _Optional[int] = ...) -> None: ...
+
+class CheckpointWritten(_message.Message):
+    __slots__ = ("checkpoint", "rank")
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    checkpoint: _job_pb2.Checkpoint
+    rank: int
+    def __init__(self, checkpoint: _Optional[_Union[_job_pb2.Checkpoint, _Mapping]] = ..., rank: _Optional[int] = ...) -> None: ...
+
 class AgentMessage(_message.Message):
-    __slots__ = ("register", "heartbeat", "ack")
+    __slots__ = ("register", "heartbeat", "ack", "worker_exit", "checkpoint_written")
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
+    WORKER_EXIT_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_WRITTEN_FIELD_NUMBER: _ClassVar[int]
     register: RegisterAgent
     heartbeat: Heartbeat
     ack: InstructionAck
-    def __init__(self, register: _Optional[_Union[RegisterAgent, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., ack: _Optional[_Union[InstructionAck, _Mapping]] = ...) -> None: ...
+    worker_exit: WorkerExit
+    checkpoint_written: CheckpointWritten
+    def __init__(self, register: _Optional[_Union[RegisterAgent, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., ack: _Optional[_Union[InstructionAck, _Mapping]] = ..., worker_exit: _Optional[_Union[WorkerExit, _Mapping]] = ..., checkpoint_written: _Optional[_Union[CheckpointWritten, _Mapping]] = ...) -> None: ...
 
 class WorkerAssignment(_message.Message):
     __slots__ = ("device_index", "rank", "stage_index", "replica_index")
@@ -103,7 +146,7 @@ class WorkerAssignment(_message.Message):
     def __init__(self, device_index: _Optional[int] = ..., rank: _Optional[int] = ..., stage_index: _Optional[int] = ..., replica_index: _Optional[int] = ...) -> None: ...
 
 class AssignInstruction(_message.Message):
-    __slots__ = ("plan", "rendezvous", "world_size", "workers", "backend", "process_group_timeout_s", "start_iteration", "checkpoint_id")
+    __slots__ = ("plan", "rendezvous", "world_size", "workers", "backend", "process_group_timeout_s", "start_iteration", "checkpoint_id", "spec", "checkpoint_uri", "checkpoint_dir")
     PLAN_FIELD_NUMBER: _ClassVar[int]
     RENDEZVOUS_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +155,9 @@ class AssignInstruction(_message.Message):
     PROCESS_GROUP_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     START_ITERATION_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_URI_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
     plan: _plan_pb2.Plan
     rendezvous: str
     world_size: int
@@ -120,7 +166,10 @@ class AssignInstruction(_message.Message):
     process_group_timeout_s: int
     start_iteration: int
     checkpoint_id: str
-    def __init__(self, plan: _Optional[_Union[_plan_pb2.Plan, _Mapping]] = ..., rendezvous: _Optional[str] = ..., world_size: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerAssignment, _Mapping]]] = ..., backend: _Optional[str] = ..., process_group_timeout_s: _Optional[int] = ..., start_iteration: _Optional[int] = ..., checkpoint_id: _Optional[str] = ...) -> None: ...
+    spec: _job_pb2.JobSpec
+    checkpoint_uri: str
+    checkpoint_dir: str
+    def __init__(self, plan: _Optional[_Union[_plan_pb2.Plan, _Mapping]] = ..., rendezvous: _Optional[str] = ..., world_size: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerAssignment, _Mapping]]] = ..., backend: _Optional[str] = ..., process_group_timeout_s: _Optional[int] = ..., start_iteration: _Optional[int] = ..., checkpoint_id: _Optional[str] = ..., spec: _Optional[_Union[_job_pb2.JobSpec, _Mapping]] = ..., checkpoint_uri: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ...) -> None: ...
 
 class LayerMove(_message.Message):
     __slots__ = ("layer_index", "from_stage", "to_stage")

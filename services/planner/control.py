@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 from ballast.v1 import executor_pb2, fleet_pb2, store_pb2, store_pb2_grpc
@@ -19,11 +20,17 @@ from services.runtime.streams import BidiSession
 log = logging.getLogger("ballast.control")
 
 
+Listener = Callable[[str, executor_pb2.AgentMessage], None]
+
+
 class AgentRegistry:
-    def __init__(self, store: store_pb2_grpc.StoreServiceStub, heartbeat_interval_s: float = 2.0):
+    def __init__(self, store: store_pb2_grpc.StoreServiceStub, heartbeat_interval_s: float = 2.0,
+                 listener: Listener | None = None):
         self._store = store
         self._interval = heartbeat_interval_s
+        self._listener = listener
         self._sessions: dict[str, BidiSession] = {}
+        self._host_locks: dict[str, threading.RLock] = {}
         self._lock = threading.Lock()
 
     def connected(self) -> list[str]:
@@ -51,36 +58,13 @@ class AgentRegistry:
         first = next(inbound, None)
         if first is None or first.WhichOneof("body") != "register":
             raise InvalidArgument("the first message must be register", field="body")
-        host = call(self._store.RegisterHost, store_pb2.RegisterHostRequest(host=first.register.host))
-        host_id = host.id
-
-        def on_message(message: executor_pb2.AgentMessage) -> None:
-            kind = message.WhichOneof("body")
-            if kind == "heartbeat":
-                call(self._store.UpdateHostState, store_pb2.UpdateHostStateRequest(
-                    id=host_id, state=fleet_pb2.HOST_STATE_ONLINE, heartbeat=True))
-            elif kind == "ack":
-                log.info("ack", extra={"host_id": host_id, "instruction_id": message.ack.instruction_id})
-
-        def on_close() -> None:
-            with self._lock:
-                current = self._sessions.get(host_id) is session
-                if current:
-                    del self._sessions[host_id]
-            if not current:
-                return  # replaced by a newer stream from the same agent: the host is still online
-            try:
-                call(self._store.UpdateHostState, store_pb2.UpdateHostStateRequest(
-                    id=host_id, state=fleet_pb2.HOST_STATE_OFFLINE))
-            except Exception:  # noqa: BLE001 - the store may be down; the host will look stale instead
-                log.warning("could not mark host offline", extra={"host_id": host_id})
-
-        session = BidiSession(inbound, on_message, on_close, name=f"agent-{host.name}")
-        with self._lock:
-            old = self._sessions.pop(host_id, None)
-            self._sessions[host_id] = session
-        if old is not None:
-            old.close()
+        name = first.register.host.name
+        # One agent's registration and its old stream's farewell are serialized: a farewell landing after a
+        # reconnect's registration would otherwise mark a connected host OFFLINE.
+        with self._host_lock(name):
+            host = call(self._store.RegisterHost, store_pb2.RegisterHostRequest(host=first.register.host))
+            host_id = host.id
+            session = self._register(host, inbound, name)
         session.send(executor_pb2.PlannerMessage(
             registered=executor_pb2.Registered(host_id=host_id, heartbeat_interval_s=self._interval)))
         session.start()
@@ -89,3 +73,51 @@ class AgentRegistry:
             yield from session.outgoing(active)
         finally:
             session.close()
+
+    def _host_lock(self, name: str) -> threading.RLock:
+        with self._lock:
+            return self._host_locks.setdefault(name, threading.RLock())
+
+    def _register(self, host, inbound: Iterator[executor_pb2.AgentMessage], name: str) -> BidiSession:
+        """The new session, replacing (and closing) an older one of the same host."""
+        host_id = host.id
+
+        beat = [0.0]
+
+        def on_message(message: executor_pb2.AgentMessage) -> None:
+            kind = message.WhichOneof("body")
+            # Workers' stats ride on heartbeats, one per iteration: liveness is written once per interval.
+            if kind == "heartbeat" and time.monotonic() - beat[0] >= self._interval / 2:
+                beat[0] = time.monotonic()
+                call(self._store.UpdateHostState, store_pb2.UpdateHostStateRequest(
+                    id=host_id, state=fleet_pb2.HOST_STATE_ONLINE, heartbeat=True))
+            elif kind == "ack":
+                log.info("ack", extra={"host_id": host_id, "instruction_id": message.ack.instruction_id,
+                                       "ok": message.ack.ok, "detail": message.ack.message})
+            if self._listener is not None:
+                try:
+                    self._listener(host_id, message)
+                except Exception:  # noqa: BLE001 - one bad report must not end the agent's stream
+                    log.exception("agent message not handled", extra={"host_id": host_id, "kind": kind})
+
+        def on_close() -> None:
+            with self._host_lock(name):
+                with self._lock:
+                    current = self._sessions.get(host_id) is session
+                    if current:
+                        del self._sessions[host_id]
+                if not current:
+                    return  # replaced by a newer stream from the same agent: the host is still online
+                try:
+                    call(self._store.UpdateHostState, store_pb2.UpdateHostStateRequest(
+                        id=host_id, state=fleet_pb2.HOST_STATE_OFFLINE))
+                except Exception:  # noqa: BLE001 - the store may be down; the host will look stale instead
+                    log.warning("could not mark host offline", extra={"host_id": host_id})
+
+        session = BidiSession(inbound, on_message, on_close, name=f"agent-{host.name}")
+        with self._lock:
+            old = self._sessions.pop(host_id, None)
+            self._sessions[host_id] = session
+        if old is not None:
+            old.close()
+        return session

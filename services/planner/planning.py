@@ -99,7 +99,9 @@ def make_plan(profile: profile_pb2.Profile, fleet: fleet_pb2.Fleet, inputs: Plan
     options = _options(inputs, budget)
     engines = _run_engines(ctx, devices, options, inputs)
     base = baseline_engine.baselines(ctx, devices, options)
-    feasible = sorted((p for p in [*engines, *base] if not p.out_of_memory), key=lambda p: -p.throughput)
+    # Baselines are priced whatever they need (the table compares them); only runnable ones may be chosen.
+    feasible = sorted((p for p in [*engines, *base] if not p.out_of_memory and _runs_on(p, options.dims)),
+                      key=lambda p: -p.throughput)
     if not feasible:
         raise FailedPrecondition(_nothing_fits(ctx, fleet, options), field="memory_budget_bytes",
                                  fix="raise the budget, add devices, or plan for a larger device")
@@ -112,6 +114,11 @@ def make_plan(profile: profile_pb2.Profile, fleet: fleet_pb2.Fleet, inputs: Plan
         plan.alternatives.append(_alternative(b, b.name))
     plan.explanation = explain(ctx, best, runners[0] if runners else None, base, budget, inputs)
     return plan
+
+
+def _runs_on(plan: PricedPlan, dims: Sequence[str]) -> bool:
+    """Every layer uses only dims the executors run (pipeline stages always run)."""
+    return all(getattr(st, d) == 1 or d in dims for st in plan.strategies for d in ALL_DIMS)
 
 
 def _distinct(plans: Sequence[PricedPlan], best: PricedPlan) -> list[PricedPlan]:

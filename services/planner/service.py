@@ -7,6 +7,7 @@ from ballast.v1 import executor_pb2, executor_pb2_grpc, services_pb2, services_p
 from services.planner import jobs, plans, queue
 from services.planner.celery_app import make_app, sender
 from services.planner.control import AgentRegistry
+from services.planner.scheduler import Scheduler
 from services.runtime.context import current_principal, remaining_time
 from services.runtime.remote import StoreAuthenticator, anonymous_store, call, store_stubs
 from services.runtime.server import Server, ServerSpec
@@ -20,7 +21,9 @@ CONTROL = executor_pb2.DESCRIPTOR.services_by_name["ExecutorControl"]
 def build_server(settings: Settings, address: str | None = None, send: queue.Send | None = None) -> Server:
     as_caller, as_platform = store_stubs(settings)
     send = send or sender(make_app(settings), settings.queue)
-    registry = AgentRegistry(as_platform)
+    scheduler = Scheduler(as_platform, lambda host_id, message: registry.send(host_id, message),
+                          lambda: registry.connected(), settings.data_dir / "checkpoints")
+    registry = AgentRegistry(as_platform, listener=scheduler.on_message)
     sweeper = queue.Sweeper(as_platform, send, settings.sweep_interval_s, settings.requeue_unclaimed_s)
 
     what_if = plans.WhatIf()
@@ -70,7 +73,7 @@ def build_server(settings: Settings, address: str | None = None, send: queue.Sen
             register=register,
             services=[PLANNER.full_name, JOBS.full_name, CONTROL.full_name],
             authenticate=StoreAuthenticator(anonymous_store(settings)),
-            on_stop=[sweeper.stop, registry.close_all, what_if.close],
+            on_stop=[sweeper.stop, scheduler.stop, registry.close_all, what_if.close],
             # One Connect stream per executor host, never crowded out by Watch streams.
             max_workers=160,
             max_streams=32,
@@ -79,7 +82,9 @@ def build_server(settings: Settings, address: str | None = None, send: queue.Sen
         )
     )
     server.registry = registry  # type: ignore[attr-defined]
+    server.scheduler = scheduler  # type: ignore[attr-defined]
     sweeper.start()
+    scheduler.start()
     return server
 
 

@@ -1,0 +1,175 @@
+"""Per-layer checkpoints (Varuna §4.5): one file per layer, so a job resumes under another stage count.
+
+A layer file is a flat {str: Tensor} dict: "param/<name>" and "state/<key>/<name>" (the optimizer state,
+e.g. Adam's exp_avg, exp_avg_sq, step), keyed by the parameter's name within the layer. A tied Parameter is
+saved once, under the lowest layer holding it, and loaded into every layer holding it. Files load with
+`torch.load(weights_only=True)`: nothing is unpickled beyond tensors.
+
+Layout: `<checkpoint_dir>/iter-<done:08d>/layer-<i:05d>.pt`, a `layer-<i:05d>.json` sidecar (sha256, bytes),
+and `manifest.json`, written last (after every layer is on disk) with "complete": true. A directory without
+its manifest is never resumed from. Every write goes to a temporary name in the same directory, is fsynced,
+then renamed over the final name. The directory must be shared by the ranks (one host, or a network FS).
+No RNG state is saved: samples and dropout seeds derive from (seed, iteration, micro-batch).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+import torch
+from torch import Tensor
+
+from services.zoo.graph import Layer
+
+MANIFEST = "manifest.json"
+FORMAT = 1
+Aliases = dict[tuple[int, str], tuple[int, str]]
+
+
+def local_path(location: str | Path) -> Path:
+    """A checkpoint directory from a path, a file:// URI, or either naming the manifest itself."""
+    text = str(location)
+    path = Path(unquote(urlparse(text).path)) if text.startswith("file://") else Path(text)
+    return path.parent if path.name == MANIFEST else path
+
+
+def checkpoint_path(root: str | Path, iterations_done: int) -> Path:
+    return Path(root) / f"iter-{iterations_done:08d}"
+
+
+def layer_file(index: int) -> str:
+    return f"layer-{index:05d}.pt"
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def layer_tensors(layer: Layer, aliases: Aliases, optimizer: torch.optim.Optimizer) -> dict[str, Tensor]:
+    out: dict[str, Tensor] = {}
+    for name, p in layer.module.named_parameters():
+        if (layer.index, name) in aliases:
+            continue  # saved by the owning (lowest) layer
+        out[f"param/{name}"] = p.detach().cpu()
+        for key, value in optimizer.state.get(p, {}).items():
+            if isinstance(value, Tensor):
+                out[f"state/{key}/{name}"] = value.detach().cpu()
+    return out
+
+
+def write_layers(
+    directory: Path, layers: list[Layer], aliases: Aliases, optimizer: torch.optim.Optimizer
+) -> list[dict[str, Any]]:
+    """Write one file (plus a sidecar naming its hash) per layer; returns the entries for the report."""
+    directory.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for layer in layers:
+        buffer = io.BytesIO()
+        torch.save(layer_tensors(layer, aliases, optimizer), buffer)
+        data = buffer.getvalue()
+        path = directory / layer_file(layer.index)
+        atomic_write(path, data)
+        entry = {"layer_index": layer.index, "name": layer.name, "file": path.name, "uri": path.resolve().as_uri(),
+                 "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        atomic_write(path.with_suffix(".json"), json.dumps(entry).encode())
+        entries.append(entry)
+    return entries
+
+
+def remove_manifest(directory: Path) -> None:
+    """Before rewriting a directory: a stale manifest must never vouch for half-replaced layer files."""
+    (directory / MANIFEST).unlink(missing_ok=True)
+
+
+def write_manifest(directory: Path, num_layers: int, meta: dict[str, Any]) -> Path:
+    """Gather every layer's sidecar and write the manifest last; raises if a layer is missing."""
+    layers = {}
+    for i in range(num_layers):
+        sidecar = directory / layer_file(i).replace(".pt", ".json")
+        if not sidecar.exists():
+            raise RuntimeError(f"checkpoint {directory}: layer {i} was not written; the checkpoint is incomplete")
+        layers[str(i)] = json.loads(sidecar.read_text())
+    manifest = {"format": FORMAT, "complete": True, "num_layers": num_layers, "layers": layers, **meta}
+    path = directory / MANIFEST
+    atomic_write(path, json.dumps(manifest, indent=1, sort_keys=True).encode())
+    return path
+
+
+def read_manifest(directory: str | Path) -> dict[str, Any]:
+    path = local_path(directory) / MANIFEST
+    if not path.exists():
+        raise RuntimeError(f"resume_from {directory}: no {MANIFEST}, so this checkpoint is incomplete (a writer "
+                           "stopped before finishing) and is never resumed from; resume from an earlier complete one")
+    manifest = json.loads(path.read_text())
+    if manifest.get("complete") is not True or manifest.get("format") != FORMAT:
+        raise RuntimeError(f"resume_from {directory}: {MANIFEST} is not a complete format-{FORMAT} checkpoint")
+    return manifest
+
+
+def check_compatible(manifest: dict[str, Any], model: dict[str, Any], optimizer_name: str, num_layers: int) -> None:
+    if manifest.get("model") != model:
+        raise ValueError("resume_from: the checkpoint was written for a different model spec; resume with the same "
+                         "WorkerConfig.model")
+    if manifest.get("optimizer") != optimizer_name:
+        raise ValueError(f"resume_from: the checkpoint holds {manifest.get('optimizer')!r} optimizer state; set "
+                         f"WorkerConfig.optimizer.name to it")
+    if manifest.get("num_layers") != num_layers:
+        raise ValueError(f"resume_from: checkpoint has {manifest.get('num_layers')} layers, the model {num_layers}")
+
+
+def load_layers(
+    directory: str | Path,
+    manifest: dict[str, Any],
+    layers: list[Layer],
+    aliases: Aliases,
+    optimizer: torch.optim.Optimizer,
+) -> None:
+    """Copy parameters and optimizer state of `layers` (any partition) from the checkpoint, checking hashes."""
+    directory = local_path(directory)
+    files: dict[int, dict[str, Tensor]] = {}
+
+    def tensors(i: int) -> dict[str, Tensor]:
+        if i not in files:
+            entry = manifest["layers"][str(i)]
+            path = directory / entry["file"]
+            data = path.read_bytes()
+            if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+                raise RuntimeError(f"resume_from {directory}: {path.name} does not match its sha256 in {MANIFEST}")
+            files[i] = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+        return files[i]
+
+    for layer in layers:
+        for name, p in layer.module.named_parameters():
+            source, source_name = aliases.get((layer.index, name), (layer.index, name))
+            data = tensors(source)
+            key = f"param/{source_name}"
+            if key not in data:
+                raise RuntimeError(f"resume_from {directory}: layer {source} has no parameter {source_name!r}")
+            with torch.no_grad():
+                p.copy_(data[key])
+            state = {k.split("/", 2)[1]: v for k, v in data.items() if k.startswith("state/")
+                     and k.split("/", 2)[2] == source_name}
+            if state:
+                optimizer.state[p] = {k: _place(v, p) for k, v in state.items()}
+
+
+def _place(value: Tensor, p: Tensor) -> Tensor:
+    """Adam keeps its scalar `step` on the CPU (non-capturable); everything else lives with the parameter."""
+    return value.clone() if value.dim() == 0 else value.to(p.device, copy=True)
+

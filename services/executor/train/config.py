@@ -1,0 +1,135 @@
+"""WorkerConfig: everything one worker process needs, as plain JSON (the agent writes it, never a pickle).
+
+Rank layout: stage-major, `rank = stage_index * num_replicas + replica_index`, so the replicas of one stage
+hold consecutive ranks and stage s replica r talks p2p to stage s+1 replica r (`rank_of(s + 1, r)`).
+
+Iteration numbers count completed iterations: `start_iteration` iterations are already done (0 for a fresh
+run), the worker trains until `iterations` are done, and iteration index i (0-based) draws the samples
+`i * global_batch + k`. Events and checkpoints report the count done after the step.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any
+
+from google.protobuf.json_format import ParseDict
+
+from ballast.v1 import model_pb2
+
+SCHEDULES = ("1f1b", "gpipe")
+OPTIMIZERS = ("adam", "sgd")
+BACKENDS = ("gloo", "nccl")
+DATA_KINDS = ("synthetic", "tokens")
+
+
+def rank_of(stage: int, replica: int, num_replicas: int) -> int:
+    """Global rank of (stage, replica) in the stage-major layout."""
+    return stage * num_replicas + replica
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    job_id: str
+    model: dict[str, Any]  # ModelSpec as MessageToDict(spec, preserving_proto_field_name=True)
+    stage_bounds: list[list[int]]  # [begin, end) layer indices per stage: contiguous, covering every layer
+    num_replicas: int
+    stage_index: int
+    replica_index: int
+    rank: int
+    world_size: int
+    micro_batch_size: int  # samples per micro-batch per replica
+    num_micro_batches: int
+    iterations: int  # train until this many iterations are done
+    init_method: str  # e.g. "tcp://127.0.0.1:29500"
+    schedule: str = "1f1b"
+    checkpoint_layers: list[int] = field(default_factory=list)  # layers recomputed in backward
+    optimizer: dict[str, Any] = field(default_factory=lambda: {"name": "adam", "learning_rate": 1e-3})
+    seed: int = 0
+    start_iteration: int = 0
+    data: dict[str, Any] = field(default_factory=lambda: {"kind": "synthetic"})
+    checkpoint_dir: str = ""
+    checkpoint_every: int = 0  # 0 = never
+    resume_from: str = ""  # "" or a checkpoint directory holding manifest.json
+    backend: str = "gloo"
+    device: str = "cpu"  # "cpu" with gloo; "cuda:N" with nccl (or gloo)
+    timeout_s: float = 300.0  # process-group timeout: a dead peer fails the group after this long
+    intra_op_threads: int = 1
+    plan_version: int = 0
+    predicted_iteration_s: float = 0.0
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stage_bounds)
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch_size * self.num_micro_batches * self.num_replicas
+
+    @property
+    def bounds(self) -> tuple[int, int]:
+        begin, end = self.stage_bounds[self.stage_index]
+        return begin, end
+
+    def rank_of(self, stage: int, replica: int) -> int:
+        return rank_of(stage, replica, self.num_replicas)
+
+    def spec(self) -> model_pb2.ModelSpec:
+        return ParseDict(self.model, model_pb2.ModelSpec())
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> WorkerConfig:
+        raw = json.loads(text)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ValueError(f"WorkerConfig: unknown fields {unknown} (remove them; known fields: {sorted(known)})")
+        required = {f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING}
+        missing = sorted(required - set(raw))
+        if missing:
+            raise ValueError(f"WorkerConfig: missing required fields {missing} (the launcher must set them)")
+        config = cls(**raw)
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        """Checks that need no model; layer-count checks happen when the stage is built."""
+
+        def need(ok: bool, name: str, fix: str) -> None:
+            if not ok:
+                raise ValueError(f"WorkerConfig.{name}: {fix}")
+
+        need(self.num_replicas >= 1, "num_replicas", "must be >= 1")
+        need(self.num_stages >= 1, "stage_bounds", "give at least one [begin, end) stage")
+        need(all(len(b) == 2 and b[0] < b[1] for b in self.stage_bounds), "stage_bounds",
+             "each stage is [begin, end) with begin < end")
+        need(self.stage_bounds[0][0] == 0, "stage_bounds", "the first stage must begin at layer 0")
+        need(all(a[1] == b[0] for a, b in zip(self.stage_bounds, self.stage_bounds[1:], strict=False)),
+             "stage_bounds", "stages must be contiguous: each begin equals the previous end")
+        need(self.world_size == self.num_stages * self.num_replicas, "world_size",
+             f"must equal stages x replicas = {self.num_stages * self.num_replicas}")
+        need(0 <= self.stage_index < self.num_stages, "stage_index", f"must be in [0, {self.num_stages})")
+        need(0 <= self.replica_index < self.num_replicas, "replica_index", f"must be in [0, {self.num_replicas})")
+        expected = self.rank_of(self.stage_index, self.replica_index)
+        need(self.rank == expected, "rank", f"must be stage_index * num_replicas + replica_index = {expected}")
+        need(self.micro_batch_size >= 1 and self.num_micro_batches >= 1, "micro_batch_size",
+             "micro_batch_size and num_micro_batches must be >= 1")
+        need(self.schedule in SCHEDULES, "schedule", f"use one of {SCHEDULES}")
+        need(self.optimizer.get("name") in OPTIMIZERS, "optimizer.name", f"use one of {OPTIMIZERS}")
+        need(float(self.optimizer.get("learning_rate", 0)) > 0, "optimizer.learning_rate", "must be > 0")
+        need(self.data.get("kind") in DATA_KINDS, "data.kind", f"use one of {DATA_KINDS}")
+        need(self.data.get("kind") != "tokens" or bool(self.data.get("path")), "data.path",
+             "a tokens data source needs the token file path")
+        need(self.backend in BACKENDS, "backend", f"use one of {BACKENDS}")
+        need(self.backend != "nccl" or self.device.startswith("cuda"), "device", "nccl needs a cuda device")
+        need(0 <= self.start_iteration <= self.iterations, "start_iteration", "must be in [0, iterations]")
+        need(self.checkpoint_every >= 0, "checkpoint_every", "must be >= 0 (0 = never)")
+        need(self.checkpoint_every == 0 or bool(self.checkpoint_dir), "checkpoint_dir",
+             "set a directory when checkpoint_every > 0")
+        need(self.timeout_s > 0, "timeout_s", "must be > 0 seconds")
+        need(self.intra_op_threads >= 1, "intra_op_threads", "must be >= 1")
+        need(bool(self.init_method), "init_method", "give a rendezvous such as tcp://HOST:PORT")

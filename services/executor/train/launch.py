@@ -1,0 +1,76 @@
+"""Run a whole plan as local worker processes on one host (tests, benchmarks, the embedded mode).
+
+`plan_configs` expands one template into the per-rank WorkerConfigs of a stages x replicas plan;
+`run_local` starts `python -m services.executor.train.worker` per rank and returns each rank's JSON events.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from services.executor.train.config import WorkerConfig
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def plan_configs(template: WorkerConfig, stage_bounds: list[list[int]], num_replicas: int) -> list[WorkerConfig]:
+    """Per-rank configs (rank order) for `stage_bounds` x `num_replicas`, on a fresh local TCP rendezvous."""
+    world = len(stage_bounds) * num_replicas
+    init = f"tcp://127.0.0.1:{free_port()}"
+    return [
+        replace(template, stage_bounds=stage_bounds, num_replicas=num_replicas, stage_index=s, replica_index=r,
+                rank=s * num_replicas + r, world_size=world, init_method=init)
+        for s in range(len(stage_bounds))
+        for r in range(num_replicas)
+    ]
+
+
+def run_local(
+    configs: list[WorkerConfig], *, env: dict[str, str] | None = None, timeout_s: float = 120.0, check: bool = True
+) -> list[list[dict[str, Any]]]:
+    """Start every rank, wait for all (at most `timeout_s` in all), return each rank's events.
+
+    With `check`, a rank that exits non-zero raises RuntimeError with the stderr tails; without, the caller
+    reads the ranks' "error" events.
+    """
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    with tempfile.TemporaryDirectory(prefix="ballast-train-") as tmp:
+        procs = []
+        for config in configs:
+            path = Path(tmp) / f"rank-{config.rank}.json"
+            path.write_text(config.to_json())
+            with open(path.with_suffix(".out"), "w") as out, open(path.with_suffix(".err"), "w") as err:
+                command = [sys.executable, "-m", "services.executor.train.worker", str(path)]
+                procs.append(subprocess.Popen(command, stdout=out, stderr=err, env=env))
+        deadline = time.monotonic() + timeout_s
+        try:
+            for proc in procs:
+                proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            for proc in procs:
+                proc.kill()
+                proc.wait()
+        results, failures = [], []
+        for config, proc in zip(configs, procs, strict=True):
+            path = Path(tmp) / f"rank-{config.rank}.json"
+            lines = path.with_suffix(".out").read_text().splitlines()
+            results.append([json.loads(line) for line in lines if line.strip()])
+            if proc.returncode != 0:
+                failures.append(f"rank {config.rank} exit {proc.returncode}: "
+                                f"{path.with_suffix('.err').read_text()[-2000:]}")
+        if failures and check:
+            raise RuntimeError("\n".join(failures))
+        return results

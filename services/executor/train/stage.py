@@ -1,0 +1,236 @@
+"""Stage builder: this stage's layers of the zoo model, run one micro-batch at a time through an explicit env.
+
+The whole model is built with the job's seed (so initial weights equal a single-process run bit for bit),
+decomposed, and every layer outside [begin, end) is dropped so its memory can go. Tensors crossing the
+stage boundaries follow `Decomposition.crossing`: the stage receives every earlier output a layer at or
+after `begin` reads (including relayed skip edges, e.g. T5's encoder output) and sends every output a
+layer after `end` reads. Their shapes and dtypes come from a meta-device dry run at the micro-batch size,
+so peers exchange bare tensors and never metadata.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from ballast.v1 import model_pb2
+from services.zoo import IGNORE_INDEX, build_model, example_input
+from services.zoo.graph import Decomposition, Layer
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """One tensor crossing a stage boundary: the output of layer `index`."""
+
+    index: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def has_grad(self) -> bool:
+        return self.dtype.is_floating_point
+
+    @property
+    def nbytes(self) -> int:
+        return int(torch.Size(self.shape).numel()) * torch.empty((), dtype=self.dtype).element_size()
+
+
+@dataclass(frozen=True)
+class Tied:
+    """A Parameter shared by layers on several stages (Varuna §5.1): its gradient is summed over `stages`."""
+
+    stages: tuple[int, ...]
+    parameter: nn.Parameter
+
+
+@dataclass(eq=False)
+class Stage:
+    """Layers [begin, end) of the model, what crosses their boundaries, and their tied-weight bookkeeping."""
+
+    index: int
+    begin: int
+    end: int
+    num_layers: int
+    layers: list[Layer]
+    receives: list[Boundary]
+    sends: list[Boundary]
+    label_keys: tuple[str, ...]
+    checkpoint_layers: frozenset[int]
+    aliases: dict[tuple[int, str], tuple[int, str]]  # (layer, local name) -> (owner layer, owner's local name)
+    tied: list[Tied]
+    tied_sets: list[tuple[int, ...]]  # every stage set holding one tied Parameter, model-wide (for group creation)
+    recompute_s: float = 0.0
+    in_backward: bool = False  # set while backward runs, so recomputation can be timed
+
+    @property
+    def batch_keys(self) -> set[str]:
+        """Batch fields this stage reads (each stage draws them itself: batch fields are never relayed)."""
+        keys = {k for layer in self.layers for k in layer.batch_keys}
+        return keys | set(self.label_keys) if self.is_last else keys
+
+    @property
+    def is_first(self) -> bool:
+        return self.begin == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.end == self.num_layers
+
+    def parameters(self) -> list[nn.Parameter]:
+        """Distinct parameters of the held layers (a tied weight held twice counts once)."""
+        seen: dict[int, nn.Parameter] = {}
+        for layer in self.layers:
+            for p in layer.module.parameters():
+                seen.setdefault(id(p), p)
+        return list(seen.values())
+
+    def loss_count(self, batch: dict[str, Tensor]) -> int:
+        return int(sum(int((batch[k] != IGNORE_INDEX).sum()) for k in self.label_keys))
+
+    def forward(self, received: list[Tensor], batch: dict[str, Tensor]) -> list[Tensor]:
+        """Outputs to send (in `sends` order); on the last stage a one-element list with the summed loss."""
+        env = {b.index: t for b, t in zip(self.receives, received, strict=True)}
+        for layer in self.layers:
+            args = [env[i] for i in layer.inputs] + [batch[k] for k in layer.batch_keys]
+            if layer.index in self.checkpoint_layers:
+                env[layer.index] = checkpoint(self._timed(layer.module), *args, use_reentrant=False)
+            else:
+                env[layer.index] = layer.module(*args)
+        if self.is_last:
+            return [env[self.end - 1]]
+        return [env[b.index] for b in self.sends]
+
+    def backward(self, outputs: list[Tensor], grads: list[Tensor | None], received: list[Tensor]) -> list[Tensor]:
+        """Backpropagate `grads` from the outputs; returns gradients of the received float tensors."""
+        roots = [(o, g) for o, g in zip(outputs, grads, strict=True) if o.requires_grad]
+        self.in_backward = True
+        try:
+            if roots:
+                torch.autograd.backward([o for o, _ in roots], [g for _, g in roots])
+        finally:
+            self.in_backward = False
+        return [
+            x.grad if x.grad is not None else torch.zeros_like(x)
+            for b, x in zip(self.receives, received, strict=True)
+            if b.has_grad
+        ]
+
+    def _timed(self, module: nn.Module) -> Callable[..., Tensor]:
+        """Wrap a checkpointed layer so its second (recompute) run, inside backward, is timed."""
+
+        def run(*args: Tensor) -> Tensor:
+            if not self.in_backward:
+                return module(*args)
+            start = time.perf_counter()
+            try:
+                return module(*args)
+            finally:
+                self.recompute_s += time.perf_counter() - start
+
+        return run
+
+
+def stage_of(stage_bounds: list[list[int]], layer: int) -> int:
+    return next(s for s, (b, e) in enumerate(stage_bounds) if b <= layer < e)
+
+
+def local_name(layer: Layer, parameter: nn.Parameter) -> str:
+    return next(n for n, p in layer.module.named_parameters() if p is parameter)
+
+
+def tied_aliases(model: nn.Module, dec: Decomposition, begin: int, end: int) -> dict[tuple[int, str], tuple[int, str]]:
+    """For each tied Parameter in layers [begin, end) other than its lowest holder: (layer, name) -> (owner, name).
+
+    Checkpoints store a tied weight once, under its owner, and load it into every holder through this map.
+    """
+    named = dict(model.named_parameters())
+    aliases = {}
+    for shared in dec.shared:
+        p, owner = named[shared.name], min(shared.layers)
+        for i in shared.layers:
+            if i != owner and begin <= i < end:
+                aliases[(i, local_name(dec.layers[i], p))] = (owner, local_name(dec.layers[owner], p))
+    return aliases
+
+
+def boundary_shapes(spec: model_pb2.ModelSpec, micro_batch_size: int, wanted: set[int]) -> dict[int, Boundary]:
+    """Shapes and dtypes of the wanted layer outputs at this micro-batch size, from a meta-device dry run."""
+    if not wanted:
+        return {}
+    model = build_model(spec, device="meta")
+    batch = example_input(spec, micro_batch_size, device="meta")
+    env: dict[int, Tensor] = {}
+    with torch.no_grad():
+        for layer in model.decompose().layers:
+            if layer.index > max(wanted):
+                break
+            env[layer.index] = layer.module(*[env[i] for i in layer.inputs], *[batch[k] for k in layer.batch_keys])
+    return {i: Boundary(i, tuple(env[i].shape), env[i].dtype) for i in sorted(wanted)}
+
+
+def build_stage(
+    spec: model_pb2.ModelSpec,
+    stage_bounds: list[list[int]],
+    stage_index: int,
+    *,
+    seed: int,
+    micro_batch_size: int,
+    checkpoint_layers: Sequence[int] = (),
+    device: str | torch.device = "cpu",
+) -> Stage:
+    model = build_model(spec, seed=seed, device=device)
+    model.train()
+    dec: Decomposition = model.decompose()
+    n = len(dec)
+    if stage_bounds[-1][1] != n:
+        raise ValueError(f"WorkerConfig.stage_bounds: the last stage ends at {stage_bounds[-1][1]} but the model "
+                         f"has {n} layers (end the last stage at {n})")
+    bad = [i for i in checkpoint_layers if not 0 <= i < n]
+    if bad:
+        raise ValueError(f"WorkerConfig.checkpoint_layers: {bad} are not layer indices of this {n}-layer model")
+    begin, end = stage_bounds[stage_index]
+    named = dict(model.named_parameters())
+    tied: list[Tied] = []
+    tied_sets: set[tuple[int, ...]] = set()
+    for shared in dec.shared:
+        p = named[shared.name]
+        stages = tuple(sorted({stage_of(stage_bounds, i) for i in shared.layers}))
+        if len(stages) > 1:
+            tied_sets.add(stages)
+            if stage_index in stages:
+                tied.append(Tied(stages, p))
+    receives = dec.crossing(begin - 1) if begin > 0 else []
+    sends = dec.crossing(end - 1) if end < n else []
+    shapes = boundary_shapes(spec, micro_batch_size, set(receives) | set(sends))
+    stage = Stage(
+        index=stage_index,
+        begin=begin,
+        end=end,
+        num_layers=n,
+        layers=dec.layers[begin:end],
+        receives=[shapes[i] for i in receives],
+        sends=[shapes[i] for i in sends],
+        label_keys=type(model).label_keys,
+        checkpoint_layers=frozenset(i for i in checkpoint_layers if begin <= i < end),
+        aliases=tied_aliases(model, dec, begin, end),
+        tied=tied,
+        tied_sets=sorted(tied_sets),
+    )
+    del model, dec, named  # the other stages' layers go with the last references to them
+    return stage
+
+
+def make_optimizer(parameters: list[nn.Parameter], optimizer: dict[str, Any]) -> torch.optim.Optimizer:
+    """The one optimizer factory shared by workers and the reference, so their updates are the same math."""
+    lr, wd = float(optimizer["learning_rate"]), float(optimizer.get("weight_decay", 0.0))
+    if optimizer["name"] == "adam":
+        return torch.optim.Adam(parameters, lr=lr, weight_decay=wd)
+    if optimizer["name"] == "sgd":
+        return torch.optim.SGD(parameters, lr=lr, weight_decay=wd)
+    raise ValueError(f"WorkerConfig.optimizer.name {optimizer['name']!r}: use 'adam' or 'sgd'")

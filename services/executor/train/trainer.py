@@ -1,0 +1,205 @@
+"""The training loop of one stage replica: the micro-batch schedule, its sends and receives, the gradient
+reductions, the optimizer step and per-layer checkpoints, with the timings each iteration reports.
+
+Sync-SGD semantics: every micro-batch's summed loss is divided by the GLOBAL label count of the iteration
+before backward, and gradients are SUMMED over replicas (and over the stages holding a tied weight), so the
+update equals the single-process step on the whole global batch whatever the split.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import resource
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from services.executor.train import checkpoint as ckpt
+from services.executor.train.comms import BACKWARD, FORWARD, Comms, Pending
+from services.executor.train.config import WorkerConfig
+from services.executor.train.data import batch_for, dropout_seed, sample_range
+from services.executor.train.schedule import tasks
+from services.executor.train.stage import Stage
+
+LOOKAHEAD = 2  # receives are posted this many tasks ahead of the task that consumes them
+Report = Callable[[dict[str, Any]], None]
+
+
+class Stopped(Exception):
+    """A stop request honoured at a task boundary; `between_iterations` when no receive was left posted."""
+
+    def __init__(self, iteration: int, between_iterations: bool) -> None:
+        super().__init__(f"stopped on request after {iteration} completed iterations")
+        self.iteration, self.between_iterations = iteration, between_iterations
+
+
+def memory(device: torch.device) -> tuple[int, int]:
+    """(current, peak) bytes: CUDA allocator on a GPU, process RSS on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device), torch.cuda.max_memory_allocated(device)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    try:
+        current = int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        current = 0
+    return current, peak
+
+
+class Trainer:
+    def __init__(self, config: WorkerConfig, stage: Stage, optimizer: torch.optim.Optimizer, comms: Comms,
+                 device: torch.device, should_stop: Callable[[], bool]) -> None:
+        self.config, self.stage, self.optimizer, self.comms, self.device = config, stage, optimizer, comms, device
+        self.spec = config.spec()
+        self.parameters = stage.parameters()
+        self.order = tasks(config.schedule, config.num_stages, stage.index, config.num_micro_batches)
+        self.should_stop = should_stop
+
+    def batch(self, iteration: int, micro_batch: int) -> dict[str, torch.Tensor]:
+        c = self.config
+        begin, end = sample_range(c.replica_index, micro_batch, c.micro_batch_size, c.num_micro_batches)
+        full = batch_for(self.spec, c.data, c.seed, iteration, begin, end, global_batch=c.global_batch)
+        return {k: full[k].to(self.device) for k in self.stage.batch_keys}
+
+    def step(self, iteration: int) -> dict[str, Any]:
+        """One iteration (0-based index) of the schedule; returns the timing/loss fields of its report."""
+        c, stage, comms = self.config, self.stage, self.comms
+        start = time.perf_counter()
+        stage.recompute_s = 0.0
+        batches: dict[int, dict[str, torch.Tensor]] = {}
+        count = 1.0
+        if stage.is_last:  # the label count of the whole global batch scales every micro-batch loss
+            batches = {j: self.batch(iteration, j) for j in range(c.num_micro_batches)}
+            count = max(comms.replica_sum([float(sum(stage.loss_count(b) for b in batches.values()))])[0], 1.0)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        receives: dict[tuple[str, int], Pending] = {}
+        saved: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+        forward_s = backward_s = 0.0
+        for position, (kind, j) in enumerate(self.order):
+            if self.should_stop():
+                raise Stopped(iteration, between_iterations=position == 0)
+            self._post_receives(position, receives)
+            if kind == "F":
+                received = comms.wait(receives.pop((kind, j))) if not stage.is_first else []
+                for b, x in zip(stage.receives, received, strict=True):
+                    x.requires_grad_(b.has_grad)
+                batch = batches.pop(j) if j in batches else self.batch(iteration, j)
+                torch.manual_seed(dropout_seed(c.seed, iteration, c.replica_index * c.num_micro_batches + j))
+                t = time.perf_counter()
+                outputs = stage.forward(received, batch)
+                if stage.is_last:
+                    loss_sum += outputs[0].detach().double()
+                    outputs = [outputs[0] / count]
+                else:
+                    comms.send(j, FORWARD, outputs)
+                saved[j] = (received, outputs)
+                forward_s += time.perf_counter() - t
+            else:
+                received, outputs = saved.pop(j)
+                grads: list[torch.Tensor | None] = [None]
+                if not stage.is_last:
+                    arrived = iter(comms.wait(receives.pop((kind, j))))
+                    grads = [next(arrived) if b.has_grad else None for b in stage.sends]
+                t = time.perf_counter()
+                input_grads = stage.backward(outputs, grads, received)
+                if not stage.is_first:
+                    comms.send(j, BACKWARD, input_grads)
+                backward_s += time.perf_counter() - t
+        comms.drain()
+        comms.reduce_gradients(self.parameters)
+        t = time.perf_counter()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        optimizer_s = time.perf_counter() - t
+        loss = comms.replica_sum([float(loss_sum)])[0] / count if stage.is_last else 0.0
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return self._stats(time.perf_counter() - start, forward_s, backward_s, optimizer_s, loss)
+
+    def _post_receives(self, position: int, receives: dict[tuple[str, int], Pending]) -> None:
+        """Post the receives of the next LOOKAHEAD tasks, so their tensors arrive while this one computes."""
+        stage = self.stage
+        for kind, j in self.order[position : position + 1 + LOOKAHEAD]:
+            if (kind, j) in receives:
+                continue
+            if kind == "F" and not stage.is_first:
+                receives[(kind, j)] = self.comms.post_recv(j, FORWARD)
+            elif kind == "B" and not stage.is_last:
+                receives[(kind, j)] = self.comms.post_recv(j, BACKWARD)
+
+    def _stats(self, iteration_s: float, forward_s: float, backward_s: float, optimizer_s: float,
+               loss: float) -> dict[str, Any]:
+        counters = self.comms.take()
+        current, peak = memory(self.device)
+        busy = forward_s + backward_s + counters.comm_s + optimizer_s
+        return {
+            "iteration_s": iteration_s, "forward_s": forward_s, "backward_s": backward_s,
+            "recompute_s": self.stage.recompute_s, "comm_s": counters.comm_s, "optimizer_s": optimizer_s,
+            "idle_s": max(iteration_s - busy, 0.0), "memory_bytes": current, "peak_memory_bytes": peak,
+            "bytes_sent": counters.bytes_sent, "bytes_received": counters.bytes_received,
+            "allreduce_bytes": counters.allreduce_bytes, "replica_allreduces": counters.replica_allreduces,
+            "tied_allreduces": counters.tied_allreduces, "loss": loss, "has_loss": self.stage.is_last,
+            "samples_per_s": self.config.global_batch / iteration_s if iteration_s > 0 else 0.0,
+        }
+
+    def save(self, done: int) -> dict[str, Any]:
+        """Per-layer checkpoint: layers round-robin over the stage's replicas, manifest by rank 0 last."""
+        c, stage = self.config, self.stage
+        start = time.perf_counter()
+        directory = ckpt.checkpoint_path(c.checkpoint_dir, done)
+        if c.rank == 0:
+            directory.mkdir(parents=True, exist_ok=True)
+            ckpt.remove_manifest(directory)
+        dist.barrier()
+        mine = [layer for layer in stage.layers if (layer.index - stage.begin) % c.num_replicas == c.replica_index]
+        entries = ckpt.write_layers(directory, mine, stage.aliases, self.optimizer)
+        dist.barrier()
+        manifest = ""
+        if c.rank == 0:
+            meta = {"iterations_done": done, "next_iteration": done, "seed": c.seed, "plan_version": c.plan_version,
+                    "job_id": c.job_id, "model": c.model, "optimizer": c.optimizer["name"], "data": c.data,
+                    "global_batch": c.global_batch}
+            manifest = ckpt.write_manifest(directory, stage.num_layers, meta).resolve().as_uri()
+        dist.barrier()  # every rank's event means the checkpoint is complete
+        keys = ("layer_index", "uri", "bytes", "sha256")
+        return {"event": "checkpoint", "iteration": done, "plan_version": c.plan_version, "dir": str(directory),
+                "manifest": manifest,
+                "layers": [{k: e[k] for k in keys} for e in entries], "checkpoint_s": time.perf_counter() - start}
+
+    def train(self, start: int, head: dict[str, Any], report: Report) -> None:
+        config, layers = self.config, [layer.index for layer in self.stage.layers]
+        parameters = sum(p.numel() for p in self.parameters)
+        report({"event": "started", **head, "world_size": config.world_size, "num_stages": config.num_stages,
+                "num_replicas": config.num_replicas, "layers": layers, "parameters": parameters,
+                "start_iteration": start, "iterations": config.iterations, "schedule": config.schedule,
+                "global_batch": config.global_batch, "plan_version": config.plan_version,
+                "predicted_iteration_s": config.predicted_iteration_s,
+                "device": str(self.device), "pid": os.getpid()})
+        for iteration in range(start, config.iterations):
+            stats = self.step(iteration)
+            report({"event": "iteration", **head, "iteration": iteration + 1, "plan_version": config.plan_version,
+                    **stats, "layers": layers})
+            if config.checkpoint_every and (iteration + 1) % config.checkpoint_every == 0:
+                report({**self.save(iteration + 1), **head})
+            if self.should_stop():
+                raise Stopped(iteration + 1, between_iterations=True)
+        report({"event": "done", **head, "iteration": config.iterations, "parameters": parameters,
+                **self.fingerprint()})
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Hashes of this rank's parameters: replicas of a stage, and the copies of a tied weight on different
+        stages (`tied_sha256`, in model order), must end bit-identical."""
+
+        def digest(params: list[torch.Tensor]) -> str:
+            h = hashlib.sha256()
+            for p in params:
+                h.update(p.detach().cpu().contiguous().numpy().tobytes())
+            return h.hexdigest()
+
+        total = sum(float(p.detach().double().sum()) for p in self.parameters)
+        return {"param_sha256": digest(self.parameters), "param_sum": total,
+                "tied_sha256": digest([t.parameter for t in self.stage.tied])}

@@ -1,0 +1,116 @@
+"""Training worker: one process = one (stage, replica) of a plan; reports JSON lines on stdout.
+
+Launch: `python -m services.executor.train.worker CONFIG.json` (a WorkerConfig as JSON). Nothing but events
+goes to stdout, one JSON object per line; every event carries "event", "job_id", "rank", "stage", "replica"
+(and "time", unix seconds, added by this CLI):
+- "started": world_size, num_stages, num_replicas, layers (held layer indices), parameters (distinct
+  parameters held), start_iteration, iterations, schedule, global_batch, plan_version,
+  predicted_iteration_s, device, pid.
+- "iteration" (after each): iteration (completed count), plan_version, iteration_s, forward_s, backward_s
+  (includes recompute_s), recompute_s, comm_s (blocked on receives, send drains and allreduces),
+  optimizer_s, idle_s (the rest), memory_bytes, peak_memory_bytes (CUDA allocator, or process RSS on the
+  CPU), bytes_sent / bytes_received (p2p), allreduce_bytes, replica_allreduces, tied_allreduces, loss and
+  has_loss (the iteration's global mean loss, on the last stage only), samples_per_s (global batch / s), layers.
+- "checkpoint": iteration, plan_version, dir, manifest (URI on rank 0, else ""), layers
+  [{layer_index, uri, bytes, sha256}] written by this rank, checkpoint_s. Every rank reports after the
+  manifest exists.
+- "done": iteration, parameters, param_sha256 / param_sum (this rank's parameters), tied_sha256.
+- "stopped" (SIGTERM, honoured at the next micro-batch task; exit 143): iteration, message.
+- "error" (exit 1): message.
+`resume_from` may be a directory path, a file:// URI, or the manifest itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from services.executor.train import checkpoint as ckpt
+from services.executor.train.comms import Comms
+from services.executor.train.config import WorkerConfig
+from services.executor.train.stage import build_stage, make_optimizer
+from services.executor.train.trainer import Report, Stopped, Trainer
+
+STOPPED_EXIT = 143
+__all__ = ["Stopped", "main", "run"]
+
+
+def run(config: WorkerConfig, report: Report, should_stop: Callable[[], bool] | None = None) -> None:
+    """Train this worker's stage from `start_iteration` (or the resumed checkpoint) until `iterations`."""
+    config.validate()
+    head = {"job_id": config.job_id, "rank": config.rank, "stage": config.stage_index,
+            "replica": config.replica_index}
+    torch.set_num_threads(config.intra_op_threads)
+    device = torch.device(config.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    stage = build_stage(config.spec(), config.stage_bounds, config.stage_index, seed=config.seed,
+                        micro_batch_size=config.micro_batch_size, checkpoint_layers=config.checkpoint_layers,
+                        device=device)
+    optimizer = make_optimizer(stage.parameters(), config.optimizer)
+    start = config.start_iteration
+    if config.resume_from:  # before the rendezvous, so a bad checkpoint fails fast on every rank
+        manifest = ckpt.read_manifest(config.resume_from)
+        ckpt.check_compatible(manifest, config.model, config.optimizer["name"], stage.num_layers)
+        if start not in (0, manifest["next_iteration"]):
+            raise ValueError(f"WorkerConfig.start_iteration {start} disagrees with the checkpoint's next iteration "
+                             f"{manifest['next_iteration']}; set it to 0 or {manifest['next_iteration']}")
+        ckpt.load_layers(config.resume_from, manifest, stage.layers, stage.aliases, optimizer)
+        start = manifest["next_iteration"]
+    dist.init_process_group(config.backend, init_method=config.init_method, rank=config.rank,
+                            world_size=config.world_size, timeout=timedelta(seconds=config.timeout_s))
+    try:
+        comms = Comms(config, stage, device)
+        Trainer(config, stage, optimizer, comms, device, should_stop or (lambda: False)).train(start, head, report)
+    except Stopped as e:
+        if e.between_iterations:  # nothing in flight on our side
+            dist.destroy_process_group()
+        raise
+    dist.destroy_process_group()  # other failures leave it: a peer may be stuck mid-collective with us
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m services.executor.train.worker CONFIG.json", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    head: dict[str, Any] = {}
+
+    def report(event: dict[str, Any]) -> None:
+        sys.stdout.write(json.dumps({**event, "time": time.time()}) + "\n")
+        sys.stdout.flush()
+
+    try:
+        config = WorkerConfig.from_json(Path(args[0]).read_text())
+        head = {"job_id": config.job_id, "rank": config.rank, "stage": config.stage_index,
+                "replica": config.replica_index}
+        run(config, report, stop.is_set)
+        code = 0
+    except Stopped as e:
+        report({"event": "stopped", **head, "iteration": e.iteration, "message": str(e)})
+        code = STOPPED_EXIT
+    except Exception as e:  # every failure becomes one "error" line the agent relays
+        traceback.print_exc(file=sys.stderr)
+        report({"event": "error", **head, "message": f"{type(e).__name__}: {e}"})
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # skip interpreter teardown: slow with torch loaded, and a dead peer's group can block it
+
+
+if __name__ == "__main__":
+    sys.exit(main())

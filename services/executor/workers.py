@@ -1,0 +1,228 @@
+"""An agent's worker processes: launched from an AssignInstruction, watched, stopped.
+
+One process per assigned device (`python -m services.executor.train.worker CONFIG.json`), with the steady
+allocator the profiler measures under. Each worker reports JSON lines on stdout; a reader thread per worker
+turns them into AgentMessages (StageStats per iteration, CheckpointWritten) and, when the process ends,
+a WorkerExit saying whether it finished and, if not, why (its error line, or the signal that killed it).
+Nothing read from a worker is unpickled: JSON only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from google.protobuf.json_format import MessageToDict
+
+from ballast.v1 import executor_pb2, job_pb2, plan_pb2
+from services.profiler.runner import STEADY_ALLOCATOR
+
+log = logging.getLogger("ballast.workers")
+WORKER = (sys.executable, "-m", "services.executor.train.worker")
+STOP_GRACE_S = 3.0
+SCHEDULES = {plan_pb2.SCHEDULE_GPIPE: "gpipe", plan_pb2.SCHEDULE_1F1B: "1f1b"}
+Emit = Callable[[executor_pb2.AgentMessage], None]
+
+
+def worker_config(assign: executor_pb2.AssignInstruction, worker: executor_pb2.WorkerAssignment,
+                  job_id: str) -> dict:
+    """The WorkerConfig (services/executor/train/config.py) of one assigned worker, as JSON."""
+    plan, spec = assign.plan, assign.spec
+    replicas = plan.stages[0].devices
+    optimizer = spec.optimizer
+    return {
+        "job_id": job_id,
+        "model": MessageToDict(spec.model, preserving_proto_field_name=True),
+        "stage_bounds": [[s.layer_begin, s.layer_end] for s in plan.stages],
+        "num_replicas": replicas,
+        "stage_index": worker.stage_index,
+        "replica_index": worker.replica_index,
+        "rank": worker.rank,
+        "world_size": assign.world_size,
+        "micro_batch_size": plan.micro_batch_size // replicas,
+        "num_micro_batches": plan.num_micro_batches,
+        # Varuna's schedule is priced by the simulator; the runtime runs 1F1B in its place.
+        "schedule": SCHEDULES.get(plan.schedule, "1f1b"),
+        "checkpoint_layers": [layer.layer_index for layer in plan.layers if layer.checkpoint],
+        "optimizer": {"name": optimizer.name or "adam", "learning_rate": optimizer.learning_rate or 1e-3,
+                      "weight_decay": optimizer.weight_decay},
+        "seed": spec.seed,
+        "iterations": spec.iterations,
+        "start_iteration": assign.start_iteration,
+        "data": {"kind": "synthetic"},
+        "checkpoint_dir": assign.checkpoint_dir,
+        "checkpoint_every": spec.checkpoint_every,
+        "resume_from": assign.checkpoint_uri,
+        "init_method": f"tcp://{assign.rendezvous}",
+        "backend": assign.backend or "gloo",
+        "device": "cuda:0" if assign.backend == "nccl" else "cpu",  # one visible GPU per worker (CUDA_VISIBLE_DEVICES)
+        "timeout_s": float(assign.process_group_timeout_s or 60),
+        "intra_op_threads": 1,
+        "plan_version": plan.version,
+        "predicted_iteration_s": plan.prediction.iteration_time_s,
+    }
+
+
+def stage_stats(event: dict, job_id: str) -> executor_pb2.StageStats:
+    return executor_pb2.StageStats(
+        job_id=job_id, stage_index=int(event.get("stage", 0)), replica_index=int(event.get("replica", 0)),
+        iteration=int(event.get("iteration", 0)), plan_version=int(event.get("plan_version", 0)),
+        forward_s=float(event.get("forward_s", 0.0)), backward_s=float(event.get("backward_s", 0.0)),
+        comm_s=float(event.get("comm_s", 0.0)), idle_s=float(event.get("idle_s", 0.0)),
+        peak_memory_bytes=int(event.get("peak_memory_bytes", 0)), loss=float(event.get("loss") or 0.0),
+        has_loss=bool(event.get("has_loss")), layers=[int(i) for i in event.get("layers", [])],
+        iteration_time_s=float(event.get("iteration_s", 0.0)), recompute_s=float(event.get("recompute_s", 0.0)),
+        bytes_sent=int(event.get("bytes_sent", 0)),
+        throughput_samples_per_s=float(event.get("samples_per_s", 0.0)), rank=int(event.get("rank", 0)))
+
+
+@dataclass
+class Worker:
+    job_id: str
+    assignment: executor_pb2.WorkerAssignment
+    proc: subprocess.Popen
+    stderr: object
+    iteration: int = 0
+    done: bool = False
+    error: str = ""
+    stopped: str = ""
+    reader: threading.Thread | None = field(default=None, repr=False)
+
+
+class Workers:
+    """Every worker process this agent runs, by job."""
+
+    def __init__(self, emit: Emit, work_dir: Path, command: tuple[str, ...] = WORKER):
+        self._emit, self._dir, self._command = emit, work_dir, command
+        self._jobs: dict[str, list[Worker]] = {}
+        self._lock = threading.Lock()
+
+    def jobs(self) -> list[str]:
+        with self._lock:
+            return sorted(self._jobs)
+
+    def assign(self, message: executor_pb2.PlannerMessage) -> executor_pb2.InstructionAck:
+        job_id, assign = message.job_id, message.assign
+        ack = executor_pb2.InstructionAck(instruction_id=message.instruction_id, version=message.version)
+        with self._lock:
+            if job_id in self._jobs:  # a redelivered instruction: the workers already run
+                ack.ok, ack.message = True, "already running"
+                return ack
+        started: list[Worker] = []
+        try:
+            for assignment in assign.workers:
+                started.append(self._launch(job_id, assign, assignment))
+        except (OSError, ValueError) as exc:
+            for w in started:
+                w.proc.kill()
+            ack.ok, ack.message = False, f"could not launch workers: {exc}"
+            return ack
+        with self._lock:
+            self._jobs[job_id] = started
+        for w in started:
+            w.reader = threading.Thread(target=self._follow, args=(w,), name=f"worker-{w.assignment.rank}",
+                                        daemon=True)
+            w.reader.start()
+        ack.ok, ack.message = True, f"started {len(started)} worker(s)"
+        return ack
+
+    def _launch(self, job_id: str, assign: executor_pb2.AssignInstruction,
+                assignment: executor_pb2.WorkerAssignment) -> Worker:
+        folder = self._dir / job_id
+        folder.mkdir(parents=True, exist_ok=True)
+        config = folder / f"rank-{assignment.rank}.json"
+        config.write_text(json.dumps(worker_config(assign, assignment, job_id)))
+        env = {**STEADY_ALLOCATOR, **os.environ, "OMP_NUM_THREADS": "1"}
+        if assign.backend == "nccl":
+            env["CUDA_VISIBLE_DEVICES"] = str(assignment.device_index)
+        stderr = tempfile.TemporaryFile()  # a file: a chatty worker never blocks on a full pipe
+        proc = subprocess.Popen([*self._command, str(config)], stdout=subprocess.PIPE, stderr=stderr, text=True,
+                                env=env, start_new_session=True)
+        return Worker(job_id, assignment, proc, stderr)
+
+    def _follow(self, w: Worker) -> None:
+        for line in w.proc.stdout:
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a stray print is not a report
+            self._report(w, event)
+        code = w.proc.wait()
+        w.stderr.seek(0)
+        tail = w.stderr.read()[-1500:].decode(errors="replace").strip()
+        w.stderr.close()
+        finished = code == 0 and w.done
+        if finished:
+            why = ""
+        elif w.stopped:
+            why = f"stopped: {w.stopped}"
+        elif code < 0:
+            why = w.error or f"killed by {signal.Signals(-code).name}"
+        else:
+            why = w.error or (tail.splitlines()[-1] if tail else f"exit status {code}")
+        a = w.assignment
+        self._emit(executor_pb2.AgentMessage(worker_exit=executor_pb2.WorkerExit(
+            job_id=w.job_id, rank=a.rank, stage_index=a.stage_index, replica_index=a.replica_index, exit_code=code,
+            finished=finished, message=why, iteration=w.iteration)))
+        with self._lock:
+            workers = self._jobs.get(w.job_id, [])
+            if all(x.proc.poll() is not None for x in workers):
+                self._jobs.pop(w.job_id, None)
+
+    def _report(self, w: Worker, event: dict) -> None:
+        kind = event.get("event")
+        if kind == "iteration":  # the worker counts iterations done; metrics number them from 0
+            w.iteration = int(event.get("iteration", w.iteration))
+            stats = stage_stats({**event, "iteration": w.iteration - 1, "rank": w.assignment.rank}, w.job_id)
+            self._emit(executor_pb2.AgentMessage(heartbeat=executor_pb2.Heartbeat(stages=[stats])))
+        elif kind == "checkpoint":
+            layers = [job_pb2.LayerCheckpoint(layer_index=int(x["layer_index"]), uri=str(x["uri"]),
+                                              bytes=int(x.get("bytes", 0)), sha256=str(x.get("sha256", "")))
+                      for x in event.get("layers", [])]
+            self._emit(executor_pb2.AgentMessage(checkpoint_written=executor_pb2.CheckpointWritten(
+                rank=w.assignment.rank, checkpoint=job_pb2.Checkpoint(
+                    job_id=w.job_id, iteration=int(event.get("iteration", 0)),
+                    plan_version=int(event.get("plan_version", 0)), layers=layers))))
+        elif kind == "done":
+            w.done = True
+        elif kind in ("error", "stopped"):
+            w.error = str(event.get("message", kind))
+
+    def stop(self, job_id: str, reason: str) -> int:
+        """SIGTERM the job's workers, SIGKILL whatever is left after a grace period. Returns how many."""
+        with self._lock:
+            workers = list(self._jobs.get(job_id, []))
+        for w in workers:
+            w.stopped = reason
+            _signal(w.proc, signal.SIGTERM)
+        if workers:
+            threading.Thread(target=self._reap, args=(workers,), name=f"stop-{job_id}", daemon=True).start()
+        return len(workers)
+
+    def stop_all(self, reason: str) -> None:
+        for job_id in self.jobs():
+            self.stop(job_id, reason)
+
+    @staticmethod
+    def _reap(workers: list[Worker]) -> None:
+        for w in workers:
+            try:
+                w.proc.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                _signal(w.proc, signal.SIGKILL)
+
+
+def _signal(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass

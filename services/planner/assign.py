@@ -1,0 +1,77 @@
+"""Placing a plan's workers on executor hosts: pure, no I/O.
+
+Executors run pipeline x data parallelism: stage s of a P-stage plan runs as D replicas (D = the stage's
+devices, the same for every stage), one worker process per device. Global rank = s * D + r, so the ranks
+of one stage are consecutive and, filled host by host, a stage's replicas share a host where they fit
+(their gradient allreduce is the heaviest traffic). Rank 0's host serves the torch.distributed rendezvous.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ballast.v1 import executor_pb2, fleet_pb2, plan_pb2
+from services.runtime.errors import FailedPrecondition
+
+CPU_KINDS = ("cpu",)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One host's share of a job."""
+
+    host: fleet_pb2.Host
+    workers: tuple[executor_pb2.WorkerAssignment, ...]
+
+
+def pipeline_shape(plan: plan_pb2.Plan) -> tuple[int, int]:
+    """(stages, replicas) of a plan the executors can run; FailedPrecondition naming what they cannot."""
+    if not plan.stages:
+        raise FailedPrecondition(f"plan {plan.id} has no stages", field="plan_id", fix="plan the job again")
+    replicas = {s.devices for s in plan.stages}
+    if len(replicas) != 1:
+        raise FailedPrecondition(f"plan {plan.id} gives its stages different device counts {sorted(replicas)}",
+                                 field="plan_id", fix="executors run equal stages; plan again")
+    d = replicas.pop()
+    for layer in plan.layers:
+        if layer.tp > 1 or layer.sdp > 1 or layer.dp != d:
+            raise FailedPrecondition(
+                f"layer {layer.layer_index} of plan {plan.id} uses dp={layer.dp} sdp={layer.sdp} tp={layer.tp}; "
+                f"executors run pipeline x data parallelism only (dp = {d} per stage)",
+                field="plan_id", fix="plan with the executors' runnable dims (not a what-if plan)")
+    if plan.micro_batch_size % d:
+        raise FailedPrecondition(f"micro-batch {plan.micro_batch_size} does not split over {d} replicas",
+                                 field="plan_id", fix="plan the job again")
+    return len(plan.stages), d
+
+
+def place(plan: plan_pb2.Plan, hosts: list[fleet_pb2.Host]) -> list[Placement]:
+    """Fill hosts in order (by name, for stable placements) with ranks 0..P*D-1."""
+    stages, replicas = pipeline_shape(plan)
+    world = stages * replicas
+    kind = plan.fleet.device.kind
+    usable = sorted((h for h in hosts if h.devices and all(d.spec.kind == kind for d in h.devices)),
+                    key=lambda h: h.name)
+    slots = sum(len(h.devices) for h in usable)
+    if slots < world:
+        raise FailedPrecondition(
+            f"the plan needs {world} {kind} device(s) ({stages} stage(s) x {replicas} replica(s)); "
+            f"{slots} are online", field="spec.fleet",
+            fix="start more executors, or submit with a fleet the online executors form")
+    placements, rank = [], 0
+    for host in usable:
+        workers = []
+        for device in host.devices:
+            if rank == world:
+                break
+            workers.append(executor_pb2.WorkerAssignment(device_index=device.index, rank=rank,
+                                                         stage_index=rank // replicas,
+                                                         replica_index=rank % replicas))
+            rank += 1
+        if workers:
+            placements.append(Placement(host, tuple(workers)))
+    return placements
+
+
+def backend_for(plan: plan_pb2.Plan) -> str:
+    return "gloo" if plan.fleet.device.kind in CPU_KINDS else "nccl"

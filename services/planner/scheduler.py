@@ -1,0 +1,266 @@
+"""Running jobs on executors: assign a SCHEDULED job's workers, follow them, end the job. No grpc imports.
+
+The planner's half of the executor protocol. A loop starts SCHEDULED jobs on connected agents (assign.py
+places the ranks; one AssignInstruction per host) and moves them to RUNNING; CANCELLING jobs get a Stop on
+every host. Agent messages arrive through `on_message`: per-iteration StageStats become iteration metrics
+(with the plan's predicted iteration time beside the measured one, so the estimator's error is a query),
+worker exits end the job -- SUCCEEDED once every rank finished, FAILED at the first worker that did not,
+after a Stop to the survivors (they would otherwise block in a collective until its timeout), CANCELLED
+once a cancelled job's workers are gone -- and per-rank checkpoint parts become one stored checkpoint
+when every layer is in.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ballast.v1 import executor_pb2, job_pb2, plan_pb2, store_pb2, store_pb2_grpc
+from services.planner.assign import Placement, backend_for, place
+from services.planner.prepare import online_hosts
+from services.runtime.errors import BallastError, FailedPrecondition
+from services.runtime.remote import call
+
+log = logging.getLogger("ballast.scheduler")
+S = job_pb2.JobState
+LOCAL_ADDRESSES = {"127.0.0.1", "localhost", "::1", ""}
+Send = Callable[[str, executor_pb2.PlannerMessage], None]
+
+
+@dataclass
+class Running:
+    """What the planner tracks for a job whose workers it started."""
+
+    job: job_pb2.Job
+    plan: plan_pb2.Plan
+    placements: list[Placement]
+    world: int
+    finished: set[int] = field(default_factory=set)
+    exited: set[int] = field(default_factory=set)
+    stopping: str = ""  # why Stop was sent ("" while running normally)
+    last_loss: float | None = None
+    parts: dict[int, list[job_pb2.LayerCheckpoint]] = field(default_factory=dict)  # iteration -> layers
+
+    @property
+    def hosts(self) -> list[str]:
+        return [p.host.id for p in self.placements]
+
+
+class Scheduler:
+    def __init__(self, store: store_pb2_grpc.StoreServiceStub, send: Send, connected: Callable[[], list[str]],
+                 checkpoint_root: Path, *, interval_s: float = 0.5, assign_wait_s: float = 20.0,
+                 process_group_timeout_s: int = 60):
+        self._store, self._send, self._connected = store, send, connected
+        self._root = checkpoint_root
+        self._interval, self._wait, self._pg_timeout = interval_s, assign_wait_s, process_group_timeout_s
+        self._running: dict[str, Running] = {}
+        self._waiting_since: dict[str, float] = {}
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
+
+    # --- loop -----------------------------------------------------------------------------------------
+    def start(self) -> Scheduler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self.tick()
+            except Exception:  # noqa: BLE001 - the loop must outlive a store restart
+                log.exception("scheduler tick failed")
+
+    def tick(self) -> None:
+        for job in self._jobs(S.JOB_STATE_SCHEDULED):
+            self._start(job)
+        for job in self._jobs(S.JOB_STATE_CANCELLING):
+            self._cancel(job)
+
+    def _jobs(self, state: int) -> list[job_pb2.Job]:
+        out, request = [], store_pb2.ListJobsRequest(state=state)
+        while True:
+            page = call(self._store.ListJobs, request)
+            out += page.jobs
+            if not page.next_page_token:
+                return out
+            request.page.page_token = page.next_page_token
+
+    # --- start ----------------------------------------------------------------------------------------
+    def _start(self, job: job_pb2.Job) -> None:
+        plan = call(self._store.GetPlan, store_pb2.GetRequest(id=job.plan_id))
+        connected = set(self._connected())
+        hosts = [h for h in online_hosts(self._store) if h.id in connected]
+        try:
+            placements = place(plan, hosts)
+        except FailedPrecondition as exc:
+            first = self._waiting_since.setdefault(job.id, time.monotonic())
+            if time.monotonic() - first < self._wait:
+                return  # agents may still be connecting
+            self._waiting_since.pop(job.id, None)
+            self._transition(job, S.JOB_STATE_FAILED, f"assigning failed: {exc}", "FAILED", {"step": "assigning"})
+            return
+        self._waiting_since.pop(job.id, None)
+        world = sum(len(p.workers) for p in placements)
+        rendezvous = f"{placements[0].host.address or '127.0.0.1'}:{_port(placements[0].host.address)}"
+        running = Running(job, plan, placements, world)
+        with self._lock:
+            self._running[job.id] = running
+        names = ", ".join(f"{p.host.name} ({len(p.workers)})" for p in placements)
+        moved = self._transition(job, S.JOB_STATE_RUNNING, f"{world} worker(s) on {names}; rendezvous {rendezvous}",
+                                 "ASSIGNED", {"hosts": ",".join(running.hosts), "world_size": str(world),
+                                              "rendezvous": rendezvous})
+        if moved is None:
+            with self._lock:
+                self._running.pop(job.id, None)
+            return
+        running.job = moved
+        for p in placements:
+            assign = executor_pb2.AssignInstruction(
+                plan=plan, rendezvous=rendezvous, world_size=world, workers=p.workers, backend=backend_for(plan),
+                process_group_timeout_s=self._pg_timeout, spec=job.spec,
+                checkpoint_dir=str(self._root / job.id))
+            self._instruct(running, p.host.id, "assign", assign=assign)
+
+    def _instruct(self, running: Running, host_id: str, what: str, **body) -> None:
+        message = executor_pb2.PlannerMessage(instruction_id=f"{running.job.id}-{what}-{host_id}",
+                                              version=max(1, running.job.plan_version), job_id=running.job.id, **body)
+        try:
+            self._send(host_id, message)
+        except BallastError as exc:  # the agent just went away: its workers' exits will never come
+            self._fail(running, f"host {host_id} is gone: {exc}")
+
+    # --- end ------------------------------------------------------------------------------------------
+    def _cancel(self, job: job_pb2.Job) -> None:
+        with self._lock:
+            running = self._running.get(job.id)
+        if running is None:  # nothing of it runs here: nothing to wait for
+            self._transition(job, S.JOB_STATE_CANCELLED, "cancelled; no worker was running", "CANCELLED")
+            return
+        self._stop_workers(running, job.message or "cancelled")
+
+    def _stop_workers(self, running: Running, reason: str) -> None:
+        with self._lock:
+            if running.stopping:
+                return
+            running.stopping = reason
+        for host_id in running.hosts:
+            self._instruct(running, host_id, "stop", stop=executor_pb2.StopInstruction(reason=reason))
+
+    def _fail(self, running: Running, reason: str) -> None:
+        """FAILED first (the reason is what the user needs), then stop the surviving workers."""
+        self._transition(running.job, S.JOB_STATE_FAILED, reason[:2000], "FAILED", {"step": "running"})
+        self._stop_workers(running, reason)
+
+    def _transition(self, job: job_pb2.Job, state: int, message: str, event: str,
+                    attributes: dict[str, str] | None = None) -> job_pb2.Job | None:
+        """Compare-and-set from the job's current state; None if it moved on meanwhile (or is terminal)."""
+        current = call(self._store.GetJob, store_pb2.GetRequest(id=job.id))
+        if current.state in (S.JOB_STATE_SUCCEEDED, S.JOB_STATE_FAILED, S.JOB_STATE_CANCELLED):
+            return None
+        try:
+            return call(self._store.TransitionJob, store_pb2.TransitionJobRequest(
+                id=job.id, state=state, expected_state=current.state, message=message, event_type=event,
+                attributes=attributes or {}))
+        except FailedPrecondition as exc:
+            log.warning("transition refused", extra={"job_id": job.id, "why": str(exc)})
+            return None
+
+    # --- agent messages -------------------------------------------------------------------------------
+    def on_message(self, host_id: str, message: executor_pb2.AgentMessage) -> None:
+        kind = message.WhichOneof("body")
+        if kind == "heartbeat" and message.heartbeat.stages:
+            self._metrics(message.heartbeat.stages)
+        elif kind == "worker_exit":
+            self._exited(host_id, message.worker_exit)
+        elif kind == "ack" and not message.ack.ok:
+            self._refused(host_id, message.ack)
+        elif kind == "checkpoint_written":
+            self._checkpoint(message.checkpoint_written)
+
+    def _metrics(self, stages) -> None:
+        rows = []
+        for st in stages:
+            with self._lock:
+                running = self._running.get(st.job_id)
+            predicted = running.plan.prediction.iteration_time_s if running else 0.0
+            if running and st.has_loss:
+                running.last_loss = st.loss
+            rows.append(job_pb2.IterationMetric(
+                job_id=st.job_id, iteration=st.iteration, stage_index=st.stage_index, replica_index=st.replica_index,
+                plan_version=st.plan_version, iteration_time_s=st.iteration_time_s, forward_s=st.forward_s,
+                backward_s=st.backward_s, comm_s=st.comm_s, idle_s=st.idle_s, peak_memory_bytes=st.peak_memory_bytes,
+                loss=st.loss if st.has_loss else 0.0, has_loss=st.has_loss,
+                throughput_samples_per_s=st.throughput_samples_per_s, predicted_iteration_time_s=predicted))
+        call(self._store.WriteIterationMetrics, store_pb2.WriteIterationMetricsRequest(metrics=rows))
+
+    def _exited(self, host_id: str, exit_: executor_pb2.WorkerExit) -> None:
+        with self._lock:
+            running = self._running.get(exit_.job_id)
+        if running is None:
+            log.warning("exit of a worker of an unknown job", extra={"job_id": exit_.job_id, "rank": exit_.rank})
+            return
+        with self._lock:
+            running.exited.add(exit_.rank)
+            if exit_.finished:
+                running.finished.add(exit_.rank)
+            all_gone = len(running.exited) == running.world
+            all_finished = len(running.finished) == running.world
+            stopping = running.stopping
+        if not exit_.finished and not stopping:
+            where = f"stage {exit_.stage_index}, replica {exit_.replica_index}, host {host_id}"
+            self._fail(running, f"worker rank {exit_.rank} ({where}) exited with status {exit_.exit_code} after "
+                                f"{exit_.iteration} iteration(s): {exit_.message or 'no message'}")
+        elif all_finished:
+            loss = f"; final loss {running.last_loss:.4f}" if running.last_loss is not None else ""
+            self._transition(running.job, S.JOB_STATE_SUCCEEDED,
+                             f"trained {running.job.spec.iterations} iteration(s){loss}", "SUCCEEDED")
+        elif all_gone and stopping:
+            job = call(self._store.GetJob, store_pb2.GetRequest(id=running.job.id))
+            if job.state == S.JOB_STATE_CANCELLING:
+                self._transition(job, S.JOB_STATE_CANCELLED, f"cancelled: {stopping}", "CANCELLED")
+        if all_gone:
+            with self._lock:
+                self._running.pop(exit_.job_id, None)
+
+    def _refused(self, host_id: str, ack: executor_pb2.InstructionAck) -> None:
+        job_id = ack.instruction_id.split("-assign-")[0] if "-assign-" in ack.instruction_id else ""
+        with self._lock:
+            running = self._running.get(job_id)
+        if running is not None:
+            self._fail(running, f"host {host_id} could not start its workers: {ack.message}")
+
+    def _checkpoint(self, written: executor_pb2.CheckpointWritten) -> None:
+        ck = written.checkpoint
+        with self._lock:
+            running = self._running.get(ck.job_id)
+            if running is None:
+                return
+            parts = running.parts.setdefault(ck.iteration, [])
+            parts.extend(ck.layers)
+            have = {layer.layer_index for layer in parts}
+            complete = have == {layer.layer_index for layer in running.plan.layers}
+            if complete:
+                running.parts.pop(ck.iteration)
+        if complete:
+            stored = job_pb2.Checkpoint(job_id=ck.job_id, iteration=ck.iteration, plan_version=ck.plan_version,
+                                        layers=sorted(parts, key=lambda x: x.layer_index), complete=True)
+            call(self._store.CreateCheckpoint, store_pb2.CreateCheckpointRequest(checkpoint=stored))
+
+
+def _port(address: str) -> int:
+    """A free port when rank 0 is on this machine; elsewhere one from torch's customary range."""
+    if address in LOCAL_ADDRESSES or address == socket.gethostname():
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return s.getsockname()[1]
+    return random.randint(29500, 29999)

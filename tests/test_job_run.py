@@ -1,0 +1,109 @@
+"""Jobs run for real: Submit -> profile -> plan -> assign -> RUNNING -> SUCCEEDED on two executor agents
+(real gRPC servers, a real Celery worker, real worker processes over gloo), measured metrics stored beside the
+plan's prediction, Cancel that stops the workers, and a killed worker that fails the job within 10 s."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import uuid
+
+import pytest
+
+from ballast.v1 import fleet_pb2, job_pb2, model_pb2, services_pb2, store_pb2
+from tests.harness import kill_group, make_settings, spawn_cli, start_plane, wait_for
+
+pytestmark = pytest.mark.slow
+
+S = job_pb2.JobState
+ENDED = (S.JOB_STATE_SUCCEEDED, S.JOB_STATE_FAILED, S.JOB_STATE_CANCELLED)
+
+
+def spec(name: str, iterations: int, vocab: int = 128) -> job_pb2.JobSpec:
+    model = model_pb2.ModelSpec(
+        name=f"run-{vocab}", family=model_pb2.MODEL_FAMILY_GPT,
+        transformer=model_pb2.TransformerConfig(num_layers=2, hidden_size=32, num_heads=2, vocab_size=vocab,
+                                                seq_length=16))
+    return job_pb2.JobSpec(name=name, model=model, global_batch_size=4, iterations=iterations, seed=3)
+
+
+def job_of(client, job_id: str) -> job_pb2.Job:
+    return client.jobs.Get(store_pb2.GetRequest(id=job_id))
+
+
+def worker_pids(job_id: str) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", f"services.executor.train.worker .*{job_id}"], capture_output=True,
+                         text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory):
+    settings = make_settings(tmp_path_factory.mktemp("run"), queue=f"run-{uuid.uuid4().hex[:8]}",
+                             lease_seconds=10.0, sweep_interval_s=0.5, worker_heartbeat_s=0.5)
+    plane = start_plane(settings)
+    procs = [spawn_cli(settings, "worker", log=settings.data_dir / "worker.log")]
+    procs += [spawn_cli(settings, "serve", "executor", "--index", str(i), log=settings.data_dir / f"agent-{i}.log")
+              for i in range(2)]
+    client = plane.client()
+    wait_for(lambda: len(client.store.ListHosts(store_pb2.ListHostsRequest(state=fleet_pb2.HOST_STATE_ONLINE))
+                         .hosts) == 2, what="two executor agents online")
+    yield plane
+    for proc in procs:
+        kill_group(proc)
+    plane.stop()
+
+
+def test_a_job_trains_to_the_end_and_its_metrics_sit_beside_the_prediction(plane):
+    client = plane.client()
+    job = client.jobs.Submit(services_pb2.SubmitJobRequest(spec=spec("trains", iterations=6)))
+    done = wait_for(lambda: (j := job_of(client, job.id)).state in ENDED and j, timeout=240, what="the job to end")
+    assert done.state == S.JOB_STATE_SUCCEEDED, done.message
+    assert "trained 6 iteration(s)" in done.message and "final loss" in done.message
+    events = client.store.ListJobEvents(store_pb2.ListJobEventsRequest(job_id=job.id)).events
+    assert [e.type for e in events] == ["SUBMITTED", "STATE_CHANGED", "PROFILED", "PLAN_CHOSEN", "ASSIGNED",
+                                        "SUCCEEDED"]
+    plan = client.planner.GetPlan(store_pb2.GetRequest(id=done.plan_id))
+    workers = int(events[4].attributes["world_size"])
+    assert workers == len(plan.stages) * plan.stages[0].devices
+
+    rows = client.store.ListIterationMetrics(store_pb2.ListIterationMetricsRequest(job_id=job.id)).metrics
+    assert sorted({m.iteration for m in rows}) == list(range(6)) and len(rows) == 6 * workers
+    assert all(m.iteration_time_s > 0 and m.predicted_iteration_time_s == plan.prediction.iteration_time_s
+               for m in rows)
+    losses = [m.loss for m in rows if m.has_loss]
+    assert len(losses) >= 6 and all(0 < x < 10 for x in losses)
+    assert done.iteration == 5  # the last iteration reported, numbered from 0
+    # The estimator's error is a query.
+    error = client.store.Query(store_pb2.QueryRequest(sql=(
+        "SELECT avg(abs(iteration_time_s - predicted_iteration_time_s) / iteration_time_s) FROM iteration_metrics "
+        f"WHERE job_id = '{job.id}'"))).rows[0][0]
+    assert float(error) >= 0
+    assert worker_pids(job.id) == []
+
+
+def test_cancel_stops_the_workers(plane):
+    client = plane.client()
+    job = client.jobs.Submit(services_pb2.SubmitJobRequest(spec=spec("cancelled", iterations=100000, vocab=136)))
+    wait_for(lambda: job_of(client, job.id).iteration >= 1, timeout=240, what="training to start")
+    client.jobs.Cancel(services_pb2.CancelJobRequest(job_id=job.id, reason="enough"))
+    done = wait_for(lambda: (j := job_of(client, job.id)).state in ENDED and j, timeout=30, what="the cancel")
+    assert done.state == S.JOB_STATE_CANCELLED, done.message
+    wait_for(lambda: worker_pids(job.id) == [], timeout=15, what="the workers to exit")
+
+
+def test_a_killed_worker_fails_the_job_within_10_s_and_its_peers_stop(plane):
+    client = plane.client()
+    job = client.jobs.Submit(services_pb2.SubmitJobRequest(spec=spec("killed", iterations=100000, vocab=144)))
+    wait_for(lambda: job_of(client, job.id).iteration >= 1, timeout=240, what="training to start")
+    victims = worker_pids(job.id)
+    assert victims, "no worker process found"
+    os.kill(victims[-1], signal.SIGKILL)
+    killed_at = time.monotonic()
+    done = wait_for(lambda: (j := job_of(client, job.id)).state in ENDED and j, timeout=10, interval=0.1,
+                    what="the job to fail")
+    assert time.monotonic() - killed_at <= 10
+    assert done.state == S.JOB_STATE_FAILED and "SIGKILL" in done.message and "worker rank" in done.message
+    wait_for(lambda: worker_pids(job.id) == [], timeout=15, what="the surviving workers to stop")
