@@ -222,3 +222,20 @@ def test_costs_are_memoised() -> None:
     st = LayerStrategy(sdp=2, tp=2)
     assert layer_cost(c, 1, st, M) is layer_cost(c, 1, LayerStrategy(sdp=2, tp=2), M)
     assert layer_cost(c, 1, st, M, offsets=(0,)) is layer_cost(c, 1, st, M, offsets=(8,))  # same spot in a node
+
+
+def test_colocated_devices_slow_each_others_compute_as_measured() -> None:
+    """The profile's co-location factor scales compute when a node has several devices; one alone runs at speed."""
+    from dataclasses import replace
+
+    crowded_model = replace(model(4, params=P), colocated_slowdown=1.25)
+    plain = layer_cost(CostContext(model(4, params=P), fleet(), CostOptions()), 1, LayerStrategy(), M)
+    crowded = layer_cost(CostContext(crowded_model, fleet(), CostOptions()), 1, LayerStrategy(), M)
+    assert crowded.forward_compute_s == pytest.approx(1.25 * plain.forward_compute_s)
+    assert crowded.backward_compute_s == pytest.approx(1.25 * plain.backward_compute_s)
+    alone = layer_cost(CostContext(crowded_model, fleet(devices_per_node=1, nodes=4), CostOptions()), 1,
+                       LayerStrategy(), M)
+    assert alone.forward_compute_s == pytest.approx(plain.forward_compute_s)
+    ignored = layer_cost(CostContext(crowded_model, fleet(), CostOptions(colocated_slowdown=1.0)), 1,
+                         LayerStrategy(), M)
+    assert ignored.forward_compute_s == pytest.approx(plain.forward_compute_s)

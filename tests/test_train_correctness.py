@@ -67,7 +67,10 @@ def test_pipeline_x_data_parallel_matches_single_process(reference, schedule, ch
             assert it["replica_allreduces"] == 1 and it["tied_allreduces"] == 1
             assert it["has_loss"] == (stage == 1)
             assert it["iteration_s"] > 0 and it["peak_memory_bytes"] > 0
-        if any(begin <= i < end for i in checkpointed):
+        # The last stage skips the recompute of a micro-batch whose backward follows at once: all of them under
+        # 1F1B, the newest under GPipe (as the simulator prices it).
+        last_skips_all = stage == len(BOUNDS) - 1 and schedule == "1f1b"
+        if any(begin <= i < end for i in checkpointed) and not last_skips_all:
             assert sum(it["recompute_s"] for it in iterations) > 0
         else:
             assert all(it["recompute_s"] == 0 for it in iterations)

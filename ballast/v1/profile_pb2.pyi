@@ -132,18 +132,20 @@ class CollectiveSample(_message.Message):
     def __init__(self, collective: _Optional[str] = ..., group_size: _Optional[int] = ..., scope: _Optional[_Union[LinkScope, str]] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class CommCalibration(_message.Message):
-    __slots__ = ("links", "collectives", "overlap_slowdown", "fits", "unsupported")
+    __slots__ = ("links", "collectives", "overlap_slowdown", "fits", "unsupported", "colocated_slowdown")
     LINKS_FIELD_NUMBER: _ClassVar[int]
     COLLECTIVES_FIELD_NUMBER: _ClassVar[int]
     OVERLAP_SLOWDOWN_FIELD_NUMBER: _ClassVar[int]
     FITS_FIELD_NUMBER: _ClassVar[int]
     UNSUPPORTED_FIELD_NUMBER: _ClassVar[int]
+    COLOCATED_SLOWDOWN_FIELD_NUMBER: _ClassVar[int]
     links: _containers.RepeatedCompositeFieldContainer[LinkSample]
     collectives: _containers.RepeatedCompositeFieldContainer[CollectiveSample]
     overlap_slowdown: float
     fits: _containers.RepeatedCompositeFieldContainer[LinkFit]
     unsupported: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, links: _Optional[_Iterable[_Union[LinkSample, _Mapping]]] = ..., collectives: _Optional[_Iterable[_Union[CollectiveSample, _Mapping]]] = ..., overlap_slowdown: _Optional[float] = ..., fits: _Optional[_Iterable[_Union[LinkFit, _Mapping]]] = ..., unsupported: _Optional[_Iterable[str]] = ...) -> None: ...
+    colocated_slowdown: float
+    def __init__(self, links: _Optional[_Iterable[_Union[LinkSample, _Mapping]]] = ..., collectives: _Optional[_Iterable[_Union[CollectiveSample, _Mapping]]] = ..., overlap_slowdown: _Optional[float] = ..., fits: _Optional[_Iterable[_Union[LinkFit, _Mapping]]] = ..., unsupported: _Optional[_Iterable[str]] = ..., colocated_slowdown: _Optional[float] = ...) -> None: ...
 
 class Profile(_message.Message):
     __slots__ = ("id", "tenant_id", "model_id", "model_signature", "device", "dtype", "software", "intra_op_threads", "layers", "comm", "non_model_memory_bytes", "projected", "source_profile_id", "created_at", "memory_trace", "measured_micro_batch_sizes", "memory_cap_bytes", "profiling_time_s")

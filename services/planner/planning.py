@@ -59,6 +59,9 @@ class PlanInputs:
     schedule: int = plan_pb2.SCHEDULE_UNSPECIFIED  # unspecified: 1F1B (GPipe also priced)
     runnable_dims: tuple[str, ...] = ("dp",)  # what the fleet's executors can run, besides PP
     what_if: bool = False  # search the full space; say what is not executable yet
+    # Galvatron prices the gradient sync overlapped with the last backward (DDP buckets); Ballast's executors
+    # allreduce after the last micro-batch (Varuna §4.4), so plans for them are priced that way (jobs pass False).
+    overlap_grad_sync: bool = True
     max_global_batch_size: int = 512
     top_k: int = 5
 
@@ -95,7 +98,7 @@ def make_plan(profile: profile_pb2.Profile, fleet: fleet_pb2.Fleet, inputs: Plan
     devices = fleet.nodes * fleet.devices_per_node
     _check_batch(inputs, devices, len(profile.layers))
     budget = inputs.memory_budget_bytes or fleet.device.memory_bytes
-    ctx = CostContext(from_profile(profile), fleet, CostOptions())
+    ctx = CostContext(from_profile(profile), fleet, CostOptions(overlap_grad_sync=inputs.overlap_grad_sync))
     options = _options(inputs, budget)
     engines = _run_engines(ctx, devices, options, inputs)
     base = baseline_engine.baselines(ctx, devices, options)

@@ -93,7 +93,8 @@ def plan_inputs(job: job_pb2.Job, dims: tuple[str, ...]):
 
     spec = job.spec
     return PlanInputs(global_batch_size=spec.global_batch_size, memory_budget_bytes=spec.memory_budget_bytes,
-                      engine=spec.engine, schedule=spec.schedule, runnable_dims=dims)
+                      engine=spec.engine, schedule=spec.schedule, runnable_dims=dims,
+                      overlap_grad_sync=False)  # the executors allreduce after the last backward
 
 
 def plan_summary(plan: plan_pb2.Plan) -> tuple[str, dict[str, str]]:

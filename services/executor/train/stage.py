@@ -93,12 +93,15 @@ class Stage:
     def loss_count(self, batch: dict[str, Tensor]) -> int:
         return int(sum(int((batch[k] != IGNORE_INDEX).sum()) for k in self.label_keys))
 
-    def forward(self, received: list[Tensor], batch: dict[str, Tensor]) -> list[Tensor]:
-        """Outputs to send (in `sends` order); on the last stage a one-element list with the summed loss."""
+    def forward(self, received: list[Tensor], batch: dict[str, Tensor], recompute: bool = True) -> list[Tensor]:
+        """Outputs to send (in `sends` order); on the last stage a one-element list with the summed loss.
+
+        `recompute=False` keeps this micro-batch's activations even in checkpointed layers: its backward comes
+        right after (the cost model and simulator skip that recompute too, sim/orders.py)."""
         env = {b.index: t for b, t in zip(self.receives, received, strict=True)}
         for layer in self.layers:
             args = [env[i] for i in layer.inputs] + [batch[k] for k in layer.batch_keys]
-            if layer.index in self.checkpoint_layers:
+            if recompute and layer.index in self.checkpoint_layers:
                 env[layer.index] = checkpoint(self._timed(layer.module), *args, use_reentrant=False)
             else:
                 env[layer.index] = layer.module(*args)

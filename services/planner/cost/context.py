@@ -60,6 +60,9 @@ class CostOptions:
     use_measured_comm: bool = True
     include_profile_non_model_memory: bool = False
     extra_resident_bytes: int = 0
+    # None: the profile's measured co-location slowdown (compute of devices sharing a node, all busy), applied when
+    # the fleet's node has several devices of the profiled kind; 1.0 ignores it.
+    colocated_slowdown: float | None = None
     # Overrides of TP_ALLREDUCES_PER_PASS, as (kind, count) pairs.
     tp_allreduces: tuple[tuple[str, int], ...] = ()
 
@@ -90,6 +93,9 @@ class CostContext:
         self.overlap_slowdown = max(
             1.0, self.options.overlap_slowdown or view.overlap_slowdown or GALVATRON_OVERLAP_SLOWDOWN
         )
+        crowded = self.fleet.devices_per_node > 1 and same_device
+        colocated = self.options.colocated_slowdown or view.colocated_slowdown or 1.0
+        self.compute_scale = max(1.0, colocated) if crowded else 1.0
         # (parameter, gradient, optimizer) bytes of each whole layer, computed once.
         self.state_bytes = tuple(model_state_bytes(layer, self.options.state_format) for layer in view.layers)
         self.tp_allreduces = tuple(self.options.tp_allreduces_for(layer.kind) for layer in view.layers)

@@ -163,8 +163,9 @@ def _layer_cost(
     scopes = _scopes(ctx, st, offsets)
     sources: list[str] = []
 
-    f_comp, b_comp = pt.forward_s / tp, pt.backward_s / tp
-    r_comp = pt.recompute_s / tp if st.checkpoint else 0.0
+    scale = ctx.compute_scale / tp  # co-located devices slow each other down (profile calibration)
+    f_comp, b_comp = pt.forward_s * scale, pt.backward_s * scale
+    r_comp = pt.recompute_s * scale if st.checkpoint else 0.0
 
     tp_pass = 0.0
     if tp > 1 and ctx.tp_allreduces[index]:

@@ -209,6 +209,7 @@ class ModelView:
     layers: tuple[LayerView, ...]
     non_model_memory_bytes: int = 0
     overlap_slowdown: float | None = None  # measured compute slowdown under overlap; None if not measured
+    colocated_slowdown: float | None = None  # measured compute slowdown with every device of a host busy
     comm_fits: tuple[MeasuredFit, ...] = ()
     dtype: str = ""  # "fp32", "fp16", "bf16" or "" when unknown
     device_kind: str = ""
@@ -318,6 +319,7 @@ def from_profile(profile: profile_pb2.Profile) -> ModelView:
         layers=tuple(layers),
         non_model_memory_bytes=profile.non_model_memory_bytes,
         overlap_slowdown=slowdown if slowdown > 0 else None,
+        colocated_slowdown=profile.comm.colocated_slowdown or None,
         comm_fits=_fits_from_proto(profile.comm),
         dtype=_DTYPES.get(profile.dtype, ""),
         device_kind=profile.device.kind,
