@@ -107,3 +107,24 @@ def test_a_killed_worker_fails_the_job_within_10_s_and_its_peers_stop(plane):
     assert time.monotonic() - killed_at <= 10
     assert done.state == S.JOB_STATE_FAILED and "SIGKILL" in done.message and "worker rank" in done.message
     wait_for(lambda: worker_pids(job.id) == [], timeout=15, what="the surviving workers to stop")
+
+
+def test_a_restarted_planner_takes_its_running_job_back(plane):
+    """The planner goes away mid-run; the workers keep training, the agents keep their reports and reconnect,
+    and the new planner finishes the job from the store (ASSIGNED event, plan) with its checkpoints recorded."""
+    from services.planner.service import build_server
+
+    client = plane.client()
+    s = spec("restart", iterations=300, vocab=152)
+    s.checkpoint_every = 100
+    job = client.jobs.Submit(services_pb2.SubmitJobRequest(spec=s))
+    wait_for(lambda: job_of(client, job.id).iteration >= 2, timeout=240, what="training to start")
+    plane.servers["planner"].stop(0.5)
+    plane.servers["planner"] = build_server(plane.settings).start()
+    assert job_of(client, job.id).state == S.JOB_STATE_RUNNING  # the restart really happened mid-run
+    done = wait_for(lambda: (j := job_of(client, job.id)).state in ENDED and j, timeout=240, what="the job to end")
+    assert done.state == S.JOB_STATE_SUCCEEDED, done.message
+    plan = client.planner.GetPlan(store_pb2.GetRequest(id=done.plan_id))
+    checkpoints = client.store.ListCheckpoints(store_pb2.ListCheckpointsRequest(job_id=job.id)).checkpoints
+    assert sorted(c.iteration for c in checkpoints if c.complete) == [100, 200, 300]
+    assert all(sorted(x.layer_index for x in c.layers) == [x.layer_index for x in plan.layers] for c in checkpoints)

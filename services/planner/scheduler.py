@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ballast.v1 import executor_pb2, job_pb2, plan_pb2, store_pb2, store_pb2_grpc
-from services.planner.assign import Placement, backend_for, place
+from services.planner.assign import backend_for, place
 from services.planner.prepare import online_hosts
 from services.runtime.errors import BallastError, FailedPrecondition
 from services.runtime.remote import call
@@ -39,17 +39,13 @@ class Running:
 
     job: job_pb2.Job
     plan: plan_pb2.Plan
-    placements: list[Placement]
+    hosts: list[str]  # host ids running its workers
     world: int
     finished: set[int] = field(default_factory=set)
     exited: set[int] = field(default_factory=set)
     stopping: str = ""  # why Stop was sent ("" while running normally)
     last_loss: float | None = None
     parts: dict[int, list[job_pb2.LayerCheckpoint]] = field(default_factory=dict)  # iteration -> layers
-
-    @property
-    def hosts(self) -> list[str]:
-        return [p.host.id for p in self.placements]
 
 
 class Scheduler:
@@ -112,10 +108,10 @@ class Scheduler:
         self._waiting_since.pop(job.id, None)
         world = sum(len(p.workers) for p in placements)
         rendezvous = f"{placements[0].host.address or '127.0.0.1'}:{_port(placements[0].host.address)}"
-        running = Running(job, plan, placements, world)
+        running = Running(job, plan, [p.host.id for p in placements], world)
         with self._lock:
             self._running[job.id] = running
-        names = ", ".join(f"{p.host.name} ({len(p.workers)})" for p in placements)
+        names = ", ".join(f"{p.host.name} ({len(p.workers)})" for p in placements)  # ids go in the attributes
         moved = self._transition(job, S.JOB_STATE_RUNNING, f"{world} worker(s) on {names}; rendezvous {rendezvous}",
                                  "ASSIGNED", {"hosts": ",".join(running.hosts), "world_size": str(world),
                                               "rendezvous": rendezvous})
@@ -139,10 +135,29 @@ class Scheduler:
         except BallastError as exc:  # the agent just went away: its workers' exits will never come
             self._fail(running, f"host {host_id} is gone: {exc}")
 
+    def _tracked(self, job_id: str) -> Running | None:
+        """The job's Running, rebuilt from the store after a planner restart: the ASSIGNED event says which
+        hosts run how many workers, and agents keep their workers' reports until they reconnect."""
+        with self._lock:
+            running = self._running.get(job_id)
+        if running is not None or not job_id:
+            return running
+        job = call(self._store.GetJob, store_pb2.GetRequest(id=job_id))
+        if job.state not in (S.JOB_STATE_RUNNING, S.JOB_STATE_CANCELLING) or not job.plan_id:
+            return None
+        events = call(self._store.ListJobEvents, store_pb2.ListJobEventsRequest(job_id=job_id)).events
+        assigned = next((e for e in reversed(events) if e.type == "ASSIGNED"), None)
+        if assigned is None:
+            return None
+        plan = call(self._store.GetPlan, store_pb2.GetRequest(id=job.plan_id))
+        running = Running(job, plan, [h for h in assigned.attributes.get("hosts", "").split(",") if h],
+                          int(assigned.attributes.get("world_size", "0")))
+        with self._lock:
+            return self._running.setdefault(job_id, running)
+
     # --- end ------------------------------------------------------------------------------------------
     def _cancel(self, job: job_pb2.Job) -> None:
-        with self._lock:
-            running = self._running.get(job.id)
+        running = self._tracked(job.id)
         if running is None:  # nothing of it runs here: nothing to wait for
             self._transition(job, S.JOB_STATE_CANCELLED, "cancelled; no worker was running", "CANCELLED")
             return
@@ -190,8 +205,7 @@ class Scheduler:
     def _metrics(self, stages) -> None:
         rows = []
         for st in stages:
-            with self._lock:
-                running = self._running.get(st.job_id)
+            running = self._tracked(st.job_id)
             predicted = running.plan.prediction.iteration_time_s if running else 0.0
             if running and st.has_loss:
                 running.last_loss = st.loss
@@ -204,8 +218,7 @@ class Scheduler:
         call(self._store.WriteIterationMetrics, store_pb2.WriteIterationMetricsRequest(metrics=rows))
 
     def _exited(self, host_id: str, exit_: executor_pb2.WorkerExit) -> None:
-        with self._lock:
-            running = self._running.get(exit_.job_id)
+        running = self._tracked(exit_.job_id)
         if running is None:
             log.warning("exit of a worker of an unknown job", extra={"job_id": exit_.job_id, "rank": exit_.rank})
             return
@@ -234,17 +247,16 @@ class Scheduler:
 
     def _refused(self, host_id: str, ack: executor_pb2.InstructionAck) -> None:
         job_id = ack.instruction_id.split("-assign-")[0] if "-assign-" in ack.instruction_id else ""
-        with self._lock:
-            running = self._running.get(job_id)
+        running = self._tracked(job_id)
         if running is not None:
             self._fail(running, f"host {host_id} could not start its workers: {ack.message}")
 
     def _checkpoint(self, written: executor_pb2.CheckpointWritten) -> None:
         ck = written.checkpoint
+        running = self._tracked(ck.job_id)
+        if running is None:
+            return
         with self._lock:
-            running = self._running.get(ck.job_id)
-            if running is None:
-                return
             parts = running.parts.setdefault(ck.iteration, [])
             parts.extend(ck.layers)
             have = {layer.layer_index for layer in parts}
