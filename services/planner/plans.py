@@ -76,17 +76,22 @@ def check_profile(profile: profile_pb2.Profile, fleet: fleet_pb2.Fleet) -> None:
         )
 
 
+def online_hosts(store: store_pb2_grpc.StoreServiceStub) -> list[fleet_pb2.Host]:
+    """Every executor host the store has ONLINE (all pages)."""
+    hosts, request = [], store_pb2.ListHostsRequest(state=fleet_pb2.HOST_STATE_ONLINE)
+    while True:
+        page = call(store.ListHosts, request)
+        hosts += page.hosts
+        if not page.next_page_token:
+            return hosts
+        request.page.page_token = page.next_page_token
+
+
 def executor_dims(store: store_pb2_grpc.StoreServiceStub) -> tuple[str, ...]:
     """Parallel dims every online executor host runs (planning.runnable_dims); none online: ("dp",)."""
     from services.planner.planning import runnable_dims
 
-    hosts, request = [], store_pb2.ListHostsRequest(state=fleet_pb2.HOST_STATE_ONLINE)
-    while True:
-        page = call(store.ListHosts, request)
-        hosts += [list(h.supported_parallelism) for h in page.hosts]
-        if not page.next_page_token:
-            return runnable_dims(hosts)
-        request.page.page_token = page.next_page_token
+    return runnable_dims([list(h.supported_parallelism) for h in online_hosts(store)])
 
 
 def payload_of(request: services_pb2.PlanRequest, dims: tuple[str, ...]) -> dict[str, Any]:

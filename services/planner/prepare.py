@@ -39,16 +39,6 @@ class Stopped(Exception):
         self.job = job
 
 
-def online_hosts(store: store_pb2_grpc.StoreServiceStub) -> list[fleet_pb2.Host]:
-    hosts, request = [], store_pb2.ListHostsRequest(state=fleet_pb2.HOST_STATE_ONLINE)
-    while True:
-        page = call(store.ListHosts, request)
-        hosts += page.hosts
-        if not page.next_page_token:
-            return hosts
-        request.page.page_token = page.next_page_token
-
-
 def fleet_of_hosts(hosts: list[fleet_pb2.Host], dtype: int = 0) -> fleet_pb2.Fleet:
     """The fleet the online executors form: one node per host, its smallest device count and memory.
 
@@ -162,7 +152,7 @@ def _owned(store: store_pb2_grpc.StoreServiceStub, job_id: str, tenant_id: str) 
 def prepare_job(payload: dict[str, Any], task: queue.Task) -> dict[str, Any]:
     """Profile, plan and schedule one job; resumes from whatever state a previous attempt reached."""
     from services.planner.planning import make_plan
-    from services.planner.plans import check_profile, executor_dims
+    from services.planner.plans import check_profile, executor_dims, online_hosts
 
     job = _Job(task.store, _owned(task.store, str(payload.get("job_id", "")), task.request.tenant_id))
     state = job.job.state

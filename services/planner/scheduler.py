@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ballast.v1 import executor_pb2, job_pb2, plan_pb2, store_pb2, store_pb2_grpc
 from services.planner.assign import backend_for, place
-from services.planner.prepare import online_hosts
+from services.planner.plans import online_hosts
 from services.runtime.errors import BallastError, FailedPrecondition
 from services.runtime.remote import call
 
