@@ -239,3 +239,17 @@ def test_colocated_devices_slow_each_others_compute_as_measured() -> None:
     ignored = layer_cost(CostContext(crowded_model, fleet(), CostOptions(colocated_slowdown=1.0)), 1,
                          LayerStrategy(), M)
     assert ignored.forward_compute_s == pytest.approx(plain.forward_compute_s)
+
+
+def test_measured_optimizer_steps_and_composition_are_priced() -> None:
+    """The optimizer step is priced once per iteration on each device's share of the states; the composition
+    factor (layers in sequence vs alone) scales compute."""
+    from dataclasses import replace
+
+    base = model(4, params=P)
+    stepped = replace(base, layers=tuple(replace(x, optimizer_step_s=4e-3) for x in base.layers),
+                      composition_factor=1.1)
+    plain = layer_cost(CostContext(base, fleet(), CostOptions()), 1, LayerStrategy(sdp=2), M)
+    cost = layer_cost(CostContext(stepped, fleet(), CostOptions()), 1, LayerStrategy(sdp=2), M)
+    assert plain.update_s == 0.0 and cost.update_s == pytest.approx(1.1 * 4e-3 / 2)
+    assert cost.forward_compute_s == pytest.approx(1.1 * plain.forward_compute_s)

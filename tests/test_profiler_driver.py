@@ -84,6 +84,21 @@ def test_identical_blocks_reuse_the_first_blocks_rows(explicit):
         assert layer.parameter_count == first.parameter_count
 
 
+def test_whole_model_composition_and_optimizer_steps_are_measured(explicit):
+    """Layers in sequence cost about what they cost alone (bounded factor); every layer with parameters has an
+    Adam step time."""
+    prof, _ = explicit
+    assert 0.5 <= prof.composition_factor <= 2.0
+    assert all(layer.optimizer_step_s > 0 for layer in prof.layers)
+
+
+def test_composition_factor_rejects_a_measurement_gone_wrong():
+    from services.profiler.whole import composition_factor
+
+    assert composition_factor(1.1, 1.0) == pytest.approx(1.1)
+    assert composition_factor(5.0, 1.0) == 0.0 and composition_factor(1.0, 0.0) == 0.0
+
+
 def test_memory_trace_peak_is_the_non_model_memory(explicit):
     prof, _ = explicit
     assert prof.non_model_memory_bytes > 0 and len(prof.memory_trace) > 10
@@ -252,3 +267,11 @@ def test_leave_one_out_error_of_a_point_on_the_line_is_zero():
     assert all(driver._loo_error(rows, [1, 2, 4, 8], m) < 1e-9 for m in rows)
     rows[8].forward_s *= 2
     assert driver._loo_error(rows, [1, 2, 4, 8], 8) > 0.15
+
+
+def test_calibrated_cpu_profile_measures_co_location_on_the_model():
+    """With calibration, a sibling process runs the same whole steps: the slowdown is measured, and >= 1."""
+    torch.set_num_threads(1)
+    prof, _ = run(request(micro_batch_sizes=[2], calibrate=True, calibrate_group_sizes=[2]))
+    assert prof.comm.colocated_slowdown >= 1.0
+    assert prof.composition_factor > 0 and all(layer.optimizer_step_s > 0 for layer in prof.layers)

@@ -111,3 +111,12 @@ def test_gantt_writes_a_png(tmp_path) -> None:
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
     with pytest.raises(ValueError):
         plot_timeline(simulate(p, SimOptions(keep_timeline=False)), tmp_path / "empty.png")
+
+
+@pytest.mark.parametrize("schedule", [Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.VARUNA])
+def test_the_optimizer_step_follows_the_gradient_sync(schedule: Schedule) -> None:
+    stages = tuple(StageCost(forward_s=1.0, backward_s=2.0, allreduce_s=0.5) for _ in range(2))
+    base = simulate(Pipeline(stages=stages, num_micro_batches=4), SimOptions(schedule=schedule)).iteration_s
+    stepped = tuple(dataclasses.replace(s, update_s=0.25) for s in stages)
+    after = simulate(Pipeline(stages=stepped, num_micro_batches=4), SimOptions(schedule=schedule)).iteration_s
+    assert after == pytest.approx(base + 0.25)

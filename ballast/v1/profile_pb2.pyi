@@ -46,7 +46,7 @@ class LayerSample(_message.Message):
     def __init__(self, micro_batch_size: _Optional[int] = ..., measured: _Optional[bool] = ..., forward_s: _Optional[float] = ..., backward_s: _Optional[float] = ..., recompute_s: _Optional[float] = ..., boundary_activation_bytes: _Optional[int] = ..., stashed_activation_bytes: _Optional[int] = ..., output_bytes: _Optional[int] = ..., peak_memory_bytes: _Optional[int] = ...) -> None: ...
 
 class LayerProfile(_message.Message):
-    __slots__ = ("index", "name", "kind", "parameter_count", "parameter_bytes", "gradient_bytes", "optimizer_state_bytes", "extra_inputs", "tied_with", "samples", "note", "measured_as", "batch_input_bytes", "max_micro_batch_size")
+    __slots__ = ("index", "name", "kind", "parameter_count", "parameter_bytes", "gradient_bytes", "optimizer_state_bytes", "extra_inputs", "tied_with", "samples", "note", "measured_as", "batch_input_bytes", "max_micro_batch_size", "optimizer_step_s")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +61,7 @@ class LayerProfile(_message.Message):
     MEASURED_AS_FIELD_NUMBER: _ClassVar[int]
     BATCH_INPUT_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_MICRO_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_STEP_S_FIELD_NUMBER: _ClassVar[int]
     index: int
     name: str
     kind: str
@@ -75,7 +76,8 @@ class LayerProfile(_message.Message):
     measured_as: int
     batch_input_bytes: int
     max_micro_batch_size: int
-    def __init__(self, index: _Optional[int] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., parameter_count: _Optional[int] = ..., parameter_bytes: _Optional[int] = ..., gradient_bytes: _Optional[int] = ..., optimizer_state_bytes: _Optional[int] = ..., extra_inputs: _Optional[_Iterable[int]] = ..., tied_with: _Optional[_Iterable[int]] = ..., samples: _Optional[_Iterable[_Union[LayerSample, _Mapping]]] = ..., note: _Optional[str] = ..., measured_as: _Optional[int] = ..., batch_input_bytes: _Optional[int] = ..., max_micro_batch_size: _Optional[int] = ...) -> None: ...
+    optimizer_step_s: float
+    def __init__(self, index: _Optional[int] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., parameter_count: _Optional[int] = ..., parameter_bytes: _Optional[int] = ..., gradient_bytes: _Optional[int] = ..., optimizer_state_bytes: _Optional[int] = ..., extra_inputs: _Optional[_Iterable[int]] = ..., tied_with: _Optional[_Iterable[int]] = ..., samples: _Optional[_Iterable[_Union[LayerSample, _Mapping]]] = ..., note: _Optional[str] = ..., measured_as: _Optional[int] = ..., batch_input_bytes: _Optional[int] = ..., max_micro_batch_size: _Optional[int] = ..., optimizer_step_s: _Optional[float] = ...) -> None: ...
 
 class MemoryTracePoint(_message.Message):
     __slots__ = ("op_index", "op", "layer", "phase", "non_model_bytes")
@@ -148,7 +150,7 @@ class CommCalibration(_message.Message):
     def __init__(self, links: _Optional[_Iterable[_Union[LinkSample, _Mapping]]] = ..., collectives: _Optional[_Iterable[_Union[CollectiveSample, _Mapping]]] = ..., overlap_slowdown: _Optional[float] = ..., fits: _Optional[_Iterable[_Union[LinkFit, _Mapping]]] = ..., unsupported: _Optional[_Iterable[str]] = ..., colocated_slowdown: _Optional[float] = ...) -> None: ...
 
 class Profile(_message.Message):
-    __slots__ = ("id", "tenant_id", "model_id", "model_signature", "device", "dtype", "software", "intra_op_threads", "layers", "comm", "non_model_memory_bytes", "projected", "source_profile_id", "created_at", "memory_trace", "measured_micro_batch_sizes", "memory_cap_bytes", "profiling_time_s")
+    __slots__ = ("id", "tenant_id", "model_id", "model_signature", "device", "dtype", "software", "intra_op_threads", "layers", "comm", "non_model_memory_bytes", "projected", "source_profile_id", "created_at", "memory_trace", "measured_micro_batch_sizes", "memory_cap_bytes", "profiling_time_s", "composition_factor")
     ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
@@ -167,6 +169,7 @@ class Profile(_message.Message):
     MEASURED_MICRO_BATCH_SIZES_FIELD_NUMBER: _ClassVar[int]
     MEMORY_CAP_BYTES_FIELD_NUMBER: _ClassVar[int]
     PROFILING_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    COMPOSITION_FACTOR_FIELD_NUMBER: _ClassVar[int]
     id: str
     tenant_id: str
     model_id: str
@@ -185,4 +188,5 @@ class Profile(_message.Message):
     measured_micro_batch_sizes: _containers.RepeatedScalarFieldContainer[int]
     memory_cap_bytes: int
     profiling_time_s: float
-    def __init__(self, id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., model_id: _Optional[str] = ..., model_signature: _Optional[str] = ..., device: _Optional[_Union[_fleet_pb2.DeviceSpec, _Mapping]] = ..., dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., software: _Optional[str] = ..., intra_op_threads: _Optional[int] = ..., layers: _Optional[_Iterable[_Union[LayerProfile, _Mapping]]] = ..., comm: _Optional[_Union[CommCalibration, _Mapping]] = ..., non_model_memory_bytes: _Optional[int] = ..., projected: _Optional[bool] = ..., source_profile_id: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., memory_trace: _Optional[_Iterable[_Union[MemoryTracePoint, _Mapping]]] = ..., measured_micro_batch_sizes: _Optional[_Iterable[int]] = ..., memory_cap_bytes: _Optional[int] = ..., profiling_time_s: _Optional[float] = ...) -> None: ...
+    composition_factor: float
+    def __init__(self, id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., model_id: _Optional[str] = ..., model_signature: _Optional[str] = ..., device: _Optional[_Union[_fleet_pb2.DeviceSpec, _Mapping]] = ..., dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., software: _Optional[str] = ..., intra_op_threads: _Optional[int] = ..., layers: _Optional[_Iterable[_Union[LayerProfile, _Mapping]]] = ..., comm: _Optional[_Union[CommCalibration, _Mapping]] = ..., non_model_memory_bytes: _Optional[int] = ..., projected: _Optional[bool] = ..., source_profile_id: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., memory_trace: _Optional[_Iterable[_Union[MemoryTracePoint, _Mapping]]] = ..., measured_micro_batch_sizes: _Optional[_Iterable[int]] = ..., memory_cap_bytes: _Optional[int] = ..., profiling_time_s: _Optional[float] = ..., composition_factor: _Optional[float] = ...) -> None: ...

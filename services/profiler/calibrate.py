@@ -79,7 +79,6 @@ class OverlapSample:
     compute_concurrent_s: float
     allreduce_s: float
     allreduces_in_flight: int
-    colocated: float = 0.0  # worst rank's compute with every rank busy over by itself (0: not measured)
 
     @property
     def raw_factor(self) -> float:
@@ -89,11 +88,6 @@ class OverlapSample:
     def factor(self) -> float:
         """Slowdown >= 1 by definition; a measured value below 1 is noise and reads as 1."""
         return max(1.0, self.raw_factor)
-
-    @property
-    def colocated_factor(self) -> float | None:
-        """Every rank computing at once vs one by itself (>= 1; below is noise), None if not measured."""
-        return max(1.0, self.colocated) if self.colocated > 0 else None
 
 
 @dataclass
@@ -115,18 +109,12 @@ class Calibration:
         """Worst factor over group sizes (conservative for the planner); None if not measured."""
         return max((o.factor for o in self.overlaps), default=None)
 
-    @property
-    def colocated_slowdown(self) -> float | None:
-        """Worst co-location factor over group sizes and ranks; None if not measured."""
-        return max((f for o in self.overlaps if (f := o.colocated_factor) is not None), default=None)
-
     def fit(self, collective: str, group_size: int) -> comm_fit.LinkFit | None:
         return next((f for f in self.fits if f.collective == collective and f.group_size == group_size), None)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["overlap_slowdown"] = self.overlap_slowdown
-        out["colocated_slowdown"] = self.colocated_slowdown
         return out
 
 
@@ -212,10 +200,7 @@ def _collect(cal: Calibration, n: int, results: dict[int, dict[str, Any]]) -> No
     if first["overlap"] is not None:
         overlaps = [r["overlap"] for r in results.values()]
         worst = max(overlaps, key=lambda o: o["compute_concurrent_s"] / o["compute_alone_s"])
-        colocated = max((o["compute_alone_s"] / o["compute_solo_s"] for o in overlaps if o.get("compute_solo_s")),
-                        default=0.0)
-        fields = {k: v for k, v in worst.items() if k != "compute_solo_s"}
-        cal.overlaps.append(OverlapSample(group_size=n, colocated=colocated, **fields))
+        cal.overlaps.append(OverlapSample(group_size=n, **worst))
 
 
 def _run_group(n: int, plan: dict[str, Any], deadline: float, timeout_s: float) -> dict[int, dict[str, Any]]:
@@ -323,8 +308,6 @@ def to_proto(
             )
     if calibration.overlap_slowdown is not None:
         out.overlap_slowdown = calibration.overlap_slowdown
-    if calibration.colocated_slowdown is not None:
-        out.colocated_slowdown = calibration.colocated_slowdown
     for f in calibration.fits:
         out.fits.add(collective=f.collective, group_size=f.group_size, latency_s=f.latency_s,
                      bandwidth_bytes_per_s=f.bandwidth or 0.0, bus_bandwidth_bytes_per_s=f.bus_bandwidth or 0.0,
@@ -344,8 +327,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     cal = calibrate(args.group_sizes, args.sizes, backend=args.backend, repeats=args.repeats, timeout_s=args.timeout)
-    if cal.colocated_slowdown is not None:
-        print(f"co-location: compute {cal.colocated_slowdown:.2f}x slower with every rank busy than one alone")
     print(f"{cal.backend} on {cal.device}, {cal.software}, {time.monotonic() - t0:.1f} s")
     head = ("collective", "n", "R2", "max rel err", "latency us", "algbw MB/s", "busbw MB/s")
     print(f"{head[0]:<15}{head[1]:>3}{head[2]:>9}" + "".join(f"{h:>12}" for h in head[3:]))

@@ -153,8 +153,7 @@ class _Rank:
         return time.perf_counter() - t0
 
     def overlap(self, numel: int, repeats: int, warmup: int) -> dict[str, float]:
-        """Compute time alone vs with allreduces in flight (Galvatron-BMW §V's overlap slowdown), and one rank
-        computing by itself vs every rank at once (the co-location slowdown of devices sharing a host).
+        """Compute time alone vs with allreduces in flight (Galvatron-BMW §V's overlap slowdown).
 
         The allreduces are issued async_op=True before the compute starts: gloo runs them on its
         own worker threads, NCCL on its own stream, so they contend with the compute for cores /
@@ -165,13 +164,7 @@ class _Rank:
         for _ in range(warmup):
             run()
         self.sync()
-        solo = []  # this rank computing while the others wait: the co-location baseline
-        for turn in range(self.world):
-            for _ in range(repeats):
-                self.barrier()
-                if turn == self.rank:
-                    solo.append(self.compute_time(run))
-        alone = []  # every rank computing at once, no communication
+        alone = []
         for _ in range(repeats):
             self.barrier()
             alone.append(self.compute_time(run))
@@ -191,7 +184,6 @@ class _Rank:
             self.sync()
         return {
             "compute_alone_s": statistics.median(alone),
-            "compute_solo_s": statistics.median(solo),
             "compute_concurrent_s": statistics.median(concurrent),
             "allreduce_s": comm,
             "allreduces_in_flight": k_all,

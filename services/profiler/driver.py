@@ -33,12 +33,13 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
+from google.protobuf.json_format import MessageToJson
 from torch import Tensor, nn
 from torch.utils._pytree import tree_leaves
 
 from ballast.v1 import fleet_pb2, model_pb2, profile_pb2, services_pb2
 from services.profiler import calibrate as calibration
-from services.profiler import catalog
+from services.profiler import catalog, whole
 from services.profiler.measure import (
     _backward,
     _cotangents,
@@ -441,6 +442,8 @@ def profile(
         measured_micro_batch_sizes=measured,
         memory_cap_bytes=request.memory_cap_bytes,
     )
+    if measured and dt == torch.float32:  # the zoo builds fp32 weights; other precisions are cast per layer
+        _whole_model(out, decomposition, session.batch(measured[len(measured) // 2]), repeats)
     if not opts.skip_memory_trace and measured:
         report("memory_trace", 0.0, f"warm-up iteration at micro-batch {measured[-1]}", m=measured[-1])
         _trace(out, decomposition, session.batch(measured[-1]))
@@ -449,6 +452,11 @@ def profile(
         groups = sorted(set(opts.calibrate_group_sizes)) or [2]
         report("calibrate", 0.0, f"calibrating links for group sizes {groups}")
         out.comm.CopyFrom(_calibrate(groups))
+        if measured and dt == torch.float32 and dev.type == "cpu":  # GPUs do not share compute
+            out.comm.colocated_slowdown = whole.colocated_slowdown(
+                MessageToJson(spec), decomposition, session.batch(measured[len(measured) // 2]), repeats,
+                siblings=max(groups) - 1)
+            whole.release_gradients(decomposition)
         report("calibrate", 1.0, f"{len(out.comm.fits)} fits")
     out.profiling_time_s = time.perf_counter() - t0
     report("done", 1.0, f"profiled {session.n} layers ({len(session.groups)} distinct) at sizes {measured} "
@@ -565,6 +573,28 @@ def _trace(out: profile_pb2.Profile, decomposition: Decomposition, batch: dict[s
             phase="optimizer" if p.phase == "step" else p.phase,
             non_model_bytes=p.non_model_bytes,
         )
+
+
+def _whole_model(out: profile_pb2.Profile, decomposition: Decomposition, batch: dict[str, Tensor],
+                 repeats: int) -> None:
+    """Composition factor and per-layer optimizer step times (profiler/whole.py); OOM leaves them unset."""
+    m = next(iter(batch.values())).shape[0]
+    try:
+        seconds = whole.whole_step_s(decomposition, batch, repeats)
+        steps = whole.optimizer_step_s(decomposition, repeats)
+    except Exception as exc:
+        if not is_oom(exc):
+            raise
+        _release()
+        log.warning("whole-model check skipped: %s", exc)
+        return
+    finally:
+        whole.release_gradients(decomposition)
+    rows = [next((s for s in layer.samples if s.micro_batch_size == m), None) for layer in out.layers]
+    if all(rows):
+        out.composition_factor = whole.composition_factor(seconds, sum(r.forward_s + r.backward_s for r in rows))
+    for layer, step in zip(out.layers, steps, strict=True):
+        layer.optimizer_step_s = step
 
 
 def _calibrate(group_sizes: list[int]) -> profile_pb2.CommCalibration:

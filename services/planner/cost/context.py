@@ -96,6 +96,8 @@ class CostContext:
         crowded = self.fleet.devices_per_node > 1 and same_device
         colocated = self.options.colocated_slowdown or view.colocated_slowdown or 1.0
         self.compute_scale = max(1.0, colocated) if crowded else 1.0
+        if same_device and view.composition_factor:  # layers in sequence, not each alone with warm caches
+            self.compute_scale *= view.composition_factor
         # (parameter, gradient, optimizer) bytes of each whole layer, computed once.
         self.state_bytes = tuple(model_state_bytes(layer, self.options.state_format) for layer in view.layers)
         self.tp_allreduces = tuple(self.options.tp_allreduces_for(layer.kind) for layer in view.layers)

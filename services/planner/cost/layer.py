@@ -87,6 +87,7 @@ class LayerCost:
     grad_shard_bytes: float  # gradient bytes each device holds (what any replica sync moves)
     scopes: tuple[tuple[Dim, Scope], ...]
     sources: tuple[str, ...]  # where each comm price came from (measured / from fleet links)
+    update_s: float = 0.0  # the optimizer step over this device's share of the layer, once per iteration
 
     @property
     def per_micro_batch_s(self) -> float:
@@ -220,6 +221,7 @@ def _layer_cost(
         grad_shard_bytes=grad_shard,
         scopes=tuple(scopes.items()),
         sources=tuple(sources),
+        update_s=layer.optimizer_step_s * ctx.compute_scale / (tp * sdp),  # TP and SDP shard the states
     )
 
 

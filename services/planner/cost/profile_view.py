@@ -156,6 +156,7 @@ class LayerView:
     batch_input_bytes: int = 0
     max_micro_batch_size: int = 0
     note: str = ""
+    optimizer_step_s: float = 0.0  # measured optimizer step over the whole layer, once per iteration
 
     @property
     def fits(self) -> bool:
@@ -210,6 +211,7 @@ class ModelView:
     non_model_memory_bytes: int = 0
     overlap_slowdown: float | None = None  # measured compute slowdown under overlap; None if not measured
     colocated_slowdown: float | None = None  # measured compute slowdown with every device of a host busy
+    composition_factor: float | None = None  # whole model over the sum of its layers alone (profiler/whole.py)
     comm_fits: tuple[MeasuredFit, ...] = ()
     dtype: str = ""  # "fp32", "fp16", "bf16" or "" when unknown
     device_kind: str = ""
@@ -312,6 +314,7 @@ def from_profile(profile: profile_pb2.Profile) -> ModelView:
             tied_with=tuple(lp.tied_with),
             batch_input_bytes=lp.batch_input_bytes,
             max_micro_batch_size=lp.max_micro_batch_size,
+            optimizer_step_s=lp.optimizer_step_s,
             note=lp.note,
         ))
     slowdown = profile.comm.overlap_slowdown
@@ -320,6 +323,7 @@ def from_profile(profile: profile_pb2.Profile) -> ModelView:
         non_model_memory_bytes=profile.non_model_memory_bytes,
         overlap_slowdown=slowdown if slowdown > 0 else None,
         colocated_slowdown=profile.comm.colocated_slowdown or None,
+        composition_factor=profile.composition_factor or None,
         comm_fits=_fits_from_proto(profile.comm),
         dtype=_DTYPES.get(profile.dtype, ""),
         device_kind=profile.device.kind,

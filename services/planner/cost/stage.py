@@ -118,6 +118,7 @@ def stage_cost(
         recompute_s=sum(c.recompute_s for c in costs),
         output_bytes=cut_bytes(ctx, end, micro_batch_size, sts[-1], next_strategy) if end < n else 0,
         allreduce_s=sync,
+        update_s=sum(c.update_s for c in costs),
         model_memory_bytes=ceil_bytes(sum(c.model_state_bytes for c in costs)) + ctx.resident_baseline_bytes,
         activation_bytes=ceil_bytes(later),
         transient_bytes=ceil_bytes(transient),

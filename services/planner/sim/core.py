@@ -52,7 +52,7 @@ def prepare(pipe: Pipeline, schedule: Schedule) -> Prepared:
     if pipe.boundary_links and len(pipe.boundary_links) != P - 1:
         raise ValueError(f"boundary_links has {len(pipe.boundary_links)} entries, expected {P - 1}")
     for s, st in enumerate(pipe.stages):
-        values = (st.forward_s, st.backward_s, st.recompute_s, st.allreduce_s, st.output_bytes,
+        values = (st.forward_s, st.backward_s, st.recompute_s, st.allreduce_s, st.update_s, st.output_bytes,
                   st.model_memory_bytes, st.activation_bytes, st.transient_bytes, st.swap_bytes,
                   st.weight_swap_bytes)
         if any(v < 0 or not math.isfinite(v) for v in values):
@@ -84,7 +84,7 @@ def prepare(pipe: Pipeline, schedule: Schedule) -> Prepared:
         swap_out=[host.time(x.swap_bytes) for x in st], swap_in=[host.time(x.swap_bytes) for x in st],
         weight_in=[host.time(x.weight_swap_bytes) if harmony else 0.0 for x in st],
         weight_out=[host.time(x.weight_swap_bytes) if harmony else 0.0 for x in st],
-        fdev=fdev, bdev=bdev, device_ids=distinct, allreduce=[x.allreduce_s for x in st],
+        fdev=fdev, bdev=bdev, device_ids=distinct, allreduce=[x.allreduce_s + x.update_s for x in st],
         swap_bytes=[x.swap_bytes for x in st], weight_bytes=[x.weight_swap_bytes if harmony else 0 for x in st],
     )
 

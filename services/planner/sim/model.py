@@ -50,6 +50,8 @@ class StageCost:
     output_bytes: int = 0
     # Gradient synchronisation of this stage across replicas at the end of the iteration (0 when D = 1).
     allreduce_s: float = 0.0
+    # The optimizer step after that synchronisation, once per iteration.
+    update_s: float = 0.0
     # Resident for the whole iteration: parameters, gradients, optimizer state, non-model baseline.
     model_memory_bytes: int = 0
     # Held per in-flight micro-batch from its forward until its backward finishes (boundary input only
