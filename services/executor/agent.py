@@ -69,6 +69,8 @@ class Agent:
                     self.host_id = message.registered.host_id
                     interval[0] = message.registered.heartbeat_interval_s or 2.0
                     self.server.set_serving(True)
+                    for replayed in self.workers.replay():  # a restarted planner may have missed them
+                        self.outbox.put(replayed)
                     log.info("registered", extra={"host_id": self.host_id})
                 else:
                     self.outbox.put(executor_pb2.AgentMessage(ack=self.carry_out(message)))

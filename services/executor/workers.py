@@ -29,6 +29,7 @@ from services.profiler.runner import STEADY_ALLOCATOR
 log = logging.getLogger("ballast.workers")
 WORKER = (sys.executable, "-m", "services.executor.train.worker")
 STOP_GRACE_S = 3.0
+REMEMBERED_JOBS = 64  # jobs whose worker exits are replayed to a planner that (re)connects
 SCHEDULES = {plan_pb2.SCHEDULE_GPIPE: "gpipe", plan_pb2.SCHEDULE_1F1B: "1f1b"}
 Emit = Callable[[executor_pb2.AgentMessage], None]
 
@@ -104,6 +105,7 @@ class Workers:
     def __init__(self, emit: Emit, work_dir: Path, command: tuple[str, ...] = WORKER):
         self._emit, self._dir, self._command = emit, work_dir, command
         self._jobs: dict[str, list[Worker]] = {}
+        self._exits: dict[str, list[executor_pb2.WorkerExit]] = {}  # insertion-ordered: oldest job first
         self._lock = threading.Lock()
 
     def jobs(self) -> list[str]:
@@ -170,9 +172,14 @@ class Workers:
         else:
             why = w.error or (tail.splitlines()[-1] if tail else f"exit status {code}")
         a = w.assignment
-        self._emit(executor_pb2.AgentMessage(worker_exit=executor_pb2.WorkerExit(
-            job_id=w.job_id, rank=a.rank, stage_index=a.stage_index, replica_index=a.replica_index, exit_code=code,
-            finished=finished, message=why, iteration=w.iteration)))
+        exit_ = executor_pb2.WorkerExit(job_id=w.job_id, rank=a.rank, stage_index=a.stage_index,
+                                        replica_index=a.replica_index, exit_code=code, finished=finished,
+                                        message=why, iteration=w.iteration)
+        with self._lock:
+            self._exits.setdefault(w.job_id, []).append(exit_)
+            while len(self._exits) > REMEMBERED_JOBS:
+                self._exits.pop(next(iter(self._exits)))
+        self._emit(executor_pb2.AgentMessage(worker_exit=exit_))
         with self._lock:
             workers = self._jobs.get(w.job_id, [])
             if all(x.proc.poll() is not None for x in workers):
@@ -196,6 +203,12 @@ class Workers:
             w.done = True
         elif kind in ("error", "stopped"):
             w.error = str(event.get("message", kind))
+
+    def replay(self) -> list[executor_pb2.AgentMessage]:
+        """Every remembered exit again, for a planner that may have restarted after receiving them: it counts
+        exits by rank, so a repeat changes nothing, and a job it already ended ignores them."""
+        with self._lock:
+            return [executor_pb2.AgentMessage(worker_exit=e) for exits in self._exits.values() for e in exits]
 
     def stop(self, job_id: str, reason: str) -> int:
         """SIGTERM the job's workers, SIGKILL whatever is left after a grace period. Returns how many."""
