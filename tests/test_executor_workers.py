@@ -34,7 +34,8 @@ def run_job(tmp_path, script: str, job_id: str = "job-w") -> tuple[Workers, list
 
 
 def test_a_worker_that_reports_done_and_exits_zero_finished(tmp_path):
-    workers, exits = run_job(tmp_path, 'print(\'{"event": "iteration", "iteration": 1}\'); print(\'{"event": "done"}\')')
+    script = 'print(\'{"event": "iteration", "iteration": 1}\'); print(\'{"event": "done"}\')'
+    workers, exits = run_job(tmp_path, script)
     assert [(e.finished, e.exit_code, e.iteration, e.message) for e in exits] == [(True, 0, 1, "")]
     assert [m.worker_exit for m in workers.replay()] == exits  # remembered for a planner that reconnects
 
