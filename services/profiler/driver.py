@@ -31,6 +31,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 from google.protobuf.json_format import MessageToJson
@@ -57,6 +58,7 @@ from services.profiler.versions import software
 from services.runtime.errors import FailedPrecondition, InvalidArgument
 from services.zoo import Decomposition, build_model, check_spec, example_input
 
+T = TypeVar("T")
 log = logging.getLogger("ballast.profiler.driver")
 
 DEFAULT_MAX_MICRO_BATCH = 1024  # sweep cap when the request sets none (sweep.sweep's default)
@@ -554,15 +556,22 @@ def _note(session: _Session, g: Group, top: int, upto: int) -> str:
     return ""
 
 
-def _trace(out: profile_pb2.Profile, decomposition: Decomposition, batch: dict[str, Tensor]) -> None:
-    """Warm-up iteration in the model's fp32 weights (as `profile_model` does); OOM skips it."""
+def _unless_oom(what: str, measure: Callable[[], T]) -> T | None:
+    """measure(), or None after an out-of-memory (released, logged): an optional check never fails a profile."""
     try:
-        trace = trace_iteration(decomposition, batch, max_points=TRACE_POINTS)
+        return measure()
     except Exception as exc:
         if not is_oom(exc):
             raise
         _release()
-        log.warning("memory trace skipped: %s", exc)
+        log.warning("%s skipped: %s", what, exc)
+        return None
+
+
+def _trace(out: profile_pb2.Profile, decomposition: Decomposition, batch: dict[str, Tensor]) -> None:
+    """Warm-up iteration in the model's fp32 weights (as `profile_model` does); OOM skips it."""
+    trace = _unless_oom("memory trace", lambda: trace_iteration(decomposition, batch, max_points=TRACE_POINTS))
+    if trace is None:
         return
     out.non_model_memory_bytes = trace.peak_non_model_bytes
     for p in trace.timeline:
@@ -580,16 +589,13 @@ def _whole_model(out: profile_pb2.Profile, decomposition: Decomposition, batch: 
     """Composition factor and per-layer optimizer step times (profiler/whole.py); OOM leaves them unset."""
     m = next(iter(batch.values())).shape[0]
     try:
-        seconds = whole.whole_step_s(decomposition, batch, repeats)
-        steps = whole.optimizer_step_s(decomposition, repeats)
-    except Exception as exc:
-        if not is_oom(exc):
-            raise
-        _release()
-        log.warning("whole-model check skipped: %s", exc)
-        return
+        measured = _unless_oom("whole-model check", lambda: (whole.whole_step_s(decomposition, batch, repeats),
+                                                             whole.optimizer_step_s(decomposition, repeats)))
     finally:
         whole.release_gradients(decomposition)
+    if measured is None:
+        return
+    seconds, steps = measured
     rows = [next((s for s in layer.samples if s.micro_batch_size == m), None) for layer in out.layers]
     if all(rows):
         out.composition_factor = whole.composition_factor(seconds, sum(r.forward_s + r.backward_s for r in rows))
