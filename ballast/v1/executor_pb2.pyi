@@ -13,7 +13,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class StageStats(_message.Message):
-    __slots__ = ("job_id", "stage_index", "replica_index", "iteration", "plan_version", "forward_s", "backward_s", "comm_s", "idle_s", "memory_bytes", "peak_memory_bytes", "loss", "has_loss", "layers", "iteration_time_s", "recompute_s", "bytes_sent", "throughput_samples_per_s", "rank")
+    __slots__ = ("job_id", "stage_index", "replica_index", "iteration", "plan_version", "forward_s", "backward_s", "comm_s", "idle_s", "memory_bytes", "peak_memory_bytes", "loss", "has_loss", "layers", "iteration_time_s", "recompute_s", "bytes_sent", "throughput_samples_per_s", "rank", "swapped_bytes", "active_layers")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     REPLICA_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +33,8 @@ class StageStats(_message.Message):
     BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
     THROUGHPUT_SAMPLES_PER_S_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
+    SWAPPED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_LAYERS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     stage_index: int
     replica_index: int
@@ -52,7 +54,9 @@ class StageStats(_message.Message):
     bytes_sent: int
     throughput_samples_per_s: float
     rank: int
-    def __init__(self, job_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., replica_index: _Optional[int] = ..., iteration: _Optional[int] = ..., plan_version: _Optional[int] = ..., forward_s: _Optional[float] = ..., backward_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., idle_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., peak_memory_bytes: _Optional[int] = ..., loss: _Optional[float] = ..., has_loss: _Optional[bool] = ..., layers: _Optional[_Iterable[int]] = ..., iteration_time_s: _Optional[float] = ..., recompute_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., throughput_samples_per_s: _Optional[float] = ..., rank: _Optional[int] = ...) -> None: ...
+    swapped_bytes: int
+    active_layers: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, job_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., replica_index: _Optional[int] = ..., iteration: _Optional[int] = ..., plan_version: _Optional[int] = ..., forward_s: _Optional[float] = ..., backward_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., idle_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., peak_memory_bytes: _Optional[int] = ..., loss: _Optional[float] = ..., has_loss: _Optional[bool] = ..., layers: _Optional[_Iterable[int]] = ..., iteration_time_s: _Optional[float] = ..., recompute_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., throughput_samples_per_s: _Optional[float] = ..., rank: _Optional[int] = ..., swapped_bytes: _Optional[int] = ..., active_layers: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RegisterAgent(_message.Message):
     __slots__ = ("host", "applied_versions")
@@ -119,19 +123,31 @@ class CheckpointWritten(_message.Message):
     rank: int
     def __init__(self, checkpoint: _Optional[_Union[_job_pb2.Checkpoint, _Mapping]] = ..., rank: _Optional[int] = ...) -> None: ...
 
+class LayerMigrated(_message.Message):
+    __slots__ = ("migration", "rank", "replica_index")
+    MIGRATION_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_INDEX_FIELD_NUMBER: _ClassVar[int]
+    migration: _job_pb2.LayerMigration
+    rank: int
+    replica_index: int
+    def __init__(self, migration: _Optional[_Union[_job_pb2.LayerMigration, _Mapping]] = ..., rank: _Optional[int] = ..., replica_index: _Optional[int] = ...) -> None: ...
+
 class AgentMessage(_message.Message):
-    __slots__ = ("register", "heartbeat", "ack", "worker_exit", "checkpoint_written")
+    __slots__ = ("register", "heartbeat", "ack", "worker_exit", "checkpoint_written", "layer_migrated")
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     WORKER_EXIT_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    LAYER_MIGRATED_FIELD_NUMBER: _ClassVar[int]
     register: RegisterAgent
     heartbeat: Heartbeat
     ack: InstructionAck
     worker_exit: WorkerExit
     checkpoint_written: CheckpointWritten
-    def __init__(self, register: _Optional[_Union[RegisterAgent, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., ack: _Optional[_Union[InstructionAck, _Mapping]] = ..., worker_exit: _Optional[_Union[WorkerExit, _Mapping]] = ..., checkpoint_written: _Optional[_Union[CheckpointWritten, _Mapping]] = ...) -> None: ...
+    layer_migrated: LayerMigrated
+    def __init__(self, register: _Optional[_Union[RegisterAgent, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., ack: _Optional[_Union[InstructionAck, _Mapping]] = ..., worker_exit: _Optional[_Union[WorkerExit, _Mapping]] = ..., checkpoint_written: _Optional[_Union[CheckpointWritten, _Mapping]] = ..., layer_migrated: _Optional[_Union[LayerMigrated, _Mapping]] = ...) -> None: ...
 
 class WorkerAssignment(_message.Message):
     __slots__ = ("device_index", "rank", "stage_index", "replica_index")

@@ -51,7 +51,7 @@ class OptimizerSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., learning_rate: _Optional[float] = ..., weight_decay: _Optional[float] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "model", "fleet", "global_batch_size", "iterations", "optimizer", "memory_budget_bytes", "engine", "schedule", "seed", "checkpoint_every", "online_repartition")
+    __slots__ = ("name", "model", "fleet", "global_batch_size", "iterations", "optimizer", "memory_budget_bytes", "engine", "schedule", "seed", "checkpoint_every", "online_repartition", "layer_toggles")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     FLEET_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +64,7 @@ class JobSpec(_message.Message):
     SEED_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_EVERY_FIELD_NUMBER: _ClassVar[int]
     ONLINE_REPARTITION_FIELD_NUMBER: _ClassVar[int]
+    LAYER_TOGGLES_FIELD_NUMBER: _ClassVar[int]
     name: str
     model: _model_pb2.ModelSpec
     fleet: _fleet_pb2.Fleet
@@ -76,7 +77,18 @@ class JobSpec(_message.Message):
     seed: int
     checkpoint_every: int
     online_repartition: bool
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[_Union[_model_pb2.ModelSpec, _Mapping]] = ..., fleet: _Optional[_Union[_fleet_pb2.Fleet, _Mapping]] = ..., global_batch_size: _Optional[int] = ..., iterations: _Optional[int] = ..., optimizer: _Optional[_Union[OptimizerSpec, _Mapping]] = ..., memory_budget_bytes: _Optional[int] = ..., engine: _Optional[_Union[_plan_pb2.PlanEngine, str]] = ..., schedule: _Optional[_Union[_plan_pb2.Schedule, str]] = ..., seed: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., online_repartition: _Optional[bool] = ...) -> None: ...
+    layer_toggles: _containers.RepeatedCompositeFieldContainer[LayerToggle]
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[_Union[_model_pb2.ModelSpec, _Mapping]] = ..., fleet: _Optional[_Union[_fleet_pb2.Fleet, _Mapping]] = ..., global_batch_size: _Optional[int] = ..., iterations: _Optional[int] = ..., optimizer: _Optional[_Union[OptimizerSpec, _Mapping]] = ..., memory_budget_bytes: _Optional[int] = ..., engine: _Optional[_Union[_plan_pb2.PlanEngine, str]] = ..., schedule: _Optional[_Union[_plan_pb2.Schedule, str]] = ..., seed: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., online_repartition: _Optional[bool] = ..., layer_toggles: _Optional[_Iterable[_Union[LayerToggle, _Mapping]]] = ...) -> None: ...
+
+class LayerToggle(_message.Message):
+    __slots__ = ("layer_index", "iteration", "active")
+    LAYER_INDEX_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    layer_index: int
+    iteration: int
+    active: bool
+    def __init__(self, layer_index: _Optional[int] = ..., iteration: _Optional[int] = ..., active: _Optional[bool] = ...) -> None: ...
 
 class Job(_message.Message):
     __slots__ = ("id", "tenant_id", "spec", "model_id", "state", "plan_id", "plan_version", "message", "created_at", "updated_at", "iteration")
