@@ -3,13 +3,14 @@ Celery workers and the CLI as real subprocesses."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -111,3 +112,39 @@ def wait_for(predicate: Callable[[], object], timeout: float = 60.0, interval: f
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
         time.sleep(interval)
+
+
+@contextlib.contextmanager
+def executor_plane(data_dir: Path, queue: str, agents: int = 2) -> Iterator[Plane]:
+    """The whole control plane with a real Celery worker and `agents` executor agents (one per "host"),
+    up until every agent is online; everything is killed on exit."""
+    from ballast.v1 import fleet_pb2, store_pb2
+
+    settings = make_settings(data_dir, queue=queue, lease_seconds=10.0, sweep_interval_s=0.5,
+                             worker_heartbeat_s=0.5)
+    plane = start_plane(settings)
+    procs = [spawn_cli(settings, "worker", log=settings.data_dir / "worker.log")]
+    procs += [spawn_cli(settings, "serve", "executor", "--index", str(i), log=settings.data_dir / f"agent-{i}.log")
+              for i in range(agents)]
+    try:
+        client = plane.client()
+        online = store_pb2.ListHostsRequest(state=fleet_pb2.HOST_STATE_ONLINE)
+        wait_for(lambda: len(client.store.ListHosts(online).hosts) == agents, what=f"{agents} executor agents online")
+        yield plane
+    finally:
+        for proc in procs:
+            kill_group(proc)
+        plane.stop()
+
+
+@contextlib.contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Intra-op threads for a block (module fixtures cannot use the function-scoped `one_thread`)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -12,8 +12,8 @@ import uuid
 
 import pytest
 
-from ballast.v1 import fleet_pb2, job_pb2, model_pb2, services_pb2, store_pb2
-from tests.harness import kill_group, make_settings, spawn_cli, start_plane, wait_for
+from ballast.v1 import job_pb2, model_pb2, services_pb2, store_pb2
+from tests.harness import executor_plane, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -41,19 +41,8 @@ def worker_pids(job_id: str) -> list[int]:
 
 @pytest.fixture(scope="module")
 def plane(tmp_path_factory):
-    settings = make_settings(tmp_path_factory.mktemp("run"), queue=f"run-{uuid.uuid4().hex[:8]}",
-                             lease_seconds=10.0, sweep_interval_s=0.5, worker_heartbeat_s=0.5)
-    plane = start_plane(settings)
-    procs = [spawn_cli(settings, "worker", log=settings.data_dir / "worker.log")]
-    procs += [spawn_cli(settings, "serve", "executor", "--index", str(i), log=settings.data_dir / f"agent-{i}.log")
-              for i in range(2)]
-    client = plane.client()
-    wait_for(lambda: len(client.store.ListHosts(store_pb2.ListHostsRequest(state=fleet_pb2.HOST_STATE_ONLINE))
-                         .hosts) == 2, what="two executor agents online")
-    yield plane
-    for proc in procs:
-        kill_group(proc)
-    plane.stop()
+    with executor_plane(tmp_path_factory.mktemp("run"), f"run-{uuid.uuid4().hex[:8]}") as plane:
+        yield plane
 
 
 def test_a_job_trains_to_the_end_and_its_metrics_sit_beside_the_prediction(plane):

@@ -154,3 +154,17 @@ def test_a_baseline_the_executors_cannot_run_is_never_chosen(profile, fleet):
     assert all(layer.sdp == 1 and layer.tp == 1 for layer in chosen.layers)
     names = [a.name for a in chosen.alternatives]
     assert "Megatron TP" in names and "ZeRO-3" in names  # still priced for the table
+
+
+@pytest.mark.parametrize("stages", [2, 4])
+def test_a_fixed_pipeline_depth_is_respected(profile, fleet, stages):
+    plan = make_plan(profile, fleet, PlanInputs(global_batch_size=32, pipeline_stages=stages,
+                                                runnable_dims=("dp",), top_k=1))
+    assert len(plan.stages) == stages
+    assert not plan.prediction.out_of_memory
+
+
+def test_a_pipeline_deeper_than_the_fleet_is_refused(profile, fleet):
+    with pytest.raises(InvalidArgument) as caught:
+        make_plan(profile, fleet, PlanInputs(global_batch_size=32, pipeline_stages=9))
+    assert caught.value.field == "pipeline_stages" and "at most 8" in caught.value.fix

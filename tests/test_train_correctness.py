@@ -4,7 +4,6 @@ gloo process groups reproduces the single-process losses step for step, and real
 from __future__ import annotations
 
 import pytest
-import torch
 from google.protobuf.json_format import MessageToDict, ParseDict
 
 from ballast.v1 import model_pb2
@@ -13,6 +12,7 @@ from services.executor.train.launch import plan_configs, run_local
 from services.executor.train.reference import train_single
 from services.profiler.runner import STEADY_ALLOCATOR
 from services.zoo import build_model
+from tests.harness import torch_threads
 
 SPEC = ParseDict({"name": "gpt-small", "family": "MODEL_FAMILY_GPT", "transformer": {
     "num_layers": 4, "hidden_size": 64, "num_heads": 2, "vocab_size": 128, "seq_length": 32,
@@ -25,12 +25,8 @@ BOUNDS = [[0, 3], [3, 6]]  # embed, block.0, block.1 | block.2, block.3, head (t
 
 @pytest.fixture(scope="module")
 def reference() -> list[float]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         return train_single(SPEC, DATA, SEED, MICRO * NUM_MICRO * REPLICAS, STEPS, ADAM)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def expected_parameters(begin: int, end: int) -> int:

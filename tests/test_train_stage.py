@@ -29,7 +29,7 @@ EVENT_KEYS = {
     "iteration": {"event", "job_id", "rank", "stage", "replica", "iteration", "plan_version", "iteration_s",
                   "forward_s", "backward_s", "recompute_s", "comm_s", "optimizer_s", "idle_s", "memory_bytes",
                   "peak_memory_bytes", "bytes_sent", "bytes_received", "allreduce_bytes", "replica_allreduces",
-                  "tied_allreduces", "loss", "has_loss", "samples_per_s", "layers"},
+                  "tied_allreduces", "loss", "has_loss", "samples_per_s", "layers", "swapped_bytes", "active_layers"},
     "checkpoint": {"event", "job_id", "rank", "stage", "replica", "iteration", "plan_version", "dir", "manifest",
                    "layers", "checkpoint_s"},
     "done": {"event", "job_id", "rank", "stage", "replica", "iteration", "parameters", "param_sha256", "param_sum",

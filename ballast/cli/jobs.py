@@ -24,7 +24,9 @@ STATES = {name.removeprefix("JOB_STATE_").lower(): value for name, value in S.it
 ORDER = [S.JOB_STATE_SUBMITTED, S.JOB_STATE_PROFILING, S.JOB_STATE_PLANNING, S.JOB_STATE_SCHEDULED,
          S.JOB_STATE_RUNNING, S.JOB_STATE_SUCCEEDED]
 BAD_END = (S.JOB_STATE_FAILED, S.JOB_STATE_CANCELLED)
-COLOURS = {S.JOB_STATE_FAILED: "red", S.JOB_STATE_CANCELLED: "yellow", S.JOB_STATE_SUCCEEDED: "green"}
+TRAINING = (S.JOB_STATE_RUNNING, S.JOB_STATE_REPARTITIONING)  # the progress bar stays up through migrations
+COLOURS = {S.JOB_STATE_REPARTITIONING: "magenta", S.JOB_STATE_FAILED: "red", S.JOB_STATE_CANCELLED: "yellow",
+           S.JOB_STATE_SUCCEEDED: "green"}
 
 
 def add_submit_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,7 +40,19 @@ def add_submit_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--schedule", choices=sorted(SCHEDULES), default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--name", default="")
+    p.add_argument("--stages", type=int, default=0, help="pipeline stages to plan for (default: the search chooses)")
+    p.add_argument("--online", action="store_true",
+                   help="let the planner rebalance the pipeline while it trains (vPipe: live layer migration)")
+    p.add_argument("--toggle", action="append", default=[], type=parse_toggle, metavar="LAYER:ITERATION:on|off",
+                   help="dynamic workload: switch a layer on or off from that iteration (repeatable), e.g. 5:0:off")
     add_follow_arguments(p, "follow the job's events until it ends (or --until)")
+
+
+def parse_toggle(text: str) -> job_pb2.LayerToggle:
+    parts = text.split(":")
+    if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit() or parts[2] not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"--toggle {text!r}: write LAYER:ITERATION:on|off, e.g. 5:10:on")
+    return job_pb2.LayerToggle(layer_index=int(parts[0]), iteration=int(parts[1]), active=parts[2] == "on")
 
 
 def add_watch_arguments(p: argparse.ArgumentParser) -> None:
@@ -62,7 +76,9 @@ def job_spec(args: argparse.Namespace) -> job_pb2.JobSpec:
     spec = job_pb2.JobSpec(name=args.name or model.name, model=model, global_batch_size=args.batch,
                            iterations=args.iterations, seed=args.seed,
                            memory_budget_bytes=parse_bytes(args.memory) if args.memory else 0,
-                           engine=ENGINES.get(args.engine or "", 0), schedule=SCHEDULES.get(args.schedule or "", 0))
+                           engine=ENGINES.get(args.engine or "", 0), schedule=SCHEDULES.get(args.schedule or "", 0),
+                           online_repartition=getattr(args, "online", False), layer_toggles=getattr(args, "toggle", []),
+                           pipeline_stages=getattr(args, "stages", 0))
     if args.fleet:
         spec.fleet.CopyFrom(load_fleet(args.fleet, dtype=model.dtype or None))
     return spec
@@ -129,7 +145,7 @@ def follow(client: Client, job_id: str, after: int, until: str | None) -> int:
                     return 0
                 err.print(f"[red]error[/red] {item.code().name}: {escape(item.details() or '')}")
                 return 1
-            if bar is not None and item.state != S.JOB_STATE_RUNNING:
+            if bar is not None and item.state not in TRAINING:
                 _progress(client, job_id, bar, task)
                 bar.stop()
                 bar = None
@@ -138,7 +154,7 @@ def follow(client: Client, job_id: str, after: int, until: str | None) -> int:
                 return 1
             if item.state in ORDER and ORDER.index(item.state) >= ORDER.index(target):
                 return 0
-            if item.state == S.JOB_STATE_RUNNING and bar is None:
+            if item.state in TRAINING and bar is None:
                 job = client.jobs.Get(store_pb2.GetRequest(id=job_id))
                 bar = Progress(TextColumn("{task.description}"), BarColumn(),
                                TextColumn("{task.completed}/{task.total}"), TextColumn("{task.fields[detail]}"),

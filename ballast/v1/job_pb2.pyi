@@ -51,7 +51,7 @@ class OptimizerSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., learning_rate: _Optional[float] = ..., weight_decay: _Optional[float] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "model", "fleet", "global_batch_size", "iterations", "optimizer", "memory_budget_bytes", "engine", "schedule", "seed", "checkpoint_every", "online_repartition", "layer_toggles")
+    __slots__ = ("name", "model", "fleet", "global_batch_size", "iterations", "optimizer", "memory_budget_bytes", "engine", "schedule", "seed", "checkpoint_every", "online_repartition", "layer_toggles", "pipeline_stages")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     FLEET_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +65,7 @@ class JobSpec(_message.Message):
     CHECKPOINT_EVERY_FIELD_NUMBER: _ClassVar[int]
     ONLINE_REPARTITION_FIELD_NUMBER: _ClassVar[int]
     LAYER_TOGGLES_FIELD_NUMBER: _ClassVar[int]
+    PIPELINE_STAGES_FIELD_NUMBER: _ClassVar[int]
     name: str
     model: _model_pb2.ModelSpec
     fleet: _fleet_pb2.Fleet
@@ -78,7 +79,8 @@ class JobSpec(_message.Message):
     checkpoint_every: int
     online_repartition: bool
     layer_toggles: _containers.RepeatedCompositeFieldContainer[LayerToggle]
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[_Union[_model_pb2.ModelSpec, _Mapping]] = ..., fleet: _Optional[_Union[_fleet_pb2.Fleet, _Mapping]] = ..., global_batch_size: _Optional[int] = ..., iterations: _Optional[int] = ..., optimizer: _Optional[_Union[OptimizerSpec, _Mapping]] = ..., memory_budget_bytes: _Optional[int] = ..., engine: _Optional[_Union[_plan_pb2.PlanEngine, str]] = ..., schedule: _Optional[_Union[_plan_pb2.Schedule, str]] = ..., seed: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., online_repartition: _Optional[bool] = ..., layer_toggles: _Optional[_Iterable[_Union[LayerToggle, _Mapping]]] = ...) -> None: ...
+    pipeline_stages: int
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[_Union[_model_pb2.ModelSpec, _Mapping]] = ..., fleet: _Optional[_Union[_fleet_pb2.Fleet, _Mapping]] = ..., global_batch_size: _Optional[int] = ..., iterations: _Optional[int] = ..., optimizer: _Optional[_Union[OptimizerSpec, _Mapping]] = ..., memory_budget_bytes: _Optional[int] = ..., engine: _Optional[_Union[_plan_pb2.PlanEngine, str]] = ..., schedule: _Optional[_Union[_plan_pb2.Schedule, str]] = ..., seed: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., online_repartition: _Optional[bool] = ..., layer_toggles: _Optional[_Iterable[_Union[LayerToggle, _Mapping]]] = ..., pipeline_stages: _Optional[int] = ...) -> None: ...
 
 class LayerToggle(_message.Message):
     __slots__ = ("layer_index", "iteration", "active")

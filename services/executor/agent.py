@@ -45,7 +45,8 @@ class Agent:
                               supported_parallelism=SUPPORTED, agent_version=__version__, agent_port=self.port)
 
     def _outbound(self, interval: list[float]) -> Iterator[executor_pb2.AgentMessage]:
-        yield executor_pb2.AgentMessage(register=executor_pb2.RegisterAgent(host=self.host()))
+        yield executor_pb2.AgentMessage(register=executor_pb2.RegisterAgent(
+            host=self.host(), applied_versions=self.workers.applied_versions()))
         while not self._stop.is_set():
             try:
                 message = self.outbox.get(timeout=interval[0])
@@ -72,19 +73,21 @@ class Agent:
                     for replayed in self.workers.replay():  # a restarted planner may have missed them
                         self.outbox.put(replayed)
                     log.info("registered", extra={"host_id": self.host_id})
-                else:
-                    self.outbox.put(executor_pb2.AgentMessage(ack=self.carry_out(message)))
+                elif (ack := self.carry_out(message)) is not None:
+                    self.outbox.put(executor_pb2.AgentMessage(ack=ack))
         finally:
             self.server.set_serving(False)
             channel.close()
 
-    def carry_out(self, message: executor_pb2.PlannerMessage) -> executor_pb2.InstructionAck:
+    def carry_out(self, message: executor_pb2.PlannerMessage) -> executor_pb2.InstructionAck | None:
         kind = message.WhichOneof("body")
         if kind == "assign":
             ack = self.workers.assign(message)
             log.info("assign", extra={"job_id": message.job_id, "ok": ack.ok, "detail": ack.message})
             return ack
         ack = executor_pb2.InstructionAck(instruction_id=message.instruction_id, version=message.version)
+        if kind == "repartition":  # acked when the workers applied it (Workers._applied)
+            return self.workers.repartition(message)
         if kind == "stop":
             count = self.workers.stop(message.job_id, message.stop.reason or "stopped by the planner")
             ack.ok, ack.message = True, f"stopping {count} worker(s)"

@@ -53,7 +53,8 @@ def worker_config(assign: executor_pb2.AssignInstruction, worker: executor_pb2.W
         "num_micro_batches": plan.num_micro_batches,
         # Varuna's schedule is priced by the simulator; the runtime runs 1F1B in its place.
         "schedule": SCHEDULES.get(plan.schedule, "1f1b"),
-        "checkpoint_layers": [layer.layer_index for layer in plan.layers if layer.checkpoint],
+        **policies(plan),
+        "layer_toggles": [[t.layer_index, t.iteration, int(t.active)] for t in spec.layer_toggles],
         "optimizer": {"name": optimizer.name or "adam", "learning_rate": optimizer.learning_rate or 1e-3,
                       "weight_decay": optimizer.weight_decay},
         "seed": spec.seed,
@@ -73,6 +74,21 @@ def worker_config(assign: executor_pb2.AssignInstruction, worker: executor_pb2.W
     }
 
 
+def policies(plan: plan_pb2.Plan) -> dict[str, list[int]]:
+    """Per-layer memory policies of a plan: recomputed layers, and layers whose activations go to host memory
+    (a layer marked for both is recomputed: nothing of it is stashed to swap)."""
+    return {"checkpoint_layers": [x.layer_index for x in plan.layers if x.checkpoint],
+            "swap_layers": [x.layer_index for x in plan.layers if x.swap_activations and not x.checkpoint]}
+
+
+def plan_command(message: executor_pb2.PlannerMessage) -> dict:
+    """The worker's "plan" command (services/executor/train/worker.py) for a RepartitionInstruction: the new
+    runtime shape, applied by every rank at the first iteration boundary they all reach holding it."""
+    rep = message.repartition
+    return {"command": "plan", "version": int(message.version), "not_before": int(rep.effective_iteration),
+            "stage_bounds": [[s.layer_begin, s.layer_end] for s in rep.plan.stages], **policies(rep.plan)}
+
+
 def stage_stats(event: dict, job_id: str) -> executor_pb2.StageStats:
     return executor_pb2.StageStats(
         job_id=job_id, stage_index=int(event.get("stage", 0)), replica_index=int(event.get("replica", 0)),
@@ -83,7 +99,9 @@ def stage_stats(event: dict, job_id: str) -> executor_pb2.StageStats:
         has_loss=bool(event.get("has_loss")), layers=[int(i) for i in event.get("layers", [])],
         iteration_time_s=float(event.get("iteration_s", 0.0)), recompute_s=float(event.get("recompute_s", 0.0)),
         bytes_sent=int(event.get("bytes_sent", 0)),
-        throughput_samples_per_s=float(event.get("samples_per_s", 0.0)), rank=int(event.get("rank", 0)))
+        throughput_samples_per_s=float(event.get("samples_per_s", 0.0)), rank=int(event.get("rank", 0)),
+        swapped_bytes=int(event.get("swapped_bytes", 0)),
+        active_layers=[int(i) for i in event.get("active_layers", event.get("layers", []))])
 
 
 @dataclass
@@ -96,6 +114,7 @@ class Worker:
     done: bool = False
     error: str = ""
     stopped: str = ""
+    plan_version: int = 0  # the plan version this worker runs under (bumped by applied repartitions)
     reader: threading.Thread | None = field(default=None, repr=False)
 
 
@@ -106,6 +125,7 @@ class Workers:
         self._emit, self._dir, self._command = emit, work_dir, command
         self._jobs: dict[str, list[Worker]] = {}
         self._exits: dict[str, list[executor_pb2.WorkerExit]] = {}  # insertion-ordered: oldest job first
+        self._pending: dict[tuple[str, int], str] = {}  # (job, plan version) -> repartition instruction id
         self._lock = threading.Lock()
 
     def jobs(self) -> list[str]:
@@ -147,9 +167,58 @@ class Workers:
         if assign.backend == "nccl":
             env["CUDA_VISIBLE_DEVICES"] = str(assignment.device_index)
         stderr = tempfile.TemporaryFile()  # a file: a chatty worker never blocks on a full pipe
-        proc = subprocess.Popen([*self._command, str(config)], stdout=subprocess.PIPE, stderr=stderr, text=True,
-                                env=env, start_new_session=True)
-        return Worker(job_id, assignment, proc, stderr)
+        proc = subprocess.Popen([*self._command, str(config)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=stderr, text=True, env=env, start_new_session=True)
+        return Worker(job_id, assignment, proc, stderr, plan_version=assign.plan.version)
+
+    def repartition(self, message: executor_pb2.PlannerMessage) -> executor_pb2.InstructionAck | None:
+        """Hand a new plan version to the job's workers (a JSON line on each one's stdin). The ack comes later,
+        from `_report`, once every local worker applied it (None now); an immediate one if it cannot be sent."""
+        job_id, version = message.job_id, int(message.version)
+        ack = executor_pb2.InstructionAck(instruction_id=message.instruction_id, version=version)
+        with self._lock:
+            workers = list(self._jobs.get(job_id, []))
+        if not workers:
+            ack.ok, ack.message = False, f"no worker of job {job_id} runs on this host"
+            return ack
+        if all(w.plan_version >= version for w in workers):
+            ack.ok, ack.message = True, f"plan version {version} already in force"
+            return ack
+        line = json.dumps(plan_command(message)) + "\n"
+        with self._lock:
+            self._pending[(job_id, version)] = message.instruction_id
+        for w in workers:
+            try:
+                w.proc.stdin.write(line)
+                w.proc.stdin.flush()
+            except (BrokenPipeError, OSError, ValueError) as exc:  # the worker is gone; its exit says why
+                with self._lock:
+                    self._pending.pop((job_id, version), None)
+                ack.ok, ack.message = False, f"worker rank {w.assignment.rank} did not take the plan: {exc}"
+                return ack
+        return None
+
+    def _applied(self, w: Worker, version: int, iteration: int) -> None:
+        """Ack a repartition once every local worker of the job runs its version (or a later one)."""
+        with self._lock:
+            w.plan_version = max(w.plan_version, version)
+            workers = self._jobs.get(w.job_id, [w])
+            done = [(v, i) for (job, v), i in self._pending.items()
+                    if job == w.job_id and all(x.plan_version >= v for x in workers)]
+            for v, _ in done:
+                self._pending.pop((w.job_id, v))
+        for v, instruction_id in done:
+            self._emit(executor_pb2.AgentMessage(ack=executor_pb2.InstructionAck(
+                instruction_id=instruction_id, version=v, ok=True,
+                message=f"plan version {version} applied after iteration {iteration}")))
+
+    def _rejected(self, w: Worker, version: int, why: str) -> None:
+        with self._lock:
+            instruction_id = self._pending.pop((w.job_id, version), None)
+        if instruction_id is not None:
+            self._emit(executor_pb2.AgentMessage(ack=executor_pb2.InstructionAck(
+                instruction_id=instruction_id, version=version, ok=False,
+                message=f"worker rank {w.assignment.rank} rejected plan version {version}: {why}")))
 
     def _follow(self, w: Worker) -> None:
         for line in w.proc.stdout:
@@ -199,10 +268,26 @@ class Workers:
                 rank=w.assignment.rank, checkpoint=job_pb2.Checkpoint(
                     job_id=w.job_id, iteration=int(event.get("iteration", 0)),
                     plan_version=int(event.get("plan_version", 0)), layers=layers))))
+        elif kind == "plan_applied":
+            self._applied(w, int(event.get("plan_version", 0)), int(event.get("iteration", 0)))
+        elif kind == "command_rejected":
+            self._rejected(w, int(event.get("version", 0)), str(event.get("message", "rejected")))
+        elif kind == "migration":
+            self._emit(executor_pb2.AgentMessage(layer_migrated=executor_pb2.LayerMigrated(
+                rank=w.assignment.rank, replica_index=w.assignment.replica_index, migration=job_pb2.LayerMigration(
+                    job_id=w.job_id, layer_index=int(event["layer_index"]), from_stage=int(event["from_stage"]),
+                    to_stage=int(event["to_stage"]), bytes=int(event.get("bytes", 0)),
+                    duration_s=float(event.get("duration_s", 0.0)), iteration=int(event.get("iteration", 0)),
+                    plan_version=int(event.get("plan_version", 0))))))
         elif kind == "done":
             w.done = True
         elif kind in ("error", "stopped"):
             w.error = str(event.get("message", kind))
+
+    def applied_versions(self) -> dict[str, int]:
+        """Plan version in force per running job (the lowest over its local workers)."""
+        with self._lock:
+            return {job: min(w.plan_version for w in ws) for job, ws in self._jobs.items() if ws}
 
     def replay(self) -> list[executor_pb2.AgentMessage]:
         """Every remembered exit again, for a planner that may have restarted after receiving them: it counts

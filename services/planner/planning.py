@@ -62,6 +62,7 @@ class PlanInputs:
     # Galvatron prices the gradient sync overlapped with the last backward (DDP buckets); Ballast's executors
     # allreduce after the last micro-batch (Varuna §4.4), so plans for them are priced that way (jobs pass False).
     overlap_grad_sync: bool = True
+    pipeline_stages: int = 0  # 0: any depth
     max_global_batch_size: int = 512
     top_k: int = 5
 
@@ -103,8 +104,8 @@ def make_plan(profile: profile_pb2.Profile, fleet: fleet_pb2.Fleet, inputs: Plan
     engines = _run_engines(ctx, devices, options, inputs)
     base = baseline_engine.baselines(ctx, devices, options)
     # Baselines are priced whatever they need (the table compares them); only runnable ones may be chosen.
-    feasible = sorted((p for p in [*engines, *base] if not p.out_of_memory and _runs_on(p, options.dims)),
-                      key=lambda p: -p.throughput)
+    feasible = sorted((p for p in [*engines, *base] if not p.out_of_memory and _runs_on(p, options.dims)
+                       and options.pipeline_stages in (0, len(p.stage_bounds))), key=lambda p: -p.throughput)
     if not feasible:
         raise FailedPrecondition(_nothing_fits(ctx, fleet, options), field="memory_budget_bytes",
                                  fix="raise the budget, add devices, or plan for a larger device")
@@ -148,6 +149,11 @@ def _check(profile: profile_pb2.Profile, fleet: fleet_pb2.Fleet, inputs: PlanInp
                               fix="set fleet.device.memory_bytes or memory_budget_bytes")
     if inputs.schedule and inputs.schedule not in SCHEDULE_FROM_PROTO:
         raise InvalidArgument(f"unknown schedule {inputs.schedule}", field="schedule", fix="GPIPE, 1F1B or VARUNA")
+    devices = fleet.nodes * fleet.devices_per_node
+    if inputs.pipeline_stages > min(devices, len(profile.layers)):
+        raise InvalidArgument(f"{inputs.pipeline_stages} pipeline stages asked for {devices} device(s) and "
+                              f"{len(profile.layers)} layers", field="pipeline_stages",
+                              fix=f"use at most {min(devices, len(profile.layers))}, or 0 to let the search choose")
     if inputs.schedule == plan_pb2.SCHEDULE_HARMONY_WRAP:
         raise InvalidArgument("Harmony's wrap-around schedule is priced by the simulator but not yet searched",
                               field="schedule", fix="GPIPE, 1F1B or VARUNA")
@@ -178,6 +184,7 @@ def _options(inputs: PlanInputs, budget: int) -> SearchOptions:
         schedules=schedules,
         dims=ALL_DIMS if inputs.what_if else inputs.runnable_dims,
         top_k=inputs.top_k,
+        pipeline_stages=inputs.pipeline_stages,
     )
 
 

@@ -20,7 +20,7 @@ from typing import Any
 from ballast.v1 import fleet_pb2, job_pb2, plan_pb2, services_pb2, store_pb2, store_pb2_grpc
 from services.planner import queue
 from services.planner.fleet_file import FleetFileError, fleet_from_dict
-from services.runtime.errors import FailedPrecondition, NotFound, Unavailable
+from services.runtime.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from services.runtime.remote import call
 
 KIND = "jobs.prepare"
@@ -84,6 +84,7 @@ def plan_inputs(job: job_pb2.Job, dims: tuple[str, ...]):
     spec = job.spec
     return PlanInputs(global_batch_size=spec.global_batch_size, memory_budget_bytes=spec.memory_budget_bytes,
                       engine=spec.engine, schedule=spec.schedule, runnable_dims=dims,
+                      pipeline_stages=spec.pipeline_stages,
                       overlap_grad_sync=False)  # the executors allreduce after the last backward
 
 
@@ -149,6 +150,15 @@ def _owned(store: store_pb2_grpc.StoreServiceStub, job_id: str, tenant_id: str) 
     return job
 
 
+def check_toggles(spec: job_pb2.JobSpec, num_layers: int) -> None:
+    """A toggle names a layer of the model (whether it can be switched, the workers check at build)."""
+    for i, toggle in enumerate(spec.layer_toggles):
+        if toggle.layer_index >= num_layers:
+            raise InvalidArgument(f"layer {toggle.layer_index} does not exist: the model has {num_layers} layers",
+                                  field=f"spec.layer_toggles[{i}].layer_index",
+                                  fix=f"use a layer index below {num_layers}")
+
+
 def prepare_job(payload: dict[str, Any], task: queue.Task) -> dict[str, Any]:
     """Profile, plan and schedule one job; resumes from whatever state a previous attempt reached."""
     from services.planner.planning import make_plan
@@ -176,6 +186,7 @@ def prepare_job(payload: dict[str, Any], task: queue.Task) -> dict[str, Any]:
                      attributes={"device_kind": fleet.device.kind, "profile": how, "fleet": fleet.name})
         profile = call(task.profiler.Profile, request)
         check_profile(profile, fleet)
+        check_toggles(spec, len(profile.layers))
         step = "planning"
         if job.job.state == S.JOB_STATE_PROFILING:
             job.move(S.JOB_STATE_PLANNING, f"profile {profile.id} ({how}, {len(profile.layers)} layers); "

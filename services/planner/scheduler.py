@@ -7,7 +7,8 @@ every host. Agent messages arrive through `on_message`: per-iteration StageStats
 worker exits end the job -- SUCCEEDED once every rank finished, FAILED at the first worker that did not,
 after a Stop to the survivors (they would otherwise block in a collective until its timeout), CANCELLED
 once a cancelled job's workers are gone -- and per-rank checkpoint parts become one stored checkpoint
-when every layer is in.
+when every layer is in. Jobs submitted with online_repartition are kept balanced while they run
+(rebalance.py: training monitor, SRP planner, live layer migration).
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from pathlib import Path
 
 from ballast.v1 import executor_pb2, job_pb2, plan_pb2, store_pb2, store_pb2_grpc
 from services.planner.assign import backend_for, place
+from services.planner.online import OnlineOptions
 from services.planner.plans import online_hosts
+from services.planner.rebalance import Rebalancer
 from services.runtime.errors import BallastError, FailedPrecondition
 from services.runtime.remote import call
 
@@ -51,7 +54,7 @@ class Running:
 class Scheduler:
     def __init__(self, store: store_pb2_grpc.StoreServiceStub, send: Send, connected: Callable[[], list[str]],
                  checkpoint_root: Path, *, interval_s: float = 0.5, assign_wait_s: float = 20.0,
-                 process_group_timeout_s: int = 60):
+                 process_group_timeout_s: int = 60, online: OnlineOptions | None = None):
         self._store, self._send, self._connected = store, send, connected
         self._root = checkpoint_root
         self._interval, self._wait, self._pg_timeout = interval_s, assign_wait_s, process_group_timeout_s
@@ -60,6 +63,7 @@ class Scheduler:
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
+        self.rebalancer = Rebalancer(store, send, self._transition, online)
 
     # --- loop -----------------------------------------------------------------------------------------
     def start(self) -> Scheduler:
@@ -81,6 +85,8 @@ class Scheduler:
             self._start(job)
         for job in self._jobs(S.JOB_STATE_CANCELLING):
             self._cancel(job)
+        for job_id in self.rebalancer.jobs():
+            self.rebalancer.consider(call(self._store.GetJob, store_pb2.GetRequest(id=job_id)))
 
     def _jobs(self, state: int) -> list[job_pb2.Job]:
         out, request = [], store_pb2.ListJobsRequest(state=state)
@@ -120,6 +126,7 @@ class Scheduler:
                 self._running.pop(job.id, None)
             return
         running.job = moved
+        self.rebalancer.track(moved, plan, running.hosts)
         for p in placements:
             assign = executor_pb2.AssignInstruction(
                 plan=plan, rendezvous=rendezvous, world_size=world, workers=p.workers, backend=backend_for(plan),
@@ -143,7 +150,8 @@ class Scheduler:
         if running is not None or not job_id:
             return running
         job = call(self._store.GetJob, store_pb2.GetRequest(id=job_id))
-        if job.state not in (S.JOB_STATE_RUNNING, S.JOB_STATE_CANCELLING) or not job.plan_id:
+        if job.state not in (S.JOB_STATE_RUNNING, S.JOB_STATE_REPARTITIONING, S.JOB_STATE_CANCELLING) \
+                or not job.plan_id:
             return None
         events = call(self._store.ListJobEvents, store_pb2.ListJobEventsRequest(job_id=job_id)).events
         assigned = next((e for e in reversed(events) if e.type == "ASSIGNED"), None)
@@ -153,7 +161,12 @@ class Scheduler:
         running = Running(job, plan, [h for h in assigned.attributes.get("hosts", "").split(",") if h],
                           int(assigned.attributes.get("world_size", "0")))
         with self._lock:
-            return self._running.setdefault(job_id, running)
+            running = self._running.setdefault(job_id, running)
+        if job.state == S.JOB_STATE_REPARTITIONING:  # the repartition's outcome was lost with the old planner
+            job = self._transition(job, S.JOB_STATE_RUNNING, "planner restarted during a repartition; the job "
+                                   f"goes on under plan version {job.plan_version}", "REPARTITION_FAILED") or job
+        self.rebalancer.track(job, plan, running.hosts)
+        return running
 
     # --- end ------------------------------------------------------------------------------------------
     def _cancel(self, job: job_pb2.Job) -> None:
@@ -177,15 +190,21 @@ class Scheduler:
         self._stop_workers(running, reason)
 
     def _transition(self, job: job_pb2.Job, state: int, message: str, event: str,
-                    attributes: dict[str, str] | None = None) -> job_pb2.Job | None:
+                    attributes: dict[str, str] | None = None, plan_id: str = "") -> job_pb2.Job | None:
         """Compare-and-set from the job's current state; None if it moved on meanwhile (or is terminal)."""
         current = call(self._store.GetJob, store_pb2.GetRequest(id=job.id))
         if current.state in (S.JOB_STATE_SUCCEEDED, S.JOB_STATE_FAILED, S.JOB_STATE_CANCELLED):
+            self.rebalancer.forget(job.id)
             return None
+        if state == S.JOB_STATE_SUCCEEDED and current.state == S.JOB_STATE_REPARTITIONING:
+            current = self._transition(current, S.JOB_STATE_RUNNING, "the job finished before the repartition took "
+                                       "effect", "REPARTITION_FAILED") or current
+        if state in (S.JOB_STATE_SUCCEEDED, S.JOB_STATE_FAILED, S.JOB_STATE_CANCELLED):
+            self.rebalancer.forget(job.id)
         try:
             return call(self._store.TransitionJob, store_pb2.TransitionJobRequest(
                 id=job.id, state=state, expected_state=current.state, message=message, event_type=event,
-                attributes=attributes or {}))
+                attributes=attributes or {}, plan_id=plan_id))
         except FailedPrecondition as exc:
             log.warning("transition refused", extra={"job_id": job.id, "why": str(exc)})
             return None
@@ -195,10 +214,16 @@ class Scheduler:
         kind = message.WhichOneof("body")
         if kind == "heartbeat" and message.heartbeat.stages:
             self._metrics(message.heartbeat.stages)
+            for st in message.heartbeat.stages:
+                self.rebalancer.observe(st)
         elif kind == "worker_exit":
             self._exited(host_id, message.worker_exit)
+        elif kind == "ack" and "-repartition-" in message.ack.instruction_id:
+            self.rebalancer.acked(host_id, message.ack.instruction_id.split("-repartition-")[0], message.ack)
         elif kind == "ack" and not message.ack.ok:
             self._refused(host_id, message.ack)
+        elif kind == "layer_migrated":
+            self.rebalancer.migrated(message.layer_migrated)
         elif kind == "checkpoint_written":
             self._checkpoint(message.checkpoint_written)
 
@@ -206,7 +231,8 @@ class Scheduler:
         rows = []
         for st in stages:
             running = self._tracked(st.job_id)
-            predicted = running.plan.prediction.iteration_time_s if running else 0.0
+            plan = self.rebalancer.plan_for(st.job_id, st.plan_version) or (running.plan if running else None)
+            predicted = plan.prediction.iteration_time_s if plan else 0.0
             if running and st.has_loss:
                 running.last_loss = st.loss
             rows.append(job_pb2.IterationMetric(
@@ -244,6 +270,7 @@ class Scheduler:
         if all_gone:
             with self._lock:
                 self._running.pop(exit_.job_id, None)
+            self.rebalancer.forget(exit_.job_id)
 
     def _refused(self, host_id: str, ack: executor_pb2.InstructionAck) -> None:
         job_id = ack.instruction_id.split("-assign-")[0] if "-assign-" in ack.instruction_id else ""

@@ -152,6 +152,17 @@ def validate_job_spec(spec: job_pb2.JobSpec, allowed_factories: Iterable[str] = 
                 "fleet device kind is not set", field="spec.fleet.device.kind", fix='e.g. "cpu"'
             )
         _positive(fleet, ("devices_per_node", "nodes"), "spec.fleet")
+    seen: set[tuple[int, int]] = set()
+    for i, toggle in enumerate(spec.layer_toggles):
+        if toggle.iteration >= spec.iterations:
+            raise InvalidArgument(f"iteration {toggle.iteration} is past the job's last ({spec.iterations - 1})",
+                                  field=f"spec.layer_toggles[{i}].iteration",
+                                  fix=f"use an iteration below {spec.iterations}, or remove the toggle")
+        key = (toggle.layer_index, toggle.iteration)
+        if key in seen:
+            raise InvalidArgument(f"layer {key[0]} is switched twice at iteration {key[1]}",
+                                  field=f"spec.layer_toggles[{i}]", fix="keep one toggle per layer and iteration")
+        seen.add(key)
 
 
 def model_signature(spec: model_pb2.ModelSpec) -> str:

@@ -5,10 +5,13 @@ ranks to call `new_group`): one replica group per stage (data-parallel gradient 
 of stages that holds one tied Parameter, one group per replica index spanning those stages (Varuna §5.1:
 the shared weight's gradient is summed over its holders), and two groups per p2p path (stage s replica r <->
 stage s+1 replica r), one per direction: activations and gradients never queue behind each other, which
-NCCL's in-order streams would otherwise turn into a deadlock under 1F1B. Activations go forward and
-gradients backward with isend/irecv (Varuna §3.1, §6), tensor by tensor with shapes known from the plan, so
-only tensors ever cross the wire; sends complete in the background while the stage computes and are drained
-at iteration end.
+NCCL's in-order streams would otherwise turn into a deadlock under 1F1B. For plan changes (migration.py)
+there is also one gloo group of every rank (the per-boundary plan agreement, also beside NCCL) and, for every
+pair of NON-adjacent stages, one group per replica index for layer moves that skip stages (adjacent moves
+reuse the pair's forward group, idle between iterations): O(stages^2 x replicas) groups in all. Activations
+go forward and gradients backward with isend/irecv (Varuna §3.1, §6), tensor by tensor with shapes known
+from the plan, so only tensors ever cross the wire; sends complete in the background while the stage
+computes and are drained at iteration end.
 """
 
 from __future__ import annotations
@@ -70,8 +73,26 @@ class Comms:
                         self.groups[("next", direction)] = group
                     if i == r and s + 1 == stage.index:
                         self.groups[("prev", direction)] = group
+        # Layer migration between this stage and a non-adjacent one (same replica index), and plan agreement.
+        self.migration_groups: dict[int, object] = {}  # other stage -> group
+        for s in range(config.num_stages):
+            for t in range(s + 2, config.num_stages):
+                for i in range(nr):
+                    group = dist.new_group([config.rank_of(s, i), config.rank_of(t, i)])
+                    if i == r and stage.index in (s, t):
+                        self.migration_groups[t if stage.index == s else s] = group
+        self.control_group = dist.new_group(list(range(config.world_size)), backend="gloo") \
+            if config.world_size > 1 else None
         self.prev = config.rank_of(stage.index - 1, r) if not stage.is_first else None
         self.next = config.rank_of(stage.index + 1, r) if not stage.is_last else None
+
+    def pair_group(self, other: int) -> object:
+        """The group for layer migration between this stage and stage `other` (same replica index)."""
+        if other == self.stage.index + 1:
+            return self.groups[("next", FORWARD)]
+        if other == self.stage.index - 1:
+            return self.groups[("prev", FORWARD)]
+        return self.migration_groups[other]
 
     def take(self) -> Counters:
         """Counters since the last call (one iteration's worth)."""

@@ -6,6 +6,10 @@ hold consecutive ranks and stage s replica r talks p2p to stage s+1 replica r (`
 Iteration numbers count completed iterations: `start_iteration` iterations are already done (0 for a fresh
 run), the worker trains until `iterations` are done, and iteration index i (0-based) draws the samples
 `i * global_batch + k`. Events and checkpoints report the count done after the step.
+
+The plan may change while training (issue 7): `plan_version`, `stage_bounds`, `checkpoint_layers` and
+`swap_layers` are the INITIAL plan; a "plan" command on the worker's stdin (services/executor/train/migration.py)
+replaces them at an iteration boundary that every rank agrees on. Stage count and replica count never change.
 """
 
 from __future__ import annotations
@@ -45,6 +49,13 @@ class WorkerConfig:
     init_method: str  # e.g. "tcp://127.0.0.1:29500"
     schedule: str = "1f1b"
     checkpoint_layers: list[int] = field(default_factory=list)  # layers recomputed in backward
+    # Layers whose activations saved for backward go to a host buffer pool after forward and come back before
+    # their backward (swap.py). A layer in both lists is recomputed, never swapped: checkpoint wins.
+    swap_layers: list[int] = field(default_factory=list)
+    # [layer_index, iteration, active (0 | 1)]: from 0-based iteration `iteration` on, the layer computes (1) or
+    # is the identity on its first input (0; its parameters get no gradient). Only layers whose output has the
+    # shape and dtype of their first input may be toggled (checked when the stage is built).
+    layer_toggles: list[list[int]] = field(default_factory=list)
     optimizer: dict[str, Any] = field(default_factory=lambda: {"name": "adam", "learning_rate": 1e-3})
     seed: int = 0
     start_iteration: int = 0
@@ -56,7 +67,7 @@ class WorkerConfig:
     device: str = "cpu"  # "cpu" with gloo; "cuda:N" with nccl (or gloo)
     timeout_s: float = 300.0  # process-group timeout: a dead peer fails the group after this long
     intra_op_threads: int = 1
-    plan_version: int = 0
+    plan_version: int = 0  # version of the initial plan; "plan" commands must carry higher versions
     predicted_iteration_s: float = 0.0
 
     @property
@@ -133,3 +144,12 @@ class WorkerConfig:
         need(self.timeout_s > 0, "timeout_s", "must be > 0 seconds")
         need(self.intra_op_threads >= 1, "intra_op_threads", "must be >= 1")
         need(bool(self.init_method), "init_method", "give a rendezvous such as tcp://HOST:PORT")
+        need(all(_is_int(i) for i in self.checkpoint_layers), "checkpoint_layers", "give layer indices (integers)")
+        need(all(_is_int(i) for i in self.swap_layers), "swap_layers", "give layer indices (integers)")
+        need(all(isinstance(t, list | tuple) and len(t) == 3 and all(_is_int(v) for v in t) and t[1] >= 0
+                 and t[2] in (0, 1) for t in self.layer_toggles), "layer_toggles",
+             "each entry is [layer_index, iteration >= 0, active 0 or 1]")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

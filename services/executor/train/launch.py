@@ -39,9 +39,13 @@ def plan_configs(template: WorkerConfig, stage_bounds: list[list[int]], num_repl
 
 
 def run_local(
-    configs: list[WorkerConfig], *, env: dict[str, str] | None = None, timeout_s: float = 120.0, check: bool = True
+    configs: list[WorkerConfig], *, env: dict[str, str] | None = None, timeout_s: float = 120.0, check: bool = True,
+    commands: dict[int, list[dict[str, Any]]] | None = None,
 ) -> list[list[dict[str, Any]]]:
     """Start every rank, wait for all (at most `timeout_s` in all), return each rank's events.
+
+    `commands` maps a rank to command dicts written as JSON lines to its stdin at start (then stdin is closed;
+    a rank without commands gets an empty stdin), so tests schedule plan changes through `not_before`.
 
     With `check`, a rank that exits non-zero raises RuntimeError with the stderr tails; without, the caller
     reads the ranks' "error" events.
@@ -52,9 +56,12 @@ def run_local(
         for config in configs:
             path = Path(tmp) / f"rank-{config.rank}.json"
             path.write_text(config.to_json())
-            with open(path.with_suffix(".out"), "w") as out, open(path.with_suffix(".err"), "w") as err:
+            stdin = path.with_suffix(".in")
+            stdin.write_text("".join(json.dumps(c) + "\n" for c in (commands or {}).get(config.rank, [])))
+            with (open(path.with_suffix(".out"), "w") as out, open(path.with_suffix(".err"), "w") as err,
+                  open(stdin) as inp):
                 command = [sys.executable, "-m", "services.executor.train.worker", str(path)]
-                procs.append(subprocess.Popen(command, stdout=out, stderr=err, env=env))
+                procs.append(subprocess.Popen(command, stdin=inp, stdout=out, stderr=err, env=env))
         deadline = time.monotonic() + timeout_s
         try:
             for proc in procs:

@@ -2,7 +2,9 @@
 
 Harmony §5.4's correctness test: a pipelined, data-parallel run must reproduce these per-iteration losses.
 The loss of an iteration is the summed loss of the global batch divided by its label count, computed by the
-model's own `forward` (not the layer-by-layer path), so the reference also checks the decomposition.
+model's own `forward` (not the layer-by-layer path), so the reference also checks the decomposition. With
+`layer_toggles` (dynamic workloads) the decomposed layers run in order instead, an inactive layer returning its
+first input, as the workers do.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from google.protobuf.json_format import MessageToDict
 from ballast.v1 import model_pb2
 from services.executor.train import checkpoint as ckpt
 from services.executor.train.data import batch_for, dropout_seed
-from services.executor.train.stage import make_optimizer, tied_aliases
+from services.executor.train.stage import layer_active, make_optimizer, model_info, parse_toggles, tied_aliases
 from services.zoo import build_model
 
 
@@ -32,12 +34,14 @@ def train_single(
     checkpoint_dir: str = "",
     checkpoint_every: int = 0,
     device: str = "cpu",
+    layer_toggles: list[list[int]] | None = None,
 ) -> list[float]:
     """Mean losses of iterations start..iterations-1 (resumed iterations start at the checkpoint's)."""
     model = build_model(spec, seed=seed, device=device)
     model.train()
     dec = model.decompose()
     aliases = tied_aliases(model, dec, 0, len(dec))
+    toggles = parse_toggles(model_info(spec, 1), layer_toggles) if layer_toggles else None
     opt = make_optimizer(list(model.parameters()), optimizer)
     model_dict = MessageToDict(spec, preserving_proto_field_name=True)
     if resume_from:
@@ -51,7 +55,17 @@ def train_single(
                  batch_for(spec, data, seed, iteration, 0, global_batch, global_batch=global_batch).items()}
         count = max(model.loss_count(batch), 1)
         torch.manual_seed(dropout_seed(seed, iteration, 0))
-        loss = model(batch)
+        if toggles is None:
+            loss = model(batch)
+        else:
+            env: dict[int, torch.Tensor] = {}
+            for layer in dec.layers:
+                if not layer_active(toggles, layer.index, iteration):
+                    env[layer.index] = env[layer.inputs[0]]
+                    continue
+                env[layer.index] = layer.module(*[env[i] for i in layer.inputs],
+                                                *[batch[k] for k in layer.batch_keys])
+            loss = env[len(dec) - 1]
         (loss / count).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

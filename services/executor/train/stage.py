@@ -5,14 +5,21 @@ decomposed, and every layer outside [begin, end) is dropped so its memory can go
 stage boundaries follow `Decomposition.crossing`: the stage receives every earlier output a layer at or
 after `begin` reads (including relayed skip edges, e.g. T5's encoder output) and sends every output a
 layer after `end` reads. Their shapes and dtypes come from a meta-device dry run at the micro-batch size,
-so peers exchange bare tensors and never metadata.
+so peers exchange bare tensors and never metadata. The dry run happens once per (model, micro-batch size)
+(`model_info`, cached with the meta-device model and its decomposition), so a plan change at run time
+(`restage`, used by migration.py) recomputes boundaries, aliases and tied sets without touching the device.
+
+Per-layer policies: `checkpoint_layers` are recomputed in backward (torch.utils.checkpoint); `swap_layers`
+move their saved activations to host memory between forward and backward (swap.py); a layer in both is
+recomputed only (checkpoint wins). `layer_toggles` make a layer the identity on its first input from a given
+iteration on (dynamic workloads, vPipe §4.4's NAS switch): `set_iteration` decides which held layers compute.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -20,7 +27,8 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ballast.v1 import model_pb2
-from services.zoo import IGNORE_INDEX, build_model, example_input
+from services.executor.train.swap import SwapPool
+from services.zoo import IGNORE_INDEX, ZooModel, build_model, example_input
 from services.zoo.graph import Decomposition, Layer
 
 
@@ -65,6 +73,10 @@ class Stage:
     aliases: dict[tuple[int, str], tuple[int, str]]  # (layer, local name) -> (owner layer, owner's local name)
     tied: list[Tied]
     tied_sets: list[tuple[int, ...]]  # every stage set holding one tied Parameter, model-wide (for group creation)
+    swap_layers: frozenset[int] = frozenset()  # held layers whose saved activations are swapped (not checkpointed)
+    toggles: dict[int, list[tuple[int, bool]]] = field(default_factory=dict)  # layer -> [(from iteration, active)]
+    swap: SwapPool | None = None
+    inactive: frozenset[int] = frozenset()  # held layers that are the identity this iteration
     recompute_s: float = 0.0
     in_backward: bool = False  # set while backward runs, so recomputation can be timed
 
@@ -93,16 +105,38 @@ class Stage:
     def loss_count(self, batch: dict[str, Tensor]) -> int:
         return int(sum(int((batch[k] != IGNORE_INDEX).sum()) for k in self.label_keys))
 
-    def forward(self, received: list[Tensor], batch: dict[str, Tensor], recompute: bool = True) -> list[Tensor]:
+    @property
+    def layer_indices(self) -> list[int]:
+        return [layer.index for layer in self.layers]
+
+    @property
+    def active_layers(self) -> list[int]:
+        return [layer.index for layer in self.layers if layer.index not in self.inactive]
+
+    def set_iteration(self, iteration: int) -> None:
+        """Decide, from `toggles`, which held layers are the identity in 0-based iteration `iteration`."""
+        self.inactive = frozenset(layer.index for layer in self.layers
+                                  if not layer_active(self.toggles, layer.index, iteration))
+
+    def forward(self, received: list[Tensor], batch: dict[str, Tensor], recompute: bool = True,
+                micro_batch: int = 0) -> list[Tensor]:
         """Outputs to send (in `sends` order); on the last stage a one-element list with the summed loss.
 
         `recompute=False` keeps this micro-batch's activations even in checkpointed layers: its backward comes
-        right after (the cost model and simulator skip that recompute too, sim/orders.py)."""
+        right after (the cost model and simulator skip that recompute too, sim/orders.py). A checkpointed layer
+        is never swapped, even then."""
         env = {b.index: t for b, t in zip(self.receives, received, strict=True)}
         for layer in self.layers:
+            if layer.index in self.inactive:
+                env[layer.index] = env[layer.inputs[0]]
+                continue
             args = [env[i] for i in layer.inputs] + [batch[k] for k in layer.batch_keys]
-            if recompute and layer.index in self.checkpoint_layers:
-                env[layer.index] = checkpoint(self._timed(layer.module), *args, use_reentrant=False)
+            if layer.index in self.checkpoint_layers:
+                env[layer.index] = (checkpoint(self._timed(layer.module), *args, use_reentrant=False) if recompute
+                                    else layer.module(*args))
+            elif layer.index in self.swap_layers and self.swap is not None:
+                with self.swap.saving(micro_batch):
+                    env[layer.index] = layer.module(*args)
             else:
                 env[layer.index] = layer.module(*args)
         if self.is_last:
@@ -139,8 +173,78 @@ class Stage:
         return run
 
 
-def stage_of(stage_bounds: list[list[int]], layer: int) -> int:
+def stage_of(stage_bounds: Sequence[Sequence[int]], layer: int) -> int:
     return next(s for s, (b, e) in enumerate(stage_bounds) if b <= layer < e)
+
+
+def layer_active(toggles: dict[int, list[tuple[int, bool]]], index: int, iteration: int) -> bool:
+    """The last toggle of `index` at or before `iteration` decides; a layer never toggled is active."""
+    active = True
+    for start, on in toggles.get(index, []):
+        if start <= iteration:
+            active = on
+    return active
+
+
+@dataclass(eq=False)
+class ModelInfo:
+    """What a plan change needs without the real model: the meta-device model, its decomposition, and every
+    layer output's shape and dtype at the micro-batch size (one dry run)."""
+
+    model: ZooModel
+    dec: Decomposition
+    outputs: dict[int, Boundary]  # every layer but the last (which returns the loss)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.dec)
+
+    def boundaries(self, indices: Sequence[int]) -> list[Boundary]:
+        return [self.outputs[i] for i in indices]
+
+    def tied_stage_sets(self, stage_bounds: Sequence[Sequence[int]]) -> dict[str, tuple[int, ...]]:
+        """Shared parameter name -> the stages holding it under `stage_bounds`."""
+        return {s.name: tuple(sorted({stage_of(stage_bounds, i) for i in s.layers})) for s in self.dec.shared}
+
+
+_INFO: dict[tuple[bytes, int], ModelInfo] = {}
+
+
+def model_info(spec: model_pb2.ModelSpec, micro_batch_size: int) -> ModelInfo:
+    key = (spec.SerializeToString(deterministic=True), micro_batch_size)
+    if key not in _INFO:
+        model = build_model(spec, device="meta")
+        dec = model.decompose()
+        batch = example_input(spec, micro_batch_size, device="meta")
+        env: dict[int, Tensor] = {}
+        with torch.no_grad():
+            for layer in dec.layers[:-1]:
+                env[layer.index] = layer.module(*[env[i] for i in layer.inputs],
+                                                *[batch[k] for k in layer.batch_keys])
+        outputs = {i: Boundary(i, tuple(t.shape), t.dtype) for i, t in env.items()}
+        _INFO[key] = ModelInfo(model, dec, outputs)
+    return _INFO[key]
+
+
+def parse_toggles(info: ModelInfo, layer_toggles: Sequence[Sequence[int]]) -> dict[int, list[tuple[int, bool]]]:
+    """Validate `WorkerConfig.layer_toggles` against the model; layer -> [(from iteration, active)] sorted."""
+    n, out = info.num_layers, {}
+    for entry in layer_toggles:
+        index, start, active = (int(v) for v in entry)
+        if not 0 <= index < n:
+            raise ValueError(f"WorkerConfig.layer_toggles: {index} is not a layer index of this {n}-layer model")
+        layer = info.dec.layers[index]
+        if index == n - 1 or not layer.inputs:
+            raise ValueError(f"WorkerConfig.layer_toggles: layer {index} ({layer.name}) cannot be toggled: an "
+                             "inactive layer returns its first input, and this layer has no earlier-layer input "
+                             "or computes the loss")
+        first, output = info.outputs[layer.inputs[0]], info.outputs[index]
+        if (first.shape, first.dtype) != (output.shape, output.dtype):
+            raise ValueError(f"WorkerConfig.layer_toggles: layer {index} ({layer.name}) maps {first.shape} "
+                             f"{first.dtype} to {output.shape} {output.dtype}; only shape-preserving layers may be "
+                             "toggled")
+        out.setdefault(index, []).append((start, bool(active)))
+    return {i: sorted(entries, key=lambda e: e[0]) for i, entries in out.items()}
 
 
 def local_name(layer: Layer, parameter: nn.Parameter) -> str:
@@ -163,18 +267,37 @@ def tied_aliases(model: nn.Module, dec: Decomposition, begin: int, end: int) -> 
 
 
 def boundary_shapes(spec: model_pb2.ModelSpec, micro_batch_size: int, wanted: set[int]) -> dict[int, Boundary]:
-    """Shapes and dtypes of the wanted layer outputs at this micro-batch size, from a meta-device dry run."""
+    """Shapes and dtypes of the wanted layer outputs at this micro-batch size, from a (cached) meta dry run."""
     if not wanted:
         return {}
-    model = build_model(spec, device="meta")
-    batch = example_input(spec, micro_batch_size, device="meta")
-    env: dict[int, Tensor] = {}
-    with torch.no_grad():
-        for layer in model.decompose().layers:
-            if layer.index > max(wanted):
-                break
-            env[layer.index] = layer.module(*[env[i] for i in layer.inputs], *[batch[k] for k in layer.batch_keys])
-    return {i: Boundary(i, tuple(env[i].shape), env[i].dtype) for i in sorted(wanted)}
+    outputs = model_info(spec, micro_batch_size).outputs
+    return {i: outputs[i] for i in sorted(wanted)}
+
+
+def check_layers(name: str, indices: Sequence[int], n: int) -> None:
+    bad = [i for i in indices if not 0 <= i < n]
+    if bad:
+        raise ValueError(f"WorkerConfig.{name}: {bad} are not layer indices of this {n}-layer model")
+
+
+def restage(stage: Stage, info: ModelInfo, stage_bounds: Sequence[Sequence[int]], layers: list[Layer],
+            checkpoint_layers: Sequence[int], swap_layers: Sequence[int]) -> Stage:
+    """The stage under new bounds and policies, holding `layers` (already on the device, in index order).
+
+    Tied-weight bookkeeping (`tied`, `tied_sets`) is kept: migration.py only accepts plans that leave every
+    shared parameter on the same set of stages. Boundaries and aliases come from `info`, not the device."""
+    begin, end = stage_bounds[stage.index]
+    n = info.num_layers
+    assert [layer.index for layer in layers] == list(range(begin, end))
+    ckpt = frozenset(i for i in checkpoint_layers if begin <= i < end)
+    return Stage(
+        index=stage.index, begin=begin, end=end, num_layers=n, layers=layers,
+        receives=info.boundaries(info.dec.crossing(begin - 1) if begin > 0 else []),
+        sends=info.boundaries(info.dec.crossing(end - 1) if end < n else []),
+        label_keys=stage.label_keys, checkpoint_layers=ckpt,
+        aliases=tied_aliases(info.model, info.dec, begin, end), tied=stage.tied, tied_sets=stage.tied_sets,
+        swap_layers=frozenset(i for i in swap_layers if begin <= i < end) - ckpt, toggles=stage.toggles,
+        swap=stage.swap)
 
 
 def build_stage(
@@ -185,8 +308,12 @@ def build_stage(
     seed: int,
     micro_batch_size: int,
     checkpoint_layers: Sequence[int] = (),
+    swap_layers: Sequence[int] = (),
+    layer_toggles: Sequence[Sequence[int]] = (),
     device: str | torch.device = "cpu",
 ) -> Stage:
+    info = model_info(spec, micro_batch_size)
+    toggles = parse_toggles(info, layer_toggles)
     model = build_model(spec, seed=seed, device=device)
     model.train()
     dec: Decomposition = model.decompose()
@@ -194,9 +321,8 @@ def build_stage(
     if stage_bounds[-1][1] != n:
         raise ValueError(f"WorkerConfig.stage_bounds: the last stage ends at {stage_bounds[-1][1]} but the model "
                          f"has {n} layers (end the last stage at {n})")
-    bad = [i for i in checkpoint_layers if not 0 <= i < n]
-    if bad:
-        raise ValueError(f"WorkerConfig.checkpoint_layers: {bad} are not layer indices of this {n}-layer model")
+    check_layers("checkpoint_layers", checkpoint_layers, n)
+    check_layers("swap_layers", swap_layers, n)
     begin, end = stage_bounds[stage_index]
     named = dict(model.named_parameters())
     tied: list[Tied] = []
@@ -210,7 +336,8 @@ def build_stage(
                 tied.append(Tied(stages, p))
     receives = dec.crossing(begin - 1) if begin > 0 else []
     sends = dec.crossing(end - 1) if end < n else []
-    shapes = boundary_shapes(spec, micro_batch_size, set(receives) | set(sends))
+    shapes = info.outputs
+    ckpt = frozenset(i for i in checkpoint_layers if begin <= i < end)
     stage = Stage(
         index=stage_index,
         begin=begin,
@@ -220,10 +347,13 @@ def build_stage(
         receives=[shapes[i] for i in receives],
         sends=[shapes[i] for i in sends],
         label_keys=type(model).label_keys,
-        checkpoint_layers=frozenset(i for i in checkpoint_layers if begin <= i < end),
+        checkpoint_layers=ckpt,
         aliases=tied_aliases(model, dec, begin, end),
         tied=tied,
         tied_sets=sorted(tied_sets),
+        swap_layers=frozenset(i for i in swap_layers if begin <= i < end) - ckpt,
+        toggles=toggles,
+        swap=SwapPool(device),
     )
     del model, dec, named  # the other stages' layers go with the last references to them
     return stage

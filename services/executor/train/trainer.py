@@ -4,6 +4,11 @@ reductions, the optimizer step and per-layer checkpoints, with the timings each 
 Sync-SGD semantics: every micro-batch's summed loss is divided by the GLOBAL label count of the iteration
 before backward, and gradients are SUMMED over replicas (and over the stages holding a tied weight), so the
 update equals the single-process step on the whole global batch whatever the split.
+
+Plan changes (migration.py): at every iteration boundary the ranks agree on the plan version in force and, when
+it rises, migrate layers and switch recompute/swap policies before the next iteration's first micro-batch.
+Swapped layers' activations are prefetched back when the schedule's next task is their micro-batch's backward.
+Layer toggles (dynamic workloads) are re-evaluated at each iteration start.
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ from services.executor.train import checkpoint as ckpt
 from services.executor.train.comms import BACKWARD, FORWARD, Comms, Pending
 from services.executor.train.config import WorkerConfig
 from services.executor.train.data import batch_for, dropout_seed, sample_range
+from services.executor.train.migration import Agreement, Plan, PlanInbox, apply_plan
 from services.executor.train.schedule import tasks
-from services.executor.train.stage import Stage
+from services.executor.train.stage import Stage, model_info
 
 LOOKAHEAD = 2  # receives are posted this many tasks ahead of the task that consumes them
 Report = Callable[[dict[str, Any]], None]
@@ -55,9 +61,28 @@ class Trainer:
                  device: torch.device, should_stop: Callable[[], bool]) -> None:
         self.config, self.stage, self.optimizer, self.comms, self.device = config, stage, optimizer, comms, device
         self.spec = config.spec()
+        self.info = model_info(self.spec, config.micro_batch_size)
         self.parameters = stage.parameters()
         self.order = tasks(config.schedule, config.num_stages, stage.index, config.num_micro_batches)
         self.should_stop = should_stop
+        self.plan = Plan(config.plan_version, 0, tuple((b, e) for b, e in config.stage_bounds),
+                         tuple(config.checkpoint_layers), tuple(config.swap_layers))
+        self.inbox: PlanInbox | None = None  # set by the worker when it reads commands
+        self.agreement = Agreement(getattr(comms, "control_group", None))
+
+    @property
+    def plan_version(self) -> int:
+        return self.plan.version
+
+    @property
+    def stage_bounds(self) -> tuple[tuple[int, int], ...]:
+        return self.plan.stage_bounds
+
+    def install(self, stage: Stage, optimizer: torch.optim.Optimizer, plan: Plan) -> None:
+        """Switch to a re-planned stage (migration.apply_plan): layers, optimizer, the comms' view."""
+        self.stage, self.optimizer, self.plan = stage, optimizer, plan
+        self.parameters = stage.parameters()
+        self.comms.stage = stage
 
     def batch(self, iteration: int, micro_batch: int) -> dict[str, torch.Tensor]:
         c = self.config
@@ -65,11 +90,18 @@ class Trainer:
         full = batch_for(self.spec, c.data, c.seed, iteration, begin, end, global_batch=c.global_batch)
         return {k: full[k].to(self.device) for k in self.stage.batch_keys}
 
-    def step(self, iteration: int) -> dict[str, Any]:
-        """One iteration (0-based index) of the schedule; returns the timing/loss fields of its report."""
+    def step(self, iteration: int, on_start: Callable[[], None] | None = None) -> dict[str, Any]:
+        """One iteration (0-based index) of the schedule; returns the timing/loss fields of its report.
+
+        `on_start` runs once the first task passed its stop check (the plan agreement is launched there, so a
+        stop between iterations never leaves a collective posted)."""
         c, stage, comms = self.config, self.stage, self.comms
         start = time.perf_counter()
         stage.recompute_s = 0.0
+        stage.set_iteration(iteration)
+        swap = stage.swap
+        if swap is not None:
+            swap.take_bytes()
         batches: dict[int, dict[str, torch.Tensor]] = {}
         count = 1.0
         if stage.is_last:  # the label count of the whole global batch scales every micro-batch loss
@@ -82,6 +114,13 @@ class Trainer:
         for position, (kind, j) in enumerate(self.order):
             if self.should_stop():
                 raise Stopped(iteration, between_iterations=position == 0)
+            if position == 0 and on_start is not None:
+                on_start()
+            if swap is not None and stage.swap_layers:  # bring activations back ahead of their backward
+                if kind == "B":
+                    swap.prefetch(j)
+                if position + 1 < len(self.order) and self.order[position + 1][0] == "B":
+                    swap.prefetch(self.order[position + 1][1])
             self._post_receives(position, receives)
             if kind == "F":
                 received = comms.wait(receives.pop((kind, j))) if not stage.is_first else []
@@ -93,7 +132,7 @@ class Trainer:
                 # The last stage runs a backward right after its forward (every one under 1F1B, the newest under
                 # GPipe): that micro-batch is not recomputed, as the simulator prices it.
                 follows = stage.is_last and (c.schedule == "1f1b" or j == c.num_micro_batches - 1)
-                outputs = stage.forward(received, batch, recompute=not follows)
+                outputs = stage.forward(received, batch, recompute=not follows, micro_batch=j)
                 if stage.is_last:
                     loss_sum += outputs[0].detach().double()
                     outputs = [outputs[0] / count]
@@ -109,10 +148,14 @@ class Trainer:
                     grads = [next(arrived) if b.has_grad else None for b in stage.sends]
                 t = time.perf_counter()
                 input_grads = stage.backward(outputs, grads, received)
+                if swap is not None:
+                    swap.finish(j)
                 if not stage.is_first:
                     comms.send(j, BACKWARD, input_grads)
                 backward_s += time.perf_counter() - t
         comms.drain()
+        if swap is not None:
+            swap.clear()
         comms.reduce_gradients(self.parameters)
         t = time.perf_counter()
         self.optimizer.step()
@@ -147,6 +190,8 @@ class Trainer:
             "allreduce_bytes": counters.allreduce_bytes, "replica_allreduces": counters.replica_allreduces,
             "tied_allreduces": counters.tied_allreduces, "loss": loss, "has_loss": self.stage.is_last,
             "samples_per_s": self.config.global_batch / iteration_s if iteration_s > 0 else 0.0,
+            "swapped_bytes": self.stage.swap.take_bytes() if self.stage.swap is not None else 0,
+            "active_layers": self.stage.active_layers,
         }
 
     def save(self, done: int) -> dict[str, Any]:
@@ -163,18 +208,18 @@ class Trainer:
         dist.barrier()
         manifest = ""
         if c.rank == 0:
-            meta = {"iterations_done": done, "next_iteration": done, "seed": c.seed, "plan_version": c.plan_version,
+            meta = {"iterations_done": done, "next_iteration": done, "seed": c.seed, "plan_version": self.plan_version,
                     "job_id": c.job_id, "model": c.model, "optimizer": c.optimizer["name"], "data": c.data,
                     "global_batch": c.global_batch}
             manifest = ckpt.write_manifest(directory, stage.num_layers, meta).resolve().as_uri()
         dist.barrier()  # every rank's event means the checkpoint is complete
         keys = ("layer_index", "uri", "bytes", "sha256")
-        return {"event": "checkpoint", "iteration": done, "plan_version": c.plan_version, "dir": str(directory),
+        return {"event": "checkpoint", "iteration": done, "plan_version": self.plan_version, "dir": str(directory),
                 "manifest": manifest,
                 "layers": [{k: e[k] for k in keys} for e in entries], "checkpoint_s": time.perf_counter() - start}
 
     def train(self, start: int, head: dict[str, Any], report: Report) -> None:
-        config, layers = self.config, [layer.index for layer in self.stage.layers]
+        config, layers = self.config, self.stage.layer_indices
         parameters = sum(p.numel() for p in self.parameters)
         report({"event": "started", **head, "world_size": config.world_size, "num_stages": config.num_stages,
                 "num_replicas": config.num_replicas, "layers": layers, "parameters": parameters,
@@ -183,15 +228,39 @@ class Trainer:
                 "predicted_iteration_s": config.predicted_iteration_s,
                 "device": str(self.device), "pid": os.getpid()})
         for iteration in range(start, config.iterations):
-            stats = self.step(iteration)
-            report({"event": "iteration", **head, "iteration": iteration + 1, "plan_version": config.plan_version,
-                    **stats, "layers": layers})
+            done = iteration + 1
+            pending: list[Any] = []
+
+            def launch(done: int = done, pending: list[Any] = pending) -> None:
+                # every rank contributes its ready version as of the END of this iteration
+                ready = self.inbox.ready(done, self.plan_version) if self.inbox is not None else self.plan_version
+                pending.append(self.agreement.launch(ready))
+
+            stats = self.step(iteration, on_start=launch if done < config.iterations else None)
+            report({"event": "iteration", **head, "iteration": done, "plan_version": self.plan_version,
+                    **stats, "layers": self.stage.layer_indices})
+            for message in self.inbox.take_rejections() if self.inbox is not None else []:
+                report({"event": "command_rejected", **head, "iteration": done, "message": message})
+            if pending:
+                self.boundary(Agreement.result(pending[0]), done, head, report)
             if config.checkpoint_every and (iteration + 1) % config.checkpoint_every == 0:
                 report({**self.save(iteration + 1), **head})
             if self.should_stop():
                 raise Stopped(iteration + 1, between_iterations=True)
-        report({"event": "done", **head, "iteration": config.iterations, "parameters": parameters,
-                **self.fingerprint()})
+        report({"event": "done", **head, "iteration": config.iterations,
+                "parameters": sum(p.numel() for p in self.parameters), **self.fingerprint()})
+
+    def boundary(self, agreed: int, done: int, head: dict[str, Any], report: Report) -> None:
+        """Apply the agreed plan version if it is newer than the one in force (every rank decides alike)."""
+        if agreed <= self.plan_version:
+            return
+        decided = time.perf_counter()
+        assert self.inbox is not None
+        plan = self.inbox.get(agreed)
+        for event in apply_plan(self, plan, done, decided):
+            report({**event, **head})
+        report({"event": "plan_applied", **head, **plan.describe(), "iteration": done,
+                "layers": self.stage.layer_indices, "apply_s": time.perf_counter() - decided})
 
     def fingerprint(self) -> dict[str, Any]:
         """Hashes of this rank's parameters: replicas of a stage, and the copies of a tied weight on different

@@ -10,7 +10,18 @@ goes to stdout, one JSON object per line; every event carries "event", "job_id",
   (includes recompute_s), recompute_s, comm_s (blocked on receives, send drains and allreduces),
   optimizer_s, idle_s (the rest), memory_bytes, peak_memory_bytes (CUDA allocator, or process RSS on the
   CPU), bytes_sent / bytes_received (p2p), allreduce_bytes, replica_allreduces, tied_allreduces, loss and
-  has_loss (the iteration's global mean loss, on the last stage only), samples_per_s (global batch / s), layers.
+  has_loss (the iteration's global mean loss, on the last stage only), samples_per_s (global batch / s),
+  swapped_bytes (activation bytes moved to host memory this iteration), active_layers (held layers that
+  computed: layer_toggles can make one the identity), layers (held during this iteration; plan_version is
+  the version in force during it).
+- "command_rejected" (a warning; training goes on): iteration (completed count when reported), message
+  (names the bad field of a stdin command).
+- "migration" (on the receiving rank, one per received layer, at the boundary where a plan applies):
+  layer_index, from_stage, to_stage, bytes (received by this replica: header, parameters, buffers,
+  optimizer state), duration_s (from the boundary decision to the layer ready), iteration (completed count
+  at the boundary), plan_version.
+- "plan_applied" (every rank, after its migrations): plan_version, iteration, stage_bounds, layers (held
+  now), checkpoint_layers, swap_layers, apply_s.
 - "checkpoint": iteration, plan_version, dir, manifest (URI on rank 0, else ""), layers
   [{layer_index, uri, bytes, sha256}] written by this rank, checkpoint_s. Every rank reports after the
   manifest exists.
@@ -18,6 +29,9 @@ goes to stdout, one JSON object per line; every event carries "event", "job_id",
 - "stopped" (SIGTERM, honoured at the next micro-batch task; exit 143): iteration, message.
 - "error" (exit 1): message.
 `resume_from` may be a directory path, a file:// URI, or the manifest itself.
+
+Commands: JSON lines on stdin, read by a daemon thread ("plan" commands, migration.py); EOF or /dev/null means
+none. The plan in force changes only at an iteration boundary that every rank agrees on.
 """
 
 from __future__ import annotations
@@ -32,7 +46,7 @@ import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 import torch.distributed as dist
@@ -40,15 +54,18 @@ import torch.distributed as dist
 from services.executor.train import checkpoint as ckpt
 from services.executor.train.comms import Comms
 from services.executor.train.config import WorkerConfig
-from services.executor.train.stage import build_stage, make_optimizer
+from services.executor.train.migration import Plan, PlanInbox, read_commands
+from services.executor.train.stage import build_stage, make_optimizer, model_info
 from services.executor.train.trainer import Report, Stopped, Trainer
 
 STOPPED_EXIT = 143
 __all__ = ["Stopped", "main", "run"]
 
 
-def run(config: WorkerConfig, report: Report, should_stop: Callable[[], bool] | None = None) -> None:
-    """Train this worker's stage from `start_iteration` (or the resumed checkpoint) until `iterations`."""
+def run(config: WorkerConfig, report: Report, should_stop: Callable[[], bool] | None = None,
+        commands: TextIO | None = None) -> None:
+    """Train this worker's stage from `start_iteration` (or the resumed checkpoint) until `iterations`;
+    `commands` (stdin under the CLI) is read for plan commands."""
     config.validate()
     head = {"job_id": config.job_id, "rank": config.rank, "stage": config.stage_index,
             "replica": config.replica_index}
@@ -58,7 +75,11 @@ def run(config: WorkerConfig, report: Report, should_stop: Callable[[], bool] | 
         torch.cuda.set_device(device)
     stage = build_stage(config.spec(), config.stage_bounds, config.stage_index, seed=config.seed,
                         micro_batch_size=config.micro_batch_size, checkpoint_layers=config.checkpoint_layers,
-                        device=device)
+                        swap_layers=config.swap_layers, layer_toggles=config.layer_toggles, device=device)
+    initial = Plan(config.plan_version, 0, tuple((b, e) for b, e in config.stage_bounds),
+                   tuple(config.checkpoint_layers), tuple(config.swap_layers))
+    inbox = PlanInbox(model_info(config.spec(), config.micro_batch_size), config.num_stages, initial)
+    read_commands(commands, inbox)
     optimizer = make_optimizer(stage.parameters(), config.optimizer)
     start = config.start_iteration
     if config.resume_from:  # before the rendezvous, so a bad checkpoint fails fast on every rank
@@ -73,7 +94,9 @@ def run(config: WorkerConfig, report: Report, should_stop: Callable[[], bool] | 
                             world_size=config.world_size, timeout=timedelta(seconds=config.timeout_s))
     try:
         comms = Comms(config, stage, device)
-        Trainer(config, stage, optimizer, comms, device, should_stop or (lambda: False)).train(start, head, report)
+        trainer = Trainer(config, stage, optimizer, comms, device, should_stop or (lambda: False))
+        trainer.inbox = inbox
+        trainer.train(start, head, report)
     except Stopped as e:
         if e.between_iterations:  # nothing in flight on our side
             dist.destroy_process_group()
@@ -90,15 +113,18 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
     head: dict[str, Any] = {}
 
+    lock = threading.Lock()
+
     def report(event: dict[str, Any]) -> None:
-        sys.stdout.write(json.dumps({**event, "time": time.time()}) + "\n")
-        sys.stdout.flush()
+        with lock:
+            sys.stdout.write(json.dumps({**event, "time": time.time()}) + "\n")
+            sys.stdout.flush()
 
     try:
         config = WorkerConfig.from_json(Path(args[0]).read_text())
         head = {"job_id": config.job_id, "rank": config.rank, "stage": config.stage_index,
                 "replica": config.replica_index}
-        run(config, report, stop.is_set)
+        run(config, report, stop.is_set, commands=sys.stdin)
         code = 0
     except Stopped as e:
         report({"event": "stopped", **head, "iteration": e.iteration, "message": str(e)})

@@ -185,7 +185,7 @@ class Planner:
     def configurations(self, global_batch: int) -> Iterator[tuple[int, int, int, Schedule]]:
         """(P, micro-batch size, nm, schedule) for one global batch."""
         for pp in pipeline_degrees(self.num_devices, max_pp=self.num_layers):
-            if not self.candidates(pp):
+            if self.options.pipeline_stages not in (0, pp) or not self.candidates(pp):
                 continue
             for nm in micro_batch_counts(global_batch, pp):
                 for schedule in self.options.schedules:

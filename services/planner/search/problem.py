@@ -41,6 +41,8 @@ class SearchOptions:
     memory_granularity_bytes: int = 64 * MiB
     # Alternatives kept for the explanation.
     top_k: int = 5
+    # Only plans with this many pipeline stages (0: any depth).
+    pipeline_stages: int = 0
     cost: CostOptions = field(default_factory=CostOptions)
 
 

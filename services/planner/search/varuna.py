@@ -155,7 +155,7 @@ def configure(
     if g > ctx.fleet.devices:
         raise InvalidArgument(f"{g} devices asked, the fleet has {ctx.fleet.devices}", field="num_devices",
                               fix=f"use at most {ctx.fleet.devices}")
-    depths = range(1, min(g, len(ctx.view)) + 1)
+    depths = [p for p in range(1, min(g, len(ctx.view)) + 1) if options.pipeline_stages in (0, p)]
     widths = sorted({g // p for p in depths})
     if not any(batch % d == 0 for d in widths):
         near = " or ".join(str(b) for b in _nearest_valid(batch, widths))

@@ -1,0 +1,437 @@
+"""Plan changes while training: "plan" commands, agreement on when they apply, and live layer migration (vPipe §4).
+
+Commands. The worker reads JSON lines on stdin in a daemon thread (`read_commands`; EOF, /dev/null or no stdin
+means no commands). A command is a complete description of the new runtime shape, same stage and replica
+counts:
+  {"command": "plan", "version": V, "not_before": K, "stage_bounds": [[b, e], ...],
+   "checkpoint_layers": [...], "swap_layers": [...]}
+`PlanInbox.submit` validates it (contiguous non-empty bounds covering every layer, the same stage count, layer
+indices in range, a version above the initial one, every shared (tied) parameter left on the same set of
+stages); a bad command becomes a {"event": "command_rejected", "message": ...} warning naming the field, and is
+never applied. A rank's ready version is the highest accepted version whose not_before <= iterations completed.
+
+Agreement. At every iteration boundary every rank contributes its ready version to one MIN all_reduce on a
+dedicated gloo group made up front (so it works beside NCCL). It is launched asynchronously when the iteration
+starts, with the ready version as of the END of that iteration (not_before <= iterations done after it), and
+waited after the optimizer step: all ranks see the same minimum, so all decide the same thing at the same
+boundary. If the minimum exceeds the version in force, every rank applies that plan (intermediate versions
+are skipped). The agent must send every plan to every rank: a rank that lacks the agreed version fails.
+No boundary follows the last iteration, and the start of a run is not a boundary.
+
+Migration. The plan is applied between iterations: after the optimizer step of the last completed iteration,
+before the first micro-batch of the next. That is the micro-batch boundary where synchronous-SGD parameters
+have a single version: no forward is waiting for its backward, no p2p transfer is posted, gradients are
+zeroed, so moving a layer there changes nothing in the training semantics (vPipe's transparency requirement
+for BSP, without its activation transfer: nothing is in flight). For every layer whose stage changes, source
+replica r sends target replica r (same replica index) bare tensors with isend/irecv, never pickles:
+  1. an int64 header [num_params, 2]: per parameter (has optimizer state, Adam step), parameters in
+     `named_parameters` order minus the tied ones the target already holds;
+  2. the parameters, then every buffer (`named_buffers` order);
+  3. after the header arrived, per parameter with state: the optimizer's state tensors (Adam: exp_avg,
+     exp_avg_sq; the scalar step travelled in the header). "No state yet" (before the first step, or a
+     parameter that never had a gradient, e.g. of an inactive layer) is flag 0 and nothing is sent.
+Shapes and dtypes come from the model spec: the target copies the layer's module from the cached meta-device
+model (stage.model_info), materialises it with `to_empty(device=...)` and receives straight into its
+parameters and buffers. Both sides post phase 1 for all moved layers (ascending index), then phase 2, so the
+order per peer is the same on both ends (NCCL matches p2p in order; gloo also by tag).
+
+Groups: a move between adjacent stages reuses that pair's forward p2p group (idle at the boundary); a move
+that skips stages uses a dedicated group per (stage pair, replica) for every non-adjacent pair, created up
+front by every rank in the same order (comms.Comms). With contiguous bounds a pair only moves one way in a
+plan.
+
+Tied parameters: plans that would change the set of stages holding any shared parameter are rejected
+(command_rejected names it); so a moved layer's shared parameter is always already held by the target, which
+reuses its own Parameter object (not sent), and the tied groups and `Stage.tied` stay valid. The stage's
+aliases, boundaries and receive/send lists are recomputed from the cached meta model; the schedule order and
+the p2p peers are unchanged; the optimizer is rebuilt over the new parameter list with the state of kept
+parameters carried by identity and the received state installed. The source drops the moved layers.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, TextIO
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from services.executor.train.config import WorkerConfig
+from services.executor.train.stage import ModelInfo, Stage, make_optimizer, restage, stage_of
+from services.zoo.graph import Layer
+
+if TYPE_CHECKING:
+    from services.executor.train.trainer import Trainer
+
+STATE_TENSORS = {"adam": ("exp_avg", "exp_avg_sq"), "sgd": ()}  # optimizer state beyond Adam's scalar step
+TAG_STRIDE = 1 << 16  # gloo tag = layer index * TAG_STRIDE + slot within the layer
+
+
+@dataclass(frozen=True)
+class Plan:
+    version: int
+    not_before: int
+    stage_bounds: tuple[tuple[int, int], ...]
+    checkpoint_layers: tuple[int, ...]
+    swap_layers: tuple[int, ...]
+
+    def describe(self) -> dict[str, Any]:
+        return {"plan_version": self.version, "stage_bounds": [list(b) for b in self.stage_bounds],
+                "checkpoint_layers": list(self.checkpoint_layers), "swap_layers": list(self.swap_layers)}
+
+
+class Rejected(ValueError):
+    pass
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class PlanInbox:
+    """Accepted plans by version and rejection messages; `submit` may run on the reader thread."""
+
+    def __init__(self, info: ModelInfo, num_stages: int, initial: Plan) -> None:
+        self.info, self.num_stages, self.initial = info, num_stages, initial
+        self._tied = info.tied_stage_sets(initial.stage_bounds)
+        self._plans: dict[int, Plan] = {}
+        self._rejected: list[str] = []
+        self._lock = threading.Lock()
+
+    def parse(self, raw: Any) -> Plan:
+        """A validated Plan from a decoded command, or Rejected naming the bad field."""
+        n, s = self.info.num_layers, self.num_stages
+
+        def need(ok: bool, name: str, fix: str) -> None:
+            if not ok:
+                raise Rejected(f"plan command field {name!r}: {fix}")
+
+        need(isinstance(raw, dict), "command", "a command is a JSON object")
+        need(raw.get("command") == "plan", "command", f"unknown command {raw.get('command')!r}; use 'plan'")
+        known = {"command", "version", "not_before", "stage_bounds", "checkpoint_layers", "swap_layers"}
+        unknown = sorted(set(raw) - known)
+        need(not unknown, str(unknown[0]) if unknown else "", f"unknown fields {unknown}")
+        for name in ("version", "not_before", "stage_bounds", "checkpoint_layers", "swap_layers"):
+            need(name in raw, name, "missing: a plan command describes the whole runtime shape")
+        version, not_before, bounds = raw["version"], raw["not_before"], raw["stage_bounds"]
+        need(_int(version) and version > self.initial.version, "version",
+             f"must be an integer above the initial plan_version {self.initial.version}")
+        need(_int(not_before) and not_before >= 0, "not_before", "must be an integer >= 0 (iterations completed)")
+        need(isinstance(bounds, list) and len(bounds) == s, "stage_bounds",
+             f"give exactly {s} [begin, end) stages (the stage count never changes while training)")
+        need(all(isinstance(b, list) and len(b) == 2 and all(_int(v) for v in b) for b in bounds), "stage_bounds",
+             "each stage is a [begin, end) pair of integers")
+        need(all(b < e for b, e in bounds), "stage_bounds", "every stage must be non-empty (begin < end)")
+        need(bounds[0][0] == 0 and bounds[-1][1] == n, "stage_bounds", f"stages must cover layers [0, {n})")
+        need(all(a[1] == b[0] for a, b in zip(bounds, bounds[1:], strict=False)), "stage_bounds",
+             "stages must be contiguous: each begin equals the previous end")
+        for name in ("checkpoint_layers", "swap_layers"):
+            values = raw[name]
+            need(isinstance(values, list) and all(_int(i) and 0 <= i < n for i in values), name,
+                 f"give a list of layer indices in [0, {n})")
+        tied = self.info.tied_stage_sets(bounds)
+        changed = sorted(k for k in tied if tied[k] != self._tied[k])
+        need(not changed, "stage_bounds",
+             f"the plan moves shared (tied) parameter {changed[:1]} from stages {[self._tied[k] for k in changed[:1]]} "
+             f"to {[tied[k] for k in changed[:1]]}; changing the stages that hold a tied weight is not supported "
+             "while training (restart from a checkpoint with the new plan)")
+        plan = Plan(version, not_before, tuple((b, e) for b, e in bounds), tuple(sorted(set(raw["checkpoint_layers"]))),
+                    tuple(sorted(set(raw["swap_layers"]))))
+        with self._lock:
+            known_plan = self._plans.get(version)
+        need(known_plan is None or known_plan == plan, "version", f"version {version} was already given another plan")
+        return plan
+
+    def submit(self, line: str) -> Plan | None:
+        try:
+            try:
+                raw = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise Rejected(f"command is not JSON ({e.msg})") from None
+            plan = self.parse(raw)
+        except Rejected as e:
+            with self._lock:
+                self._rejected.append(str(e))
+            return None
+        with self._lock:
+            self._plans[plan.version] = plan
+        return plan
+
+    def take_rejections(self) -> list[str]:
+        with self._lock:
+            out, self._rejected = self._rejected, []
+        return out
+
+    def ready(self, done: int, in_force: int) -> int:
+        """Highest version at least `in_force` whose not_before <= `done` iterations completed."""
+        with self._lock:
+            return max([in_force] + [v for v, p in self._plans.items() if p.not_before <= done])
+
+    def get(self, version: int) -> Plan:
+        with self._lock:
+            if version not in self._plans:
+                raise RuntimeError(f"all ranks agreed on plan version {version} but this rank never received it "
+                                   "(send every plan command to every rank)")
+            return self._plans[version]
+
+
+def read_commands(stream: TextIO | None, inbox: PlanInbox) -> threading.Thread | None:
+    """Feed `stream`'s lines to `inbox` on a daemon thread until EOF; never raises."""
+    if stream is None:
+        return None
+
+    def loop() -> None:
+        try:
+            for line in stream:
+                if line.strip():
+                    inbox.submit(line)
+        except (OSError, ValueError):  # closed or unreadable stdin: no more commands
+            pass
+
+    thread = threading.Thread(target=loop, name="ballast-commands", daemon=True)
+    thread.start()
+    return thread
+
+
+class Agreement:
+    """MIN over the world of each rank's ready version, on a gloo group of every rank."""
+
+    def __init__(self, group: object | None) -> None:
+        self.group = group  # None: a single rank
+
+    def launch(self, ready: int) -> tuple[Tensor, Any]:
+        value = torch.tensor([ready], dtype=torch.int64)
+        work = dist.all_reduce(value, op=dist.ReduceOp.MIN, group=self.group, async_op=True) if self.group else None
+        return value, work
+
+    @staticmethod
+    def result(pending: tuple[Tensor, Any]) -> int:
+        value, work = pending
+        if work is not None:
+            work.wait()
+        return int(value.item())
+
+
+# --- the wire format of one layer -------------------------------------------------------------------------
+
+
+def wire_names(module: nn.Module, skip: set[str]) -> list[str]:
+    """Local names of the parameters that travel: all but the tied ones the target already holds."""
+    return [name for name, _ in module.named_parameters() if name not in skip]
+
+
+def state_header(module: nn.Module, names: list[str], optimizer: torch.optim.Optimizer,
+                 device: torch.device) -> Tensor:
+    """int64 [len(names), 2]: (has state, step) per travelling parameter."""
+    params = dict(module.named_parameters())
+    rows = []
+    for name in names:
+        state = optimizer.state.get(params[name], {})
+        step = state.get("step", 0)
+        rows.append([1 if state else 0, int(step.item() if isinstance(step, Tensor) else step)])
+    return torch.tensor(rows, dtype=torch.int64, device=device).reshape(len(names), 2)
+
+
+def first_tensors(module: nn.Module, names: list[str]) -> list[Tensor]:
+    """Phase 1 after the header: parameters (travelling ones), then every buffer."""
+    params = dict(module.named_parameters())
+    return [params[n].detach() for n in names] + [b.detach() for _, b in module.named_buffers()]
+
+
+def state_tensors(module: nn.Module, names: list[str], header: Tensor, optimizer: torch.optim.Optimizer,
+                  optimizer_name: str) -> list[Tensor]:
+    """Phase 2 on the source: the state tensors of parameters flagged in the header."""
+    params = dict(module.named_parameters())
+    out = []
+    for name, (has, _) in zip(names, header.tolist(), strict=True):
+        if has:
+            state = optimizer.state[params[name]]
+            out += [state[key].detach() for key in STATE_TENSORS[optimizer_name]]
+    return out
+
+
+def empty_state(module: nn.Module, names: list[str], header: Tensor, optimizer_name: str) -> list[Tensor]:
+    """Phase 2 on the target: tensors to receive into, laid out as `state_tensors`."""
+    params = dict(module.named_parameters())
+    out = []
+    for name, (has, _) in zip(names, header.tolist(), strict=True):
+        if has:
+            out += [torch.empty_like(params[name], memory_format=torch.contiguous_format)
+                    for _ in STATE_TENSORS[optimizer_name]]
+    return out
+
+
+def install_state(module: nn.Module, names: list[str], header: Tensor, received: list[Tensor],
+                  optimizer: torch.optim.Optimizer, optimizer_name: str) -> None:
+    """Put received state into `optimizer.state` (Adam: step as a CPU float scalar, as torch keeps it)."""
+    params = dict(module.named_parameters())
+    keys = STATE_TENSORS[optimizer_name]
+    it = iter(received)
+    for name, (has, step) in zip(names, header.tolist(), strict=True):
+        if has:
+            state: dict[str, Any] = {"step": torch.tensor(float(step))} if optimizer_name == "adam" else {}
+            for key in keys:
+                state[key] = next(it)
+            optimizer.state[params[name]] = state
+
+
+# --- applying a plan at an iteration boundary --------------------------------------------------------------
+
+
+@dataclass
+class _Move:
+    layer: int
+    source: int
+    target: int
+    module: nn.Module | None = None
+    names: list[str] | None = None
+    header: Tensor | None = None
+    phase1: list[Tensor] | None = None
+    state: list[Tensor] | None = None
+    works: list[Any] | None = None
+    bytes: int = 0
+
+
+def plan_moves(old_bounds: Sequence[Sequence[int]], new_bounds: Sequence[Sequence[int]],
+               num_layers: int) -> list[tuple[int, int, int]]:
+    """(layer, source stage, target stage) of every layer whose stage changes, ascending layer index."""
+    moves = []
+    for i in range(num_layers):
+        a, b = stage_of(old_bounds, i), stage_of(new_bounds, i)
+        if a != b:
+            moves.append((i, a, b))
+    return moves
+
+
+def _set_parameter(module: nn.Module, name: str, parameter: nn.Parameter) -> None:
+    prefix, _, leaf = name.rpartition(".")
+    setattr(module.get_submodule(prefix) if prefix else module, leaf, parameter)
+
+
+def _isend(tensors: list[Tensor], peer: int, group: object, tag: int) -> list[tuple[Tensor, Any]]:
+    """Start sends; each contiguous tensor is returned with its work so it stays alive until waited."""
+    out = []
+    for k, t in enumerate(tensors):
+        if t.numel():  # empty tensors (a layer without parameters has an empty header) never travel
+            t = t.contiguous()
+            out.append((t, dist.isend(t, dst=peer, group=group, tag=tag + k)))
+    return out
+
+
+def _irecv(tensors: list[Tensor], peer: int, group: object, tag: int) -> list[Any]:
+    return [dist.irecv(t, src=peer, group=group, tag=tag + k) for k, t in enumerate(tensors) if t.numel()]
+
+
+def apply_plan(trainer: Trainer, plan: Plan, done: int, decided: float) -> list[dict[str, Any]]:
+    """Migrate layers and switch policies to `plan` on this rank; returns the events to report."""
+    config: WorkerConfig = trainer.config
+    stage: Stage = trainer.stage
+    comms, device, info = trainer.comms, trainer.device, trainer.info
+    optimizer, name = trainer.optimizer, config.optimizer["name"]
+    me, r = stage.index, config.replica_index
+    moves = [_Move(i, a, b) for i, a, b in plan_moves(trainer.stage_bounds, plan.stage_bounds, info.num_layers)]
+    held = {layer.index: layer for layer in stage.layers}
+    # This stage's real Parameter for every shared parameter it holds (the target reuses it, it never travels).
+    shared_here: dict[str, nn.Parameter] = {}
+    meta_params = dict(info.model.named_parameters())
+    for shared in info.dec.shared:
+        holders = [i for i in shared.layers if i in held]
+        if holders:
+            local = next(n for n, p in info.dec.layers[holders[0]].module.named_parameters()
+                         if p is meta_params[shared.name])
+            shared_here[shared.name] = dict(held[holders[0]].module.named_parameters())[local]
+
+    def skipped(index: int, at_stage: int) -> dict[str, str]:
+        """Local name -> shared name of the layer's tied parameters that stage `at_stage` holds (old bounds)."""
+        out = {}
+        for shared in info.dec.shared:
+            if index in shared.layers and at_stage in {stage_of(trainer.stage_bounds, j) for j in shared.layers
+                                                       if j != index}:
+                p = meta_params[shared.name]
+                out[next(n for n, q in info.dec.layers[index].module.named_parameters() if q is p)] = shared.name
+        return out
+
+    sends: list[Any] = []
+    outgoing = [m for m in moves if m.source == me]
+    incoming = [m for m in moves if m.target == me]
+    for m in incoming:  # materialise the module from the meta model, receive straight into it
+        module = copy.deepcopy(info.dec.layers[m.layer].module).to_empty(device=device)
+        module.train(stage.layers[0].module.training)
+        skip = skipped(m.layer, me)
+        for local, shared_name in skip.items():
+            _set_parameter(module, local, shared_here[shared_name])
+        m.module, m.names = module, wire_names(module, set(skip))
+    for m in outgoing:
+        m.module = held[m.layer].module
+        m.names = wire_names(m.module, set(skipped(m.layer, m.target)))
+    # Phase 1: header, parameters, buffers; the same order on both ends.
+    for m in moves:
+        if me not in (m.source, m.target):
+            continue
+        assert m.module is not None and m.names is not None
+        other = m.target if m.source == me else m.source
+        group, peer = comms.pair_group(other), config.rank_of(other, r)
+        tag = m.layer * TAG_STRIDE
+        if m.source == me:
+            m.header = state_header(m.module, m.names, optimizer, device)
+            tensors = [m.header] + first_tensors(m.module, m.names)
+            sends += _isend(tensors, peer, group, tag)
+        else:
+            m.header = torch.empty((len(m.names), 2), dtype=torch.int64, device=device)
+            m.phase1 = first_tensors(m.module, m.names)
+            m.works = _irecv([m.header], peer, group, tag)  # waited alone before phase 2
+            m.works += _irecv(m.phase1, peer, group, tag + 1)
+    # Phase 2: optimizer state of the parameters flagged in the header.
+    for m in moves:
+        if me not in (m.source, m.target):
+            continue
+        assert m.module is not None and m.names is not None and m.header is not None
+        other = m.target if m.source == me else m.source
+        group, peer = comms.pair_group(other), config.rank_of(other, r)
+        tag = m.layer * TAG_STRIDE + 1 + len(m.names) + len(list(m.module.buffers()))
+        if m.source == me:
+            sends += _isend(state_tensors(m.module, m.names, m.header, optimizer, name), peer, group, tag)
+        else:
+            assert m.works is not None and m.phase1 is not None
+            if m.names:  # the header decides what follows (a gloo work must be waited only once)
+                m.works.pop(0).wait()
+            m.state = empty_state(m.module, m.names, m.header, name)
+            m.works += _irecv(m.state, peer, group, tag)
+    events = []
+    for m in incoming:
+        assert m.works is not None and m.phase1 is not None and m.state is not None
+        for work in m.works:
+            work.wait()
+        m.bytes = sum(t.numel() * t.element_size() for t in [m.header, *m.phase1, *m.state])
+        events.append({"event": "migration", "layer_index": m.layer, "from_stage": m.source, "to_stage": m.target,
+                       "bytes": m.bytes, "duration_s": time.perf_counter() - decided, "iteration": done,
+                       "plan_version": plan.version})
+    for _, work in sends:
+        work.wait()
+    # The new stage, its optimizer (kept state by identity, received state installed), and the comms' view.
+    begin, end = plan.stage_bounds[me]
+    arrived = {m.layer: m for m in incoming}
+    layers: list[Layer] = []
+    for i in range(begin, end):
+        if i in held:
+            layers.append(held[i])
+        else:
+            module = arrived[i].module
+            assert module is not None
+            layers.append(replace(info.dec.layers[i], module=module))
+    new_stage = restage(stage, info, plan.stage_bounds, layers, plan.checkpoint_layers, plan.swap_layers)
+    new_optimizer = make_optimizer(new_stage.parameters(), config.optimizer)
+    for p in new_stage.parameters():
+        if p in optimizer.state:
+            new_optimizer.state[p] = optimizer.state[p]
+    for m in incoming:
+        assert m.module is not None and m.names is not None and m.header is not None and m.state is not None
+        install_state(m.module, m.names, m.header, m.state, new_optimizer, name)
+    trainer.install(new_stage, new_optimizer, plan)
+    return events
