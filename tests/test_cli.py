@@ -152,7 +152,8 @@ def test_demo(tmp_path: Path) -> None:
     assert demo.returncode == 0, demo.stdout + demo.stderr
     out = demo.stdout
     for words in ("PLAN_CHOSEN", "ASSIGNED", "SUCCEEDED", "trained 8 iteration(s)", "iteration time: predicted",
-                  "loss curve", "stopped 6 processes"):
+                  "loss curve", "live rebalancing", "REPARTITION ", "MIGRATION", "REPARTITIONED",
+                  "FROM layer_migrations", "stopped 6 processes"):
         assert words in out, out
     assert (settings.data_dir / "loss.png").read_bytes().startswith(b"\x89PNG")
     assert State.load(settings) is None
@@ -170,3 +171,16 @@ def test_alive_treats_an_exited_child_as_gone() -> None:
     while alive(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not alive(proc.pid)
+
+
+def test_toggles_parse_or_name_the_fix() -> None:
+    import argparse
+
+    from ballast.cli.jobs import parse_toggle
+
+    toggle = parse_toggle("5:10:on")
+    assert (toggle.layer_index, toggle.iteration, toggle.active) == (5, 10, True)
+    assert not parse_toggle("3:0:off").active
+    for bad in ("5:10", "x:1:on", "5:1:maybe"):
+        with pytest.raises(argparse.ArgumentTypeError, match="LAYER:ITERATION:on|off"):
+            parse_toggle(bad)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import sys
 import threading
+from pathlib import Path
 
 from ballast.v1 import executor_pb2, plan_pb2
-from services.executor.workers import Workers, worker_config
+from services.executor.workers import Workers, plan_command, policies, worker_config
 
 
 def assign_message(job_id: str, ranks: int = 1) -> executor_pb2.PlannerMessage:
@@ -50,3 +51,70 @@ def test_the_worker_config_follows_the_assignment():
     config = worker_config(message.assign, message.assign.workers[1], "job-c")
     assert (config["rank"], config["replica_index"], config["num_replicas"], config["micro_batch_size"]) == (1, 1, 2, 1)
     assert config["init_method"] == "tcp://127.0.0.1:1" and config["device"] == "cpu"
+
+
+# A stand-in worker that takes one plan command from stdin and reports it applied, with one migrated layer.
+TAKES_A_PLAN = r'''
+import json, sys
+command = json.loads(sys.stdin.readline())
+assert command["command"] == "plan"
+print(json.dumps({"event": "migration", "layer_index": 2, "from_stage": 0, "to_stage": 1, "bytes": 4096,
+                  "duration_s": 0.01, "iteration": command["not_before"], "plan_version": command["version"]}))
+print(json.dumps({"event": "plan_applied", "plan_version": command["version"], "iteration": command["not_before"],
+                  "stage_bounds": command["stage_bounds"]}), flush=True)
+sys.stdin.readline()  # wait until the agent lets go
+print(json.dumps({"event": "done"}))
+'''
+
+
+def test_a_repartition_reaches_the_workers_and_is_acked_once_they_applied_it(tmp_path):
+    messages: list[executor_pb2.AgentMessage] = []
+    acked = threading.Event()
+
+    def emit(message: executor_pb2.AgentMessage) -> None:
+        messages.append(message)
+        if message.HasField("ack"):
+            acked.set()
+
+    workers = Workers(emit, tmp_path, command=(sys.executable, "-c", TAKES_A_PLAN))
+    assert workers.assign(assign_message("job-r")).ok
+    plan = plan_pb2.Plan(version=2)
+    plan.stages.add(index=0, layer_begin=0, layer_end=2, devices=1)
+    plan.stages.add(index=1, layer_begin=2, layer_end=3, devices=1)
+    plan.layers.add(layer_index=1, checkpoint=True)
+    plan.layers.add(layer_index=2, swap_activations=True)
+    message = executor_pb2.PlannerMessage(
+        instruction_id="job-r-repartition-v2-h", job_id="job-r", version=2,
+        repartition=executor_pb2.RepartitionInstruction(plan=plan, effective_iteration=7))
+    assert plan_command(message) == {"command": "plan", "version": 2, "not_before": 7,
+                                     "stage_bounds": [[0, 2], [2, 3]], "checkpoint_layers": [1], "swap_layers": [2]}
+    assert workers.repartition(message) is None  # acked once applied, not when written
+    assert acked.wait(30)
+    ack = next(m.ack for m in messages if m.HasField("ack"))
+    assert (ack.instruction_id, ack.version, ack.ok) == ("job-r-repartition-v2-h", 2, True)
+    assert "after iteration 7" in ack.message
+    moved = [m.layer_migrated for m in messages if m.HasField("layer_migrated")]
+    assert [(m.migration.layer_index, m.migration.to_stage, m.migration.bytes, m.migration.plan_version)
+            for m in moved] == [(2, 1, 4096, 2)]
+    assert workers.applied_versions() == {"job-r": 2}
+    assert workers.repartition(message).message == "plan version 2 already in force"  # a redelivery
+    workers.stop("job-r", "test over")
+
+
+def test_a_repartition_for_a_job_not_here_is_refused():
+    workers = Workers(lambda m: None, Path("/nonexistent"))
+    message = executor_pb2.PlannerMessage(instruction_id="x", job_id="job-none", version=2,
+                                          repartition=executor_pb2.RepartitionInstruction())
+    ack = workers.repartition(message)
+    assert not ack.ok and "no worker of job job-none" in ack.message
+
+
+def test_memory_policies_and_toggles_reach_the_worker_config():
+    message = assign_message("job-p")
+    message.assign.plan.layers.add(layer_index=0, checkpoint=True, swap_activations=True)  # recompute wins
+    message.assign.plan.layers.add(layer_index=1, swap_activations=True)
+    message.assign.spec.layer_toggles.add(layer_index=1, iteration=4, active=False)
+    config = worker_config(message.assign, message.assign.workers[0], "job-p")
+    assert (config["checkpoint_layers"], config["swap_layers"]) == ([0], [1])
+    assert config["layer_toggles"] == [[1, 4, 0]]
+    assert policies(message.assign.plan) == {"checkpoint_layers": [0], "swap_layers": [1]}

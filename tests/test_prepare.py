@@ -11,9 +11,9 @@ import pytest
 from ballast.v1 import fleet_pb2, job_pb2, model_pb2, queue_pb2, services_pb2, store_pb2
 from services.planner import jobs, queue
 from services.planner.fleet_file import load_fleet
-from services.planner.prepare import fleet_of_hosts, prepare_job
+from services.planner.prepare import check_toggles, fleet_of_hosts, prepare_job
 from services.profiler.projection import analytical_profile
-from services.runtime.errors import FailedPrecondition, Unavailable
+from services.runtime.errors import FailedPrecondition, InvalidArgument, Unavailable
 from tests.harness import ROOT, make_settings, start_plane
 
 S = job_pb2.JobState
@@ -150,3 +150,11 @@ def test_hosts_that_cannot_form_a_fleet_say_why(hosts, words):
     with pytest.raises(FailedPrecondition) as err:
         fleet_of_hosts(hosts)
     assert words in str(err.value) and err.value.field == "spec.fleet"
+
+
+def test_a_toggle_must_name_a_layer_of_the_profiled_model():
+    spec = job_pb2.JobSpec(layer_toggles=[job_pb2.LayerToggle(layer_index=3), job_pb2.LayerToggle(layer_index=6)])
+    check_toggles(job_pb2.JobSpec(layer_toggles=spec.layer_toggles[:1]), num_layers=6)
+    with pytest.raises(InvalidArgument) as caught:
+        check_toggles(spec, num_layers=6)
+    assert caught.value.field == "spec.layer_toggles[1].layer_index" and "below 6" in caught.value.fix

@@ -98,6 +98,8 @@ def test_job_spec_rules_use_job_paths():
         return job_pb2.JobSpec(**({"model": transformer(), "global_batch_size": 8, "iterations": 3} | kw))
 
     validate_job_spec(job())
+    validate_job_spec(job(layer_toggles=[job_pb2.LayerToggle(layer_index=2, iteration=0),
+                                         job_pb2.LayerToggle(layer_index=2, iteration=2, active=True)]))
     cases = [
         (job_pb2.JobSpec(global_batch_size=8, iterations=3), "spec.model"),
         (job(model=transformer(num_heads=3)), "spec.model.transformer.num_heads"),
@@ -110,6 +112,9 @@ def test_job_spec_rules_use_job_paths():
             job(fleet=fleet_pb2.Fleet(device=fleet_pb2.DeviceSpec(kind="cpu"), nodes=1)),
             "spec.fleet.devices_per_node",
         ),
+        (job(layer_toggles=[job_pb2.LayerToggle(layer_index=2, iteration=3)]), "spec.layer_toggles[0].iteration"),
+        (job(layer_toggles=[job_pb2.LayerToggle(layer_index=2, iteration=1),
+                            job_pb2.LayerToggle(layer_index=2, iteration=1, active=True)]), "spec.layer_toggles[1]"),
     ]
     for spec, field in cases:
         with pytest.raises(InvalidArgument) as err:

@@ -1,6 +1,8 @@
 """`ballast demo`: the newcomer's first run. The control plane comes up with local CPU executors, gpt-tiny is
 submitted as a job (profiled on this host, planned, trained for real over torch.distributed), and a short
-report compares the plan's predicted iteration time with the measured one and saves the loss curve."""
+report compares the plan's predicted iteration time with the measured one and saves the loss curve. With two or
+more executors it ends with vPipe live: the same model on a 2-stage pipeline whose second half starts switched
+off (unbalanced), so the planner migrates layers while it trains -- and again when those layers switch on."""
 
 from __future__ import annotations
 
@@ -64,11 +66,52 @@ def run_demo(settings: Settings, args: argparse.Namespace) -> int:
                 console.print("[red]the job did not succeed[/red]")
                 return 1
             console.rule("3. report")
-            return report(client, job.id, settings.data_dir / "loss.png")
+            code = report(client, job.id, settings.data_dir / "loss.png")
+            if code == 0 and args.executors >= 2 and spec.HasField("transformer"):
+                console.rule("4. live rebalancing (vPipe): an unbalanced 2-stage pipeline, layers migrated live")
+                code = rebalance_live(client, spec, args)
+            return code
     finally:
-        console.rule("4. shut down")
+        console.rule("5. shut down")
         killed = cp.stop_all(settings, state)
         console.print(f"  stopped {len(state.children)} processes" + (f" (force-killed {killed})" if killed else ""))
+
+
+def rebalance_live(client: Client, spec: model_pb2.ModelSpec, args: argparse.Namespace) -> int:
+    """Train the model on 2 stages with its second-half blocks off until mid-run (a dynamic workload): the planner
+    sees stage 0 doing all the work, moves layers to stage 1, and moves them back once the blocks switch on."""
+    from ballast.cli.jobs import follow
+
+    blocks = spec.transformer.num_layers  # layers: embedding, blocks 1..n, head
+    late = range(1 + blocks // 2, 1 + blocks)
+    iterations = max(args.iterations * 2, 40)
+    toggles = [job_pb2.LayerToggle(layer_index=i, iteration=0, active=False) for i in late]
+    toggles += [job_pb2.LayerToggle(layer_index=i, iteration=iterations // 2, active=True) for i in late]
+    job_spec = job_pb2.JobSpec(name=f"demo-{spec.name}-online", model=spec, global_batch_size=args.batch,
+                               iterations=iterations, seed=1, pipeline_stages=2, online_repartition=True,
+                               layer_toggles=toggles, optimizer=job_pb2.OptimizerSpec(name="adam", learning_rate=3e-3))
+    job = client.jobs.Submit(services_pb2.SubmitJobRequest(spec=job_spec))
+    switches = " ".join(f"--toggle {i}:0:off --toggle {i}:{iterations // 2}:on" for i in late)
+    console.print(f"  job {job.id}; the same as `ballast submit {args.model or 'examples/gpt-tiny.yaml'} --stages 2 "
+                  f"--online {switches} --batch {args.batch} --iterations {iterations} --wait`")
+    if follow(client, job.id, 0, None) != 0:
+        console.print("[red]the online job did not succeed[/red]")
+        return 1
+    rows = client.store.ListLayerMigrations(store_pb2.ListLayerMigrationsRequest(job_id=job.id)).migrations
+    for m in rows:
+        console.print(f"  migration: layer {m.layer_index} stage {m.from_stage} -> {m.to_stage} after iteration "
+                      f"{m.iteration} (plan v{m.plan_version}), {m.bytes / 2**20:.2f} MiB in "
+                      f"{m.duration_s * 1e3:.0f} ms")
+    per_version: dict[int, list[float]] = {}
+    for m in client.store.ListIterationMetrics(store_pb2.ListIterationMetricsRequest(job_id=job.id)).metrics:
+        per_version.setdefault(m.plan_version, []).append(m.iteration_time_s)
+    for version, times in sorted(per_version.items()):
+        console.print(f"  plan v{version}: median iteration {statistics.median(times) * 1e3:.1f} ms "
+                      f"over {len(times)} worker-iterations")
+    console.print(f"  SQL: ballast sql \"SELECT * FROM layer_migrations WHERE job_id = '{job.id}'\"")
+    if not rows:
+        console.print("[yellow]  no layer was migrated: the planner judged no move worth it here[/yellow]")
+    return 0
 
 
 def report(client: Client, job_id: str, png: Path) -> int:
