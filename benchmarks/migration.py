@@ -22,9 +22,13 @@ the restart (checkpoint write, process exit and start, rendezvous, model build, 
 iteration) is compared with the live figures.
 
 Targets (CPU here): throughput after rebalancing >= 1.3x before; the iteration in which a migration happens
-takes <= 1.5x the median iteration after rebalancing.
+takes <= 1.5x the median iteration after rebalancing. Default shape: hidden 256, sequence 128, vocabulary
+2048, 8 micro-batches of 1 sample (1F1B's bubble with 2 stages is 1/9 of the balanced iteration; with 4
+micro-batches of 2 it is 1/5, which caps the gain near 1.6x before any co-location slowdown). Also printed:
+other processes' CPU use and the stages' summed forward+backward after / before, both per window, since on a
+2-core VM the balanced pipeline keeps both cores busy and the unbalanced one only one.
 
-    .venv/bin/python benchmarks/migration.py [--hidden 256] [--after 10] [--record]
+    .venv/bin/python benchmarks/migration.py [--micro-batch 1 --micro-batches 8] [--after 10] [--record]
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from dataclasses import dataclass, field
@@ -73,6 +78,7 @@ SPEEDUP_TARGET = 1.3
 STALL_TARGET = 1.5
 SECTION = "## Live layer migration (vPipe)"
 NOTES = "### Notes"
+WIDTH = 116  # BENCHMARKS.md prose line width
 
 
 def spec_of(hidden: int, seq: int, vocab: int) -> model_pb2.ModelSpec:
@@ -115,6 +121,28 @@ def make_plan(profile, fleet, bounds, micro_batch: int, micro_batches: int, vers
     return plan
 
 
+def cpu_snapshot(pids: list[int]) -> tuple[float, float, float]:
+    """(wall, busy CPU seconds of the whole machine incl. steal, CPU seconds of `pids` and this process)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    busy = sum(fields[i] for i in (0, 1, 2, 5, 6, 7) if i < len(fields)) / tick  # user nice system irq softirq steal
+    mine = os.times().user + os.times().system
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            mine += (int(stat[11]) + int(stat[12])) / tick  # utime, stime
+        except (OSError, IndexError, ValueError):
+            pass
+    return time.monotonic(), busy, mine
+
+
+def others(a: tuple[float, float, float] | None, b: tuple[float, float, float] | None) -> float:
+    """Cores used on average by processes other than this benchmark's between two snapshots."""
+    if a is None or b is None or b[0] <= a[0]:
+        return float("nan")
+    return max((b[1] - a[1]) - (b[2] - a[2]), 0.0) / (b[0] - a[0])
+
+
 def worker_env() -> dict[str, str]:
     return {**STEADY_ALLOCATOR, **os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -136,8 +164,11 @@ class LiveRun:
     times: dict[int, float]  # last stage: iteration count -> event time
     versions: dict[int, int]  # last stage: iteration count -> plan version in force during it
     compute: dict[int, tuple[float, ...]]  # iteration count -> per-stage forward + backward
+    losses: dict[int, float]  # last stage: iteration count -> global mean loss
+    own: dict[int, float]  # last stage: iteration count -> the event's own iteration_s (no boundary work)
+    snapshots: dict[int, tuple[float, float, float]]  # last stage's iteration count -> cpu_snapshot after it
     applied: list[Applied]
-    decisions: list[tuple[int, Decision]]  # every priced proposal: (iterations done, decision)
+    decisions: list[tuple[int, Decision, float, str]]  # (iterations done, decision, propose() s, observation)
     settled_at: int  # iterations done when a proposal was rejected (0: never)
     start_wall_s: float
 
@@ -204,9 +235,12 @@ def live_run(args, spec, profile, fleet) -> LiveRun:
     monitor.expect(JOB, plan.version, len(plan.stages), 1)
     times: dict[int, float] = {}
     versions: dict[int, int] = {}
+    losses: dict[int, float] = {}
+    own: dict[int, float] = {}
+    snapshots: dict[int, tuple[float, float, float]] = {}
     compute: dict[int, dict[int, float]] = {}
     applied: list[Applied] = []
-    decisions: list[tuple[int, Decision]] = []
+    decisions: list[tuple[int, Decision, float, str]] = []
     pending: tuple[Applied, plan_pb2.Plan] | None = None
     considered: set[int] = set()
     settled_at = 0
@@ -243,6 +277,8 @@ def live_run(args, spec, profile, fleet) -> LiveRun:
                     compute.setdefault(count, {})[rank] = event["forward_s"] + event["backward_s"]
                     if rank == last_rank:
                         times[count], versions[count], done = event["time"], int(event["plan_version"]), count
+                        losses[count], own[count] = float(event["loss"]), float(event["iteration_s"])
+                        snapshots[count] = cpu_snapshot([p.pid for p in workers.procs])
                     if settled_at:
                         if done >= settled_at + args.after:
                             break
@@ -252,8 +288,12 @@ def live_run(args, spec, profile, fleet) -> LiveRun:
                         if observation is None:
                             continue
                         considered.add(plan.version)
+                        t = time.perf_counter()
                         decision = propose(profile, fleet, plan, observation, OnlineOptions())
-                        decisions.append((done, decision))
+                        seen = (f"window: iterations {[i + 1 for i in observation.iterations]} (counts), imbalance "
+                                f"{observation.imbalance:.1%}, workload change: "
+                                + ("; ".join(c.describe() for c in observation.workload_changes) or "none"))
+                        decisions.append((done, decision, time.perf_counter() - t, seen))
                         print(f"  after {done} iterations, plan v{plan.version}: "
                               f"{'ACCEPTED' if decision.accepted else 'rejected'}: {decision.reason}", flush=True)
                         if not decision.accepted:
@@ -272,7 +312,7 @@ def live_run(args, spec, profile, fleet) -> LiveRun:
     if pending is not None:
         raise RuntimeError(f"plan version {pending[1].version} was sent but never applied by both ranks")
     per_stage = {k: tuple(v[s] for s in sorted(v)) for k, v in compute.items() if len(v) == 2}
-    return LiveRun(times, versions, per_stage, applied, decisions, settled_at, elapsed)
+    return LiveRun(times, versions, per_stage, losses, own, snapshots, applied, decisions, settled_at, elapsed)
 
 
 def intervals(times: dict[int, float]) -> dict[int, float]:
@@ -310,7 +350,9 @@ def restart_run(args, spec, boundary: int, final_bounds) -> dict[str, Any]:
         "exit_s": exited - last,  # checkpoint written, "done", processes gone (as run_local saw it)
         "started_s": max(e["time"] for e in started) - last,  # + new processes up, model built, checkpoint loaded
         "first_iteration_s": second[-1][[e["event"] for e in second[-1]].index("iteration")]["iteration_s"],
+        "compute": {e["iteration"]: e["forward_s"] + e["backward_s"] for e in second[0] if e["event"] == "iteration"},
         "before": intervals(before), "after": intervals(after),
+        "losses": {e["iteration"]: float(e["loss"]) for e in second[-1] if e["event"] == "iteration"},
     }
 
 
@@ -332,7 +374,8 @@ def summarise(args, live: LiveRun, restart: dict[str, Any] | None) -> dict[str, 
         k = a.boundary + 1  # the interval ending at event K + 1 holds the boundary work
         migrations.append({
             "version": a.version, "boundary": a.boundary, "sent_after": a.sent_after,
-            "wall_s": walls.get(k, float("nan")), "next_s": [walls.get(k + j, float("nan")) for j in (1, 2)],
+            "wall_s": walls.get(k, float("nan")), "own_s": live.own.get(k, float("nan")),
+            "compute": live.compute.get(k, ()), "next_s": [walls.get(k + j, float("nan")) for j in (1, 2)],
             "apply_s": max(a.apply_s.values()), "bytes": sum(m["bytes"] for m in a.migrations),
             "duration_s": max((m["duration_s"] for m in a.migrations), default=0.0),
             "layers": [(m["layer_index"], m["from_stage"], m["to_stage"]) for m in a.migrations],
@@ -341,8 +384,16 @@ def summarise(args, live: LiveRun, restart: dict[str, Any] | None) -> dict[str, 
            "n_after": len(after), "speedup": med_before / med_after, "migrations": migrations,
            "balanced_after": last, "settled_at": live.settled_at, "iterations": end,
            "final_bounds": live.applied[-1].decision.stage_bounds if live.applied else START,
-           "decisions": live.decisions, "walls": walls, "versions": live.versions, "compute": live.compute,
+           "decisions": live.decisions, "walls": walls, "losses": live.losses, "versions": live.versions,
+           "compute": live.compute,
            "restart": restart}
+    snap = live.snapshots
+    out["others_before"] = others(snap.get(WARM_UP), snap.get(first or end))
+    out["others_after"] = others(snap.get(last + 1 + WARM_UP), snap.get(end))
+    work_before = [sum(live.compute[k]) for k in live.compute if WARM_UP < k <= (first or end)]
+    work_after = [sum(live.compute[k]) for k in live.compute if k > last + 1 + WARM_UP]
+    out["work_ratio"] = (statistics.median(work_after) / statistics.median(work_before)
+                         if work_before and work_after else float("nan"))
     out["worst_stall"] = max((m["wall_s"] / med_after for m in migrations), default=float("nan"))
     return out
 
@@ -361,12 +412,18 @@ def report(s: dict[str, Any], machine: str, command: str, when: str, args) -> li
                  f"{s['median_before_s'] * 1e3:.1f} ms |")
     lines.append(f"| median iteration after the last rebalance (skipping {WARM_UP} after it, n={s['n_after']}) | "
                  f"{s['median_after_s'] * 1e3:.1f} ms |")
+    lines.append(f"| other processes' CPU use during the before / after windows (cores, of {os.cpu_count()}) | "
+                 f"{s['others_before']:.2f} / {s['others_after']:.2f} |")
+    lines.append(f"| forward+backward summed over stages, median after / before (co-location: both cores busy "
+                 f"after, one before; the profile measured {s['colocated']:.3f}) | {s['work_ratio']:.2f}x |")
     lines.append(f"| throughput after / before (target >= {SPEEDUP_TARGET}) | **{s['speedup']:.2f}x** "
                  f"({'met' if ok_speed else 'missed'}) |")
     for m in s["migrations"]:
         lines.append(f"| iteration {m['boundary'] + 1} (migration to v{m['version']} at boundary {m['boundary']}; "
                      f"planned after {m['sent_after']}) | {m['wall_s'] * 1e3:.1f} ms = "
                      f"**{m['wall_s'] / s['median_after_s']:.2f}x** the median after (target <= {STALL_TARGET}); "
+                     f"its own iteration_s {m['own_s'] * 1e3:.0f} ms, so {(m['wall_s'] - m['own_s']) * 1e3:.0f} ms "
+                     f"of boundary work; stage fwd+bwd {'/'.join(f'{c * 1e3:.0f}' for c in m['compute'])} ms; "
                      f"next two {', '.join(f'{t * 1e3:.0f}' for t in m['next_s'])} ms |")
         moved = ", ".join(f"{i}: {a}->{b}" for i, a, b in m["layers"])
         lines.append(f"| migration v{m['version']}: layers (stage -> stage) | {moved}; {m['bytes'] / 2**20:.1f} MiB "
@@ -377,11 +434,12 @@ def report(s: dict[str, Any], machine: str, command: str, when: str, args) -> li
     lines.append(f"| iterations from start to balanced | {s['balanced_after']} (final bounds "
                  f"{fmt_bounds(s['final_bounds'])}; proposal rejected after {s['settled_at']}; "
                  f"{s['iterations']} iterations in all) |")
-    for done, d in s["decisions"]:
+    for done, d, seconds, seen in s["decisions"]:
         moves = ", ".join(f"{m.layer}: {m.from_stage}->{m.to_stage}" for m in d.moves) or "none"
         lines.append(f"| decision after {done} iterations | {'accepted' if d.accepted else 'rejected'}; moves "
                      f"{moves}; predicted {d.predicted_before_s * 1e3:.0f} -> {d.predicted_after_s * 1e3:.0f} ms, "
-                     f"measured {d.measured_s * 1e3:.0f} ms; \"{d.reason}\" |")
+                     f"measured {d.measured_s * 1e3:.0f} ms; propose() took {seconds * 1e3:.0f} ms; monitor {seen}; "
+                     f"\"{d.reason}\" |")
     r = s["restart"]
     if r is not None:
         after = [t for k, t in r["after"].items() if k > r["boundary"] + 1 + WARM_UP]
@@ -390,12 +448,23 @@ def report(s: dict[str, Any], machine: str, command: str, when: str, args) -> li
                      f"{fmt_bounds(r['bounds'])}): gap between the last iteration event before the stop and the first "
                      f"after | **{r['gap_s']:.2f} s** = {r['gap_s'] / s['median_after_s']:.1f}x the live median after "
                      f"({r['gap_s'] / med:.1f}x the restarted run's own median {med * 1e3:.0f} ms) |")
+        common = sorted(set(r["losses"]) & set(s["losses"]))
+        if common:
+            worst = max(abs(r["losses"][k] - s["losses"][k]) / abs(r["losses"][k]) for k in common)
+            lines.append(f"| training semantics: loss of the live-migrated run against the restarted run, iterations "
+                         f"{common[0]}..{common[-1]} | max relative difference {worst:.1e} |")
         lines.append(f"| restart gap, split | checkpoint write {r['checkpoint_s']:.2f} s "
                      f"({r['checkpoint_bytes'] / 2**20:.1f} MiB), until both old processes exited "
                      f"{r['exit_s']:.2f} s, until both new workers started (rendezvous, model built, checkpoint "
                      f"loaded) {r['started_s']:.2f} s, first iteration {r['first_iteration_s'] * 1e3:.0f} ms |")
     walls = s["walls"]
-    lines += ["", "Per-iteration wall times (ms; plan version; per-stage forward+backward ms):", ""]
+    if r is not None:
+        first = r["boundary"] + 1
+        cells = [f"{k}: {(r['gap_s'] if k == first else r['after'][k]) * 1e3:.0f} "
+                 f"({r['compute'].get(k, 0) * 1e3:.0f})" for k in range(first, max(r["after"]) + 1)]
+        lines += ["", "Restarted run, per-iteration wall times from the gap on (ms; stage 0 forward+backward ms): "
+                  + "; ".join(cells)]
+    lines += ["", "Per-iteration wall times of the live run (ms; plan version; per-stage forward+backward ms):", ""]
     cells = []
     for k in sorted(walls):
         comp = "/".join(f"{c * 1e3:.0f}" for c in s["compute"].get(k, ()))
@@ -422,15 +491,23 @@ def record(lines: list[str], summary_row: str) -> None:
             f"iterations and throughput afterwards is >= {SPEEDUP_TARGET}x before; no stall: the iteration in which "
             f"a migration happens takes <= {STALL_TARGET}x the median iteration after rebalancing. The same "
             "benchmark measures a stop-checkpoint-restart repartition of the same move for comparison.", "",
-            "Command: `.venv/bin/python benchmarks/migration.py` (about 2 minutes: profile ~30 s, live run, restart "
-            "run). See the script's docstring for what is measured; iteration wall time is the interval between the "
-            "last stage's consecutive iteration events, so boundary work is included.", "",
-            "| date (UTC) | machine | load at start | before ms | after ms | speedup (>= 1.3) | migration "
-            "iteration(s) / median after (<= 1.5) | balanced after | restart gap s (x median after) |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |", *rows, "", "Latest run:", "", *lines, ""]
+            "Command: `.venv/bin/python benchmarks/migration.py` (about 1 minute here: profile 12-20 s, the live run, "
+            "the restart run; exits 1 if a target is missed; `--record` adds a row to the table below and replaces "
+            "the latest run's details, keeping the notes). See the script's docstring for what is measured; "
+            "iteration wall time is the interval between the last stage's consecutive iteration events, so boundary "
+            "work is included. \"other processes' cores\" is the machine's busy CPU time (/proc/stat, steal "
+            "included) minus this benchmark's processes, per window; \"fwd+bwd after / before\" compares the "
+            "stages' summed compute (the same work) with both cores busy against one.", "",
+            "| date (UTC) | configuration | machine | load at start | other processes' cores before / after | "
+            "fwd+bwd after / before | before ms | after ms | speedup (>= 1.3) | migration iteration(s) / median "
+            "after (<= 1.5) | balanced after | restart gap s (x median after) |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |", *rows, "",
+            "Latest run:", "", *lines, ""]
     if notes:
         body.append(notes)
-    new = "\n".join(body).rstrip() + "\n"
+    wrapped = [line if line.startswith(("|", "#")) or len(line) <= WIDTH else textwrap.fill(line, WIDTH,
+               break_on_hyphens=False) for line in body]
+    new = "\n".join(wrapped).rstrip() + "\n"
     if match:
         text = text[:match.start()] + new + ("\n" if text[match.end():] else "") + text[match.end():]
     else:
@@ -444,8 +521,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--vocab", type=int, default=2048)
-    ap.add_argument("--micro-batch", type=int, default=2)
-    ap.add_argument("--micro-batches", type=int, default=4)
+    ap.add_argument("--micro-batch", type=int, default=1, help="samples per micro-batch")
+    ap.add_argument("--micro-batches", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=5, help="profiler repeats per measurement")
     ap.add_argument("--after", type=int, default=10, help="iterations run after a proposal is rejected")
     ap.add_argument("--max-iterations", type=int, default=80, help="the workers' iteration cap")
@@ -475,6 +552,7 @@ def main(argv: list[str] | None = None) -> int:
     restart = None if args.skip_restart else restart_run(args, spec, live.applied[0].boundary, final)
     s = summarise(args, live, restart)
     s["load"] = load
+    s["colocated"] = profile.comm.colocated_slowdown
     lines = report(s, machine, command, when, args)
     print()
     print("\n".join(lines))
@@ -487,8 +565,10 @@ def main(argv: list[str] | None = None) -> int:
         stalls = ", ".join(f"{m['wall_s'] * 1e3:.0f} ms / {m['wall_s'] / s['median_after_s']:.2f}x"
                            for m in s["migrations"])
         gap = (f"{restart['gap_s']:.2f} ({restart['gap_s'] / s['median_after_s']:.1f}x)" if restart else "-")
-        row = (f"| {when} | {os.cpu_count()} cores | {load:.2f} | {s['median_before_s'] * 1e3:.0f} | "
-               f"{s['median_after_s'] * 1e3:.0f} | {s['speedup']:.2f}x | {stalls} | {s['balanced_after']} | {gap} |")
+        row = (f"| {when} | m{args.micro_batch} x {args.micro_batches}, seq {args.seq} | {os.cpu_count()} cores | "
+               f"{load:.2f} | {s['others_before']:.2f} / {s['others_after']:.2f} | {s['work_ratio']:.2f} | "
+               f"{s['median_before_s'] * 1e3:.0f} | {s['median_after_s'] * 1e3:.0f} | {s['speedup']:.2f}x | "
+               f"{stalls} | {s['balanced_after']} | {gap} |")
         record(lines, row)
         print("recorded in BENCHMARKS.md")
     return 0 if ok else 1

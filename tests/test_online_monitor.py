@@ -179,3 +179,15 @@ def test_options_are_validated() -> None:
         MonitorOptions(window=0)
     with pytest.raises(ValueError):
         TrainingMonitor().expect("job", 1, num_stages=0)
+
+
+def test_jitter_of_a_nearly_idle_stage_is_not_a_workload_change() -> None:
+    # The embedding stage doing 2% of the work drops from 17 to 11 ms: -35% for it, noise for the pipeline.
+    mon = TrainingMonitor(MonitorOptions(warmup=0, window=4, recent=2, change_threshold=0.25, change_floor=0.05))
+    feed(mon, range(4), computes=(0.017, 0.8))
+    feed(mon, range(4, 6), computes=(0.011, 0.8))
+    assert not mon.observation("job").workload_change
+    strict = TrainingMonitor(MonitorOptions(warmup=0, window=4, recent=2, change_threshold=0.25, change_floor=0.0))
+    feed(strict, range(4), computes=(0.017, 0.8))
+    feed(strict, range(4, 6), computes=(0.011, 0.8))
+    assert [c.stage_index for c in strict.observation("job").workload_changes] == [0]

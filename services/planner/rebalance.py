@@ -197,7 +197,7 @@ class Rebalancer:
         with self._lock:
             online.pending = Pending(stored, decision, set(online.hosts))
         instruction = executor_pb2.RepartitionInstruction(
-            plan=stored, effective_iteration=iteration + 1,
+            plan=stored, effective_iteration=iteration,  # a floor: applied at the next boundary all reach
             moves=[executor_pb2.LayerMove(layer_index=m.layer, from_stage=m.from_stage, to_stage=m.to_stage)
                    for m in decision.moves])
         for host_id in online.hosts:

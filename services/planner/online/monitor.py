@@ -27,8 +27,9 @@ Rules:
   bottleneck stage is the argmax (lowest index on ties).
 * Workload change: per stage, the compute of the newest `recent` complete iterations against the median
   of up to `window` complete iterations before them; when every one of the recent iterations is above
-  (or every one below) that median by more than `change_threshold` (a layer switched on or off; one
-  straggling iteration is not a change), or the active-layer set differs, the stage is flagged. When any stage
+  (or every one below) that median by more than `change_threshold` and by at least `change_floor` of the
+  busiest stage's compute (a layer switched on or off; one straggling iteration, or jitter of a stage that
+  does almost nothing, is not a change), or the active-layer set differs, the stage is flagged. When any stage
   changed, the observation's medians use the newest `recent` iterations only, so a planner sees the new
   workload rather than a mix of old and new.
 """
@@ -52,6 +53,9 @@ class MonitorOptions:
     warmup: int = 1  # iterations skipped at the start of each plan version
     recent: int = 2  # newest complete iterations compared against the window before them
     change_threshold: float = 0.25  # relative compute change of a stage that counts as a workload change
+    # ... and it must also move by this fraction of the busiest stage's compute: a light stage's jitter (an
+    # embedding at 2% of the iteration) is not a workload change.
+    change_floor: float = 0.05
     # Iterations kept per job beyond window + recent (older ones are dropped, complete or not).
     slack: int = 8
     # Read an empty StageStats.active_layers as "every held layer computed" (senders that leave it unset).
@@ -60,8 +64,8 @@ class MonitorOptions:
     def __post_init__(self) -> None:
         if self.window < 1 or self.recent < 1 or self.warmup < 0 or self.slack < 0:
             raise ValueError("window and recent must be >= 1, warmup and slack >= 0")
-        if self.change_threshold <= 0:
-            raise ValueError("change_threshold must be positive")
+        if self.change_threshold <= 0 or self.change_floor < 0:
+            raise ValueError("change_threshold must be positive and change_floor >= 0")
 
 
 @dataclass(frozen=True)
@@ -326,6 +330,7 @@ class TrainingMonitor:
             return []
         recent, before = per_iter[-opt.recent:], per_iter[-opt.recent - opt.window: -opt.recent]
         out = []
+        busiest = max(_median(r[s]["compute"] for r in before) for s in range(len(before[0])))
         for s in range(len(recent[0])):
             a = _median(r[s]["compute"] for r in before)
             now = [r[s]["compute"] for r in recent]
@@ -333,6 +338,7 @@ class TrainingMonitor:
             act_a, act_b = before[-1][s]["active"], recent[-1][s]["active"]
             t = opt.change_threshold
             jumped = min(now) > a * (1 + t) or max(now) < a * (1 - t) if a > 0 else min(now) > 0
+            jumped = jumped and abs(b - a) >= opt.change_floor * busiest
             if jumped or act_a != act_b:
                 out.append(WorkloadChange(s, a, b, act_a, act_b))
         return out
