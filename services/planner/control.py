@@ -69,6 +69,11 @@ class AgentRegistry:
             registered=executor_pb2.Registered(host_id=host_id, heartbeat_interval_s=self._interval)))
         session.start()
         log.info("agent connected", extra={"host_id": host_id, "host": host.name})
+        if self._listener is not None:  # what the agent's workers run, for a planner that restarted
+            try:
+                self._listener(host_id, first)
+            except Exception:  # noqa: BLE001 - a bad registration report must not end the stream
+                log.exception("registration not handled", extra={"host_id": host_id})
         try:
             yield from session.outgoing(active)
         finally:

@@ -212,7 +212,9 @@ class Scheduler:
     # --- agent messages -------------------------------------------------------------------------------
     def on_message(self, host_id: str, message: executor_pb2.AgentMessage) -> None:
         kind = message.WhichOneof("body")
-        if kind == "heartbeat" and message.heartbeat.stages:
+        if kind == "register":
+            self._registered(host_id, message.register)
+        elif kind == "heartbeat" and message.heartbeat.stages:
             self._metrics(message.heartbeat.stages)
             for st in message.heartbeat.stages:
                 self.rebalancer.observe(st)
@@ -226,6 +228,20 @@ class Scheduler:
             self.rebalancer.migrated(message.layer_migrated)
         elif kind == "checkpoint_written":
             self._checkpoint(message.checkpoint_written)
+
+    def _registered(self, host_id: str, register: executor_pb2.RegisterAgent) -> None:
+        """An agent (re)connected: a job it runs under a newer plan version than the store says was repartitioned
+        while the planner was away (the ack was lost with it), so that version is the job's plan now."""
+        for job_id, version in sorted(register.applied_versions.items()):
+            job = call(self._store.GetJob, store_pb2.GetRequest(id=job_id))
+            if job.state != S.JOB_STATE_REPARTITIONING or version <= job.plan_version:
+                continue
+            plans = call(self._store.ListPlans, store_pb2.ListPlansRequest(job_id=job_id)).plans
+            plan = next((p for p in plans if p.version == version), None)
+            if plan is not None:
+                self._transition(job, S.JOB_STATE_RUNNING, f"host {host_id} runs plan version {version}: the "
+                                 "repartition took effect while the planner was away", "REPARTITIONED",
+                                 {"plan_id": plan.id, "plan_version": str(version)}, plan_id=plan.id)
 
     def _metrics(self, stages) -> None:
         rows = []

@@ -1,0 +1,148 @@
+"""The planner's online loop on a real store: stage statistics in, a priced repartition out as a new plan version
+and a Repartition instruction per host; acks from every host put the plan in force; each migrated layer is one
+row; an agent that reconnects running a newer version than the store knows gets it adopted."""
+
+from __future__ import annotations
+
+import pytest
+
+from ballast.v1 import executor_pb2, fleet_pb2, job_pb2, model_pb2, store_pb2
+from services.planner.prepare import prepare_job
+from services.planner.scheduler import Scheduler
+from tests.harness import make_settings, start_plane
+from tests.test_prepare import FLEET, Profiler, task
+
+S = job_pb2.JobState
+HOSTS = ["host-a", "host-b"]
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory):
+    plane = start_plane(make_settings(tmp_path_factory.mktemp("rebalance")), services=("store",))
+    yield plane
+    plane.stop()
+
+
+@pytest.fixture
+def running(plane, tmp_path):
+    """A 2-stage job RUNNING under its first plan, and a scheduler that follows it (instructions collected)."""
+    client = plane.client()
+    fleet = fleet_pb2.Fleet()
+    fleet.CopyFrom(FLEET)
+    fleet.nodes, fleet.devices_per_node = 1, 2
+    model = model_pb2.ModelSpec(name="gpt-online", family=model_pb2.MODEL_FAMILY_GPT,
+                                transformer=model_pb2.TransformerConfig(num_layers=6, hidden_size=256, num_heads=4,
+                                                                        vocab_size=1024, seq_length=128))
+    spec = job_pb2.JobSpec(name="online", model=model, global_batch_size=8, iterations=100, fleet=fleet,
+                           pipeline_stages=2, online_repartition=True)
+    job = client.store.CreateJob(store_pb2.CreateJobRequest(spec=spec))
+    prepare_job({"job_id": job.id}, task(client, job, Profiler(client.store)))
+    job = client.store.TransitionJob(store_pb2.TransitionJobRequest(
+        id=job.id, state=S.JOB_STATE_RUNNING, expected_state=S.JOB_STATE_SCHEDULED, event_type="ASSIGNED",
+        message="test", attributes={"hosts": ",".join(HOSTS), "world_size": "2"}))
+    plan = client.store.GetPlan(store_pb2.GetRequest(id=job.plan_id))
+    sent: list[tuple[str, executor_pb2.PlannerMessage]] = []
+    scheduler = Scheduler(client.store, lambda host, message: sent.append((host, message)), lambda: HOSTS, tmp_path)
+    scheduler.rebalancer.track(job, plan, HOSTS)
+    return client, scheduler, job, plan, sent
+
+
+def report(scheduler: Scheduler, job: job_pb2.Job, plan, iterations: range, compute: tuple[float, float]) -> None:
+    """Both stages' stats for these iterations: stage s spends compute[s] seconds in forward + backward."""
+    for it in iterations:
+        for stage, (st, seconds) in enumerate(zip(plan.stages, compute, strict=True)):
+            layers = list(range(st.layer_begin, st.layer_end))
+            stats = executor_pb2.StageStats(
+                job_id=job.id, stage_index=stage, iteration=it, plan_version=plan.version, forward_s=seconds / 3,
+                backward_s=2 * seconds / 3, iteration_time_s=max(compute) * 1.2, layers=layers, active_layers=layers,
+                idle_s=max(compute) * 1.2 - seconds, rank=stage)
+            scheduler.on_message(HOSTS[stage], executor_pb2.AgentMessage(
+                heartbeat=executor_pb2.Heartbeat(stages=[stats])))
+
+
+def events(client, job_id: str) -> list[job_pb2.JobEvent]:
+    return list(client.store.ListJobEvents(store_pb2.ListJobEventsRequest(job_id=job_id)).events)
+
+
+def repartition(running) -> tuple[job_pb2.Job, executor_pb2.RepartitionInstruction, int]:
+    """Make stage 0 ten times busier than stage 1 (on the profile's scale) and let the scheduler decide."""
+    client, scheduler, job, plan, sent = running
+    t = plan.prediction.iteration_time_s
+    report(scheduler, job, plan, range(8), compute=(2 * t, 0.2 * t))
+    scheduler.tick()
+    job = client.store.GetJob(store_pb2.GetRequest(id=job.id))
+    assert job.state == S.JOB_STATE_REPARTITIONING, [(e.type, e.message) for e in events(client, job.id)]
+    assert sorted(host for host, _ in sent) == HOSTS
+    message = sent[0][1]
+    assert message.WhichOneof("body") == "repartition" and message.version == plan.version + 1
+    return job, message.repartition, message.version
+
+
+def test_an_unbalanced_job_gets_a_new_plan_version_in_force_once_every_host_acked(running):
+    client, scheduler, job, plan, sent = running
+    job, instruction, version = repartition(running)
+    decided = events(client, job.id)[-1]
+    assert decided.type == "REPARTITION" and "stage 0 is the bottleneck" in decided.message
+    assert float(decided.attributes["predicted_after_s"]) < float(decided.attributes["predicted_before_s"])
+    new = instruction.plan
+    assert new.parent_plan_id == plan.id and new.version == version and new.engine == 5  # PLAN_ENGINE_VPIPE
+    assert new.stages[0].layer_end < plan.stages[0].layer_end  # layers left the busy stage
+    assert all(m.from_stage == 0 and m.to_stage == 1 for m in instruction.moves)
+    assert instruction.effective_iteration == 8  # the next boundary every rank reaches holding it
+    assert job.plan_version == plan.version  # not in force before every host applied it
+
+    def ack(host: str) -> None:
+        scheduler.on_message(host, executor_pb2.AgentMessage(ack=executor_pb2.InstructionAck(
+            instruction_id=f"{job.id}-repartition-v{version}-{host}", version=version, ok=True,
+            message="plan version applied after iteration 9")))
+
+    ack(HOSTS[0])
+    assert client.store.GetJob(store_pb2.GetRequest(id=job.id)).state == S.JOB_STATE_REPARTITIONING
+    ack(HOSTS[1])
+    job = client.store.GetJob(store_pb2.GetRequest(id=job.id))
+    assert (job.state, job.plan_id, job.plan_version) == (S.JOB_STATE_RUNNING, new.id, version)
+    assert events(client, job.id)[-1].type == "REPARTITIONED"
+
+    # One row per moved layer, announced once.
+    move = instruction.moves[0]
+    scheduler.on_message(HOSTS[1], executor_pb2.AgentMessage(layer_migrated=executor_pb2.LayerMigrated(
+        rank=1, migration=job_pb2.LayerMigration(job_id=job.id, layer_index=move.layer_index, from_stage=0,
+                                                 to_stage=1, bytes=1 << 20, duration_s=0.02, iteration=9,
+                                                 plan_version=version))))
+    rows = client.store.ListLayerMigrations(store_pb2.ListLayerMigrationsRequest(job_id=job.id)).migrations
+    assert [(r.layer_index, r.from_stage, r.to_stage, r.bytes, r.iteration, r.plan_version) for r in rows] == [
+        (move.layer_index, 0, 1, 1 << 20, 9, version)]
+    assert events(client, job.id)[-1].type == "MIGRATION"
+
+    # Metrics under the new version sit beside the new plan's prediction; a balanced pipeline stays put.
+    plan2 = client.store.GetPlan(store_pb2.GetRequest(id=job.plan_id))
+    balanced = plan2.prediction.iteration_time_s / 2
+    report(scheduler, job, plan2, range(10, 18), compute=(balanced, balanced))
+    sent.clear()
+    scheduler.tick()
+    assert not sent and client.store.GetJob(store_pb2.GetRequest(id=job.id)).state == S.JOB_STATE_RUNNING
+    metrics = client.store.ListIterationMetrics(store_pb2.ListIterationMetricsRequest(
+        job_id=job.id, from_iteration=10)).metrics
+    assert {m.predicted_iteration_time_s for m in metrics} == {plan2.prediction.iteration_time_s}
+
+
+def test_a_refused_repartition_leaves_the_job_on_its_plan(running):
+    client, scheduler, job, plan, _ = running
+    job, _, version = repartition(running)
+    scheduler.on_message(HOSTS[1], executor_pb2.AgentMessage(ack=executor_pb2.InstructionAck(
+        instruction_id=f"{job.id}-repartition-v{version}-{HOSTS[1]}", version=version, ok=False,
+        message="worker rank 1 rejected plan version 2: stage_bounds ...")))
+    job = client.store.GetJob(store_pb2.GetRequest(id=job.id))
+    assert (job.state, job.plan_id) == (S.JOB_STATE_RUNNING, plan.id)
+    last = events(client, job.id)[-1]
+    assert last.type == "REPARTITION_FAILED" and "rejected plan version 2" in last.message
+
+
+def test_a_version_applied_while_the_planner_was_away_is_adopted_when_the_agent_reconnects(running):
+    client, scheduler, job, plan, _ = running
+    job, instruction, version = repartition(running)
+    fresh = Scheduler(client.store, lambda host, message: None, lambda: HOSTS, scheduler._root)  # a restarted planner
+    fresh.on_message(HOSTS[0], executor_pb2.AgentMessage(register=executor_pb2.RegisterAgent(
+        applied_versions={job.id: version})))
+    job = client.store.GetJob(store_pb2.GetRequest(id=job.id))
+    assert (job.state, job.plan_id, job.plan_version) == (S.JOB_STATE_RUNNING, instruction.plan.id, version)
