@@ -92,12 +92,16 @@ class Rebalancer:
             return online.plans.get(version) if online else None
 
     # --- agent messages (stream threads) --------------------------------------------------------------
-    def observe(self, stats: executor_pb2.StageStats) -> None:
+    def observe(self, stats: executor_pb2.StageStats) -> bool:
+        """Feed the job's monitor; True when it now holds enough to decide on (worth waking the loop for)."""
         with self._lock:
             online = self._jobs.get(stats.job_id)
-            if online is not None:
-                online.monitor.observe(stats)
-                online.last_iteration = max(online.last_iteration, stats.iteration + 1)
+            if online is None or not online.monitor.observe(stats):
+                return False
+            online.last_iteration = max(online.last_iteration, stats.iteration + 1)
+            fresh = online.considered_at < 0 or online.last_iteration - online.considered_at >= \
+                self.monitor_options.window
+            return online.pending is None and fresh and online.monitor.ready(stats.job_id)
 
     def acked(self, host_id: str, job_id: str, ack: executor_pb2.InstructionAck) -> None:
         with self._lock:
