@@ -1,6 +1,7 @@
 """The planner's online loop on a real store: stage statistics in, a priced repartition out as a new plan version
 and a Repartition instruction per host; acks from every host put the plan in force; each migrated layer is one
-row; an agent that reconnects running a newer version than the store knows gets it adopted."""
+row; an agent that reconnects running a newer version than the store knows gets it adopted. And when a worker
+dies, the job's failure names it, not the peer that only saw a broken collective."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from ballast.v1 import executor_pb2, fleet_pb2, job_pb2, model_pb2, store_pb2
 from services.planner.prepare import prepare_job
 from services.planner.scheduler import Scheduler
-from tests.harness import make_settings, start_plane
+from tests.harness import make_settings, start_plane, wait_for
 from tests.test_prepare import FLEET, Profiler, task
 
 S = job_pb2.JobState
@@ -146,3 +147,27 @@ def test_a_version_applied_while_the_planner_was_away_is_adopted_when_the_agent_
         applied_versions={job.id: version})))
     job = client.store.GetJob(store_pb2.GetRequest(id=job.id))
     assert (job.state, job.plan_id, job.plan_version) == (S.JOB_STATE_RUNNING, instruction.plan.id, version)
+
+
+def exit_message(job_id: str, rank: int, code: int, message: str) -> executor_pb2.AgentMessage:
+    return executor_pb2.AgentMessage(worker_exit=executor_pb2.WorkerExit(
+        job_id=job_id, rank=rank, stage_index=rank, exit_code=code, message=message, iteration=3))
+
+
+def test_a_dead_worker_is_named_as_the_cause_even_when_its_peer_reports_first(running):
+    client, scheduler, job, _, sent = running
+    peer_error = "RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:41000"
+    scheduler.on_message(HOSTS[0], exit_message(job.id, 0, 1, peer_error))
+    assert client.store.GetJob(store_pb2.GetRequest(id=job.id)).state == S.JOB_STATE_RUNNING  # waiting for the cause
+    scheduler.on_message(HOSTS[1], exit_message(job.id, 1, -9, "killed by SIGKILL"))
+    done = client.store.GetJob(store_pb2.GetRequest(id=job.id))
+    assert done.state == S.JOB_STATE_FAILED and "worker rank 1" in done.message and "SIGKILL" in done.message
+    assert [host for host, m in sent if m.WhichOneof("body") == "stop"] == HOSTS
+
+
+def test_a_broken_collective_alone_fails_the_job_after_the_grace_period(running):
+    client, scheduler, job, _, _ = running
+    scheduler.on_message(HOSTS[0], exit_message(job.id, 0, 1, "RuntimeError: Connection reset by peer"))
+    done = wait_for(lambda: (j := client.store.GetJob(store_pb2.GetRequest(id=job.id))).state == S.JOB_STATE_FAILED
+                    and j, timeout=10, what="the job to fail")
+    assert "worker rank 0" in done.message and "Connection reset by peer" in done.message

@@ -34,6 +34,16 @@ log = logging.getLogger("ballast.scheduler")
 S = job_pb2.JobState
 LOCAL_ADDRESSES = {"127.0.0.1", "localhost", "::1", ""}
 Send = Callable[[str, executor_pb2.PlannerMessage], None]
+# A worker whose peer died fails in its next collective; the dead peer's own exit (a signal, its error) is the
+# cause the user needs, and it usually arrives within milliseconds of the symptom.
+SYMPTOMS = ("connection closed", "connection reset", "broken pipe", "gloo", "nccl", "timed out", "timeout")
+SYMPTOM_GRACE_S = 2.0
+
+
+def is_symptom(message: str) -> bool:
+    """Whether a worker's exit message only says a collective or p2p transfer broke."""
+    text = message.lower()
+    return any(word in text for word in SYMPTOMS)
 
 
 @dataclass
@@ -49,6 +59,7 @@ class Running:
     stopping: str = ""  # why Stop was sent ("" while running normally)
     last_loss: float | None = None
     parts: dict[int, list[job_pb2.LayerCheckpoint]] = field(default_factory=dict)  # iteration -> layers
+    symptom: str = ""  # the first exit that only reported a broken collective (the cause may follow)
 
 
 class Scheduler:
@@ -289,8 +300,14 @@ class Scheduler:
             stopping = running.stopping
         if not exit_.finished and not stopping:
             where = f"stage {exit_.stage_index}, replica {exit_.replica_index}, host {host_id}"
-            self._fail(running, f"worker rank {exit_.rank} ({where}) exited with status {exit_.exit_code} after "
-                                f"{exit_.iteration} iteration(s): {exit_.message or 'no message'}")
+            reason = (f"worker rank {exit_.rank} ({where}) exited with status {exit_.exit_code} after "
+                      f"{exit_.iteration} iteration(s): {exit_.message or 'no message'}")
+            if is_symptom(exit_.message):  # a peer's failure seen through a collective: wait for the cause
+                with self._lock:
+                    running.symptom = running.symptom or reason
+                threading.Timer(SYMPTOM_GRACE_S, self._fail_with_symptom, args=(running,)).start()
+            else:
+                self._fail(running, reason)
         elif all_finished:
             loss = f"; final loss {running.last_loss:.4f}" if running.last_loss is not None else ""
             self._transition(running.job, S.JOB_STATE_SUCCEEDED,
@@ -303,6 +320,13 @@ class Scheduler:
             with self._lock:
                 self._running.pop(exit_.job_id, None)
             self.rebalancer.forget(exit_.job_id)
+
+    def _fail_with_symptom(self, running: Running) -> None:
+        """No root cause arrived within the grace period: the symptom is all there is to say."""
+        with self._lock:
+            if running.stopping:
+                return
+        self._fail(running, running.symptom)
 
     def _refused(self, host_id: str, ack: executor_pb2.InstructionAck) -> None:
         job_id = ack.instruction_id.split("-assign-")[0] if "-assign-" in ack.instruction_id else ""
