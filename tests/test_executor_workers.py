@@ -118,3 +118,32 @@ def test_memory_policies_and_toggles_reach_the_worker_config():
     assert (config["checkpoint_layers"], config["swap_layers"]) == ([0], [1])
     assert config["layer_toggles"] == [[1, 4, 0]]
     assert policies(message.assign.plan) == {"checkpoint_layers": [0], "swap_layers": [1]}
+
+
+REFUSES_A_PLAN = r'''
+import json, sys
+command = json.loads(sys.stdin.readline())
+print(json.dumps({"event": "command_rejected", "iteration": 3, "version": command["version"],
+                  "message": "plan command field 'stage_bounds': stages must be contiguous"}), flush=True)
+sys.stdin.readline()
+'''
+
+
+def test_a_plan_a_worker_refuses_is_acked_as_failed_with_its_reason(tmp_path):
+    acks: list[executor_pb2.InstructionAck] = []
+    acked = threading.Event()
+
+    def emit(message: executor_pb2.AgentMessage) -> None:
+        if message.HasField("ack"):
+            acks.append(message.ack)
+            acked.set()
+
+    workers = Workers(emit, tmp_path, command=(sys.executable, "-c", REFUSES_A_PLAN))
+    assert workers.assign(assign_message("job-x")).ok
+    message = executor_pb2.PlannerMessage(instruction_id="job-x-repartition-v3-h", job_id="job-x", version=3,
+                                          repartition=executor_pb2.RepartitionInstruction(plan=plan_pb2.Plan()))
+    assert workers.repartition(message) is None
+    assert acked.wait(30)
+    assert [(a.instruction_id, a.version, a.ok) for a in acks] == [("job-x-repartition-v3-h", 3, False)]
+    assert "rejected plan version 3" in acks[0].message and "contiguous" in acks[0].message
+    workers.stop("job-x", "test over")

@@ -128,7 +128,7 @@ def test_an_unbalanced_job_gets_a_new_plan_version_in_force_once_every_host_acke
 
 
 def test_a_refused_repartition_leaves_the_job_on_its_plan(running):
-    client, scheduler, job, plan, _ = running
+    client, scheduler, job, plan, sent = running
     job, _, version = repartition(running)
     scheduler.on_message(HOSTS[1], executor_pb2.AgentMessage(ack=executor_pb2.InstructionAck(
         instruction_id=f"{job.id}-repartition-v{version}-{HOSTS[1]}", version=version, ok=False,
@@ -137,6 +137,23 @@ def test_a_refused_repartition_leaves_the_job_on_its_plan(running):
     assert (job.state, job.plan_id) == (S.JOB_STATE_RUNNING, plan.id)
     last = events(client, job.id)[-1]
     assert last.type == "REPARTITION_FAILED" and "rejected plan version 2" in last.message
+
+    # The imbalance persists: the next decision is a new version (the refused one stays stored), not a retry.
+    sent.clear()
+    t = plan.prediction.iteration_time_s
+    report(scheduler, job, plan, range(8, 16), compute=(2 * t, 0.2 * t))
+    scheduler.tick()
+    assert client.store.GetJob(store_pb2.GetRequest(id=job.id)).state == S.JOB_STATE_REPARTITIONING
+    assert {m.version for _, m in sent} == {version + 1}
+
+    # Given up (a host could not be reached), then an ok for it after all: the workers run it, so it is adopted.
+    scheduler.rebalancer._abandon(job.id, sent[0][1].repartition.plan, "could not reach host-b")
+    assert client.store.GetJob(store_pb2.GetRequest(id=job.id)).state == S.JOB_STATE_RUNNING
+    scheduler.on_message(HOSTS[0], executor_pb2.AgentMessage(ack=executor_pb2.InstructionAck(
+        instruction_id=f"{job.id}-repartition-v{version + 1}-{HOSTS[0]}", version=version + 1, ok=True)))
+    job = client.store.GetJob(store_pb2.GetRequest(id=job.id))
+    assert (job.state, job.plan_version) == (S.JOB_STATE_RUNNING, version + 1)
+    assert [e.type for e in events(client, job.id)][-3:] == ["REPARTITION_FAILED", "REPARTITION", "REPARTITIONED"]
 
 
 def test_a_version_applied_while_the_planner_was_away_is_adopted_when_the_agent_reconnects(running):

@@ -5,6 +5,7 @@ stay those of the single-process run. Also the state wire format and the command
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -117,6 +118,7 @@ def test_moving_a_layer_backward_at_step_10_keeps_the_losses(reference, unchange
     for rank_events in events:
         (rejected,) = of(rank_events, "command_rejected")
         assert "stage_bounds" in rejected["message"] and "contiguous" in rejected["message"]
+        assert rejected["version"] == 2  # the agent fails that instruction by its version
     assert losses(events) == pytest.approx(reference, rel=1e-5)
     assert losses(events) == pytest.approx(losses(unchanged), rel=1e-5)
     assert losses(unchanged) == pytest.approx(reference, rel=1e-5)
@@ -233,8 +235,9 @@ def inbox() -> PlanInbox:
 def test_bad_commands_are_rejected_naming_the_field(command, field):
     box = inbox()
     assert box.submit(command) is None
-    (message,) = box.take_rejections()
+    ((version, message),) = box.take_rejections()
     assert field in message
+    assert version == (json.loads(command).get("version", 0) if command.startswith("{") else 0)
     assert box.ready(100, 0) == 0
 
 
@@ -265,8 +268,8 @@ def test_plans_that_change_the_stages_of_a_tied_weight_are_rejected():
     box = PlanInbox(model_info(T5, 2), 3, initial)
     box.submit('{"command": "plan", "version": 1, "not_before": 0, "stage_bounds": [[0, 3], [3, 7], [7, 8]], '
                '"checkpoint_layers": [], "swap_layers": []}')
-    (message,) = box.take_rejections()
-    assert "tied" in message and "(1, 2)" in message and "(1,)" in message
+    ((version, message),) = box.take_rejections()
+    assert version == 1 and "tied" in message and "(1, 2)" in message and "(1,)" in message
     box.submit('{"command": "plan", "version": 2, "not_before": 0, "stage_bounds": [[0, 4], [4, 6], [6, 8]], '
                '"checkpoint_layers": [], "swap_layers": []}')  # enc.norm moves: it holds no tied weight
     assert box.take_rejections() == []

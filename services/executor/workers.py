@@ -231,6 +231,10 @@ class Workers:
         w.stderr.seek(0)
         tail = w.stderr.read()[-1500:].decode(errors="replace").strip()
         w.stderr.close()
+        try:
+            w.proc.stdin.close()
+        except OSError:
+            pass  # its reader is gone with it
         finished = code == 0 and w.done
         if finished:
             why = ""
@@ -253,6 +257,7 @@ class Workers:
             workers = self._jobs.get(w.job_id, [])
             if all(x.proc.poll() is not None for x in workers):
                 self._jobs.pop(w.job_id, None)
+                self._pending = {k: v for k, v in self._pending.items() if k[0] != w.job_id}
 
     def _report(self, w: Worker, event: dict) -> None:
         kind = event.get("event")

@@ -67,13 +67,13 @@ class AgentRegistry:
             session = self._register(host, inbound, name)
         session.send(executor_pb2.PlannerMessage(
             registered=executor_pb2.Registered(host_id=host_id, heartbeat_interval_s=self._interval)))
-        session.start()
-        log.info("agent connected", extra={"host_id": host_id, "host": host.name})
-        if self._listener is not None:  # what the agent's workers run, for a planner that restarted
+        if self._listener is not None:  # what the agent's workers run, before any of their later reports
             try:
                 self._listener(host_id, first)
             except Exception:  # noqa: BLE001 - a bad registration report must not end the stream
                 log.exception("registration not handled", extra={"host_id": host_id})
+        session.start()
+        log.info("agent connected", extra={"host_id": host_id, "host": host.name})
         try:
             yield from session.outgoing(active)
         finally:

@@ -36,7 +36,6 @@ class Pending:
     plan: plan_pb2.Plan
     decision: Decision
     waiting: set[str]
-    iteration: int = 0  # iteration count at whose boundary the workers applied it (from the acks)
 
 
 @dataclass
@@ -82,6 +81,15 @@ class Rebalancer:
         with self._lock:
             return sorted(self._jobs)
 
+    def due(self) -> list[str]:
+        """Jobs with a fresh full window and no repartition in flight: the ones worth a decision now."""
+        with self._lock:
+            return sorted(job_id for job_id, online in self._jobs.items() if self._due(job_id, online))
+
+    def _due(self, job_id: str, online: JobOnline) -> bool:
+        fresh = online.considered_at < 0 or online.last_iteration - online.considered_at >= self.monitor_options.window
+        return online.pending is None and fresh and online.monitor.ready(job_id)
+
     def forget(self, job_id: str) -> None:
         with self._lock:
             self._jobs.pop(job_id, None)
@@ -99,36 +107,66 @@ class Rebalancer:
             if online is None or not online.monitor.observe(stats):
                 return False
             online.last_iteration = max(online.last_iteration, stats.iteration + 1)
-            fresh = online.considered_at < 0 or online.last_iteration - online.considered_at >= \
-                self.monitor_options.window
-            return online.pending is None and fresh and online.monitor.ready(stats.job_id)
+            return self._due(stats.job_id, online)
 
     def acked(self, host_id: str, job_id: str, ack: executor_pb2.InstructionAck) -> None:
         with self._lock:
             online = self._jobs.get(job_id)
             pending = online.pending if online else None
             if pending is None or ack.version != pending.plan.version:
-                return
-            if not ack.ok:
-                online.pending = None
+                stray = True  # e.g. an instruction sent before a planner restart, applied after it
             else:
-                pending.waiting.discard(host_id)
-                if pending.waiting:
-                    return
-                online.pending = None
-                online.plans[pending.plan.version] = pending.plan
-                online.monitor.expect(job_id, pending.plan.version, len(pending.plan.stages), online.replicas)
-        plan = pending.plan
-        job = call(self._store.GetJob, store_pb2.GetRequest(id=job_id))
+                stray = False
+                if not ack.ok:
+                    online.pending = None
+                else:
+                    pending.waiting.discard(host_id)
+                    if pending.waiting:
+                        return
+        if stray:
+            if ack.ok:
+                self.adopt(job_id, int(ack.version), f"host {host_id} applied it ({ack.message})")
+            return
         if not ack.ok:
-            self._transition(job, S.JOB_STATE_RUNNING, f"repartition to plan version {plan.version} failed on host "
-                             f"{host_id}: {ack.message}; the job goes on under version {job.plan_version}",
-                             "REPARTITION_FAILED", {"plan_id": plan.id, "plan_version": str(plan.version)})
+            self._abandon(job_id, pending.plan, f"failed on host {host_id}: {ack.message}")
             return
         moves = ", ".join(f"layer {m.layer} {m.from_stage}->{m.to_stage}" for m in pending.decision.moves)
-        self._transition(job, S.JOB_STATE_RUNNING,
-                         f"plan version {plan.version} in force ({ack.message}); {moves or 'no layer moved'}",
-                         "REPARTITIONED", {"plan_id": plan.id, "plan_version": str(plan.version)}, plan_id=plan.id)
+        self.adopt(job_id, pending.plan.version, f"{ack.message}; {moves or 'no layer moved'}", pending.plan)
+
+    def adopt(self, job_id: str, version: int, why: str, plan: plan_pb2.Plan | None = None) -> None:
+        """Make `version` the job's plan in force (the workers run it): store, monitor, pending."""
+        job = call(self._store.GetJob, store_pb2.GetRequest(id=job_id))
+        if version <= job.plan_version or job.state not in (S.JOB_STATE_RUNNING, S.JOB_STATE_REPARTITIONING):
+            return
+        if plan is None:
+            plans = call(self._store.ListPlans, store_pb2.ListPlansRequest(job_id=job_id)).plans
+            plan = next((p for p in plans if p.version == version), None)
+            if plan is None:
+                log.warning("applied plan version not stored", extra={"job_id": job_id, "version": version})
+                return
+        with self._lock:
+            online = self._jobs.get(job_id)
+            if online is not None:
+                online.plans[version] = plan
+                online.monitor.expect(job_id, version, len(plan.stages), online.replicas)
+                if online.pending is not None and online.pending.plan.version <= version:
+                    online.pending = None
+                online.moved = {k: v for k, v in online.moved.items() if k[0] >= version}
+        if job.state == S.JOB_STATE_RUNNING:  # the planner had given up on it: through REPARTITIONING again
+            job = self._transition(job, S.JOB_STATE_REPARTITIONING, f"plan version {version} found applied",
+                                   "REPARTITION", {"plan_id": plan.id, "to_version": str(version)}) or job
+        self._transition(job, S.JOB_STATE_RUNNING, f"plan version {version} in force ({why})", "REPARTITIONED",
+                         {"plan_id": plan.id, "plan_version": str(version)}, plan_id=plan.id)
+
+    def _abandon(self, job_id: str, plan: plan_pb2.Plan, why: str) -> None:
+        with self._lock:
+            online = self._jobs.get(job_id)
+            if online is not None and online.pending is not None and online.pending.plan.version == plan.version:
+                online.pending = None
+        job = call(self._store.GetJob, store_pb2.GetRequest(id=job_id))
+        self._transition(job, S.JOB_STATE_RUNNING, f"repartition to plan version {plan.version} {why}; the job goes "
+                         f"on under version {job.plan_version}", "REPARTITION_FAILED",
+                         {"plan_id": plan.id, "plan_version": str(plan.version)})
 
     def migrated(self, message: executor_pb2.LayerMigrated) -> None:
         """One replica's report of a layer it took over; stored once every replica of the target stage did."""
@@ -164,13 +202,12 @@ class Rebalancer:
                 return None
             plan = online.plans.get(job.plan_version)
             iteration = online.last_iteration
-            fresh = online.considered_at < 0 or iteration - online.considered_at >= self.monitor_options.window
-            if plan is None or not fresh or not online.monitor.ready(job.id):
+            if not self._due(job.id, online):
                 return None
-            observation = online.monitor.observation(job.id, job.plan_version)
+            online.considered_at = iteration  # also when nothing below is decided: no retry before a new window
+            observation = online.monitor.observation(job.id, job.plan_version) if plan is not None else None
             if observation is None:
                 return None
-            online.considered_at = iteration
         if online.profile is None:
             online.profile = call(self._store.GetProfile, store_pb2.GetRequest(id=plan.profile_id))
         decision = propose(online.profile, plan.fleet, plan, observation, self.options)
@@ -186,7 +223,7 @@ class Rebalancer:
             return None  # too late to pay off
         new = plan_pb2.Plan()
         new.CopyFrom(decision.new_plan)
-        new.id, new.version, new.parent_plan_id, new.job_id = "", plan.version + 1, plan.id, job.id
+        new.id, new.version, new.parent_plan_id, new.job_id = "", 0, plan.id, job.id  # the store picks the version
         new.ClearField("created_at")
         stored = call(self._store.CreatePlan, store_pb2.CreatePlanRequest(
             plan=new, request_id=request_key(job.id, plan.id, iteration)))
@@ -209,6 +246,7 @@ class Rebalancer:
                                                   version=stored.version, job_id=job.id, repartition=instruction)
             try:
                 self._send(host_id, message)
-            except BallastError as exc:  # the host is gone: its workers' exits fail the job
-                log.warning("repartition not delivered", extra={"job_id": job.id, "host": host_id, "why": str(exc)})
+            except BallastError as exc:  # every rank must hold the plan for any to apply it: give it up
+                self._abandon(job.id, stored, f"could not reach host {host_id}: {exc}")
+                break
         return decision

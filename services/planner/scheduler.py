@@ -112,8 +112,11 @@ class Scheduler:
         self.rebalance()
 
     def rebalance(self) -> None:
-        for job_id in self.rebalancer.jobs():
-            self.rebalancer.consider(call(self._store.GetJob, store_pb2.GetRequest(id=job_id)))
+        for job_id in self.rebalancer.due():
+            try:
+                self.rebalancer.consider(call(self._store.GetJob, store_pb2.GetRequest(id=job_id)))
+            except Exception:  # noqa: BLE001 - one job's failed decision must not hold back the others
+                log.exception("rebalancing failed", extra={"job_id": job_id})
 
     def _jobs(self, state: int) -> list[job_pb2.Job]:
         out, request = [], store_pb2.ListJobsRequest(state=state)
@@ -260,15 +263,8 @@ class Scheduler:
         """An agent (re)connected: a job it runs under a newer plan version than the store says was repartitioned
         while the planner was away (the ack was lost with it), so that version is the job's plan now."""
         for job_id, version in sorted(register.applied_versions.items()):
-            job = call(self._store.GetJob, store_pb2.GetRequest(id=job_id))
-            if job.state != S.JOB_STATE_REPARTITIONING or version <= job.plan_version:
-                continue
-            plans = call(self._store.ListPlans, store_pb2.ListPlansRequest(job_id=job_id)).plans
-            plan = next((p for p in plans if p.version == version), None)
-            if plan is not None:
-                self._transition(job, S.JOB_STATE_RUNNING, f"host {host_id} runs plan version {version}: the "
-                                 "repartition took effect while the planner was away", "REPARTITIONED",
-                                 {"plan_id": plan.id, "plan_version": str(version)}, plan_id=plan.id)
+            self.rebalancer.adopt(job_id, version, f"host {host_id} runs it: the repartition took effect while the "
+                                  "planner was away")
 
     def _metrics(self, stages) -> None:
         rows = []
@@ -304,8 +300,11 @@ class Scheduler:
                       f"{exit_.iteration} iteration(s): {exit_.message or 'no message'}")
             if is_symptom(exit_.message):  # a peer's failure seen through a collective: wait for the cause
                 with self._lock:
-                    running.symptom = running.symptom or reason
-                threading.Timer(SYMPTOM_GRACE_S, self._fail_with_symptom, args=(running,)).start()
+                    first, running.symptom = not running.symptom, running.symptom or reason
+                if first:
+                    timer = threading.Timer(SYMPTOM_GRACE_S, self._fail_with_symptom, args=(running,))
+                    timer.daemon = True
+                    timer.start()
             else:
                 self._fail(running, reason)
         elif all_finished:
@@ -326,7 +325,12 @@ class Scheduler:
         with self._lock:
             if running.stopping:
                 return
-        self._fail(running, running.symptom)
+        try:
+            self._fail(running, running.symptom)
+        except Exception:  # noqa: BLE001 - a timer thread has nobody to raise to; the next exit retries
+            with self._lock:
+                running.symptom = ""
+            log.exception("could not fail the job", extra={"job_id": running.job.id})
 
     def _refused(self, host_id: str, ack: executor_pb2.InstructionAck) -> None:
         job_id = ack.instruction_id.split("-assign-")[0] if "-assign-" in ack.instruction_id else ""

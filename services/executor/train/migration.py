@@ -101,7 +101,7 @@ class PlanInbox:
         self.info, self.num_stages, self.initial = info, num_stages, initial
         self._tied = info.tied_stage_sets(initial.stage_bounds)
         self._plans: dict[int, Plan] = {}
-        self._rejected: list[str] = []
+        self._rejected: list[tuple[int, str]] = []  # (the command's version, or 0 if it had none; why)
         self._lock = threading.Lock()
 
     def parse(self, raw: Any) -> Plan:
@@ -149,6 +149,7 @@ class PlanInbox:
         return plan
 
     def submit(self, line: str) -> Plan | None:
+        raw: Any = None
         try:
             try:
                 raw = json.loads(line)
@@ -156,14 +157,15 @@ class PlanInbox:
                 raise Rejected(f"command is not JSON ({e.msg})") from None
             plan = self.parse(raw)
         except Rejected as e:
+            version = raw.get("version") if isinstance(raw, dict) and _int(raw.get("version")) else 0
             with self._lock:
-                self._rejected.append(str(e))
+                self._rejected.append((version, str(e)))  # the version lets the agent fail that instruction
             return None
         with self._lock:
             self._plans[plan.version] = plan
         return plan
 
-    def take_rejections(self) -> list[str]:
+    def take_rejections(self) -> list[tuple[int, str]]:
         with self._lock:
             out, self._rejected = self._rejected, []
         return out

@@ -239,8 +239,9 @@ class Trainer:
             stats = self.step(iteration, on_start=launch if done < config.iterations else None)
             report({"event": "iteration", **head, "iteration": done, "plan_version": self.plan_version,
                     **stats, "layers": self.stage.layer_indices})
-            for message in self.inbox.take_rejections() if self.inbox is not None else []:
-                report({"event": "command_rejected", **head, "iteration": done, "message": message})
+            for version, message in self.inbox.take_rejections() if self.inbox is not None else []:
+                report({"event": "command_rejected", **head, "iteration": done, "version": version,
+                        "message": message})
             if pending:
                 self.boundary(Agreement.result(pending[0]), done, head, report)
             if config.checkpoint_every and (iteration + 1) % config.checkpoint_every == 0:

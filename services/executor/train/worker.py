@@ -14,7 +14,8 @@ goes to stdout, one JSON object per line; every event carries "event", "job_id",
   swapped_bytes (activation bytes moved to host memory this iteration), active_layers (held layers that
   computed: layer_toggles can make one the identity), layers (held during this iteration; plan_version is
   the version in force during it).
-- "command_rejected" (a warning; training goes on): iteration (completed count when reported), message
+- "command_rejected" (a warning; training goes on): iteration (completed count when reported), version (the
+  command's, 0 if it had none), message
   (names the bad field of a stdin command).
 - "migration" (on the receiving rank, one per received layer, at the boundary where a plan applies):
   layer_index, from_stage, to_stage, bytes (received by this replica: header, parameters, buffers,

@@ -84,14 +84,17 @@ def better(a: Priced, b: Priced) -> bool:
 
 
 def repartition(
-    start: Priced, evaluate: Callable[[Bounds], Priced], *, max_moves: int, kl: bool = True, max_steps: int = 1000
+    start: Priced, evaluate: Callable[[Bounds], Priced], *, max_moves: int, kl: bool = True, max_steps: int = 1000,
+    allowed: Callable[[Bounds], bool] | None = None,
 ) -> tuple[Priced, SearchTrace]:
-    """Migration then KL refinement from `start` (its bounds are the origin for `max_moves`)."""
+    """Migration then KL refinement from `start` (its bounds are the origin for `max_moves`); `allowed` vetoes
+    partitions the executors cannot migrate to (e.g. ones that move a tied weight to other stages)."""
     origin = start.bounds
     evaluated = 0
 
     def ok(bounds: Bounds | None) -> bool:
-        return bounds is not None and moved_layers(origin, bounds) <= max_moves
+        return (bounds is not None and moved_layers(origin, bounds) <= max_moves
+                and (allowed is None or allowed(bounds)))
 
     def ev(bounds: Bounds) -> Priced:
         nonlocal evaluated

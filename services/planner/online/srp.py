@@ -94,6 +94,9 @@ class OnlineOptions:
     memory_budget_bytes: int = 0  # 0: the plan's budget, else the fleet device's memory
     imbalance_threshold: float = 0.05  # below it (no workload change, no memory problem): no search
     kl: bool = True  # Kernighan-Lin refinement after the bottleneck migration
+    # Keep every tied weight on the stages holding it now: the executors cannot move one live (a partition that
+    # needs it takes a restart from a checkpoint). False prices such partitions too.
+    keep_tied_stages: bool = True
     relax_memory_policy: bool = True  # drop recompute/swap flags a stage no longer needs
     swap_hide_fraction: float = 0.8  # a swap may hide when its transfer fits in this share of the stage's compute
     swap_slowdown_tolerance: float = 0.01  # ... and it does when the simulated iteration grows by at most this
@@ -394,6 +397,14 @@ def calibrate(
 # --- the decision ----------------------------------------------------------------------------------------
 
 
+def tied_stages(view: ModelView, bounds: Bounds) -> tuple[tuple[int, ...], ...]:
+    """For every layer sharing weights, the stages holding it or a layer it shares with (the executors keep
+    these fixed while training: services/executor/train/migration.py)."""
+    where = stage_of(bounds)
+    return tuple(tuple(sorted({where[layer.index], *(where[j] for j in layer.tied_with)}))
+                 for layer in view.layers if layer.tied_with)
+
+
 def propose(
     profile: profile_pb2.Profile,
     fleet: fleet_pb2.Fleet,
@@ -438,7 +449,13 @@ def propose(
     def evaluate(bounds: Bounds) -> Candidate:
         return pricer.evaluate(bounds, run.checkpoint, run.swap)
 
-    best, _ = repartition(start, evaluate, max_moves=opt.max_moves, kl=opt.kl)  # type: ignore[assignment]
+    holders = tied_stages(view, run.bounds)
+
+    def allowed(bounds: Bounds) -> bool:  # the workers refuse to move a tied weight to another set of stages
+        return not opt.keep_tied_stages or tied_stages(view, bounds) == holders
+
+    best, _ = repartition(start, evaluate, max_moves=opt.max_moves, kl=opt.kl,  # type: ignore[assignment]
+                          allowed=allowed)
     if not best.fits:
         worst = max(range(len(best.bounds)), key=lambda s: best.peak_memory_bytes[s])
         return _decision(False, f"no partition with swap/recompute fits the {_size(limit)} budget (best found: "
