@@ -116,7 +116,9 @@ def test_memory_policies_and_toggles_reach_the_worker_config():
     message.assign.spec.layer_toggles.add(layer_index=1, iteration=4, active=False)
     config = worker_config(message.assign, message.assign.workers[0], "job-p")
     assert (config["checkpoint_layers"], config["swap_layers"]) == ([0], [1])
-    assert config["layer_toggles"] == [[1, 4, 0]]
+    assert config["layer_toggles"] == [[1, 4, 0]] and config["online"] is False
+    message.assign.spec.online_repartition = True
+    assert worker_config(message.assign, message.assign.workers[0], "job-p")["online"] is True
     assert policies(message.assign.plan) == {"checkpoint_layers": [0], "swap_layers": [1]}
 
 

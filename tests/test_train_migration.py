@@ -46,11 +46,11 @@ def plan(version: int, not_before: int, bounds: list[list[int]], checkpoint: lis
 
 
 def template(bounds: list[list[int]], schedule: str = "1f1b", **changes) -> WorkerConfig:
-    return WorkerConfig(
-        job_id="job-migrate", model=MessageToDict(SPEC, preserving_proto_field_name=True), stage_bounds=bounds,
-        num_replicas=1, stage_index=0, replica_index=0, rank=0, world_size=1, micro_batch_size=MICRO,
-        num_micro_batches=NUM_MICRO, iterations=STEPS, init_method="", schedule=schedule, optimizer=ADAM, seed=SEED,
-        data=DATA, timeout_s=60, **changes)
+    return WorkerConfig(**{
+        "job_id": "job-migrate", "model": MessageToDict(SPEC, preserving_proto_field_name=True),
+        "stage_bounds": bounds, "num_replicas": 1, "stage_index": 0, "replica_index": 0, "rank": 0, "world_size": 1,
+        "micro_batch_size": MICRO, "num_micro_batches": NUM_MICRO, "iterations": STEPS, "init_method": "",
+        "schedule": schedule, "optimizer": ADAM, "seed": SEED, "data": DATA, "timeout_s": 60, **changes})
 
 
 def run(bounds: list[list[int]], commands: list[dict] | None = None, schedule: str = "1f1b",
@@ -274,3 +274,12 @@ def test_plans_that_change_the_stages_of_a_tied_weight_are_rejected():
                '"checkpoint_layers": [], "swap_layers": []}')  # enc.norm moves: it holds no tied weight
     assert box.take_rejections() == []
     assert box.ready(0, 0) == 2
+
+
+def test_a_worker_not_online_ignores_plan_commands():
+    # A job not submitted for live repartitioning has no agreement or migration groups; commands are not read.
+    events = run([[0, 3], [3, 8]], [plan(1, 1, [[0, 4], [4, 8]])], replicas=1, online=False, iterations=3)
+    for rank_events in events:
+        kinds = [e["event"] for e in rank_events]
+        assert kinds[-1] == "done" and "plan_applied" not in kinds and "migration" not in kinds, kinds
+        assert all(e["plan_version"] == 0 for e in of(rank_events, "iteration"))

@@ -70,6 +70,7 @@ def worker_config(assign: executor_pb2.AssignInstruction, worker: executor_pb2.W
         "timeout_s": float(assign.process_group_timeout_s or 60),
         "intra_op_threads": 1,
         "plan_version": plan.version,
+        "online": spec.online_repartition,
         "predicted_iteration_s": plan.prediction.iteration_time_s,
     }
 

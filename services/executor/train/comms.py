@@ -75,14 +75,14 @@ class Comms:
                         self.groups[("prev", direction)] = group
         # Layer migration between this stage and a non-adjacent one (same replica index), and plan agreement.
         self.migration_groups: dict[int, object] = {}  # other stage -> group
-        for s in range(config.num_stages):
+        for s in range(config.num_stages if config.online else 0):
             for t in range(s + 2, config.num_stages):
                 for i in range(nr):
                     group = dist.new_group([config.rank_of(s, i), config.rank_of(t, i)])
                     if i == r and stage.index in (s, t):
                         self.migration_groups[t if stage.index == s else s] = group
         self.control_group = dist.new_group(list(range(config.world_size)), backend="gloo") \
-            if config.world_size > 1 else None
+            if config.world_size > 1 and config.online else None
         self.prev = config.rank_of(stage.index - 1, r) if not stage.is_first else None
         self.next = config.rank_of(stage.index + 1, r) if not stage.is_last else None
 

@@ -68,6 +68,9 @@ class WorkerConfig:
     timeout_s: float = 300.0  # process-group timeout: a dead peer fails the group after this long
     intra_op_threads: int = 1
     plan_version: int = 0  # version of the initial plan; "plan" commands must carry higher versions
+    # Take "plan" commands (live repartitioning): the agreement group and the per-iteration MIN all-reduce, and the
+    # migration groups, exist only then.
+    online: bool = True
     predicted_iteration_s: float = 0.0
 
     @property

@@ -80,7 +80,8 @@ def run(config: WorkerConfig, report: Report, should_stop: Callable[[], bool] | 
     initial = Plan(config.plan_version, 0, tuple((b, e) for b, e in config.stage_bounds),
                    tuple(config.checkpoint_layers), tuple(config.swap_layers))
     inbox = PlanInbox(model_info(config.spec(), config.micro_batch_size), config.num_stages, initial)
-    read_commands(commands, inbox)
+    if config.online:  # otherwise no command is ever read, so every rank stays on the initial plan
+        read_commands(commands, inbox)
     optimizer = make_optimizer(stage.parameters(), config.optimizer)
     start = config.start_iteration
     if config.resume_from:  # before the rendezvous, so a bad checkpoint fails fast on every rank
