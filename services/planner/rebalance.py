@@ -223,8 +223,7 @@ class Rebalancer:
             return None  # too late to pay off
         new = plan_pb2.Plan()
         new.CopyFrom(decision.new_plan)
-        new.id, new.version, new.parent_plan_id, new.job_id = "", 0, plan.id, job.id  # the store picks the version
-        new.ClearField("created_at")
+        new.version = 0  # the store picks the next free one (a refused version stays taken)
         stored = call(self._store.CreatePlan, store_pb2.CreatePlanRequest(
             plan=new, request_id=request_key(job.id, plan.id, iteration)))
         moves = ",".join(f"{m.layer}:{m.from_stage}->{m.to_stage}" for m in decision.moves)

@@ -147,12 +147,12 @@ class WorkerConfig:
         need(self.timeout_s > 0, "timeout_s", "must be > 0 seconds")
         need(self.intra_op_threads >= 1, "intra_op_threads", "must be >= 1")
         need(bool(self.init_method), "init_method", "give a rendezvous such as tcp://HOST:PORT")
-        need(all(_is_int(i) for i in self.checkpoint_layers), "checkpoint_layers", "give layer indices (integers)")
-        need(all(_is_int(i) for i in self.swap_layers), "swap_layers", "give layer indices (integers)")
-        need(all(isinstance(t, list | tuple) and len(t) == 3 and all(_is_int(v) for v in t) and t[1] >= 0
+        need(all(is_int(i) for i in self.checkpoint_layers), "checkpoint_layers", "give layer indices (integers)")
+        need(all(is_int(i) for i in self.swap_layers), "swap_layers", "give layer indices (integers)")
+        need(all(isinstance(t, list | tuple) and len(t) == 3 and all(is_int(v) for v in t) and t[1] >= 0
                  and t[2] in (0, 1) for t in self.layer_toggles), "layer_toggles",
              "each entry is [layer_index, iteration >= 0, active 0 or 1]")
 
 
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)

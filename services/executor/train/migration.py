@@ -62,7 +62,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from services.executor.train.config import WorkerConfig
+from services.executor.train.config import WorkerConfig, is_int
 from services.executor.train.stage import ModelInfo, Stage, make_optimizer, restage, stage_of
 from services.zoo.graph import Layer
 
@@ -81,6 +81,12 @@ class Plan:
     checkpoint_layers: tuple[int, ...]
     swap_layers: tuple[int, ...]
 
+    @classmethod
+    def initial(cls, config: WorkerConfig) -> Plan:
+        """The plan a worker starts under (its config); commands must carry higher versions."""
+        return cls(config.plan_version, 0, tuple((b, e) for b, e in config.stage_bounds),
+                   tuple(config.checkpoint_layers), tuple(config.swap_layers))
+
     def describe(self) -> dict[str, Any]:
         return {"plan_version": self.version, "stage_bounds": [list(b) for b in self.stage_bounds],
                 "checkpoint_layers": list(self.checkpoint_layers), "swap_layers": list(self.swap_layers)}
@@ -88,10 +94,6 @@ class Plan:
 
 class Rejected(ValueError):
     pass
-
-
-def _int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class PlanInbox:
@@ -120,12 +122,12 @@ class PlanInbox:
         for name in ("version", "not_before", "stage_bounds", "checkpoint_layers", "swap_layers"):
             need(name in raw, name, "missing: a plan command describes the whole runtime shape")
         version, not_before, bounds = raw["version"], raw["not_before"], raw["stage_bounds"]
-        need(_int(version) and version > self.initial.version, "version",
+        need(is_int(version) and version > self.initial.version, "version",
              f"must be an integer above the initial plan_version {self.initial.version}")
-        need(_int(not_before) and not_before >= 0, "not_before", "must be an integer >= 0 (iterations completed)")
+        need(is_int(not_before) and not_before >= 0, "not_before", "must be an integer >= 0 (iterations completed)")
         need(isinstance(bounds, list) and len(bounds) == s, "stage_bounds",
              f"give exactly {s} [begin, end) stages (the stage count never changes while training)")
-        need(all(isinstance(b, list) and len(b) == 2 and all(_int(v) for v in b) for b in bounds), "stage_bounds",
+        need(all(isinstance(b, list) and len(b) == 2 and all(is_int(v) for v in b) for b in bounds), "stage_bounds",
              "each stage is a [begin, end) pair of integers")
         need(all(b < e for b, e in bounds), "stage_bounds", "every stage must be non-empty (begin < end)")
         need(bounds[0][0] == 0 and bounds[-1][1] == n, "stage_bounds", f"stages must cover layers [0, {n})")
@@ -133,7 +135,7 @@ class PlanInbox:
              "stages must be contiguous: each begin equals the previous end")
         for name in ("checkpoint_layers", "swap_layers"):
             values = raw[name]
-            need(isinstance(values, list) and all(_int(i) and 0 <= i < n for i in values), name,
+            need(isinstance(values, list) and all(is_int(i) and 0 <= i < n for i in values), name,
                  f"give a list of layer indices in [0, {n})")
         tied = self.info.tied_stage_sets(bounds)
         changed = sorted(k for k in tied if tied[k] != self._tied[k])
@@ -157,7 +159,7 @@ class PlanInbox:
                 raise Rejected(f"command is not JSON ({e.msg})") from None
             plan = self.parse(raw)
         except Rejected as e:
-            version = raw.get("version") if isinstance(raw, dict) and _int(raw.get("version")) else 0
+            version = raw.get("version") if isinstance(raw, dict) and is_int(raw.get("version")) else 0
             with self._lock:
                 self._rejected.append((version, str(e)))  # the version lets the agent fail that instruction
             return None

@@ -30,7 +30,7 @@ from services.executor.train.config import WorkerConfig
 from services.executor.train.data import batch_for, dropout_seed, sample_range
 from services.executor.train.migration import Agreement, Plan, PlanInbox, apply_plan
 from services.executor.train.schedule import tasks
-from services.executor.train.stage import Stage, model_info
+from services.executor.train.stage import Stage
 
 LOOKAHEAD = 2  # receives are posted this many tasks ahead of the task that consumes them
 Report = Callable[[dict[str, Any]], None]
@@ -58,16 +58,15 @@ def memory(device: torch.device) -> tuple[int, int]:
 
 class Trainer:
     def __init__(self, config: WorkerConfig, stage: Stage, optimizer: torch.optim.Optimizer, comms: Comms,
-                 device: torch.device, should_stop: Callable[[], bool]) -> None:
+                 device: torch.device, should_stop: Callable[[], bool], inbox: PlanInbox) -> None:
         self.config, self.stage, self.optimizer, self.comms, self.device = config, stage, optimizer, comms, device
         self.spec = config.spec()
-        self.info = model_info(self.spec, config.micro_batch_size)
+        self.inbox = inbox  # plan commands (none arrive unless the worker reads them)
+        self.info = inbox.info  # the meta model and its shapes, built once per worker
         self.parameters = stage.parameters()
         self.order = tasks(config.schedule, config.num_stages, stage.index, config.num_micro_batches)
         self.should_stop = should_stop
-        self.plan = Plan(config.plan_version, 0, tuple((b, e) for b, e in config.stage_bounds),
-                         tuple(config.checkpoint_layers), tuple(config.swap_layers))
-        self.inbox: PlanInbox | None = None  # set by the worker when it reads commands
+        self.plan: Plan = inbox.initial
         self.agreement = Agreement(getattr(comms, "control_group", None))
 
     @property
@@ -233,13 +232,13 @@ class Trainer:
 
             def launch(done: int = done, pending: list[Any] = pending) -> None:
                 # every rank contributes its ready version as of the END of this iteration
-                ready = self.inbox.ready(done, self.plan_version) if self.inbox is not None else self.plan_version
+                ready = self.inbox.ready(done, self.plan_version)
                 pending.append(self.agreement.launch(ready))
 
             stats = self.step(iteration, on_start=launch if done < config.iterations else None)
             report({"event": "iteration", **head, "iteration": done, "plan_version": self.plan_version,
                     **stats, "layers": self.stage.layer_indices})
-            for version, message in self.inbox.take_rejections() if self.inbox is not None else []:
+            for version, message in self.inbox.take_rejections():
                 report({"event": "command_rejected", **head, "iteration": done, "version": version,
                         "message": message})
             if pending:
@@ -256,7 +255,6 @@ class Trainer:
         if agreed <= self.plan_version:
             return
         decided = time.perf_counter()
-        assert self.inbox is not None
         plan = self.inbox.get(agreed)
         for event in apply_plan(self, plan, done, decided):
             report({**event, **head})

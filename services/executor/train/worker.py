@@ -77,9 +77,7 @@ def run(config: WorkerConfig, report: Report, should_stop: Callable[[], bool] | 
     stage = build_stage(config.spec(), config.stage_bounds, config.stage_index, seed=config.seed,
                         micro_batch_size=config.micro_batch_size, checkpoint_layers=config.checkpoint_layers,
                         swap_layers=config.swap_layers, layer_toggles=config.layer_toggles, device=device)
-    initial = Plan(config.plan_version, 0, tuple((b, e) for b, e in config.stage_bounds),
-                   tuple(config.checkpoint_layers), tuple(config.swap_layers))
-    inbox = PlanInbox(model_info(config.spec(), config.micro_batch_size), config.num_stages, initial)
+    inbox = PlanInbox(model_info(config.spec(), config.micro_batch_size), config.num_stages, Plan.initial(config))
     if config.online:  # otherwise no command is ever read, so every rank stays on the initial plan
         read_commands(commands, inbox)
     optimizer = make_optimizer(stage.parameters(), config.optimizer)
@@ -96,8 +94,7 @@ def run(config: WorkerConfig, report: Report, should_stop: Callable[[], bool] | 
                             world_size=config.world_size, timeout=timedelta(seconds=config.timeout_s))
     try:
         comms = Comms(config, stage, device)
-        trainer = Trainer(config, stage, optimizer, comms, device, should_stop or (lambda: False))
-        trainer.inbox = inbox
+        trainer = Trainer(config, stage, optimizer, comms, device, should_stop or (lambda: False), inbox)
         trainer.train(start, head, report)
     except Stopped as e:
         if e.between_iterations:  # nothing in flight on our side
