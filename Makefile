@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint protos bench clean
+.PHONY: install demo test test-slow test-all lint protos bench clean
 
 $(PY):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (set PYTHON=...)"; exit 1; }
@@ -27,9 +27,16 @@ install: $(STAMP)
 demo: install
 	$(VENV)/bin/ballast demo
 
+# `make test` is the everyday suite (ruff + every test not marked slow, under 10 minutes on 2 cores);
+# `make test-slow` runs the slower end-to-end tests; CI (.ci/run) runs both, `make test-all` does too.
 test: install
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not slow"
+
+test-slow: install
+	$(PY) -m pytest -q -m slow
+
+test-all: test test-slow
 
 lint: install
 	$(VENV)/bin/ruff check .

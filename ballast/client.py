@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from ballast.v1 import executor_pb2_grpc, services_pb2_grpc, store_pb2_grpc
+from ballast.v1 import common_pb2, executor_pb2_grpc, job_pb2, services_pb2_grpc, store_pb2, store_pb2_grpc
 
 TokenSource = str | Callable[[], str]
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -129,6 +129,18 @@ class Client:
         self.jobs = services_pb2_grpc.JobServiceStub(planner_ch) if planner_ch else None
         self.executor_control = executor_pb2_grpc.ExecutorControlStub(planner_ch) if planner_ch else None
         self.profiler = services_pb2_grpc.ProfilerServiceStub(profiler_ch) if profiler_ch else None
+
+    def iteration_metrics(self, job_id: str, **filters: int) -> list[job_pb2.IterationMetric]:
+        """Every iteration metric of a job (all pages), by (iteration, stage, replica)."""
+        request = store_pb2.ListIterationMetricsRequest(job_id=job_id, page=common_pb2.PageRequest(page_size=1000),
+                                                        **filters)
+        rows: list[job_pb2.IterationMetric] = []
+        while True:
+            reply = self.store.ListIterationMetrics(request)
+            rows.extend(reply.metrics)
+            if not reply.next_page_token:
+                return rows
+            request.page.page_token = reply.next_page_token
 
     def close(self) -> None:
         for ch in self._channels:

@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
           "comm / optimizer / idle ms, busiest worker |")
     print("| --- | --- | --- | --- | --- | --- |")
     for c, bounds, predicted, measured, error, p in rows:
-        split = " | ".join(f"{b}-{e - 1}" for b, e in bounds)
+        split = " \\| ".join(f"{b}-{e - 1}" for b, e in bounds)  # escaped: a bare pipe splits the cell
         detail = (f"{p['forward_s'] * 1e3:.1f} / {p['backward_s'] * 1e3:.1f} ({p['recompute_s'] * 1e3:.1f}) / "
                   f"{p['comm_s'] * 1e3:.1f} / {p.get('optimizer_s', 0) * 1e3:.1f} / {p['idle_s'] * 1e3:.1f}")
         print(f"| {c.label} | {split} | {predicted * 1e3:.1f} | {measured * 1e3:.1f} | {error:+.1%} | {detail} |")

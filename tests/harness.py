@@ -103,15 +103,58 @@ def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
     proc.wait(timeout=30)
 
 
-def wait_for(predicate: Callable[[], object], timeout: float = 60.0, interval: float = 0.2, what: str = "") -> object:
+def wait_for(predicate: Callable[[], object], timeout: float = 60.0, interval: float = 0.2, what: str = "",
+             story: Callable[[], str] | None = None) -> object:
+    """Poll until `predicate` is truthy; on timeout the error says what was awaited and, with `story`,
+    what the system looked like then."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+            told = ""
+            if story is not None:
+                try:
+                    told = "\n" + story()
+                except Exception as exc:  # noqa: BLE001 - the timeout is the failure to report
+                    told = f"\n(no story: {exc!r})"
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}{told}")
         time.sleep(interval)
+
+
+def worker_pids(job_id: str) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", f"services.executor.train.worker .*{job_id}"], capture_output=True,
+                         text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def job_story(client: Client, job_id: str, data_dir: Path) -> str:
+    """A job that did not end in time, as a test failure should show it: state, events, the last iteration
+    each rank reported, the agents' log tails and every live worker's thread stacks (SIGUSR1, worker.py)."""
+    from ballast.v1 import job_pb2, store_pb2
+
+    pids = worker_pids(job_id)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGUSR1)
+    time.sleep(1.0)
+    job = client.jobs.Get(store_pb2.GetRequest(id=job_id))
+    lines = [f"job {job_id}: {job_pb2.JobState.Name(job.state)} at iteration {job.iteration}: {job.message}",
+             f"live worker pids: {pids}"]
+    events = client.store.ListJobEvents(store_pb2.ListJobEventsRequest(job_id=job_id)).events
+    lines += [f"  event {e.type}: {e.message[:300]}" for e in events]
+    last: dict[tuple[int, int], int] = {}
+    for m in client.iteration_metrics(job_id):
+        last[(m.stage_index, m.replica_index)] = max(last.get((m.stage_index, m.replica_index), 0), m.iteration)
+    lines.append(f"last stored iteration per (stage, replica): {dict(sorted(last.items()))}")
+    for log in sorted(data_dir.glob("agent-*.log")):
+        lines.append(f"--- {log.name} (tail)")
+        lines += log.read_text(errors="replace").splitlines()[-15:]
+    for stacks in sorted(data_dir.glob(f"executor/*/{job_id}/*.stacks")):
+        lines.append(f"--- {stacks.parent.parent.name}/{stacks.name}")
+        lines.append(stacks.read_text(errors="replace")[-4000:])
+    return "\n".join(lines)
 
 
 @contextlib.contextmanager

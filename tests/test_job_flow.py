@@ -97,11 +97,13 @@ def test_submit_profiles_plans_and_schedules_on_the_online_hosts(plane, agents):
 
     profile = client.profiler.GetProfile(store_pb2.GetRequest(id=log[2].attributes["profile_id"]))
     assert profile.device.kind == "cpu" and not profile.source_profile_id
+    assert profile.comm.fits and profile.comm.colocated_slowdown >= 1  # two devices of one machine: calibrated
     assert profile.model_id == done.model_id and profile.tenant_id == done.tenant_id
 
     plan = client.planner.GetPlan(store_pb2.GetRequest(id=done.plan_id))
     assert log[3].attributes["plan_id"] == plan.id and plan.job_id == job.id and plan.profile_id == profile.id
-    assert (plan.fleet.nodes, plan.fleet.devices_per_node, plan.fleet.device.kind) == (2, 1, "cpu")
+    # The two local agents share this machine: one node of two devices.
+    assert (plan.fleet.nodes, plan.fleet.devices_per_node, plan.fleet.device.kind) == (1, 2, "cpu")
     assert plan.global_batch_size == 4 and plan.prediction.iteration_time_s > 0
     assert plan.micro_batch_size * plan.num_micro_batches * max(s.devices for s in plan.stages) >= 4
     assert prepare_request(client, job.id).state == queue_pb2.REQUEST_STATE_SUCCEEDED

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 import uuid
 
 import pytest
 
 from ballast.v1 import job_pb2, model_pb2, services_pb2, store_pb2
-from tests.harness import executor_plane, wait_for
+from tests.harness import executor_plane, job_story, wait_for, worker_pids
 
 pytestmark = pytest.mark.slow
 
@@ -33,12 +32,6 @@ def job_of(client, job_id: str) -> job_pb2.Job:
     return client.jobs.Get(store_pb2.GetRequest(id=job_id))
 
 
-def worker_pids(job_id: str) -> list[int]:
-    out = subprocess.run(["pgrep", "-f", f"services.executor.train.worker .*{job_id}"], capture_output=True,
-                         text=True).stdout
-    return [int(p) for p in out.split()]
-
-
 @pytest.fixture(scope="module")
 def plane(tmp_path_factory):
     with executor_plane(tmp_path_factory.mktemp("run"), f"run-{uuid.uuid4().hex[:8]}") as plane:
@@ -48,7 +41,8 @@ def plane(tmp_path_factory):
 def test_a_job_trains_to_the_end_and_its_metrics_sit_beside_the_prediction(plane):
     client = plane.client()
     job = client.jobs.Submit(services_pb2.SubmitJobRequest(spec=spec("trains", iterations=6)))
-    done = wait_for(lambda: (j := job_of(client, job.id)).state in ENDED and j, timeout=240, what="the job to end")
+    done = wait_for(lambda: (j := job_of(client, job.id)).state in ENDED and j, timeout=240, what="the job to end",
+                    story=lambda: job_story(client, job.id, plane.settings.data_dir))
     assert done.state == S.JOB_STATE_SUCCEEDED, done.message
     assert "trained 6 iteration(s)" in done.message and "final loss" in done.message
     events = client.store.ListJobEvents(store_pb2.ListJobEventsRequest(job_id=job.id)).events
@@ -58,7 +52,7 @@ def test_a_job_trains_to_the_end_and_its_metrics_sit_beside_the_prediction(plane
     workers = int(events[4].attributes["world_size"])
     assert workers == len(plan.stages) * plan.stages[0].devices
 
-    rows = client.store.ListIterationMetrics(store_pb2.ListIterationMetricsRequest(job_id=job.id)).metrics
+    rows = client.iteration_metrics(job.id)
     assert sorted({m.iteration for m in rows}) == list(range(6)) and len(rows) == 6 * workers
     assert all(m.iteration_time_s > 0 and m.predicted_iteration_time_s == plan.prediction.iteration_time_s
                for m in rows)
@@ -109,11 +103,13 @@ def test_a_restarted_planner_takes_its_running_job_back(plane):
     s = spec("restart", iterations=300, vocab=152)
     s.checkpoint_every = 100
     job = client.jobs.Submit(services_pb2.SubmitJobRequest(spec=s))
-    wait_for(lambda: job_of(client, job.id).iteration >= 2, timeout=240, what="training to start")
+    wait_for(lambda: job_of(client, job.id).iteration >= 2, timeout=90, what="training to start",
+             story=lambda: job_story(client, job.id, plane.settings.data_dir))
     plane.servers["planner"].stop(0.5)
     plane.servers["planner"] = build_server(plane.settings).start()
     assert job_of(client, job.id).state == S.JOB_STATE_RUNNING  # the restart really happened mid-run
-    done = wait_for(lambda: (j := job_of(client, job.id)).state in ENDED and j, timeout=240, what="the job to end")
+    done = wait_for(lambda: (j := job_of(client, job.id)).state in ENDED and j, timeout=150, what="the job to end",
+                    story=lambda: job_story(client, job.id, plane.settings.data_dir))
     assert done.state == S.JOB_STATE_SUCCEEDED, done.message
     plan = client.planner.GetPlan(store_pb2.GetRequest(id=done.plan_id))
     checkpoints = client.store.ListCheckpoints(store_pb2.ListCheckpointsRequest(job_id=job.id)).checkpoints

@@ -191,3 +191,16 @@ def test_jitter_of_a_nearly_idle_stage_is_not_a_workload_change() -> None:
     feed(strict, range(4), computes=(0.017, 0.8))
     feed(strict, range(4, 6), computes=(0.011, 0.8))
     assert [c.stage_index for c in strict.observation("job").workload_changes] == [0]
+
+
+def test_noise_is_the_half_range_of_a_stage_without_one_straggler() -> None:
+    mon = TrainingMonitor(MonitorOptions(window=5, warmup=0))
+    for it, c in enumerate((1.0, 1.2, 0.8, 1.0, 9.0)):  # stage 1 jitters by +-20%, plus one straggler
+        mon.observe(stats(it, 0, compute=1.0))
+        mon.observe(stats(it, 1, compute=c, time=max(2.0, c)))
+    obs = mon.observation("job")
+    # Without the lowest (0.8) and highest (9.0): (1.2 - 1.0) / 2 over the median 1.0.
+    assert obs.noise == pytest.approx(0.1)
+    steady = TrainingMonitor(MonitorOptions(window=5, warmup=0))
+    feed(steady, range(5))
+    assert steady.observation("job").noise == 0.0

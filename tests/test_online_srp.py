@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -154,6 +155,18 @@ def test_margin_decides_between_accept_and_reject(gpt, fleet) -> None:
     eager = propose(gpt, fleet, plan, obs, OnlineOptions(margin=0.0, imbalance_threshold=0.0))
     assert not strict.accepted
     assert eager.accepted and eager.predicted_after_s < eager.predicted_before_s
+
+
+def test_a_gain_within_the_measurement_noise_is_not_taken(gpt, fleet) -> None:
+    plan = make_plan(fleet, ((0, 4), (4, 10)))
+    obs = observe(measured(gpt, fleet, plan), plan)
+    quiet = propose(gpt, fleet, plan, obs)
+    assert quiet.accepted, quiet.reason
+    gain = quiet.predicted_before_s / quiet.predicted_after_s - 1
+    noisy = propose(gpt, fleet, plan, dataclasses.replace(obs, noise=gain + 0.01))
+    assert not noisy.accepted and "noise" in noisy.reason
+    ignored = propose(gpt, fleet, plan, dataclasses.replace(obs, noise=gain + 0.01), OnlineOptions(noise_margin=False))
+    assert ignored.accepted
 
 
 def test_measured_slowness_is_calibrated(gpt, fleet) -> None:

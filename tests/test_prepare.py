@@ -11,7 +11,7 @@ import pytest
 from ballast.v1 import fleet_pb2, job_pb2, model_pb2, queue_pb2, services_pb2, store_pb2
 from services.planner import jobs, queue
 from services.planner.fleet_file import load_fleet
-from services.planner.prepare import check_toggles, fleet_of_hosts, prepare_job
+from services.planner.prepare import check_toggles, fleet_of_hosts, prepare_job, profile_request
 from services.profiler.projection import analytical_profile
 from services.runtime.errors import FailedPrecondition, InvalidArgument, Unavailable
 from tests.harness import ROOT, make_settings, start_plane
@@ -131,14 +131,25 @@ def host(name: str, address: str, slots: int, kind: str = "cpu", memory: int = 8
                           devices=[fleet_pb2.Device(index=i, spec=spec) for i in range(slots)])
 
 
-def test_the_online_hosts_form_one_node_each():
+def test_the_online_hosts_form_one_node_per_machine():
     fleet = fleet_of_hosts([host("a", "10.0.0.1", 2), host("b", "10.0.0.1", 1, memory=4 << 30)])
-    assert (fleet.nodes, fleet.devices_per_node, fleet.device.kind) == (2, 1, "cpu")
+    assert (fleet.nodes, fleet.devices_per_node, fleet.device.kind) == (1, 3, "cpu")  # one machine standing in for two
     assert fleet.device.memory_bytes == 4 << 30
-    assert fleet.inter_node.kind == fleet_pb2.LINK_KIND_SHARED_MEMORY  # one machine standing in for two
-    apart = fleet_of_hosts([host("a", "10.0.0.1", 1), host("b", "10.0.0.2", 1)])
+    assert fleet.intra_node.kind == fleet_pb2.LINK_KIND_SHARED_MEMORY
+    apart = fleet_of_hosts([host("a", "10.0.0.1", 1), host("b", "10.0.0.2", 2), host("c", "10.0.0.2", 1)])
+    assert (apart.nodes, apart.devices_per_node) == (2, 1)  # the smaller machine's count
     assert apart.inter_node.kind == fleet_pb2.LINK_KIND_ETHERNET
     assert fleet_of_hosts([host("a", "h", 2)]).nodes == 1
+
+
+def test_devices_sharing_a_node_get_a_calibrated_profile():
+    job = job_pb2.Job(model_id="m", spec=job_pb2.JobSpec(global_batch_size=8))
+    local = profile_request(job, fleet_of_hosts([host("a", "h", 1), host("b", "h", 1)]))
+    assert not local.analytical and local.options.calibrate and list(local.options.calibrate_group_sizes) == [2]
+    alone = profile_request(job, fleet_of_hosts([host("a", "h", 1)]))
+    assert not alone.options.calibrate  # one device per node: no group on a node to calibrate
+    gpus = fleet_of_hosts([host("a", "h", 2, kind="nvidia-titan-rtx-24gb")])
+    assert profile_request(job, gpus).analytical and not profile_request(job, gpus).options.calibrate
 
 
 @pytest.mark.parametrize("hosts, words", [

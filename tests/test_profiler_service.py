@@ -58,6 +58,17 @@ def test_profile_streams_progress_stores_rows_and_then_hits_the_cache(plane) -> 
         again = list(client.profiler.ProfileStream(request(tiny_gpt()), timeout=60))
         assert again[-1].cached and again[-1].profile.id == profile.id and len(again) == 1
 
+        # Asking for calibrated links (a job on several devices of one machine) measures again: the cached
+        # profile has none. The calibrated one then serves both kinds of request.
+        calibrating = request(tiny_gpt())
+        calibrating.options.calibrate = True
+        calibrating.options.calibrate_group_sizes.append(2)
+        measured = list(client.profiler.ProfileStream(calibrating, timeout=300))[-1]
+        assert not measured.cached and measured.profile.comm.fits and measured.profile.comm.colocated_slowdown >= 1
+        for ask in (calibrating, request(tiny_gpt())):
+            hit = list(client.profiler.ProfileStream(ask, timeout=60))[-1]
+            assert hit.cached and hit.profile.id == measured.profile.id
+
 
 def test_projection_is_stored_and_marked(plane) -> None:
     with plane.client() as client:

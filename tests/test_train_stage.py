@@ -69,9 +69,13 @@ def test_chained_stages_equal_the_whole_model():
     received = [hidden.detach().requires_grad_(True)]
     (stage_loss,) = last.forward(received, batch)
     assert torch.equal(stage_loss, loss)
-    (grad,) = last.backward([stage_loss], [None], received)
+    (grad,) = last.backward([stage_loss], [None], received)  # recomputes on the backward's first use
+    assert last.recompute_s > 0 and 0 in last.segments  # (the trainer always calls recompute first)
+    first.recompute(0)  # ahead of the gradient, as the schedule does it
+    early = first.recompute_s
+    assert early > 0 and 0 not in first.segments
     first.backward([hidden], [grad], [])
-    assert last.recompute_s > 0 and first.recompute_s > 0
+    assert first.recompute_s == early  # nothing recomputed twice
     assert torch.allclose(last.layers[0].module.mlp[0].weight.grad, model.blocks[1].mlp[0].weight.grad)
     assert torch.allclose(first.layers[1].module.attn.qkv.weight.grad, model.blocks[0].attn.qkv.weight.grad)
     tied = first.layers[0].module.tokens.weight.grad + last.layers[1].module.lm.weight.grad  # summed, Varuna §5.1

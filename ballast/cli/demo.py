@@ -103,7 +103,7 @@ def rebalance_live(client: Client, spec: model_pb2.ModelSpec, args: argparse.Nam
                       f"{m.iteration} (plan v{m.plan_version}), {m.bytes / 2**20:.2f} MiB in "
                       f"{m.duration_s * 1e3:.0f} ms")
     per_version: dict[int, list[float]] = {}
-    for m in client.store.ListIterationMetrics(store_pb2.ListIterationMetricsRequest(job_id=job.id)).metrics:
+    for m in client.iteration_metrics(job.id):
         per_version.setdefault(m.plan_version, []).append(m.iteration_time_s)
     for version, times in sorted(per_version.items()):
         console.print(f"  plan v{version}: median iteration {statistics.median(times) * 1e3:.1f} ms "
@@ -118,7 +118,7 @@ def report(client: Client, job_id: str, png: Path) -> int:
     """Plan, predicted against measured iteration time, the loss curve (saved as PNG), the SQL behind it."""
     job = client.jobs.Get(store_pb2.GetRequest(id=job_id))
     plan = client.planner.GetPlan(store_pb2.GetRequest(id=job.plan_id))
-    rows = client.store.ListIterationMetrics(store_pb2.ListIterationMetricsRequest(job_id=job_id)).metrics
+    rows = client.iteration_metrics(job_id)
     replicas = plan.stages[0].devices
     console.print(f"  plan {plan.id}: {len(plan.stages)} stage(s) x {replicas} replica(s), "
                   f"{plan.num_micro_batches} micro-batch(es) of {plan.micro_batch_size}, "

@@ -3,8 +3,10 @@ and reports SERVING on its own health endpoint only while the planner has accept
 
 It launches the workers an Assign names (workers.py), relays their per-iteration stats, checkpoint parts
 and exits on the stream, and stops them on Stop. Messages wait in one outbox across reconnects, so a
-planner restart loses none; workers keep training while the stream is down. Instructions this agent does
-not carry out yet (Repartition, Checkpoint) are acknowledged as not done, with the reason.
+planner restart loses none; workers keep training while the stream is down. Stats that arrive within
+STATS_BATCH_S travel in one heartbeat: fast iterations would otherwise cost the store one write each, CPU
+taken from the workers on a host that also runs the control plane. Instructions it does not support
+(Checkpoint) are acknowledged as not done, with the reason.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import logging
 import queue
 import socket
 import threading
+import time
 from collections.abc import Iterator
 
 import grpc
@@ -22,10 +25,12 @@ from ballast.client import open_channel
 from ballast.config import Settings
 from ballast.v1 import executor_pb2, executor_pb2_grpc, fleet_pb2
 from services.executor.inventory import SUPPORTED, devices
+from services.executor.outbox import Outbox
 from services.executor.workers import Workers
 from services.runtime.server import Server, ServerSpec
 
 log = logging.getLogger("ballast.agent")
+STATS_BATCH_S = 0.25  # per-iteration stats arriving this close together go in one heartbeat (one store write)
 
 
 class Agent:
@@ -37,34 +42,65 @@ class Agent:
                                         register=lambda s: None, services=[], on_stop=[self.stop]))
         self._stop = threading.Event()
         self.host_id = ""
-        self.outbox: queue.Queue = queue.Queue()
+        self.outbox = Outbox()
         self.workers = Workers(self.outbox.put, settings.data_dir / "executor" / name)
 
     def host(self) -> fleet_pb2.Host:
         return fleet_pb2.Host(name=self.name, address=self.settings.advertised_host(), devices=devices(),
                               supported_parallelism=SUPPORTED, agent_version=__version__, agent_port=self.port)
 
-    def _outbound(self, interval: list[float]) -> Iterator[executor_pb2.AgentMessage]:
+    def _outbound(self, interval: list[float], ended: threading.Event | None = None
+                  ) -> Iterator[executor_pb2.AgentMessage]:
+        """Register, then the outbox's messages (a bare heartbeat when it is quiet) until `ended`; what was
+        taken but not handed to the stream goes back to the outbox's front (outbox.py)."""
+        ended = ended or threading.Event()
         yield executor_pb2.AgentMessage(register=executor_pb2.RegisterAgent(
             host=self.host(), applied_versions=self.workers.applied_versions()))
-        while not self._stop.is_set():
-            try:
-                message = self.outbox.get(timeout=interval[0])
+        pending: list[executor_pb2.AgentMessage] = []  # taken from the outbox, not yet yielded, in order
+        try:
+            while not self._stop.is_set() and not ended.is_set():
+                if not pending:
+                    try:
+                        pending.append(self.outbox.get(timeout=interval[0]))
+                    except queue.Empty:
+                        beat = executor_pb2.Heartbeat(host_id=self.host_id)
+                        beat.sent_at.GetCurrentTime()
+                        yield executor_pb2.AgentMessage(heartbeat=beat)
+                        continue
+                message = pending[0]
                 if message.HasField("heartbeat"):
                     message.heartbeat.host_id = self.host_id
-                yield message
+                    if message.heartbeat.stages and len(pending) == 1 \
+                            and (other := self._gather(message.heartbeat)) is not None:
+                        pending.append(other)
+                if ended.is_set():  # the call ended while this waited: gRPC would drop what it pulls now
+                    break
+                yield pending.pop(0)
+        finally:
+            for message in reversed(pending):
+                self.outbox.unget(message)
+
+    def _gather(self, beat: executor_pb2.Heartbeat) -> executor_pb2.AgentMessage | None:
+        """Add the stats that arrive within STATS_BATCH_S to `beat` (one store write for several iterations);
+        returns the first other message, which must follow them, if one came."""
+        deadline = time.monotonic() + STATS_BATCH_S
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                message = self.outbox.get(timeout=left)
             except queue.Empty:
-                beat = executor_pb2.Heartbeat(host_id=self.host_id)
-                beat.sent_at.GetCurrentTime()
-                yield executor_pb2.AgentMessage(heartbeat=beat)
+                return None
+            if not message.HasField("heartbeat") or not message.heartbeat.stages:
+                return message
+            beat.stages.extend(message.heartbeat.stages)
+        return None
 
     def session(self) -> None:
         """One Connect stream: returns when the stream ends."""
         channel = open_channel(self.settings.address("planner"), self.settings.resolved_token(), timeout=None)
         stub = executor_pb2_grpc.ExecutorControlStub(channel)
-        interval = [2.0]
+        interval, ended = [2.0], threading.Event()
         try:
-            for message in stub.Connect(self._outbound(interval)):
+            for message in stub.Connect(self._outbound(interval, ended)):
                 kind = message.WhichOneof("body")
                 if kind == "registered":
                     self.host_id = message.registered.host_id
@@ -76,6 +112,7 @@ class Agent:
                 elif (ack := self.carry_out(message)) is not None:
                     self.outbox.put(executor_pb2.AgentMessage(ack=ack))
         finally:
+            ended.set()
             self.server.set_serving(False)
             channel.close()
 

@@ -21,6 +21,10 @@ log = logging.getLogger("ballast.control")
 
 
 Listener = Callable[[str, executor_pb2.AgentMessage], None]
+# Reports an agent sends again when it reconnects (its workers' exits): one the planner could not handle ends
+# the stream instead of being dropped, so the reconnect brings it back. A job whose last exit was dropped
+# would never end.
+REPLAYED = frozenset({"worker_exit"})
 
 
 class AgentRegistry:
@@ -102,8 +106,10 @@ class AgentRegistry:
             if self._listener is not None:
                 try:
                     self._listener(host_id, message)
-                except Exception:  # noqa: BLE001 - one bad report must not end the agent's stream
+                except Exception:  # noqa: BLE001 - one bad report must not end the agent's stream...
                     log.exception("agent message not handled", extra={"host_id": host_id, "kind": kind})
+                    if kind in REPLAYED:  # ...unless ending it is how the report comes back
+                        raise
 
         def on_close() -> None:
             with self._host_lock(name):

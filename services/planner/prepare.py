@@ -40,10 +40,11 @@ class Stopped(Exception):
 
 
 def fleet_of_hosts(hosts: list[fleet_pb2.Host], dtype: int = 0) -> fleet_pb2.Fleet:
-    """The fleet the online executors form: one node per host, its smallest device count and memory.
+    """The fleet the online executors form: one node per machine (hosts sharing an address are one machine
+    standing in for several, as in tests and the local demo), its smallest device count and memory.
 
-    Hosts sharing an address are one machine standing in for several (tests, the local demo): their
-    link is shared memory; distinct machines are assumed on 10 Gb Ethernet until calibrated.
+    Devices of one machine share its memory link and cores, so the cost model prices their groups with the
+    profile's loopback calibration and co-location slowdown; distinct machines are assumed on 10 Gb Ethernet.
     """
     fix = "start executors (`ballast up --executors 2`) or set spec.fleet to plan for a fleet not at hand"
     devices = [d for h in hosts for d in h.devices]
@@ -53,16 +54,19 @@ def fleet_of_hosts(hosts: list[fleet_pb2.Host], dtype: int = 0) -> fleet_pb2.Fle
     if len(kinds) != 1:
         raise FailedPrecondition(f"the online hosts mix device kinds {kinds}", field="spec.fleet",
                                  fix="set spec.fleet to the device kind to plan for")
-    per_node = min(len(h.devices) for h in hosts)
+    machines: dict[str, int] = {}
+    for h in hosts:
+        machines[h.address] = machines.get(h.address, 0) + len(h.devices)
+    per_node = min(machines.values())
     memory = min(d.spec.memory_bytes for d in devices)
-    entry: dict[str, Any] = {"name": f"online-{len(hosts)}x{per_node}-{kinds[0]}", "device": kinds[0],
-                             "nodes": len(hosts), "devices_per_node": per_node}
+    entry: dict[str, Any] = {"name": f"online-{len(machines)}x{per_node}-{kinds[0]}", "device": kinds[0],
+                             "nodes": len(machines), "devices_per_node": per_node}
     if memory:
         entry["memory_gib"] = memory / GiB
     if kinds[0] in MEASURED_KINDS:
         entry["intra_node"] = "shm"
-    if len(hosts) > 1:
-        entry["inter_node"] = "shm" if len({h.address for h in hosts}) == 1 else "eth-10"
+    if len(machines) > 1:
+        entry["inter_node"] = "eth-10"
     try:
         return fleet_from_dict(entry, dtype=dtype or None)
     except FleetFileError as err:
@@ -71,11 +75,19 @@ def fleet_of_hosts(hosts: list[fleet_pb2.Host], dtype: int = 0) -> fleet_pb2.Fle
 
 
 def profile_request(job: job_pb2.Job, fleet: fleet_pb2.Fleet) -> services_pb2.ProfileRequest:
-    """Measured on this host's kind, analytical for any other; the sweep stops at the global batch."""
+    """Measured on this host's kind, analytical for any other; the sweep stops at the global batch.
+
+    Where several measured devices share a node, the profile also calibrates this host's links for a group of
+    that size and measures the co-location slowdown, so a plan's allreduce and crowded compute are priced as
+    measured rather than from the nominal shared-memory link."""
     kind = fleet.device.kind
     top = min(job.spec.global_batch_size or MAX_SWEEP, MAX_SWEEP)
-    return services_pb2.ProfileRequest(model_id=job.model_id, device_kind=kind, max_micro_batch_size=top,
-                                       analytical=kind not in MEASURED_KINDS)
+    request = services_pb2.ProfileRequest(model_id=job.model_id, device_kind=kind, max_micro_batch_size=top,
+                                          analytical=kind not in MEASURED_KINDS)
+    if not request.analytical and fleet.devices_per_node > 1:
+        request.options.calibrate = True
+        request.options.calibrate_group_sizes.append(fleet.devices_per_node)
+    return request
 
 
 def plan_inputs(job: job_pb2.Job, dims: tuple[str, ...]):

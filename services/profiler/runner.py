@@ -102,7 +102,10 @@ class Runner:
         target = catalog.device(request.project_to) if request.project_to else None
         model = resolve_model(self._store, request, self._allowed)
         dtype = request.dtype or model.spec.dtype or common_pb2.DTYPE_FP32
-        if not request.refresh and (hit := cached(self._store, model, device, dtype)):
+        hit = None if request.refresh else cached(self._store, model, device, dtype)
+        if hit is not None and request.options.calibrate and not hit.comm.fits:
+            hit = None  # calibrated links were asked for and that profile has none: measure again
+        if hit is not None:
             yield from self._finish(hit, target, cached_hit=True)
             return
         yield services_pb2.ProfileProgress(phase="queued", message="waiting for the profiler")

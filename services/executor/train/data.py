@@ -41,7 +41,7 @@ def mix(*values: int) -> int:
 
 def dropout_seed(seed: int, iteration: int, micro_batch: int) -> int:
     """RNG seed of one micro-batch (global index replica * nm + j): every stage replays the same stream, and
-    activation recompute restores it (torch.utils.checkpoint preserves RNG state)."""
+    activation recompute replays it (recompute.py keeps each checkpointed run's RNG state)."""
     return mix(seed, iteration, micro_batch)
 
 

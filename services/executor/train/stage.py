@@ -9,7 +9,8 @@ so peers exchange bare tensors and never metadata. The dry run happens once per 
 (`model_info`, cached with the meta-device model and its decomposition), so a plan change at run time
 (`restage`, used by migration.py) recomputes boundaries, aliases and tied sets without touching the device.
 
-Per-layer policies: `checkpoint_layers` are recomputed in backward (torch.utils.checkpoint); `swap_layers`
+Per-layer policies: `checkpoint_layers` keep no activations and are recomputed before their backward, early
+enough for the schedule to do it while the gradient is in flight (recompute.py); `swap_layers`
 move their saved activations to host memory between forward and backward (swap.py); a layer in both is
 recomputed only (checkpoint wins). `layer_toggles` make a layer the identity on its first input from a given
 iteration on (dynamic workloads, vPipe §4.4's NAS switch): `set_iteration` decides which held layers compute.
@@ -17,16 +18,15 @@ iteration on (dynamic workloads, vPipe §4.4's NAS switch): `set_iteration` deci
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from ballast.v1 import model_pb2
+from services.executor.train.recompute import Segment
 from services.executor.train.swap import SwapPool
 from services.zoo import IGNORE_INDEX, ZooModel, build_model, example_input
 from services.zoo.graph import Decomposition, Layer
@@ -78,7 +78,7 @@ class Stage:
     swap: SwapPool | None = None
     inactive: frozenset[int] = frozenset()  # held layers that are the identity this iteration
     recompute_s: float = 0.0
-    in_backward: bool = False  # set while backward runs, so recomputation can be timed
+    segments: dict[int, list[Segment]] = field(default_factory=dict)  # micro-batch -> checkpointed runs to redo
 
     @property
     def batch_keys(self) -> set[str]:
@@ -131,9 +131,10 @@ class Stage:
                 env[layer.index] = env[layer.inputs[0]]
                 continue
             args = [env[i] for i in layer.inputs] + [batch[k] for k in layer.batch_keys]
-            if layer.index in self.checkpoint_layers:
-                env[layer.index] = (checkpoint(self._timed(layer.module), *args, use_reentrant=False) if recompute
-                                    else layer.module(*args))
+            if layer.index in self.checkpoint_layers and recompute:
+                segment = Segment(layer.module, args, self._clock)
+                self.segments.setdefault(micro_batch, []).append(segment)
+                env[layer.index] = segment.run()
             elif layer.index in self.swap_layers and self.swap is not None:
                 with self.swap.saving(micro_batch):
                     env[layer.index] = layer.module(*args)
@@ -143,34 +144,24 @@ class Stage:
             return [env[self.end - 1]]
         return [env[b.index] for b in self.sends]
 
+    def recompute(self, micro_batch: int) -> None:
+        """Recompute the checkpointed layers of `micro_batch` now (before its gradient is waited for)."""
+        for segment in self.segments.pop(micro_batch, []):
+            segment.rerun()
+
     def backward(self, outputs: list[Tensor], grads: list[Tensor | None], received: list[Tensor]) -> list[Tensor]:
         """Backpropagate `grads` from the outputs; returns gradients of the received float tensors."""
         roots = [(o, g) for o, g in zip(outputs, grads, strict=True) if o.requires_grad]
-        self.in_backward = True
-        try:
-            if roots:
-                torch.autograd.backward([o for o, _ in roots], [g for _, g in roots])
-        finally:
-            self.in_backward = False
+        if roots:
+            torch.autograd.backward([o for o, _ in roots], [g for _, g in roots])
         return [
             x.grad if x.grad is not None else torch.zeros_like(x)
             for b, x in zip(self.receives, received, strict=True)
             if b.has_grad
         ]
 
-    def _timed(self, module: nn.Module) -> Callable[..., Tensor]:
-        """Wrap a checkpointed layer so its second (recompute) run, inside backward, is timed."""
-
-        def run(*args: Tensor) -> Tensor:
-            if not self.in_backward:
-                return module(*args)
-            start = time.perf_counter()
-            try:
-                return module(*args)
-            finally:
-                self.recompute_s += time.perf_counter() - start
-
-        return run
+    def _clock(self, seconds: float) -> None:
+        self.recompute_s += seconds
 
 
 def stage_of(stage_bounds: Sequence[Sequence[int]], layer: int) -> int:

@@ -97,6 +97,7 @@ class Trainer:
         c, stage, comms = self.config, self.stage, self.comms
         start = time.perf_counter()
         stage.recompute_s = 0.0
+        stage.segments.clear()  # a stopped iteration's leftovers
         stage.set_iteration(iteration)
         swap = stage.swap
         if swap is not None:
@@ -141,6 +142,9 @@ class Trainer:
                 forward_s += time.perf_counter() - t
             else:
                 received, outputs = saved.pop(j)
+                t = time.perf_counter()
+                stage.recompute(j)  # while the gradient is still in flight (Varuna §3.2), not after it arrived
+                backward_s += time.perf_counter() - t
                 grads: list[torch.Tensor | None] = [None]
                 if not stage.is_last:
                     arrived = iter(comms.wait(receives.pop((kind, j))))

@@ -29,6 +29,7 @@ goes to stdout, one JSON object per line; every event carries "event", "job_id",
 - "done": iteration, parameters, param_sha256 / param_sum (this rank's parameters), tied_sha256.
 - "stopped" (SIGTERM, honoured at the next micro-batch task; exit 143): iteration, message.
 - "error" (exit 1): message.
+`kill -USR1 PID` writes every thread's stack to CONFIG.stacks (beside CONFIG.json) and training goes on.
 `resume_from` may be a directory path, a file:// URI, or the manifest itself.
 
 Commands: JSON lines on stdin, read by a daemon thread ("plan" commands, migration.py); EOF or /dev/null means
@@ -37,6 +38,7 @@ none. The plan in force changes only at an iteration boundary that every rank ag
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import signal
@@ -110,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    stacks = Path(args[0]).with_suffix(".stacks").open("w")  # `kill -USR1 PID`: where is a stuck worker?
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     head: dict[str, Any] = {}
 
     lock = threading.Lock()

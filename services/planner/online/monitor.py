@@ -154,6 +154,9 @@ class Observation:
     bottleneck_stage: int
     workload_changes: tuple[WorkloadChange, ...] = ()
     complete_iterations: int = 0  # complete post-warm-up iterations held (>= len(iterations))
+    # Largest half-range of a stage's compute over the window, over its median: how far a median may be off,
+    # so a predicted gain below it is noise (srp.propose raises its margin to it).
+    noise: float = 0.0
 
     @property
     def workload_change(self) -> bool:
@@ -271,12 +274,15 @@ class TrainingMonitor:
             ))
         times = [max(w.iteration_time_s for w in current.iterations[i].values()) for i in chosen]
         compute = [s.compute_s for s in stages]
+        spread = [_spread([r[s]["compute"] for r in rows]) for s in range(num_stages)]
+        noise = max((d / 2 / m for d, m in zip(spread, compute, strict=True) if m > 0), default=0.0)
         mean = sum(compute) / len(compute)
         bottleneck = max(range(len(compute)), key=lambda s: (compute[s], -s))
         return Observation(
             job_id=job_id, plan_version=current.version, iterations=tuple(chosen), stages=tuple(stages),
             iteration_time_s=_median(times), imbalance=(compute[bottleneck] / mean - 1.0) if mean > 0 else 0.0,
             bottleneck_stage=bottleneck, workload_changes=tuple(changes), complete_iterations=len(complete),
+            noise=noise,
         )
 
     # --- internals -------------------------------------------------------------------------------------
@@ -342,6 +348,14 @@ class TrainingMonitor:
             if jumped or act_a != act_b:
                 out.append(WorkloadChange(s, a, b, act_a, act_b))
         return out
+
+
+def _spread(values: list[float]) -> float:
+    """Range of the values, without the lowest and highest once there are 5 (one straggler is not noise)."""
+    ordered = sorted(values)
+    if len(ordered) >= 5:
+        ordered = ordered[1:-1]
+    return ordered[-1] - ordered[0]
 
 
 def _median(values: Iterable[float]) -> float:

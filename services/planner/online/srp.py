@@ -46,7 +46,8 @@ with every tensor crossing them (cost.stage.cut_bytes over ModelView.crossing: T
 output as well as the neighbour's output).
 
 Acceptance: the best candidate must fit the budget and predict at least `margin` more throughput than the
-calibrated current plan (and save `min_gain_s` per iteration), unless the current plan is over budget,
+calibrated current plan (raised to the window's measurement noise, Observation.noise, when that is larger;
+and save `min_gain_s` per iteration), unless the current plan is over budget,
 in which case any fitting candidate is taken (a fix, not an optimisation). A pipeline whose measured
 imbalance is under `imbalance_threshold`, with no workload change and no memory problem, is left alone
 without searching. The margin is what stops flapping: the plan a decision produces is a local optimum of
@@ -89,6 +90,9 @@ class OnlineOptions:
     """Knobs of the online repartitioner (module docstring)."""
 
     margin: float = 0.05  # predicted throughput gain needed over the calibrated current plan
+    # Raise the margin to the observation's noise (a stage's compute half-range over its median): a gain the
+    # measurements cannot tell from jitter would move layers back and forth on a busy host.
+    noise_margin: bool = True
     min_gain_s: float = 0.0  # and at least this much less time per iteration
     max_moves: int = 4  # layers whose stage may change in one decision
     memory_budget_bytes: int = 0  # 0: the plan's budget, else the fleet device's memory
@@ -472,9 +476,11 @@ def propose(
         reason = (f"stage{'s' if len(over) > 1 else ''} {', '.join(map(str, over))} over the {_size(limit)} "
                   f"budget (predicted peak {_size(max(before.peak_memory_bytes))}); {what}")
         return _decision(True, reason, run, before, best, plan=plan, **common)
-    if gain < opt.margin or before.iteration_s - best.iteration_s < opt.min_gain_s:
-        return _decision(False, f"{what}: a {gain:+.1%} gain is under the {opt.margin:.0%} margin; keeping the "
-                         "current plan", run, before, best, **common)
+    margin = max(opt.margin, observation.noise) if opt.noise_margin else opt.margin
+    if gain < margin or before.iteration_s - best.iteration_s < opt.min_gain_s:
+        why = f"the {margin:.0%} margin" + (" (the measurements' noise)" if margin > opt.margin else "")
+        return _decision(False, f"{what}: a {gain:+.1%} gain is under {why}; keeping the current plan",
+                         run, before, best, **common)
     return _decision(True, what, run, before, best, plan=plan, **common)
 
 

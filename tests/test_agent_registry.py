@@ -1,0 +1,51 @@
+"""The planner's side of an agent stream: what happens to a report it cannot handle."""
+
+from __future__ import annotations
+
+from ballast.v1 import executor_pb2, fleet_pb2
+from services.planner.control import AgentRegistry
+from services.runtime.auth import Principal
+
+
+class Store:
+    """The two store calls a session makes (a stand-in: this tests the registry's own logic)."""
+
+    def RegisterHost(self, request, **_):  # noqa: N802 - the stub's method name
+        return fleet_pb2.Host(id="hst-1", name=request.host.name)
+
+    def UpdateHostState(self, request, **_):  # noqa: N802
+        return fleet_pb2.Host(id=request.id)
+
+
+def stream(failing: str) -> tuple[list[str], list[executor_pb2.PlannerMessage]]:
+    """Run one session whose listener fails on the first message of kind `failing`; returns the kinds it
+    handled and what the planner sent."""
+    handled: list[str] = []
+
+    def listener(host_id: str, message: executor_pb2.AgentMessage) -> None:
+        kind = message.WhichOneof("body")
+        if kind == failing and failing not in handled:
+            handled.append(failing)
+            raise RuntimeError("the store is away")
+        handled.append(kind)
+
+    inbound = iter([
+        executor_pb2.AgentMessage(register=executor_pb2.RegisterAgent(host=fleet_pb2.Host(name="h"))),
+        executor_pb2.AgentMessage(heartbeat=executor_pb2.Heartbeat(stages=[executor_pb2.StageStats(job_id="j")])),
+        executor_pb2.AgentMessage(worker_exit=executor_pb2.WorkerExit(job_id="j", rank=0, finished=True)),
+        executor_pb2.AgentMessage(ack=executor_pb2.InstructionAck(instruction_id="i", ok=True)),
+    ])
+    registry = AgentRegistry(Store(), listener=listener)
+    sent = list(registry.connect(Principal("t", "t", True), inbound, active=lambda: True))
+    return handled, sent
+
+
+def test_an_exit_the_planner_could_not_handle_ends_the_stream_so_the_agent_replays_it() -> None:
+    handled, sent = stream("worker_exit")
+    assert sent[0].HasField("registered")
+    assert handled == ["register", "heartbeat", "worker_exit"]  # nothing after it: the stream ended there
+
+
+def test_other_reports_that_fail_are_logged_and_the_stream_goes_on() -> None:
+    handled, _ = stream("heartbeat")
+    assert handled == ["register", "heartbeat", "worker_exit", "ack"]
