@@ -46,6 +46,16 @@ def test_a_worker_error_is_the_exit_message(tmp_path):
     assert [(e.finished, e.exit_code, e.message) for e in exits] == [(False, 1, "boom")]
 
 
+
+def test_reports_the_agent_cannot_read_never_cost_the_job_its_worker_exit(tmp_path):
+    """A stray JSON line, a report with a bad field, a migration without its layer: each is skipped, and the
+    exit still reaches the planner (without it the job would wait for this worker forever)."""
+    script = ("print(5); print('[1, 2]'); print('{\"event\": \"iteration\", \"iteration\": \"x\"}'); "
+              "print('{\"event\": \"migration\"}'); print('{\"event\": \"iteration\", \"iteration\": 3}'); "
+              "print('{\"event\": \"done\"}')")
+    _, exits = run_job(tmp_path, script)
+    assert [(e.finished, e.exit_code, e.iteration) for e in exits] == [(True, 0, 3)]
+
 def test_the_worker_config_follows_the_assignment():
     message = assign_message("job-c", ranks=2)
     config = worker_config(message.assign, message.assign.workers[1], "job-c")

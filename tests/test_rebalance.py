@@ -188,3 +188,33 @@ def test_a_broken_collective_alone_fails_the_job_after_the_grace_period(running)
     done = wait_for(lambda: (j := client.store.GetJob(store_pb2.GetRequest(id=job.id))).state == S.JOB_STATE_FAILED
                     and j, timeout=10, what="the job to fail")
     assert "worker rank 0" in done.message and "Connection reset by peer" in done.message
+
+
+class RepartitionsFirst:
+    """The store, but a repartition (the rebalancer, on another thread) lands between the scheduler's read of
+    the job and its first SUCCEEDED transition, so that compare-and-set is refused."""
+
+    def __init__(self, store):
+        self._store, self.raced = store, False
+
+    def __getattr__(self, name: str):
+        return getattr(self._store, name)
+
+    def TransitionJob(self, request, **kwargs):  # noqa: N802 - the stub's method name
+        if request.state == S.JOB_STATE_SUCCEEDED and not self.raced:
+            self.raced = True
+            self._store.TransitionJob(store_pb2.TransitionJobRequest(
+                id=request.id, state=S.JOB_STATE_REPARTITIONING, expected_state=S.JOB_STATE_RUNNING,
+                event_type="REPARTITION", message="a concurrent decision"))
+        return self._store.TransitionJob(request, **kwargs)
+
+
+def test_the_last_exit_ends_the_job_even_when_a_repartition_races_it(running, tmp_path):
+    client, _, job, _, _ = running
+    store = RepartitionsFirst(client.store)
+    scheduler = Scheduler(store, lambda host, message: None, lambda: HOSTS, tmp_path)
+    for rank in (0, 1):
+        scheduler.on_message(HOSTS[rank], executor_pb2.AgentMessage(worker_exit=executor_pb2.WorkerExit(
+            job_id=job.id, rank=rank, stage_index=rank, finished=True, iteration=100)))
+    done = client.store.GetJob(store_pb2.GetRequest(id=job.id))
+    assert store.raced and done.state == S.JOB_STATE_SUCCEEDED, [(e.type, e.message) for e in events(client, job.id)]

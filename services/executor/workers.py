@@ -222,12 +222,27 @@ class Workers:
                 message=f"worker rank {w.assignment.rank} rejected plan version {version}: {why}")))
 
     def _follow(self, w: Worker) -> None:
-        for line in w.proc.stdout:
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a stray print is not a report
-            self._report(w, event)
+        """Relay the worker's reports, then its exit, whatever the reports were: without the exit the planner
+        would wait for this worker forever."""
+        try:
+            for line in w.proc.stdout:
+                try:
+                    event = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a stray print is not a report
+                if not isinstance(event, dict):
+                    continue
+                try:
+                    self._report(w, event)
+                except (KeyError, TypeError, ValueError) as exc:
+                    log.warning("bad worker report", extra={"job_id": w.job_id, "rank": w.assignment.rank,
+                                                            "event": str(event.get("event")), "error": str(exc)})
+        except (OSError, ValueError) as exc:  # unreadable output: the exit still goes out
+            log.warning("worker output unreadable", extra={"job_id": w.job_id, "error": str(exc)})
+        finally:
+            self._exited(w)
+
+    def _exited(self, w: Worker) -> None:
         code = w.proc.wait()
         w.stderr.seek(0)
         tail = w.stderr.read()[-1500:].decode(errors="replace").strip()

@@ -38,6 +38,8 @@ Send = Callable[[str, executor_pb2.PlannerMessage], None]
 # cause the user needs, and it usually arrives within milliseconds of the symptom.
 SYMPTOMS = ("connection closed", "connection reset", "broken pipe", "gloo", "nccl", "timed out", "timeout")
 SYMPTOM_GRACE_S = 2.0
+ENDS = (S.JOB_STATE_SUCCEEDED, S.JOB_STATE_FAILED, S.JOB_STATE_CANCELLED)
+END_ATTEMPTS = 5
 
 
 def is_symptom(message: str) -> bool:
@@ -221,23 +223,27 @@ class Scheduler:
 
     def _transition(self, job: job_pb2.Job, state: int, message: str, event: str,
                     attributes: dict[str, str] | None = None, plan_id: str = "") -> job_pb2.Job | None:
-        """Compare-and-set from the job's current state; None if it moved on meanwhile (or is terminal)."""
-        current = call(self._store.GetJob, store_pb2.GetRequest(id=job.id))
-        if current.state in (S.JOB_STATE_SUCCEEDED, S.JOB_STATE_FAILED, S.JOB_STATE_CANCELLED):
-            self.rebalancer.forget(job.id)
-            return None
-        if state == S.JOB_STATE_SUCCEEDED and current.state == S.JOB_STATE_REPARTITIONING:
-            current = self._transition(current, S.JOB_STATE_RUNNING, "the job finished before the repartition took "
-                                       "effect", "REPARTITION_FAILED") or current
-        if state in (S.JOB_STATE_SUCCEEDED, S.JOB_STATE_FAILED, S.JOB_STATE_CANCELLED):
-            self.rebalancer.forget(job.id)
-        try:
-            return call(self._store.TransitionJob, store_pb2.TransitionJobRequest(
-                id=job.id, state=state, expected_state=current.state, message=message, event_type=event,
-                attributes=attributes or {}, plan_id=plan_id))
-        except FailedPrecondition as exc:
-            log.warning("transition refused", extra={"job_id": job.id, "why": str(exc)})
-            return None
+        """Compare-and-set from the job's current state; None if it moved on meanwhile (or is terminal).
+
+        An end (SUCCEEDED, FAILED, CANCELLED) is retried when a concurrent transition (the rebalancer's, on
+        another thread) wins the race: refusing it would leave a job whose workers are all gone running."""
+        for _ in range(END_ATTEMPTS if state in ENDS else 1):
+            current = call(self._store.GetJob, store_pb2.GetRequest(id=job.id))
+            if current.state in ENDS:
+                self.rebalancer.forget(job.id)
+                return None
+            if state == S.JOB_STATE_SUCCEEDED and current.state == S.JOB_STATE_REPARTITIONING:
+                current = self._transition(current, S.JOB_STATE_RUNNING, "the job finished before the repartition "
+                                           "took effect", "REPARTITION_FAILED") or current
+            if state in ENDS:
+                self.rebalancer.forget(job.id)
+            try:
+                return call(self._store.TransitionJob, store_pb2.TransitionJobRequest(
+                    id=job.id, state=state, expected_state=current.state, message=message, event_type=event,
+                    attributes=attributes or {}, plan_id=plan_id))
+            except FailedPrecondition as exc:
+                log.warning("transition refused", extra={"job_id": job.id, "why": str(exc)})
+        return None
 
     # --- agent messages -------------------------------------------------------------------------------
     def on_message(self, host_id: str, message: executor_pb2.AgentMessage) -> None:
