@@ -49,10 +49,14 @@ def test_the_planner_rebalances_a_running_job_by_migrating_layers_live(plane):
     first = client.planner.GetPlan(store_pb2.GetRequest(id=events[kinds.index("PLAN_CHOSEN")].attributes["plan_id"]))
     assert len(first.stages) == 2
 
-    # Every repartition: decided (with the simulator's prediction), migrated live, then in force.
+    # Every repartition: decided (with the simulator's prediction), migrated live, then in force -- but for one
+    # the job's end overtook (decided in its last iterations), closed as failed just before SUCCEEDED.
     decided = [e for e in events if e.type == "REPARTITION"]
     applied = [e for e in events if e.type == "REPARTITIONED"]
-    assert decided and len(applied) == len(decided), kinds
+    overtaken = [e for e in events if e.type == "REPARTITION_FAILED"]
+    assert all("finished before" in e.message for e in overtaken) and len(overtaken) <= 1, kinds
+    assert not overtaken or kinds[-2:] == ["REPARTITION_FAILED", "SUCCEEDED"], kinds
+    assert decided and len(applied) + len(overtaken) == len(decided), kinds
     for e in decided:
         assert float(e.attributes["predicted_after_s"]) < float(e.attributes["predicted_before_s"])
         assert e.state == S.JOB_STATE_REPARTITIONING and e.attributes["moves"]
@@ -65,11 +69,15 @@ def test_the_planner_rebalances_a_running_job_by_migrating_layers_live(plane):
     early = [m for m in rows if m.iteration < SWITCH_ON]
     assert early and all(m.from_stage == 0 and m.to_stage == 1 for m in early)
     assert all(m.bytes > 0 and m.duration_s > 0 and m.plan_version >= 2 for m in rows)
-    # Switching the late blocks on makes stage 1 the heavy one: layers go back (the dynamic workload). Later
-    # decisions follow what this busy 2-core host measures, so only the first one after the switch is pinned.
-    late = sorted((m for m in rows if m.iteration >= SWITCH_ON), key=lambda m: (m.iteration, m.layer_index))
+    # Switching the late blocks on makes stage 1 the heavy one: layers go back (the dynamic workload). The first
+    # decision priced on a window measured after the switch (no inactive layers in it) moves them into stage 0.
+    # One priced on the window before may still land just after the switch, and later ones follow what this busy
+    # 2-core host measures, so neither is pinned.
     moves = [(m.layer_index, m.from_stage, m.to_stage, m.iteration, m.plan_version) for m in rows]
-    assert late and late[0].from_stage == 1 and late[0].to_stage == 0, moves
+    assert any(m.from_stage == 1 and m.to_stage == 0 for m in rows if m.iteration >= SWITCH_ON), moves
+    after_switch = [e for e in decided if "inactive layers" not in e.message]
+    assert after_switch and all(move.endswith(":1->0") for move in after_switch[0].attributes["moves"].split(",")), [
+        e.message for e in decided]
 
     # The same rows through SQL, as a user would ask for them.
     table = client.store.Query(store_pb2.QueryRequest(

@@ -127,6 +127,16 @@ def test_an_unbalanced_job_gets_a_new_plan_version_in_force_once_every_host_acke
     assert {m.predicted_iteration_time_s for m in metrics} == {plan2.prediction.iteration_time_s}
 
 
+
+def test_no_repartition_in_the_last_iterations_a_new_plan_could_not_be_measured_in(running):
+    """Four iterations left of 100, fewer than warm-up + window: the same imbalance that is worth a
+    repartition earlier is left alone (the migration could not pay off, nor be judged, before the end)."""
+    client, scheduler, job, plan, sent = running
+    t = plan.prediction.iteration_time_s
+    report(scheduler, job, plan, range(88, 96), compute=(2 * t, 0.2 * t))
+    scheduler.tick()
+    assert client.store.GetJob(store_pb2.GetRequest(id=job.id)).state == S.JOB_STATE_RUNNING and sent == []
+
 def test_a_refused_repartition_leaves_the_job_on_its_plan(running):
     client, scheduler, job, plan, sent = running
     job, _, version = repartition(running)

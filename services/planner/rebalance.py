@@ -219,8 +219,8 @@ class Rebalancer:
                     job_id=job.id, type="REPARTITION_SKIPPED", message=decision.reason,
                     attributes={"plan_version": str(plan.version)})))
             return decision
-        if iteration >= job.spec.iterations - 1:
-            return None  # too late to pay off
+        if job.spec.iterations - iteration < self.monitor_options.warmup + self.monitor_options.window:
+            return None  # too late: the new plan could neither repay its migration nor be measured before the end
         new = plan_pb2.Plan()
         new.CopyFrom(decision.new_plan)
         new.version = 0  # the store picks the next free one (a refused version stays taken)
