@@ -5,6 +5,7 @@ from __future__ import annotations
 from ballast.v1 import executor_pb2, fleet_pb2
 from services.planner.control import AgentRegistry
 from services.runtime.auth import Principal
+from services.runtime.errors import NotFound, Unavailable
 
 
 class Store:
@@ -17,16 +18,16 @@ class Store:
         return fleet_pb2.Host(id=request.id)
 
 
-def stream(failing: str) -> tuple[list[str], list[executor_pb2.PlannerMessage]]:
-    """Run one session whose listener fails on the first message of kind `failing`; returns the kinds it
-    handled and what the planner sent."""
+def stream(failing: str, error: Exception) -> tuple[list[str], list[executor_pb2.PlannerMessage]]:
+    """Run one session whose listener raises `error` on the first message of kind `failing`; returns the kinds
+    it handled and what the planner sent."""
     handled: list[str] = []
 
     def listener(host_id: str, message: executor_pb2.AgentMessage) -> None:
         kind = message.WhichOneof("body")
         if kind == failing and failing not in handled:
             handled.append(failing)
-            raise RuntimeError("the store is away")
+            raise error
         handled.append(kind)
 
     inbound = iter([
@@ -40,12 +41,15 @@ def stream(failing: str) -> tuple[list[str], list[executor_pb2.PlannerMessage]]:
     return handled, sent
 
 
-def test_an_exit_the_planner_could_not_handle_ends_the_stream_so_the_agent_replays_it() -> None:
-    handled, sent = stream("worker_exit")
+def test_an_exit_the_store_was_away_for_ends_the_stream_so_the_agent_replays_it() -> None:
+    handled, sent = stream("worker_exit", Unavailable("database unavailable; retry later"))
     assert sent[0].HasField("registered")
     assert handled == ["register", "heartbeat", "worker_exit"]  # nothing after it: the stream ended there
 
 
-def test_other_reports_that_fail_are_logged_and_the_stream_goes_on() -> None:
-    handled, _ = stream("heartbeat")
-    assert handled == ["register", "heartbeat", "worker_exit", "ack"]
+def test_other_failures_are_logged_and_the_stream_goes_on() -> None:
+    """A report that fails for good (a bug, an unknown job) would fail again after every reconnect."""
+    everything = ["register", "heartbeat", "worker_exit", "ack"]
+    assert stream("heartbeat", Unavailable("database unavailable"))[0] == everything
+    assert stream("worker_exit", NotFound("no job job-x", field="job_id"))[0] == everything
+    assert stream("worker_exit", RuntimeError("a bug"))[0] == everything

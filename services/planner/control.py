@@ -13,7 +13,15 @@ from collections.abc import Callable, Iterator
 
 from ballast.v1 import executor_pb2, fleet_pb2, store_pb2, store_pb2_grpc
 from services.runtime.auth import Principal
-from services.runtime.errors import InvalidArgument, NotFound, PermissionDenied
+from services.runtime.errors import (
+    Cancelled,
+    DeadlineExceeded,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    Unavailable,
+)
 from services.runtime.remote import call
 from services.runtime.streams import BidiSession
 
@@ -21,10 +29,12 @@ log = logging.getLogger("ballast.control")
 
 
 Listener = Callable[[str, executor_pb2.AgentMessage], None]
-# Reports an agent sends again when it reconnects (its workers' exits): one the planner could not handle ends
-# the stream instead of being dropped, so the reconnect brings it back. A job whose last exit was dropped
-# would never end.
+# Reports an agent sends again when it reconnects (its workers' exits): one the planner could not handle for
+# a passing reason (the store away or overloaded) ends the stream instead of being dropped, so the reconnect
+# brings it back; a job whose last exit was dropped would never end. Other failures are logged: a report that
+# always fails must not make its agent reconnect in a loop.
 REPLAYED = frozenset({"worker_exit"})
+TRANSIENT = (Unavailable, DeadlineExceeded, ResourceExhausted, Cancelled)
 
 
 class AgentRegistry:
@@ -106,9 +116,9 @@ class AgentRegistry:
             if self._listener is not None:
                 try:
                     self._listener(host_id, message)
-                except Exception:  # noqa: BLE001 - one bad report must not end the agent's stream...
+                except Exception as exc:  # noqa: BLE001 - one bad report must not end the agent's stream...
                     log.exception("agent message not handled", extra={"host_id": host_id, "kind": kind})
-                    if kind in REPLAYED:  # ...unless ending it is how the report comes back
+                    if kind in REPLAYED and isinstance(exc, TRANSIENT):  # ...unless that brings the report back
                         raise
 
         def on_close() -> None:
