@@ -24,6 +24,7 @@ from pathlib import Path
 
 from ballast.v1 import executor_pb2, job_pb2, plan_pb2, store_pb2, store_pb2_grpc
 from services.planner.assign import backend_for, place
+from services.planner.jobs import TERMINAL
 from services.planner.online import OnlineOptions
 from services.planner.plans import online_hosts
 from services.planner.rebalance import Rebalancer
@@ -38,7 +39,6 @@ Send = Callable[[str, executor_pb2.PlannerMessage], None]
 # cause the user needs, and it usually arrives within milliseconds of the symptom.
 SYMPTOMS = ("connection closed", "connection reset", "broken pipe", "gloo", "nccl", "timed out", "timeout")
 SYMPTOM_GRACE_S = 2.0
-ENDS = (S.JOB_STATE_SUCCEEDED, S.JOB_STATE_FAILED, S.JOB_STATE_CANCELLED)
 END_ATTEMPTS = 5
 
 
@@ -227,15 +227,15 @@ class Scheduler:
 
         An end (SUCCEEDED, FAILED, CANCELLED) is retried when a concurrent transition (the rebalancer's, on
         another thread) wins the race: refusing it would leave a job whose workers are all gone running."""
-        for _ in range(END_ATTEMPTS if state in ENDS else 1):
+        for _ in range(END_ATTEMPTS if state in TERMINAL else 1):
             current = call(self._store.GetJob, store_pb2.GetRequest(id=job.id))
-            if current.state in ENDS:
+            if current.state in TERMINAL:
                 self.rebalancer.forget(job.id)
                 return None
             if state == S.JOB_STATE_SUCCEEDED and current.state == S.JOB_STATE_REPARTITIONING:
                 current = self._transition(current, S.JOB_STATE_RUNNING, "the job finished before the repartition "
                                            "took effect", "REPARTITION_FAILED") or current
-            if state in ENDS:
+            if state in TERMINAL:
                 self.rebalancer.forget(job.id)
             try:
                 return call(self._store.TransitionJob, store_pb2.TransitionJobRequest(
