@@ -8,8 +8,9 @@ exponential backoff by gRPC's own retry policy. Services calling services pass
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -109,6 +110,16 @@ def open_channel(
     return grpc.intercept_channel(channel, _CallInterceptor(token, timeout, deadline_source))
 
 
+def pages(list_call: Callable[[Any], Any], request: Any) -> Iterator[Any]:
+    """Every reply of a paged List call, in order (the request's page token is advanced in place)."""
+    while True:
+        reply = list_call(request)
+        yield reply
+        if not reply.next_page_token:
+            return
+        request.page.page_token = reply.next_page_token
+
+
 class Client:
     """Stubs for the services at the given addresses (any may be omitted)."""
 
@@ -134,13 +145,7 @@ class Client:
         """Every iteration metric of a job (all pages), by (iteration, stage, replica)."""
         request = store_pb2.ListIterationMetricsRequest(job_id=job_id, page=common_pb2.PageRequest(page_size=1000),
                                                         **filters)
-        rows: list[job_pb2.IterationMetric] = []
-        while True:
-            reply = self.store.ListIterationMetrics(request)
-            rows.extend(reply.metrics)
-            if not reply.next_page_token:
-                return rows
-            request.page.page_token = reply.next_page_token
+        return [m for reply in pages(self.store.ListIterationMetrics, request) for m in reply.metrics]
 
     def close(self) -> None:
         for ch in self._channels:

@@ -35,7 +35,7 @@ from ballast.v1 import (
 )
 from services.planner import queue
 from services.runtime.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound
-from services.runtime.remote import call
+from services.runtime.remote import call, every_page
 
 KIND = "planner.plan"
 MAX_COMPARED = 50
@@ -78,13 +78,8 @@ def check_profile(profile: profile_pb2.Profile, fleet: fleet_pb2.Fleet) -> None:
 
 def online_hosts(store: store_pb2_grpc.StoreServiceStub) -> list[fleet_pb2.Host]:
     """Every executor host the store has ONLINE (all pages)."""
-    hosts, request = [], store_pb2.ListHostsRequest(state=fleet_pb2.HOST_STATE_ONLINE)
-    while True:
-        page = call(store.ListHosts, request)
-        hosts += page.hosts
-        if not page.next_page_token:
-            return hosts
-        request.page.page_token = page.next_page_token
+    request = store_pb2.ListHostsRequest(state=fleet_pb2.HOST_STATE_ONLINE)
+    return [h for page in every_page(store.ListHosts, request) for h in page.hosts]
 
 
 def executor_dims(store: store_pb2_grpc.StoreServiceStub) -> tuple[str, ...]:

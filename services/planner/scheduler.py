@@ -29,7 +29,7 @@ from services.planner.online import OnlineOptions
 from services.planner.plans import online_hosts
 from services.planner.rebalance import Rebalancer
 from services.runtime.errors import BallastError, FailedPrecondition
-from services.runtime.remote import call
+from services.runtime.remote import call, every_page
 
 log = logging.getLogger("ballast.scheduler")
 S = job_pb2.JobState
@@ -121,13 +121,8 @@ class Scheduler:
                 log.exception("rebalancing failed", extra={"job_id": job_id})
 
     def _jobs(self, state: int) -> list[job_pb2.Job]:
-        out, request = [], store_pb2.ListJobsRequest(state=state)
-        while True:
-            page = call(self._store.ListJobs, request)
-            out += page.jobs
-            if not page.next_page_token:
-                return out
-            request.page.page_token = page.next_page_token
+        request = store_pb2.ListJobsRequest(state=state)
+        return [j for page in every_page(self._store.ListJobs, request) for j in page.jobs]
 
     # --- start ----------------------------------------------------------------------------------------
     def _start(self, job: job_pb2.Job) -> None:

@@ -23,7 +23,7 @@ from ballast.v1 import common_pb2, model_pb2, profile_pb2, services_pb2, store_p
 from services.profiler import catalog, projection
 from services.profiler.versions import software
 from services.runtime.errors import FailedPrecondition, InvalidArgument, Unavailable, from_code
-from services.runtime.remote import call
+from services.runtime.remote import call, every_page
 from services.store.validation import model_signature, validate_model_spec
 
 log = logging.getLogger("ballast.profiler")
@@ -71,12 +71,9 @@ def cached(store, model: model_pb2.Model, device: str, dtype: int) -> profile_pb
                                             device_kind=device, dtype=dtype,
                                             software=software(), projected=False)
     newest = None
-    while True:
-        reply = call(store.ListProfiles, request)
+    for reply in every_page(store.ListProfiles, request):
         newest = reply.profiles[-1] if reply.profiles else newest
-        if not reply.next_page_token:
-            return newest
-        request.page.page_token = reply.next_page_token
+    return newest
 
 
 class Runner:
@@ -149,13 +146,9 @@ class Runner:
                                                dtype=profile.dtype,
                                                software=profile.software, projected=True)
         hit = None
-        while not request.refresh:
-            reply = call(self._store.ListProfiles, lookup)
+        for reply in () if request.refresh else every_page(self._store.ListProfiles, lookup):
             hit = next((p for p in reversed(reply.profiles) if not p.source_profile_id and p.layers
                         and [smp.micro_batch_size for smp in p.layers[0].samples] == sizes), hit)
-            if not reply.next_page_token:
-                break
-            lookup.page.page_token = reply.next_page_token
         if hit is not None:
             return services_pb2.ProfileProgress(phase="done", fraction=1.0, profile=hit, cached=True,
                                                 message=f"analytical profile {hit.id} (cached)")

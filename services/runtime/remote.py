@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 
 import grpc
 
-from ballast.client import open_channel
+from ballast.client import open_channel, pages
 from ballast.config import Settings
 from ballast.v1 import store_pb2, store_pb2_grpc
 from services.runtime import context
@@ -72,3 +73,8 @@ def call(fn, request, **kwargs):
         return fn(request, **kwargs)
     except grpc.RpcError as exc:
         raise domain_error(exc) from None
+
+
+def every_page(fn, request) -> Iterator:
+    """Every reply of a paged List stub method, failures as domain errors (ballast.client.pages)."""
+    return pages(lambda r: call(fn, r), request)
