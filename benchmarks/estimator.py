@@ -32,12 +32,12 @@ from ballast.v1 import model_pb2, services_pb2  # noqa: E402
 from services.executor.train.config import WorkerConfig  # noqa: E402
 from services.executor.train.launch import plan_configs, run_local  # noqa: E402
 from services.planner.cost import CostContext, CostOptions, LayerStrategy, from_profile, layer_cost  # noqa: E402
-from services.planner.fleet_file import load_fleet  # noqa: E402
 from services.planner.search.problem import price  # noqa: E402
 from services.planner.search.varuna import balanced_bounds  # noqa: E402
 from services.planner.sim import Schedule  # noqa: E402
 from services.profiler import driver  # noqa: E402
-from services.profiler.runner import STEADY_ALLOCATOR  # noqa: E402
+from services.runtime.allocator import STEADY_ALLOCATOR  # noqa: E402
+from services.specs.fleet import load_fleet  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ParseDict({"name": "gpt-estimator", "family": "MODEL_FAMILY_GPT", "dtype": "DTYPE_FP32", "transformer": {

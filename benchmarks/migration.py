@@ -2,7 +2,7 @@
 
 Two local CPU workers (2 stages x 1 replica, one process per core, one intra-op thread each, gloo, steady
 allocator) train a GPT from the zoo whose 8 decomposed layers (embed, 6 blocks, head) start split 1 | 7.
-A controller in this process plays the planner's part (services/planner/rebalance.py): every worker
+A controller in this process plays the planner's part (services/planner/jobs/rebalance.py): every worker
 "iteration" event becomes a StageStats (services/executor/workers.py `stage_stats`, iteration = count - 1)
 fed to a `TrainingMonitor`; once it is ready, `propose()` prices a repartition on a profile measured here
 (services.profiler.driver, as benchmarks/estimator.py does) and an accepted decision goes to both workers'
@@ -63,12 +63,12 @@ from services.executor.train.config import WorkerConfig  # noqa: E402
 from services.executor.train.launch import plan_configs, run_local  # noqa: E402
 from services.executor.workers import plan_command, stage_stats  # noqa: E402
 from services.planner.cost import CostContext, CostOptions, LayerStrategy, from_profile  # noqa: E402
-from services.planner.fleet_file import load_fleet  # noqa: E402
 from services.planner.online import Decision, MonitorOptions, OnlineOptions, TrainingMonitor, propose  # noqa: E402
 from services.planner.search.problem import price  # noqa: E402
 from services.planner.sim import Schedule  # noqa: E402
 from services.profiler import driver  # noqa: E402
-from services.profiler.runner import STEADY_ALLOCATOR  # noqa: E402
+from services.runtime.allocator import STEADY_ALLOCATOR  # noqa: E402
+from services.specs.fleet import load_fleet  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = "bench-migration"

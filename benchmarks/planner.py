@@ -30,10 +30,10 @@ from google.protobuf.json_format import ParseDict  # noqa: E402
 
 from ballast.v1 import model_pb2  # noqa: E402
 from services.planner.cost import CostContext, from_profile  # noqa: E402
-from services.planner.fleet_file import fleet_from_dict, load_fleet  # noqa: E402
 from services.planner.search.galvatron import Planner  # noqa: E402
 from services.planner.search.problem import PricedPlan, SearchOptions  # noqa: E402
 from services.profiler.projection import analytical_profile  # noqa: E402
+from services.specs.fleet import fleet_from_dict, load_fleet  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = (24, 48, 96)

@@ -19,7 +19,7 @@ against the budget.
 
 Run: .venv/bin/python benchmarks/profiler.py   (about 6 minutes; --skip-calibration, --check to shorten)
 
-The profiling worker runs with the allocator settings of services.profiler.runner.STEADY_ALLOCATOR; this
+The profiling worker runs with the allocator settings of services.runtime.allocator.STEADY_ALLOCATOR; this
 script re-executes itself with them (unless they are already set) so it measures what the service measures.
 """
 
@@ -255,7 +255,7 @@ def check_calibration(groups: list[int]) -> dict[int, float]:
 
 def steady_allocator() -> None:
     """Re-exec under the profiling worker's allocator settings (glibc reads them only at start-up)."""
-    from services.profiler.runner import STEADY_ALLOCATOR
+    from services.runtime.allocator import STEADY_ALLOCATOR
 
     if any(key not in os.environ for key in STEADY_ALLOCATOR):
         os.execve(sys.executable, [sys.executable, *sys.argv], {**STEADY_ALLOCATOR, **os.environ})

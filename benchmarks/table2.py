@@ -24,10 +24,10 @@ import yaml  # noqa: E402
 from google.protobuf.json_format import ParseDict  # noqa: E402
 
 from ballast.v1 import model_pb2  # noqa: E402
-from services.planner.fleet_file import load_fleet  # noqa: E402
-from services.planner.planning import PlanInputs, make_plan  # noqa: E402
+from services.planner.plans.make import PlanInputs, make_plan  # noqa: E402
 from services.profiler.projection import analytical_profile  # noqa: E402
 from services.runtime.errors import FailedPrecondition  # noqa: E402
+from services.specs.fleet import load_fleet  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("bert-huge-32", "vit-huge-32", "t5-large-32", "swin-huge-32")

@@ -6,6 +6,7 @@ says how to start them; under CI (CI=true) their absence is a failure, never a s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import uuid
@@ -71,10 +72,10 @@ def drop_postgres_database(url: str) -> None:
     admin.dispose()
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def empty_database_url(request, tmp_path) -> Iterator[str]:
-    """A fresh, empty database on each backend (no tables)."""
-    if request.param == "sqlite":
+@contextlib.contextmanager
+def fresh_database(kind: str, tmp_path) -> Iterator[str]:
+    """The URL of a new, empty database (no tables) of `kind` ("sqlite" or "postgresql"), dropped after."""
+    if kind == "sqlite":
         yield f"sqlite:///{tmp_path / 'ballast.db'}"
         return
     require_postgres()
@@ -83,6 +84,30 @@ def empty_database_url(request, tmp_path) -> Iterator[str]:
         yield url
     finally:
         drop_postgres_database(url)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def empty_database_url(request, tmp_path) -> Iterator[str]:
+    """A fresh, empty database on each backend (no tables)."""
+    with fresh_database(request.param, tmp_path) as url:
+        yield url
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres), "remote"])
+def store_backend(request) -> str:
+    """Which store a `store` test runs against: the Repository in-process on SQLite or PostgreSQL, or a
+    real store server over SQLite on a loopback port. Parametrize it (indirectly) to narrow a test."""
+    return request.param
+
+
+@pytest.fixture
+def store(store_backend, tmp_path):
+    """A migrated store with an admin and tenants team-a, team-b, on `store_backend` (tests/store_fixtures.py)."""
+    from tests.store_fixtures import open_store  # imported here: only store tests pay for it
+
+    with fresh_database("postgresql" if store_backend == "postgresql" else "sqlite", tmp_path) as url:
+        with open_store(url, store_backend, tmp_path) as st:
+            yield st
 
 
 @pytest.fixture

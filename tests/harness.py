@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ballast.cli.control_plane import ensure_token
-from ballast.client import Client
+from ballast.client import Client, open_channel
 from ballast.config import Settings, load_settings
 from services.runtime.server import Server
+from services.runtime.store_client import RemoteStore
 from services.store import schema
 from services.store.db import create_engine
 
@@ -63,6 +64,10 @@ class Plane:
         return Client(store=self.settings.address("store"), planner=self.settings.address("planner"),
                       profiler=self.settings.address("profiler"), token=self.token if token is None else token)
 
+    def store(self, token: str | None = None) -> RemoteStore:
+        """The store as the services reach it (the Store interface), as the admin unless `token` is given."""
+        return RemoteStore(open_channel(self.settings.address("store"), self.token if token is None else token))
+
     def stop(self) -> None:
         for server in reversed(list(self.servers.values())):
             server.stop(0.5)
@@ -83,7 +88,7 @@ def start_plane(settings: Settings, services: tuple[str, ...] = ("store", "profi
     if "profiler" in services:
         plane.servers["profiler"] = profiler_server(settings).start()
     if "planner" in services:
-        plane.servers["planner"] = planner_server(settings, send=send).start()
+        plane.servers["planner"] = planner_server(settings, send=send).server.start()
     return plane
 
 

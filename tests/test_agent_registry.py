@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ballast.v1 import executor_pb2, fleet_pb2
-from services.planner.control import AgentRegistry
+from ballast.v1 import executor_pb2, fleet_pb2, store_pb2
+from services.planner.jobs.control import AgentRegistry
 from services.runtime.auth import Principal
 from services.runtime.errors import NotFound, Unavailable
 
@@ -11,10 +11,10 @@ from services.runtime.errors import NotFound, Unavailable
 class Store:
     """The two store calls a session makes (a stand-in: this tests the registry's own logic)."""
 
-    def RegisterHost(self, request, **_):  # noqa: N802 - the stub's method name
+    def register_host(self, request: store_pb2.RegisterHostRequest) -> fleet_pb2.Host:
         return fleet_pb2.Host(id="hst-1", name=request.host.name)
 
-    def UpdateHostState(self, request, **_):  # noqa: N802
+    def update_host_state(self, request: store_pb2.UpdateHostStateRequest) -> fleet_pb2.Host:
         return fleet_pb2.Host(id=request.id)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ballast.v1 import fleet_pb2, plan_pb2
-from services.planner.assign import backend_for, pipeline_shape, place
+from services.planner.jobs.assign import backend_for, pipeline_shape, place
 from services.runtime.errors import FailedPrecondition
 
 

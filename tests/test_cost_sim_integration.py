@@ -11,10 +11,10 @@ from google.protobuf.json_format import ParseDict
 from ballast.v1 import model_pb2, profile_pb2
 from services.planner.cost import LayerStrategy, build_pipeline, from_profile
 from services.planner.cost.pipeline import pipeline_peak_memory
-from services.planner.fleet_file import load_fleet
 from services.planner.sim import Schedule, SimOptions, simulate
 from services.planner.sim.gantt import plot_timeline
 from services.profiler.projection import analytical_profile
+from services.specs.fleet import load_fleet
 
 ROOT = Path(__file__).resolve().parents[1]
 GPT = {
@@ -91,5 +91,5 @@ def test_gantt_of_a_priced_plan(profile, fleet, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_example_fleet_file_is_yaml_the_docs_can_show():
+def test_example_fleet_is_yaml_the_docs_can_show():
     assert yaml.safe_load((ROOT / "examples" / "fleet-8xTITAN.yaml").read_text())["devices_per_node"] == 8

@@ -11,7 +11,7 @@ import pytest
 
 from ballast.v1 import fleet_pb2, job_pb2, model_pb2, queue_pb2, services_pb2, store_pb2
 from services.planner.celery_app import HOLD_ENV
-from services.planner.fleet_file import load_fleet
+from services.specs.fleet import load_fleet
 from tests.harness import ROOT, kill_group, make_settings, spawn_cli, start_plane, wait_for
 
 pytestmark = pytest.mark.slow

@@ -106,7 +106,7 @@ def test_a_restarted_planner_takes_its_running_job_back(plane):
     wait_for(lambda: job_of(client, job.id).iteration >= 2, timeout=90, what="training to start",
              story=lambda: job_story(client, job.id, plane.settings.data_dir))
     plane.servers["planner"].stop(0.5)
-    plane.servers["planner"] = build_server(plane.settings).start()
+    plane.servers["planner"] = build_server(plane.settings).server.start()
     assert job_of(client, job.id).state == S.JOB_STATE_RUNNING  # the restart really happened mid-run
     done = wait_for(lambda: (j := job_of(client, job.id)).state in ENDED and j, timeout=150, what="the job to end",
                     story=lambda: job_story(client, job.id, plane.settings.data_dir))

@@ -10,7 +10,6 @@ from google.protobuf.json_format import ParseDict
 
 from ballast.v1 import executor_pb2, model_pb2, plan_pb2, profile_pb2
 from services.planner.cost import CostContext, from_profile
-from services.planner.fleet_file import load_fleet
 from services.planner.online import (
     MonitorOptions,
     OnlineOptions,
@@ -22,6 +21,7 @@ from services.planner.online import (
 )
 from services.planner.online.srp import tied_stages
 from services.profiler.projection import analytical_profile
+from services.specs.fleet import load_fleet
 
 ROOT = Path(__file__).resolve().parents[1]
 GPT = {

@@ -14,8 +14,8 @@ from google.protobuf.json_format import MessageToDict
 
 from ballast.v1 import model_pb2, plan_pb2, queue_pb2, services_pb2, store_pb2
 from services.planner.celery_app import HOLD_AFTER_ENV, TASK, make_app
-from services.planner.fleet_file import load_fleet
 from services.profiler.projection import analytical_profile
+from services.specs.fleet import load_fleet
 from tests.harness import ROOT, kill_group, make_settings, spawn_cli, start_plane, wait_for
 
 pytestmark = pytest.mark.slow

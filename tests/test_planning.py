@@ -9,10 +9,10 @@ import yaml
 from google.protobuf.json_format import ParseDict
 
 from ballast.v1 import model_pb2, plan_pb2
-from services.planner.fleet_file import load_fleet
-from services.planner.planning import PlanInputs, make_plan, runnable_dims
+from services.planner.plans.make import PlanInputs, make_plan, runnable_dims
 from services.profiler.projection import analytical_profile
 from services.runtime.errors import FailedPrecondition, InvalidArgument
+from services.specs.fleet import load_fleet
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINES = ["DDP", "ZeRO-3", "Megatron TP", "GPipe", "DeepSpeed 3D", "DP+TP", "DP+PP"]

@@ -9,11 +9,13 @@ import threading
 import pytest
 
 from ballast.v1 import fleet_pb2, job_pb2, model_pb2, queue_pb2, services_pb2, store_pb2
-from services.planner import jobs, queue
-from services.planner.fleet_file import load_fleet
-from services.planner.prepare import check_toggles, fleet_of_hosts, prepare_job, profile_request
+from services.planner.jobs import lifecycle as jobs
+from services.planner.jobs.prepare import check_toggles, fleet_of_hosts, prepare_job, profile_request
+from services.planner.queue import durable as queue
 from services.profiler.projection import analytical_profile
 from services.runtime.errors import FailedPrecondition, InvalidArgument, Unavailable
+from services.runtime.store_api import Store
+from services.specs.fleet import load_fleet
 from tests.harness import ROOT, make_settings, start_plane
 
 S = job_pb2.JobState
@@ -48,6 +50,11 @@ def client(plane):
     return plane.client()
 
 
+@pytest.fixture
+def store(plane) -> Store:
+    return plane.store()
+
+
 def new_job(client, vocab: int) -> job_pb2.Job:
     model = model_pb2.ModelSpec(
         name=f"gpt-{vocab}", family=model_pb2.MODEL_FAMILY_GPT,
@@ -57,10 +64,10 @@ def new_job(client, vocab: int) -> job_pb2.Job:
     return client.store.CreateJob(store_pb2.CreateJobRequest(spec=spec))
 
 
-def task(client, job: job_pb2.Job, profiler, attempts: int = 1) -> queue.Task:
+def task(store: Store, job: job_pb2.Job, profiler, attempts: int = 1) -> queue.Task:
     request = queue_pb2.QueuedRequest(id=f"req-{job.id}", kind="jobs.prepare", tenant_id=job.tenant_id,
                                       attempts=attempts, max_attempts=3)
-    return queue.Task(request, client.store, threading.Event(), profiler)
+    return queue.Task(request, store, threading.Event(), profiler)
 
 
 def states(client, job_id: str) -> list[tuple[str, int]]:
@@ -68,58 +75,58 @@ def states(client, job_id: str) -> list[tuple[str, int]]:
     return [(e.type, e.state) for e in events]
 
 
-def test_a_transient_failure_leaves_the_job_to_resume_where_it_stood(client):
+def test_a_transient_failure_leaves_the_job_to_resume_where_it_stood(client, store):
     job = new_job(client, 320)
 
     def down():
         raise Unavailable("profiler restarting")
 
     with pytest.raises(Unavailable):
-        prepare_job({"job_id": job.id}, task(client, job, Profiler(client.store, down), attempts=1))
+        prepare_job({"job_id": job.id}, task(store, job, Profiler(client.store, down), attempts=1))
     assert client.store.GetJob(store_pb2.GetRequest(id=job.id)).state == S.JOB_STATE_PROFILING
 
-    result = prepare_job({"job_id": job.id}, task(client, job, Profiler(client.store), attempts=2))
+    result = prepare_job({"job_id": job.id}, task(store, job, Profiler(client.store), attempts=2))
     done = client.store.GetJob(store_pb2.GetRequest(id=job.id))
     assert done.state == S.JOB_STATE_SCHEDULED and result["plan_id"] == done.plan_id
     assert [t for t, _ in states(client, job.id)] == ["SUBMITTED", "STATE_CHANGED", "PROFILED", "PLAN_CHOSEN"]
 
     # A redelivery after success changes nothing and stores no second plan.
-    again = prepare_job({"job_id": job.id}, task(client, job, Profiler(client.store), attempts=3))
+    again = prepare_job({"job_id": job.id}, task(store, job, Profiler(client.store), attempts=3))
     assert again["plan_id"] == done.plan_id
     assert len(client.store.ListPlans(store_pb2.ListPlansRequest(job_id=job.id)).plans) == 1
 
 
-def test_the_last_attempt_fails_the_job_with_the_reason(client):
+def test_the_last_attempt_fails_the_job_with_the_reason(client, store):
     job = new_job(client, 384)
 
     def down():
         raise Unavailable("profiler unreachable")
 
     with pytest.raises(Unavailable):
-        prepare_job({"job_id": job.id}, task(client, job, Profiler(client.store, down), attempts=3))
+        prepare_job({"job_id": job.id}, task(store, job, Profiler(client.store, down), attempts=3))
     failed = client.store.GetJob(store_pb2.GetRequest(id=job.id))
     assert failed.state == S.JOB_STATE_FAILED
     assert failed.message.startswith("profiling failed:") and "profiler unreachable" in failed.message
 
 
-def test_a_cancel_during_profiling_ends_cancelled_without_a_plan(client):
+def test_a_cancel_during_profiling_ends_cancelled_without_a_plan(client, store):
     job = new_job(client, 448)
 
     def cancel_now():
-        jobs.cancel(client.store, services_pb2.CancelJobRequest(job_id=job.id, reason="not needed"))
+        jobs.cancel(store, services_pb2.CancelJobRequest(job_id=job.id, reason="not needed"))
 
-    result = prepare_job({"job_id": job.id}, task(client, job, Profiler(client.store, cancel_now)))
+    result = prepare_job({"job_id": job.id}, task(store, job, Profiler(client.store, cancel_now)))
     assert result["state"] == "JOB_STATE_CANCELLED"
     assert states(client, job.id)[-2:] == [("CANCEL_REQUESTED", S.JOB_STATE_CANCELLING),
                                            ("CANCELLED", S.JOB_STATE_CANCELLED)]
     assert not client.store.ListPlans(store_pb2.ListPlansRequest(job_id=job.id)).plans
 
 
-def test_another_tenants_request_cannot_prepare_the_job(client):
+def test_another_tenants_request_cannot_prepare_the_job(client, store):
     job = new_job(client, 512)
     other = client.store.CreateTenant(store_pb2.CreateTenantRequest(name="someone-else")).tenant
     stranger = queue.Task(queue_pb2.QueuedRequest(id="req-x", tenant_id=other.id, attempts=1, max_attempts=3),
-                          client.store, threading.Event(), Profiler(client.store))
+                          store, threading.Event(), Profiler(client.store))
     with pytest.raises(Exception, match="not found"):
         prepare_job({"job_id": job.id}, stranger)
     assert client.store.GetJob(store_pb2.GetRequest(id=job.id)).state == S.JOB_STATE_SUBMITTED

@@ -14,12 +14,12 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ballast.v1 import model_pb2, profile_pb2
 from services.profiler import meta_costs
-from services.profiler.catalog import to_proto
 from services.profiler.measure import iter_layer_args
 from services.profiler.measure_bytes import SavedTensorBytes
 from services.profiler.meta_costs import layer_costs_from_meta, trace_layers
 from services.profiler.projection import ASSUMED_EFFICIENCY, analytical_profile, model_costs
 from services.runtime.errors import InvalidArgument
+from services.specs.catalog import to_proto
 from services.zoo import build_model, count_parameters, example_input
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

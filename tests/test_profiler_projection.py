@@ -8,16 +8,16 @@ import pytest
 
 from ballast.v1 import common_pb2, model_pb2, profile_pb2
 from services.profiler import projection
-from services.profiler.catalog import device, to_proto
+from services.profiler.layer_cost import LayerCost
 from services.profiler.projection import (
     ASSUMED_EFFICIENCY,
-    LayerCost,
     analytical_profile,
     block_cost,
     project,
     transformer_layer_costs,
 )
 from services.runtime.errors import InvalidArgument
+from services.specs.catalog import device, to_proto
 
 A100, H100 = device("A100"), device("H100")
 FP16_RATIO = A100.fp16_flops / H100.fp16_flops  # 312 / 989.5
@@ -264,7 +264,7 @@ def test_analytical_profile_says_so_and_follows_the_roofline() -> None:
 
 def test_analytical_profile_from_a_gpt_spec_orders_devices_sensibly() -> None:
     pytest.importorskip("yaml")
-    from ballast.cli.demo import load_model_spec
+    from services.specs.model import load_model_spec
 
     spec = load_model_spec(EXAMPLES / "gpt3-15b.yaml")
     by_device = {name: analytical_profile(spec, name, "fp16", (1,)) for name in ("H100", "A100", "V100")}

@@ -130,9 +130,9 @@ def test_analytical_profile_for_any_catalog_device_is_stored_once_and_measures_n
 
 
 def test_a_worker_that_dies_is_reported_and_nothing_is_stored(plane) -> None:
-    from services.runtime.remote import store_stubs
+    from services.runtime.store_client import remote_stores
 
-    as_caller, _ = store_stubs(plane.settings)
+    as_caller, _ = remote_stores(plane.settings)
     crash = (sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
     runner = Runner(as_caller, worker_command=crash)
     spec = tiny_gpt("crashes")
@@ -162,11 +162,11 @@ def test_calibrate_rpc_measures_real_gloo_collectives(plane) -> None:
 
 
 def test_the_worker_runs_with_the_steady_allocator(plane) -> None:
-    from services.profiler.runner import STEADY_ALLOCATOR
+    from services.runtime.allocator import STEADY_ALLOCATOR
     from services.runtime.errors import InvalidArgument
-    from services.runtime.remote import store_stubs
+    from services.runtime.store_client import remote_stores
 
-    as_caller, _ = store_stubs(plane.settings)
+    as_caller, _ = remote_stores(plane.settings)
     script = ("import json, os, sys; sys.stdin.read(); print(json.dumps({'error': {'code': 'INVALID_ARGUMENT', "
               "'message': os.environ.get('MALLOC_MMAP_MAX_', 'unset')}})); sys.exit(1)")
     report_env = (sys.executable, "-c", script)

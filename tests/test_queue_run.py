@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from ballast.v1 import queue_pb2, store_pb2
-from services.planner import queue
+from services.planner.queue import durable as queue
 from services.runtime.errors import FailedPrecondition, Unavailable
 
 
@@ -24,13 +24,13 @@ class FakeStore:
                                                max_attempts=max_attempts, lease_token="tok")
         self.completions: list[store_pb2.CompleteRequestRequest] = []
 
-    def ClaimRequest(self, request: store_pb2.ClaimRequestRequest) -> store_pb2.ClaimRequestResponse:  # noqa: N802
+    def claim_request(self, request: store_pb2.ClaimRequestRequest) -> store_pb2.ClaimRequestResponse:
         return store_pb2.ClaimRequestResponse(claimed=True, request=self.request)
 
-    def RenewLease(self, request: store_pb2.RenewLeaseRequest) -> queue_pb2.QueuedRequest:  # noqa: N802
+    def renew_lease(self, request: store_pb2.RenewLeaseRequest) -> queue_pb2.QueuedRequest:
         return self.request
 
-    def CompleteRequest(self, request: store_pb2.CompleteRequestRequest) -> queue_pb2.QueuedRequest:  # noqa: N802
+    def complete_request(self, request: store_pb2.CompleteRequestRequest) -> queue_pb2.QueuedRequest:
         self.completions.append(request)
         return self.request
 

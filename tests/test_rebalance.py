@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from ballast.v1 import executor_pb2, fleet_pb2, job_pb2, model_pb2, store_pb2
-from services.planner.prepare import prepare_job
-from services.planner.scheduler import Scheduler
+from services.planner.jobs.prepare import prepare_job
+from services.planner.jobs.scheduler import Scheduler
 from tests.harness import make_settings, start_plane, wait_for
 from tests.test_prepare import FLEET, Profiler, task
 
@@ -37,13 +37,14 @@ def running(plane, tmp_path):
     spec = job_pb2.JobSpec(name="online", model=model, global_batch_size=8, iterations=100, fleet=fleet,
                            pipeline_stages=2, online_repartition=True)
     job = client.store.CreateJob(store_pb2.CreateJobRequest(spec=spec))
-    prepare_job({"job_id": job.id}, task(client, job, Profiler(client.store)))
+    store = plane.store()
+    prepare_job({"job_id": job.id}, task(store, job, Profiler(client.store)))
     job = client.store.TransitionJob(store_pb2.TransitionJobRequest(
         id=job.id, state=S.JOB_STATE_RUNNING, expected_state=S.JOB_STATE_SCHEDULED, event_type="ASSIGNED",
         message="test", attributes={"hosts": ",".join(HOSTS), "world_size": "2"}))
     plan = client.store.GetPlan(store_pb2.GetRequest(id=job.plan_id))
     sent: list[tuple[str, executor_pb2.PlannerMessage]] = []
-    scheduler = Scheduler(client.store, lambda host, message: sent.append((host, message)), lambda: HOSTS, tmp_path)
+    scheduler = Scheduler(store, lambda host, message: sent.append((host, message)), lambda: HOSTS, tmp_path)
     scheduler.rebalancer.track(job, plan, HOSTS)
     return client, scheduler, job, plan, sent
 
@@ -166,10 +167,10 @@ def test_a_refused_repartition_leaves_the_job_on_its_plan(running):
     assert [e.type for e in events(client, job.id)][-3:] == ["REPARTITION_FAILED", "REPARTITION", "REPARTITIONED"]
 
 
-def test_a_version_applied_while_the_planner_was_away_is_adopted_when_the_agent_reconnects(running):
+def test_a_version_applied_while_the_planner_was_away_is_adopted_when_the_agent_reconnects(plane, running):
     client, scheduler, job, plan, _ = running
     job, instruction, version = repartition(running)
-    fresh = Scheduler(client.store, lambda host, message: None, lambda: HOSTS, scheduler._root)  # a restarted planner
+    fresh = Scheduler(plane.store(), lambda host, message: None, lambda: HOSTS, scheduler._root)  # a restarted planner
     fresh.on_message(HOSTS[0], executor_pb2.AgentMessage(register=executor_pb2.RegisterAgent(
         applied_versions={job.id: version})))
     job = client.store.GetJob(store_pb2.GetRequest(id=job.id))
@@ -210,18 +211,18 @@ class RepartitionsFirst:
     def __getattr__(self, name: str):
         return getattr(self._store, name)
 
-    def TransitionJob(self, request, **kwargs):  # noqa: N802 - the stub's method name
+    def transition_job(self, request: store_pb2.TransitionJobRequest) -> job_pb2.Job:
         if request.state == S.JOB_STATE_SUCCEEDED and not self.raced:
             self.raced = True
-            self._store.TransitionJob(store_pb2.TransitionJobRequest(
+            self._store.transition_job(store_pb2.TransitionJobRequest(
                 id=request.id, state=S.JOB_STATE_REPARTITIONING, expected_state=S.JOB_STATE_RUNNING,
                 event_type="REPARTITION", message="a concurrent decision"))
-        return self._store.TransitionJob(request, **kwargs)
+        return self._store.transition_job(request)
 
 
-def test_the_last_exit_ends_the_job_even_when_a_repartition_races_it(running, tmp_path):
+def test_the_last_exit_ends_the_job_even_when_a_repartition_races_it(plane, running, tmp_path):
     client, _, job, _, _ = running
-    store = RepartitionsFirst(client.store)
+    store = RepartitionsFirst(plane.store())
     scheduler = Scheduler(store, lambda host, message: None, lambda: HOSTS, tmp_path)
     for rank in (0, 1):
         scheduler.on_message(HOSTS[rank], executor_pb2.AgentMessage(worker_exit=executor_pb2.WorkerExit(

@@ -14,7 +14,7 @@ from services.runtime.auth import Principal
 from services.runtime.context import remaining_time
 from services.runtime.errors import InvalidArgument, Unauthenticated
 from services.runtime.server import Server, ServerSpec
-from services.runtime.servicer import delegate, snake
+from services.runtime.servicer import UnmappedRpcError, delegate, snake
 
 SERVICE = store_pb2.DESCRIPTOR.services_by_name["StoreService"]
 
@@ -46,7 +46,8 @@ def authenticate(token: str) -> Principal:
 
 @pytest.fixture
 def server():
-    servicer = delegate(SERVICE, Target(), missing={"Query": "the SQL issue"})()
+    missing = {m.name: "not under test" for m in SERVICE.methods if not hasattr(Target, snake(m.name))}
+    servicer = delegate(SERVICE, Target(), missing={**missing, "Query": "the SQL issue"})()
     srv = Server(ServerSpec(name="t", address="127.0.0.1:0", services=[SERVICE.full_name], authenticate=authenticate,
                             register=lambda s: store_pb2_grpc.add_StoreServiceServicer_to_server(servicer, s)))
     srv.start()
@@ -109,3 +110,10 @@ def test_streams_must_leave_threads_for_unary_calls() -> None:
 def test_snake_case_mapping() -> None:
     assert snake("WriteIterationMetrics") == "write_iteration_metrics"
     assert snake("Query") == "query"
+
+
+def test_an_rpc_without_a_handler_fails_the_build() -> None:
+    with pytest.raises(UnmappedRpcError, match=r"ballast\.v1\.StoreService\.CreateTenant has no handler"):
+        delegate(SERVICE, Target(), missing={"Query": "the SQL issue"})
+    with pytest.raises(UnmappedRpcError, match="has no RPC Qeury"):
+        delegate(SERVICE, Target(), missing={"Qeury": "a typo"})

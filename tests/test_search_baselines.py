@@ -9,12 +9,12 @@ from google.protobuf.json_format import ParseDict
 
 from ballast.v1 import model_pb2
 from services.planner.cost import CostContext, ModelView, from_profile
-from services.planner.fleet_file import load_fleet
 from services.planner.search.baselines import BASELINES, baselines, batch_sizes, best_baseline
 from services.planner.search.problem import SearchOptions
 from services.planner.sim import Schedule
 from services.profiler.projection import analytical_profile
 from services.runtime.errors import InvalidArgument
+from services.specs.fleet import load_fleet
 from tests.cost_support import fleet, model
 
 ROOT = Path(__file__).resolve().parents[1]

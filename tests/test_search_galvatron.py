@@ -11,12 +11,12 @@ from google.protobuf.json_format import ParseDict
 
 from ballast.v1 import model_pb2
 from services.planner.cost import CostContext, LayerStrategy, build_pipeline, from_profile
-from services.planner.fleet_file import load_fleet
 from services.planner.search import galvatron, layer_candidates
 from services.planner.search.galvatron import Planner, batch_sizes, micro_batch_counts, search
 from services.planner.search.problem import SearchOptions, price, to_strategy
 from services.planner.sim import Schedule, SimOptions, simulate
 from services.profiler.projection import analytical_profile
+from services.specs.fleet import load_fleet
 
 ROOT = Path(__file__).resolve().parents[1]
 GiB = 2**30

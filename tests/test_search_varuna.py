@@ -11,12 +11,12 @@ from google.protobuf.json_format import ParseDict
 
 from ballast.v1 import model_pb2
 from services.planner.cost import CostContext, LayerTable, LayerView, ModelView, from_profile
-from services.planner.fleet_file import load_fleet
 from services.planner.search.problem import SearchOptions
 from services.planner.search.varuna import balanced_bounds, configure, knee_micro_batch_size
 from services.planner.sim import Schedule
 from services.profiler.projection import analytical_profile
 from services.runtime.errors import InvalidArgument
+from services.specs.fleet import load_fleet
 from tests.cost_support import GB, fleet, model
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ from ballast.v1 import model_pb2
 from services.executor.train.config import WorkerConfig
 from services.executor.train.launch import plan_configs, run_local
 from services.executor.train.reference import train_single
-from services.profiler.runner import STEADY_ALLOCATOR
+from services.runtime.allocator import STEADY_ALLOCATOR
 from services.zoo import build_model
 from tests.harness import torch_threads
 

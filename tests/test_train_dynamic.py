@@ -14,7 +14,7 @@ from services.executor.train.launch import plan_configs, run_local
 from services.executor.train.reference import train_single
 from services.executor.train.stage import build_stage
 from services.executor.train.swap import SwapPool
-from services.profiler.runner import STEADY_ALLOCATOR
+from services.runtime.allocator import STEADY_ALLOCATOR
 
 SPEC = ParseDict({"name": "gpt-dynamic", "family": "MODEL_FAMILY_GPT", "transformer": {
     "num_layers": 6, "hidden_size": 64, "num_heads": 2, "vocab_size": 128, "seq_length": 32,

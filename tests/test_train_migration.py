@@ -27,7 +27,7 @@ from services.executor.train.migration import (
 )
 from services.executor.train.reference import train_single
 from services.executor.train.stage import make_optimizer, model_info
-from services.profiler.runner import STEADY_ALLOCATOR
+from services.runtime.allocator import STEADY_ALLOCATOR
 from services.zoo import build_model
 from tests.harness import torch_threads
 

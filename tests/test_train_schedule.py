@@ -8,7 +8,7 @@ import pytest
 from google.protobuf.json_format import MessageToDict
 
 from ballast.v1 import model_pb2
-from services.executor.train.config import WorkerConfig, rank_of
+from services.executor.train.config import WorkerConfig
 from services.executor.train.schedule import max_in_flight, tasks
 
 CASES = [(stages, stage, nm) for stages in range(1, 5) for stage in range(stages) for nm in range(1, 7)]
@@ -65,9 +65,9 @@ def test_config_round_trips_as_plain_json():
     assert again.global_batch == 2 * 3 * 2 and again.num_stages == 2 and again.bounds == (2, 4)
 
 
-def test_rank_layout_is_stage_major():
-    assert [rank_of(s, r, 3) for s in range(2) for r in range(3)] == list(range(6))
-    assert config().rank_of(1, 0) == 2
+def test_config_rank_layout_is_the_dims_one():
+    c = config()
+    assert (c.dims.pp, c.dims.dp) == (2, 2) and c.dims.rank(pp=1, dp=0) == 2
 
 
 @pytest.mark.parametrize(

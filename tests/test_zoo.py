@@ -9,9 +9,9 @@ import pytest
 import torch
 from google.protobuf.json_format import ParseDict
 
-from ballast.cli.demo import load_model_spec
 from ballast.v1 import model_pb2
 from services.runtime.errors import InvalidArgument
+from services.specs.model import load_model_spec
 from services.zoo import build_model, count_parameters, example_input, run_layers
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ballast.cli.demo import load_model_spec
+from services.specs.model import load_model_spec
 from services.zoo import build_model, count_parameters
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

@@ -11,13 +11,14 @@ import statistics
 import tempfile
 from pathlib import Path
 
-import yaml
-from google.protobuf.json_format import ParseDict
 from rich.console import Console
 
+from ballast.cli import control_plane as cp
+from ballast.cli.follow import follow
 from ballast.client import Client
 from ballast.config import Settings, load_settings
 from ballast.v1 import job_pb2, model_pb2, plan_pb2, services_pb2, store_pb2
+from services.specs.model import load_model_spec
 
 console = Console()
 WARM_UP = 2  # iterations left out of the measured median (allocator and thread-pool warm-up)
@@ -31,16 +32,8 @@ def default_model_path() -> Path:
     raise FileNotFoundError("examples/gpt-tiny.yaml not found; pass --model PATH")
 
 
-def load_model_spec(path: Path) -> model_pb2.ModelSpec:
-    """A ModelSpec from YAML (field names as in the proto; enums by name)."""
-    return ParseDict(yaml.safe_load(path.read_text()), model_pb2.ModelSpec())
-
-
 def run_demo(settings: Settings, args: argparse.Namespace) -> int:
     """Up; submit gpt-tiny as a job (profiled here, planned, trained on the local executors); report; down."""
-    from ballast.cli import control_plane as cp
-    from ballast.cli.jobs import follow
-
     if args.data_dir is None:
         settings = load_settings(data_dir=Path(tempfile.mkdtemp(prefix="ballast-demo-")))
     spec = load_model_spec(args.model or default_model_path())
@@ -80,8 +73,6 @@ def run_demo(settings: Settings, args: argparse.Namespace) -> int:
 def rebalance_live(client: Client, spec: model_pb2.ModelSpec, args: argparse.Namespace) -> int:
     """Train the model on 2 stages with its second-half blocks off until mid-run (a dynamic workload): the planner
     sees stage 0 doing all the work, moves layers to stage 1, and moves them back once the blocks switch on."""
-    from ballast.cli.jobs import follow
-
     blocks = spec.transformer.num_layers  # layers: embedding, blocks 1..n, head
     late = range(1 + blocks // 2, 1 + blocks)
     iterations = max(args.iterations * 2, 40)

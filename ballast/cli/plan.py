@@ -11,29 +11,28 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import time
 from pathlib import Path
 
 import grpc
+import yaml
 from google.protobuf.json_format import MessageToDict
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ballast.cli.options import DTYPES, ENGINES, SCHEDULES, parse_bytes
+from ballast.cli.profile import build_request, stream
 from ballast.client import Client
 from ballast.config import Settings
-from ballast.v1 import common_pb2, plan_pb2, profile_pb2, queue_pb2, services_pb2, store_pb2
+from ballast.v1 import common_pb2, model_pb2, plan_pb2, profile_pb2, queue_pb2, services_pb2, store_pb2
+from services.specs.fleet import load_fleet
+from services.specs.model import load_model_spec
 
 console = Console()
 err = Console(stderr=True)
 GiB = float(1 << 30)
 LOCAL_DEVICE = "cpu"
-UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-         "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
-ENGINES = {"galvatron": plan_pb2.PLAN_ENGINE_GALVATRON, "varuna": plan_pb2.PLAN_ENGINE_VARUNA}
-SCHEDULES = {"gpipe": plan_pb2.SCHEDULE_GPIPE, "1f1b": plan_pb2.SCHEDULE_1F1B, "varuna": plan_pb2.SCHEDULE_VARUNA}
-DTYPES = {"fp32": common_pb2.DTYPE_FP32, "fp16": common_pb2.DTYPE_FP16, "bf16": common_pb2.DTYPE_BF16}
 DONE = (queue_pb2.REQUEST_STATE_SUCCEEDED, queue_pb2.REQUEST_STATE_FAILED)
 
 
@@ -62,18 +61,8 @@ def add_explain_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
-def parse_bytes(text: str) -> int:
-    """'16GiB' -> 16 * 2**30, '16GB' -> 16 * 10**9, '123' -> 123 (units as written, never guessed)."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
-    if not match or match.group(2).lower() not in UNITS:
-        raise ValueError(f"cannot read {text!r} as bytes (e.g. 16GiB, 16GB, 800MiB)")
-    return int(float(match.group(1)) * UNITS[match.group(2).lower()])
-
-
 def precision(args: argparse.Namespace, spec) -> int:
     """--dtype, else the model's, else the fleet file's; 0 leaves both to the device's default."""
-    import yaml
-
     if args.dtype:
         return DTYPES[args.dtype]
     if spec.dtype:
@@ -88,14 +77,10 @@ def profile_kind(choice: str, device_kind: str) -> str:
     return "measured" if device_kind == LOCAL_DEVICE else "analytical"
 
 
-def profile_request(args: argparse.Namespace, kind: str, device_kind: str, dtype: int) -> services_pb2.ProfileRequest:
+def profile_request(spec: model_pb2.ModelSpec, micro_batch_sizes: list[int], kind: str, device_kind: str,
+                    dtype: int) -> services_pb2.ProfileRequest:
     """The same request `ballast profile` sends (its defaults), for the chosen kind of profile."""
-    from ballast.cli.profile import add_arguments, build_request
-
-    defaults = argparse.ArgumentParser()
-    add_arguments(defaults)
-    request = build_request(defaults.parse_args([args.spec, "--micro-batch-sizes", *map(str, args.micro_batch_sizes)]))
-    request.dtype = dtype
+    request = build_request(spec, micro_batch_sizes=micro_batch_sizes, dtype=dtype)
     if kind == "analytical":
         request.analytical, request.device_kind = True, device_kind
     elif kind == "projected":
@@ -113,10 +98,6 @@ def describe_profile(profile: profile_pb2.Profile, kind: str) -> str:
 
 
 def run_plan(settings: Settings, args: argparse.Namespace) -> int:
-    from ballast.cli.demo import load_model_spec
-    from ballast.cli.profile import stream
-    from services.planner.fleet_file import load_fleet
-
     spec = load_model_spec(Path(args.spec))
     fleet = load_fleet(args.fleet)  # validates the file before anything is sent
     dtype = precision(args, spec)
@@ -135,7 +116,7 @@ def run_plan(settings: Settings, args: argparse.Namespace) -> int:
     with Client(store=settings.address("store"), planner=settings.address("planner"),
                 profiler=settings.address("profiler"), token=settings.resolved_token()) as client:
         try:
-            profiled = stream(client, profile_request(args, kind, fleet.device.kind, dtype))
+            profiled = stream(client, profile_request(spec, args.micro_batch_sizes, kind, fleet.device.kind, dtype))
             profile = profiled.profile
             if args.json:
                 err.print(f"profile {profile.id}: {describe_profile(profile, kind)}", markup=False)

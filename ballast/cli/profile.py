@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
@@ -12,42 +13,56 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ballast.cli.options import DTYPES
 from ballast.client import Client
 from ballast.config import Settings
-from ballast.v1 import common_pb2, profile_pb2, services_pb2
+from ballast.v1 import model_pb2, profile_pb2, services_pb2
+from services.specs.model import load_model_spec
 
 console = Console()
 err = Console(stderr=True)
 MiB = 2**20
+# `ballast profile`'s defaults, which build_request shares so `ballast plan` profiles as it would
+DEVICE = "cpu"  # this host's device
+REPEATS = 5  # timed repeats per measurement
+THREADS = 1  # intra-op threads while measuring
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec", help="model spec YAML (e.g. examples/gpt-tiny.yaml)")
-    p.add_argument("--device", default="cpu", help="device to measure on (this host's: cpu)")
+    p.add_argument("--device", default=DEVICE, help="device to measure on (this host's: cpu)")
     p.add_argument("--project-to", default="", help="also project onto a catalog device, e.g. A100-80GB")
-    p.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], default=None)
+    p.add_argument("--dtype", choices=list(DTYPES), default=None)
     p.add_argument("--micro-batch-sizes", type=int, nargs="+", default=[], help="measure exactly these")
     p.add_argument("--max-micro-batch", type=int, default=0, help="cap of the micro-batch sweep")
     p.add_argument("--memory-cap-mib", type=int, default=0, help="memory cap of the sweep, MiB")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=REPEATS)
     p.add_argument("--stride", type=int, default=0, help="measure every n-th swept size, interpolate the rest")
-    p.add_argument("--threads", type=int, default=1, help="intra-op threads while measuring")
+    p.add_argument("--threads", type=int, default=THREADS, help="intra-op threads while measuring")
     p.add_argument("--calibrate", action="store_true", help="also calibrate links (2 gloo processes)")
     p.add_argument("--refresh", action="store_true", help="measure even if a cached profile exists")
     p.add_argument("--json", action="store_true", help="print the profile as JSON")
 
 
-def build_request(args: argparse.Namespace) -> services_pb2.ProfileRequest:
-    from ballast.cli.demo import load_model_spec
+def request_from_args(args: argparse.Namespace) -> services_pb2.ProfileRequest:
+    """The request for `ballast profile`'s parsed options (add_arguments)."""
+    return build_request(
+        load_model_spec(Path(args.spec)), device=args.device, project_to=args.project_to, refresh=args.refresh,
+        dtype=DTYPES.get(args.dtype or "", 0), max_micro_batch=args.max_micro_batch,
+        memory_cap_bytes=args.memory_cap_mib * MiB, repeats=args.repeats, stride=args.stride, threads=args.threads,
+        micro_batch_sizes=args.micro_batch_sizes, calibrate=args.calibrate)
 
-    spec = load_model_spec(Path(args.spec))
-    dtype = {"fp32": common_pb2.DTYPE_FP32, "fp16": common_pb2.DTYPE_FP16, "bf16": common_pb2.DTYPE_BF16}
+
+def build_request(spec: model_pb2.ModelSpec, *, device: str = DEVICE, project_to: str = "", refresh: bool = False,
+                  dtype: int = 0, max_micro_batch: int = 0, memory_cap_bytes: int = 0, repeats: int = REPEATS,
+                  stride: int = 0, threads: int = THREADS, micro_batch_sizes: Sequence[int] = (),
+                  calibrate: bool = False) -> services_pb2.ProfileRequest:
+    """A ProfileRequest from values, not parsed options: `ballast plan` sends one with the same defaults."""
     return services_pb2.ProfileRequest(
-        model=spec, device_kind=args.device, project_to=args.project_to, refresh=args.refresh,
-        dtype=dtype.get(args.dtype or "", 0), max_micro_batch_size=args.max_micro_batch,
-        memory_cap_bytes=args.memory_cap_mib * MiB,
-        options=services_pb2.ProfileOptions(repeats=args.repeats, stride=args.stride, intra_op_threads=args.threads,
-                                            micro_batch_sizes=args.micro_batch_sizes, calibrate=args.calibrate),
+        model=spec, device_kind=device, project_to=project_to, refresh=refresh, dtype=dtype,
+        max_micro_batch_size=max_micro_batch, memory_cap_bytes=memory_cap_bytes,
+        options=services_pb2.ProfileOptions(repeats=repeats, stride=stride, intra_op_threads=threads,
+                                            micro_batch_sizes=micro_batch_sizes, calibrate=calibrate),
     )
 
 
@@ -86,7 +101,7 @@ def stream(client: Client, request: services_pb2.ProfileRequest) -> services_pb2
 
 
 def run(settings: Settings, args: argparse.Namespace) -> int:
-    request = build_request(args)
+    request = request_from_args(args)
     with Client(profiler=settings.address("profiler"), token=settings.resolved_token()) as client:
         try:
             final = stream(client, request)

@@ -24,7 +24,7 @@ from pathlib import Path
 from google.protobuf.json_format import MessageToDict
 
 from ballast.v1 import executor_pb2, job_pb2, plan_pb2
-from services.profiler.runner import STEADY_ALLOCATOR
+from services.runtime.allocator import STEADY_ALLOCATOR
 
 log = logging.getLogger("ballast.workers")
 WORKER = (sys.executable, "-m", "services.executor.train.worker")

@@ -1,6 +1,6 @@
 """Celery app for planner work. JSON only (pickle refused), acks late, one task at a time.
 
-The broker carries only request ids; state lives in the store (see queue.py). The embedded default
+The broker carries only request ids; state lives in the store (see queue/durable.py). The embedded default
 broker is kombu's SQLAlchemy transport over a SQLite file in the data directory (no server);
 production uses Redis (RabbitMQ also works).
 """
@@ -17,8 +17,10 @@ from celery import Celery
 from ballast.client import open_channel
 from ballast.config import Settings, load_settings
 from ballast.v1 import queue_pb2, services_pb2_grpc, store_pb2
-from services.planner import queue
-from services.runtime.remote import call, store_stubs
+from services.planner.jobs import prepare
+from services.planner.plans import operations
+from services.planner.queue import durable
+from services.runtime.store_client import remote_stores
 
 log = logging.getLogger("ballast.worker")
 
@@ -26,6 +28,10 @@ TASK = "ballast.planner.run_request"
 HOLD_ENV = "BALLAST_TEST_TASK_HOLD_S"  # test hooks: hold a task open before / after its handler ran
 HOLD_AFTER_ENV = "BALLAST_TEST_TASK_HOLD_AFTER_S"
 PROFILE_TIMEOUT_S = 3600.0  # a job's profile is measured inside the call
+
+# The planner's queued work: registered here, by the app that runs it, so the queue imports no handler.
+durable.register(operations.KIND, operations.run_plan)
+durable.register(prepare.KIND, prepare.prepare_job)
 
 
 def make_app(settings: Settings) -> Celery:
@@ -61,7 +67,7 @@ _WORKER: dict[str, object] = {}
 
 def configure_worker(settings: Settings) -> None:
     """The settings tasks in this process use (`ballast worker --data-dir D` must mean D, not the env)."""
-    _, platform = store_stubs(settings)
+    _, platform = remote_stores(settings)
     profiler = services_pb2_grpc.ProfilerServiceStub(
         open_channel(settings.address("profiler"), settings.resolved_token(), timeout=PROFILE_TIMEOUT_S))
     _WORKER.update(settings=settings, store=platform, profiler=profiler,
@@ -72,7 +78,7 @@ def _run_request(request_id: str) -> None:
     if not _WORKER:
         configure_worker(load_settings())
     settings, store, worker = _WORKER["settings"], _WORKER["store"], _WORKER["name"]
-    queue.run_request(store, request_id, worker, settings.lease_seconds, float(os.environ.get(HOLD_ENV, "0")),
+    durable.run_request(store, request_id, worker, settings.lease_seconds, float(os.environ.get(HOLD_ENV, "0")),
                       float(os.environ.get(HOLD_AFTER_ENV, "0")), profiler=_WORKER["profiler"])
 
 
@@ -86,7 +92,7 @@ class WorkerHeartbeat(threading.Thread):
 
     def __init__(self, settings: Settings, name: str):
         super().__init__(name="worker-heartbeat", daemon=True)
-        _, self._store = store_stubs(settings)
+        _, self._store = remote_stores(settings)
         self._interval = settings.worker_heartbeat_s
         self._name = name
         self._queue = settings.queue
@@ -95,7 +101,7 @@ class WorkerHeartbeat(threading.Thread):
     def beat(self) -> None:
         beat = queue_pb2.WorkerHeartbeat(name=self._name, pid=os.getpid(), queues=[self._queue])
         beat.seen_at.GetCurrentTime()
-        call(self._store.RecordWorkerHeartbeat, store_pb2.RecordWorkerHeartbeatRequest(heartbeat=beat))
+        self._store.record_worker_heartbeat(store_pb2.RecordWorkerHeartbeatRequest(heartbeat=beat))
 
     def run(self) -> None:
         while True:

@@ -2,34 +2,49 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ballast.config import Settings
 from ballast.v1 import executor_pb2, executor_pb2_grpc, services_pb2, services_pb2_grpc
-from services.planner import jobs, plans, queue
 from services.planner.celery_app import make_app, sender
-from services.planner.control import AgentRegistry
-from services.planner.scheduler import Scheduler
+from services.planner.jobs import lifecycle as jobs
+from services.planner.jobs.control import AgentRegistry
+from services.planner.jobs.scheduler import Scheduler
+from services.planner.plans import operations as plans
+from services.planner.queue import durable
 from services.runtime.context import current_principal, remaining_time
-from services.runtime.remote import StoreAuthenticator, anonymous_store, call, store_stubs
 from services.runtime.server import Server, ServerSpec
 from services.runtime.servicer import delegate
+from services.runtime.store_client import StoreAuthenticator, anonymous_store, remote_stores
 
 PLANNER = services_pb2.DESCRIPTOR.services_by_name["PlannerService"]
 JOBS = services_pb2.DESCRIPTOR.services_by_name["JobService"]
 CONTROL = executor_pb2.DESCRIPTOR.services_by_name["ExecutorControl"]
 
 
-def build_server(settings: Settings, address: str | None = None, send: queue.Send | None = None) -> Server:
-    as_caller, as_platform = store_stubs(settings)
+@dataclass(frozen=True)
+class PlannerServer:
+    """The built (not yet started) server and the planner parts tests and tools reach into."""
+
+    server: Server
+    scheduler: Scheduler
+    registry: AgentRegistry
+    sweeper: durable.Sweeper
+
+
+def build_server(settings: Settings, address: str | None = None, send: durable.Send | None = None) -> PlannerServer:
+    """Build the server; the scheduler and the lease sweeper start now, the server on `.server.start()`."""
+    as_caller, as_platform = remote_stores(settings)
     send = send or sender(make_app(settings), settings.queue)
     scheduler = Scheduler(as_platform, lambda host_id, message: registry.send(host_id, message),
                           lambda: registry.connected(), settings.data_dir / "checkpoints")
     registry = AgentRegistry(as_platform, listener=scheduler.on_message)
-    sweeper = queue.Sweeper(as_platform, send, settings.sweep_interval_s, settings.requeue_unclaimed_s)
+    sweeper = durable.Sweeper(as_platform, send, settings.sweep_interval_s, settings.requeue_unclaimed_s)
 
     what_if = plans.WhatIf()
 
     def echo(request: services_pb2.EchoRequest, ctx):
-        return queue.submit(as_caller, "diagnostic.echo", {"text": request.text}, send)
+        return durable.submit(as_caller, "diagnostic.echo", {"text": request.text}, send)
 
     planner = delegate(
         PLANNER,
@@ -37,11 +52,11 @@ def build_server(settings: Settings, address: str | None = None, send: queue.Sen
         overrides={
             "Plan": lambda request, ctx: plans.submit(as_caller, request, send),
             "GetPlanOperation": lambda request, ctx: plans.get_operation(as_caller, request),
-            "GetPlan": lambda request, ctx: call(as_caller.GetPlan, request),
+            "GetPlan": lambda request, ctx: as_caller.get_plan(request),
             "WhatIf": lambda request, ctx: what_if(as_caller, request, remaining_time),
             "Compare": lambda request, ctx: plans.compare(as_caller, request),
             "Echo": echo,
-            "GetQueuedRequest": lambda request, ctx: call(as_caller.GetQueuedRequest, request),
+            "GetQueuedRequest": lambda request, ctx: as_caller.get_queued_request(request),
         },
     )()
     job_service = delegate(
@@ -49,8 +64,8 @@ def build_server(settings: Settings, address: str | None = None, send: queue.Sen
         None,
         overrides={
             "Submit": lambda request, ctx: jobs.submit(as_caller, request, send),
-            "Get": lambda request, ctx: call(as_caller.GetJob, request),
-            "List": lambda request, ctx: call(as_caller.ListJobs, request),
+            "Get": lambda request, ctx: as_caller.get_job(request),
+            "List": lambda request, ctx: as_caller.list_jobs(request),
             "Watch": lambda request, ctx: jobs.watch(as_caller, request.job_id, request.after_seq, ctx.is_active),
             "Cancel": lambda request, ctx: jobs.cancel(as_caller, request),
         },
@@ -81,14 +96,12 @@ def build_server(settings: Settings, address: str | None = None, send: queue.Sen
             reserved_streams={f"/{CONTROL.full_name}/Connect": 96},
         )
     )
-    server.registry = registry  # type: ignore[attr-defined]
-    server.scheduler = scheduler  # type: ignore[attr-defined]
     sweeper.start()
     scheduler.start()
-    return server
+    return PlannerServer(server, scheduler, registry, sweeper)
 
 
 def main(settings: Settings) -> int:
-    server = build_server(settings).start()
+    server = build_server(settings).server.start()
     server.wait()
     return 0

@@ -40,7 +40,7 @@ from torch.utils._pytree import tree_leaves
 
 from ballast.v1 import fleet_pb2, model_pb2, profile_pb2, services_pb2
 from services.profiler import calibrate as calibration
-from services.profiler import catalog, whole
+from services.profiler import whole
 from services.profiler.measure import (
     _backward,
     _cotangents,
@@ -56,6 +56,7 @@ from services.profiler.memtrace import LiveTensorTracker, trace_iteration
 from services.profiler.sweep import fit_fields, fit_samples, interpolate, is_oom, sweep
 from services.profiler.versions import software
 from services.runtime.errors import FailedPrecondition, InvalidArgument
+from services.specs import catalog
 from services.zoo import Decomposition, build_model, check_spec, example_input
 
 T = TypeVar("T")

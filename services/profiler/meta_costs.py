@@ -54,7 +54,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.flop_counter import FlopCounterMode
 
 from ballast.v1 import model_pb2
-from services.profiler.projection import LayerCost
+from services.profiler.layer_cost import LayerCost
 from services.runtime.errors import InvalidArgument
 from services.zoo import Decomposition, Layer, build_model, example_input
 

@@ -20,11 +20,12 @@ Both kinds are marked in the data (projected=True, software says how). Pure Pyth
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from ballast.v1 import common_pb2, fleet_pb2, model_pb2, profile_pb2
-from services.profiler import catalog
+from services.profiler.layer_cost import LayerCost
 from services.runtime.errors import InvalidArgument
+from services.specs import catalog
 
 # Achieved fraction of peak FLOP/s and bandwidth assumed where nothing was measured. Large
 # transformer GEMMs reach 50-70% of dense peak and streaming kernels 70-90% of bandwidth; 0.5 is
@@ -34,44 +35,6 @@ ASSUMED_EFFICIENCY = 0.5
 OVERLAP_SLOWDOWN = 1.3
 ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 MASTER_COPY_BYTES = 4  # fp32 master weights kept in optimizer state under mixed precision
-
-
-@dataclass(frozen=True)
-class LayerCost:
-    """Device-independent work of one layer, per sample, in elements (so precision is a parameter).
-
-    The zoo computes these for every family; transformer_layer_costs covers GPT-style models now.
-    Weight traffic is per micro-batch (weights are read once however many samples run).
-    """
-
-    name: str
-    kind: str
-    parameter_count: int  # every parameter the layer uses, tied ones too (as measure.py counts)
-    flops_fwd_per_sample: float
-    traffic_elems_fwd_per_sample: float  # activation elements read + written by the forward kernels
-    boundary_elems_per_sample: int  # layer input, kept under checkpointing
-    stashed_elems_per_sample: int  # saved for backward without checkpointing
-    output_elems_per_sample: int
-    flops_bwd_per_sample: float | None = None  # default 2x forward (Galvatron-BMW §V)
-    traffic_elems_bwd_per_sample: float | None = None  # default 2x forward
-    weight_elems_fwd: int | None = None  # weights read by forward; default parameter_count
-    weight_elems_bwd: int | None = None  # weights read + gradients written; default 2x forward's
-    extra_inputs: tuple[int, ...] = ()
-    tied_with: tuple[int, ...] = ()
-
-    def flops(self, phase: str, micro_batch: int) -> float:
-        per_sample = self.flops_fwd_per_sample
-        if phase == "backward":
-            per_sample = 2 * per_sample if self.flops_bwd_per_sample is None else self.flops_bwd_per_sample
-        return per_sample * micro_batch
-
-    def bytes_moved(self, phase: str, micro_batch: int, element_bytes: int) -> float:
-        weights = self.parameter_count if self.weight_elems_fwd is None else self.weight_elems_fwd
-        traffic = self.traffic_elems_fwd_per_sample
-        if phase == "backward":
-            weights = 2 * weights if self.weight_elems_bwd is None else self.weight_elems_bwd
-            traffic = 2 * traffic if self.traffic_elems_bwd_per_sample is None else self.traffic_elems_bwd_per_sample
-        return (weights + traffic * micro_batch) * element_bytes
 
 
 def roofline_s(flops: float, bytes_moved: float, spec: fleet_pb2.DeviceSpec) -> float:

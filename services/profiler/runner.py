@@ -19,36 +19,32 @@ from collections.abc import Callable, Iterator
 
 from google.protobuf.json_format import MessageToDict, ParseDict
 
-from ballast.v1 import common_pb2, model_pb2, profile_pb2, services_pb2, store_pb2, store_pb2_grpc
-from services.profiler import catalog, projection
+from ballast.v1 import common_pb2, model_pb2, profile_pb2, services_pb2, store_pb2
+from services.profiler import projection
 from services.profiler.versions import software
+from services.runtime.allocator import STEADY_ALLOCATOR
 from services.runtime.errors import FailedPrecondition, InvalidArgument, Unavailable, from_code
-from services.runtime.remote import call, every_page
-from services.store.validation import model_signature, validate_model_spec
+from services.runtime.store_api import Store, every_page
+from services.specs import catalog
+from services.specs.model import model_signature, validate_model_spec
 
 log = logging.getLogger("ballast.profiler")
 
 LOCAL_DEVICES = ("", "cpu")
 WORKER_COMMAND = (sys.executable, "-m", "services.profiler.worker")
-# glibc hands blocks above its (dynamic) mmap threshold back to the kernel, so a layer's large tensors
-# are page-faulted afresh on every call once they cross it: times jump with the micro-batch size and no
-# regression follows them (BENCHMARKS.md, profiler run 4). Serving every allocation from the reused heap
-# makes times linear in the micro-batch size, as on a GPU's caching allocator. Executor workers should run
-# with the same settings so measured and trained numbers agree. Set values in the environment win.
-STEADY_ALLOCATOR = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(16 * 2**30)}
 
 
-def resolve_model(store: store_pb2_grpc.StoreServiceStub, request: services_pb2.ProfileRequest,
+def resolve_model(store: Store, request: services_pb2.ProfileRequest,
                   allowed: tuple[str, ...] = ()) -> model_pb2.Model:
     """The stored model: by id, or the inline spec matched by signature (any name), or stored now."""
     if request.model_id:
-        return call(store.GetModel, store_pb2.GetRequest(id=request.model_id))
+        return store.get_model(store_pb2.GetRequest(id=request.model_id))
     if request.HasField("model"):
         validate_model_spec(request.model, allowed, prefix="model")  # bad specs fail before anything is stored
-        known = call(store.ListModels, store_pb2.ListModelsRequest(signature=model_signature(request.model)))
+        known = store.list_models(store_pb2.ListModelsRequest(signature=model_signature(request.model)))
         if known.models:
             return known.models[0]
-        return call(store.CreateModel, store_pb2.CreateModelRequest(spec=request.model))
+        return store.create_model(store_pb2.CreateModelRequest(spec=request.model))
     raise InvalidArgument("required", field="model_id", fix="pass a stored model id or the model spec inline")
 
 
@@ -63,7 +59,7 @@ def local_device(kind: str) -> str:
     )
 
 
-def cached(store, model: model_pb2.Model, device: str, dtype: int) -> profile_pb2.Profile | None:
+def cached(store: Store, model: model_pb2.Model, device: str, dtype: int) -> profile_pb2.Profile | None:
     """The newest measured profile of the same model, device, precision and software. By model id, not only
     signature: a platform caller (a worker preparing a job) sees every tenant's profiles and must get the
     job's own (a tenant stores each signature once, so for tenants the two keys agree)."""
@@ -71,7 +67,7 @@ def cached(store, model: model_pb2.Model, device: str, dtype: int) -> profile_pb
                                             device_kind=device, dtype=dtype,
                                             software=software(), projected=False)
     newest = None
-    for reply in every_page(store.ListProfiles, request):
+    for reply in every_page(store.list_profiles, request):
         newest = reply.profiles[-1] if reply.profiles else newest
     return newest
 
@@ -79,7 +75,7 @@ def cached(store, model: model_pb2.Model, device: str, dtype: int) -> profile_pb
 class Runner:
     """Profiles one model at a time (profiling owns the CPU; a second request waits its turn)."""
 
-    def __init__(self, store: store_pb2_grpc.StoreServiceStub, allowed_factories: tuple[str, ...] = (),
+    def __init__(self, store: Store, allowed_factories: tuple[str, ...] = (),
                  worker_command: tuple[str, ...] = WORKER_COMMAND):
         self._store = store
         self._allowed = allowed_factories
@@ -117,14 +113,14 @@ class Runner:
                 raise Unavailable("the profiling worker stopped without a result", fix="retry")
         measured.model_id, measured.model_signature = model.id, model.signature
         yield services_pb2.ProfileProgress(phase="storing", fraction=1.0)
-        stored = call(self._store.CreateProfile, store_pb2.CreateProfileRequest(profile=measured))
+        stored = self._store.create_profile(store_pb2.CreateProfileRequest(profile=measured))
         yield from self._finish(stored, target, cached_hit=False)
 
     def _finish(self, profile: profile_pb2.Profile, target, *, cached_hit: bool):
         message = f"profile {profile.id}" + (" (cached)" if cached_hit else "")
         if target is not None:
             projected = projection.project(profile, target.kind)
-            profile = call(self._store.CreateProfile, store_pb2.CreateProfileRequest(profile=projected))
+            profile = self._store.create_profile(store_pb2.CreateProfileRequest(profile=projected))
             message += f"; projected to {target.kind} as {profile.id}"
         yield services_pb2.ProfileProgress(phase="done", fraction=1.0, profile=profile, cached=cached_hit,
                                            message=message)
@@ -146,13 +142,13 @@ class Runner:
                                                dtype=profile.dtype,
                                                software=profile.software, projected=True)
         hit = None
-        for reply in () if request.refresh else every_page(self._store.ListProfiles, lookup):
+        for reply in () if request.refresh else every_page(self._store.list_profiles, lookup):
             hit = next((p for p in reversed(reply.profiles) if not p.source_profile_id and p.layers
                         and [smp.micro_batch_size for smp in p.layers[0].samples] == sizes), hit)
         if hit is not None:
             return services_pb2.ProfileProgress(phase="done", fraction=1.0, profile=hit, cached=True,
                                                 message=f"analytical profile {hit.id} (cached)")
-        stored = call(self._store.CreateProfile, store_pb2.CreateProfileRequest(profile=profile))
+        stored = self._store.create_profile(store_pb2.CreateProfileRequest(profile=profile))
         return services_pb2.ProfileProgress(phase="done", fraction=1.0, profile=stored,
                                             message=f"analytical profile {stored.id} for {kind}")
 
@@ -163,12 +159,29 @@ class Runner:
         return final.profile
 
     def project(self, request: services_pb2.ProjectProfileRequest) -> profile_pb2.Profile:
-        source = call(self._store.GetProfile, store_pb2.GetRequest(id=request.profile_id))
+        source = self._store.get_profile(store_pb2.GetRequest(id=request.profile_id))
         if not request.HasField("device") or not request.device.kind:
             raise InvalidArgument("required", field="device.kind", fix="name a catalog device, e.g. A100-80GB")
         target = request.device if request.device.peak_flops else request.device.kind
-        return call(self._store.CreateProfile, store_pb2.CreateProfileRequest(
-            profile=projection.project(source, target)))
+        return self._store.create_profile(
+            store_pb2.CreateProfileRequest(profile=projection.project(source, target)))
+
+    def get_profile(self, request: store_pb2.GetRequest) -> profile_pb2.Profile:
+        return self._store.get_profile(request)
+
+    def calibrate(self, request: services_pb2.CalibrateRequest) -> profile_pb2.CommCalibration:
+        """Link calibration on this host, in its own process group, taking the profiler's turn."""
+        # Imported on first use: calibration imports torch, which the server process otherwise never needs.
+        from services.profiler import calibrate as cal
+
+        kwargs = {"group_sizes": tuple(request.group_sizes) or (2,), "backend": request.backend or None}
+        if request.sizes_bytes:
+            kwargs["sizes_bytes"] = tuple(request.sizes_bytes)
+        with self.turn():
+            try:
+                return cal.to_proto(cal.calibrate(**kwargs))
+            except ValueError as exc:
+                raise InvalidArgument(str(exc), field="group_sizes") from None
 
 
 def analytical_sizes(request: services_pb2.ProfileRequest) -> list[int]:

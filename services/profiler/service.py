@@ -1,35 +1,19 @@
-"""The profiler service: a thin servicer over services.profiler.runner."""
+"""The profiler service: maps ProfilerService RPCs onto services.profiler.runner."""
 
 from __future__ import annotations
 
 from ballast.config import Settings
-from ballast.v1 import services_pb2, services_pb2_grpc, store_pb2
+from ballast.v1 import services_pb2, services_pb2_grpc
 from services.profiler.runner import Runner, list_device_kinds
-from services.runtime.remote import StoreAuthenticator, anonymous_store, call, store_stubs
 from services.runtime.server import Server, ServerSpec
 from services.runtime.servicer import delegate
+from services.runtime.store_client import StoreAuthenticator, anonymous_store, remote_stores
 
 PROFILER = services_pb2.DESCRIPTOR.services_by_name["ProfilerService"]
 
 
-def calibrate(runner: Runner, request: services_pb2.CalibrateRequest):
-    """Link calibration on this host (spawns its own process group; torch is imported only here)."""
-    from services.profiler import calibrate as cal
-
-    kwargs = {"group_sizes": tuple(request.group_sizes) or (2,), "backend": request.backend or None}
-    if request.sizes_bytes:
-        kwargs["sizes_bytes"] = tuple(request.sizes_bytes)
-    with runner.turn():
-        try:
-            return cal.to_proto(cal.calibrate(**kwargs))
-        except ValueError as exc:
-            from services.runtime.errors import InvalidArgument
-
-            raise InvalidArgument(str(exc), field="group_sizes") from None
-
-
 def build_server(settings: Settings, address: str | None = None) -> Server:
-    as_caller, _ = store_stubs(settings)
+    as_caller, _ = remote_stores(settings)
     runner = Runner(as_caller, settings.allowed_model_factories)
     servicer = delegate(
         PROFILER,
@@ -37,10 +21,10 @@ def build_server(settings: Settings, address: str | None = None) -> Server:
         overrides={
             "Profile": lambda request, ctx: runner.profile(request),
             "ProfileStream": lambda request, ctx: runner.stream(request, ctx.is_active),
-            "GetProfile": lambda request, ctx: call(as_caller.GetProfile, store_pb2.GetRequest(id=request.id)),
+            "GetProfile": lambda request, ctx: runner.get_profile(request),
             "ProjectProfile": lambda request, ctx: runner.project(request),
             "ListDeviceKinds": lambda request, ctx: list_device_kinds(),
-            "Calibrate": lambda request, ctx: calibrate(runner, request),
+            "Calibrate": lambda request, ctx: runner.calibrate(request),
         },
     )()
     return Server(

@@ -8,6 +8,7 @@ Names other modules imported from here before the split are re-exported.
 
 from __future__ import annotations
 
+from services.store.repo.admin import AdminStore
 from services.store.repo.base import (
     ADMIN_FIX,
     DEFAULT_PAGE_SIZE,
@@ -55,5 +56,7 @@ __all__ = [
 ]
 
 
-class Repository(TenantStore, JobStore, ModelStore, HostStore, PlanStore, ProgressStore, QueueStore, RepositoryBase):
+class Repository(
+    TenantStore, JobStore, ModelStore, HostStore, PlanStore, ProgressStore, QueueStore, AdminStore, RepositoryBase
+):
     """The store's data access; methods take the caller's Principal and the RPC's request proto."""

@@ -1,4 +1,5 @@
-"""The store service: the only process that opens the database. A thin servicer over Repository."""
+"""The store service: the only process that opens the database. A plain dispatch to Repository,
+which has one method per RPC (services/store/repository.py)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,10 @@ import logging
 import sys
 
 import sqlalchemy as sa
-from google.protobuf import struct_pb2, timestamp_pb2
 
 from ballast.config import Settings
-from ballast.v1 import common_pb2, store_pb2, store_pb2_grpc
-from services.runtime.context import current_principal
-from services.runtime.errors import FailedPrecondition, PermissionDenied, SchemaOutOfDate
+from ballast.v1 import store_pb2, store_pb2_grpc
+from services.runtime.errors import FailedPrecondition, SchemaOutOfDate
 from services.runtime.server import Server, ServerSpec
 from services.runtime.servicer import delegate
 from services.store import schema, sql
@@ -22,50 +21,6 @@ log = logging.getLogger("ballast.store")
 SERVICE = store_pb2.DESCRIPTOR.services_by_name["StoreService"]
 
 
-def _query(engine: sa.Engine):
-    def handler(request: store_pb2.QueryRequest, ctx) -> store_pb2.QueryResponse:
-        if not current_principal().admin:
-            raise PermissionDenied("SQL queries are for the platform admin", fix="use an admin token")
-        result = sql.run_readonly_query(engine, request.sql, row_limit=request.row_limit, timeout_s=request.timeout_s)
-        rows = []
-        for row in result.rows:
-            value = struct_pb2.ListValue()
-            value.extend([_exact(v) for v in row])
-            rows.append(value)
-        return store_pb2.QueryResponse(columns=result.columns, rows=rows, truncated=result.truncated)
-
-    return handler
-
-
-def _exact(value: object) -> object:
-    """ListValue numbers are doubles: integers beyond 2**53 travel as strings so no digit is lost."""
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**53:
-        return str(value)
-    return value
-
-
-def _schema_status(engine: sa.Engine):
-    def handler(request, ctx) -> store_pb2.SchemaStatus:
-        now = timestamp_pb2.Timestamp()
-        now.GetCurrentTime()
-        return store_pb2.SchemaStatus(
-            current_revision=schema.current_revision(engine) or "",
-            head_revision=schema.head_revision(),
-            dialect=engine.dialect.name,
-            now=now,
-        )
-
-    return handler
-
-
-def _authenticate(repo: Repository):
-    def handler(request: store_pb2.AuthenticateRequest, ctx) -> common_pb2.Principal:
-        p = repo.authenticate(request.token)
-        return common_pb2.Principal(tenant_id=p.tenant_id, tenant_name=p.tenant_name, admin=p.admin)
-
-    return handler
-
-
 def query_engine(settings: Settings, engine: sa.Engine) -> sa.Engine:
     """The engine `ballast sql` uses: on PostgreSQL a separate login as the read-only role."""
     if engine.dialect.name != "postgresql":
@@ -73,31 +28,31 @@ def query_engine(settings: Settings, engine: sa.Engine) -> sa.Engine:
     return create_engine(settings.sql_database_url or sql.readonly_url(settings.database_url))
 
 
-def build_server(settings: Settings, engine: sa.Engine, address: str | None = None) -> Server:
-    """A store server on `address` (default: the configured one); checks the schema first."""
+def build_server(
+    settings: Settings, engine: sa.Engine, address: str | None = None, repo: Repository | None = None
+) -> Server:
+    """A store server on `address` (default: the configured one; "127.0.0.1:0" picks a free port, then
+    read `.port`); checks the schema first. `repo`, if given, must be over `engine` (tests pass one
+    with a fake clock)."""
+    if repo is not None and repo.engine is not engine:
+        raise ValueError("the repository must be over the engine the server checks and disposes")
     schema.check_schema(engine)
-    readonly = query_engine(settings, engine)
-    repo = Repository(engine, allowed_factories=settings.allowed_model_factories)
+    if repo is None:
+        repo = Repository(
+            engine, allowed_factories=settings.allowed_model_factories, sql_engine=query_engine(settings, engine)
+        )
     token = settings.resolved_token()
     if token:
         repo.ensure_admin(token)
-    servicer = delegate(
-        SERVICE,
-        repo,
-        overrides={
-            "Query": _query(readonly),
-            "GetSchemaStatus": _schema_status(engine),
-            "Authenticate": _authenticate(repo),
-        },
-    )()
+    servicer = delegate(SERVICE, repo)()
     return Server(
         ServerSpec(
             name="store",
             address=address or f"{settings.host}:{settings.store_port}",
             register=lambda s: store_pb2_grpc.add_StoreServiceServicer_to_server(servicer, s),
             services=[SERVICE.full_name],
-            authenticate=repo.authenticate,
-            on_stop=[engine.dispose, readonly.dispose],
+            authenticate=repo.principal_for_token,
+            on_stop=[engine.dispose, repo.sql_engine.dispose],
         )
     )
 

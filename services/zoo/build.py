@@ -9,7 +9,7 @@ from torch import Tensor
 
 from ballast.v1 import model_pb2
 from services.runtime.errors import InvalidArgument
-from services.store.validation import validate_model_spec
+from services.specs.model import validate_model_spec
 from services.zoo.base import IGNORE_INDEX, ZooModel
 from services.zoo.custom import CustomZooModel
 from services.zoo.t5 import T5

@@ -1,7 +1,7 @@
 """WorkerConfig: everything one worker process needs, as plain JSON (the agent writes it, never a pickle).
 
-Rank layout: stage-major, `rank = stage_index * num_replicas + replica_index`, so the replicas of one stage
-hold consecutive ranks and stage s replica r talks p2p to stage s+1 replica r (`rank_of(s + 1, r)`).
+Rank layout: `dims` (dims.ParallelDims, axes pp = stages, dp = replicas) owns it; stage-major, so
+`rank = stage_index * num_replicas + replica_index`.
 
 Iteration numbers count completed iterations: `start_iteration` iterations are already done (0 for a fresh
 run), the worker trains until `iterations` are done, and iteration index i (0-based) draws the samples
@@ -21,16 +21,12 @@ from typing import Any
 from google.protobuf.json_format import ParseDict
 
 from ballast.v1 import model_pb2
+from services.executor.train.dims import ParallelDims
 
 SCHEDULES = ("1f1b", "gpipe")
 OPTIMIZERS = ("adam", "sgd")
 BACKENDS = ("gloo", "nccl")
 DATA_KINDS = ("synthetic", "tokens")
-
-
-def rank_of(stage: int, replica: int, num_replicas: int) -> int:
-    """Global rank of (stage, replica) in the stage-major layout."""
-    return stage * num_replicas + replica
 
 
 @dataclass(frozen=True)
@@ -86,8 +82,10 @@ class WorkerConfig:
         begin, end = self.stage_bounds[self.stage_index]
         return begin, end
 
-    def rank_of(self, stage: int, replica: int) -> int:
-        return rank_of(stage, replica, self.num_replicas)
+    @property
+    def dims(self) -> ParallelDims:
+        """The job's parallel axes and rank layout (built from validated sizes: call after `validate`)."""
+        return ParallelDims(pp=self.num_stages, dp=self.num_replicas)
 
     def spec(self) -> model_pb2.ModelSpec:
         return ParseDict(self.model, model_pb2.ModelSpec())
@@ -128,7 +126,7 @@ class WorkerConfig:
              f"must equal stages x replicas = {self.num_stages * self.num_replicas}")
         need(0 <= self.stage_index < self.num_stages, "stage_index", f"must be in [0, {self.num_stages})")
         need(0 <= self.replica_index < self.num_replicas, "replica_index", f"must be in [0, {self.num_replicas})")
-        expected = self.rank_of(self.stage_index, self.replica_index)
+        expected = self.dims.rank(pp=self.stage_index, dp=self.replica_index)
         need(self.rank == expected, "rank", f"must be stage_index * num_replicas + replica_index = {expected}")
         need(self.micro_batch_size >= 1 and self.num_micro_batches >= 1, "micro_batch_size",
              "micro_batch_size and num_micro_batches must be >= 1")

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from services.executor.train.config import WorkerConfig
+from services.executor.train.dims import ParallelDims
 
 
 def free_port() -> int:
@@ -28,14 +29,14 @@ def free_port() -> int:
 
 def plan_configs(template: WorkerConfig, stage_bounds: list[list[int]], num_replicas: int) -> list[WorkerConfig]:
     """Per-rank configs (rank order) for `stage_bounds` x `num_replicas`, on a fresh local TCP rendezvous."""
-    world = len(stage_bounds) * num_replicas
+    dims = ParallelDims(pp=len(stage_bounds), dp=num_replicas)
     init = f"tcp://127.0.0.1:{free_port()}"
-    return [
-        replace(template, stage_bounds=stage_bounds, num_replicas=num_replicas, stage_index=s, replica_index=r,
-                rank=s * num_replicas + r, world_size=world, init_method=init)
-        for s in range(len(stage_bounds))
-        for r in range(num_replicas)
-    ]
+    configs = []
+    for rank in range(dims.world_size):
+        at = dims.coords(rank)
+        configs.append(replace(template, stage_bounds=stage_bounds, num_replicas=num_replicas, stage_index=at["pp"],
+                               replica_index=at["dp"], rank=rank, world_size=dims.world_size, init_method=init))
+    return configs
 
 
 def run_local(

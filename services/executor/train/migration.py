@@ -33,12 +33,13 @@ replica r sends target replica r (same replica index) bare tensors with isend/ir
 Shapes and dtypes come from the model spec: the target copies the layer's module from the cached meta-device
 model (stage.model_info), materialises it with `to_empty(device=...)` and receives straight into its
 parameters and buffers. Both sides post phase 1 for all moved layers (ascending index), then phase 2, so the
-order per peer is the same on both ends (NCCL matches p2p in order; gloo also by tag).
+order per peer is the same on both ends (NCCL matches p2p in order; gloo also by tag). A rank posts all its
+sends before it waits on any receive.
 
-Groups: a move between adjacent stages reuses that pair's forward p2p group (idle at the boundary); a move
-that skips stages uses a dedicated group per (stage pair, replica) for every non-adjacent pair, created up
-front by every rank in the same order (comms.Comms). With contiguous bounds a pair only moves one way in a
-plan.
+Groups (`Mesh.migration_group`): a move between adjacent stages reuses that pair's forward p2p group (idle at
+the boundary); a move that skips stages uses a dedicated group per (stage pair, replica) for every non-adjacent
+pair, created up front by every rank in the same order (mesh.Mesh). With contiguous bounds a pair only moves
+one way in a plan.
 
 Tied parameters: plans that would change the set of stages holding any shared parameter are rejected
 (command_rejected names it); so a moved layer's shared parameter is always already held by the target, which
@@ -46,6 +47,8 @@ reuses its own Parameter object (not sent), and the tied groups and `Stage.tied`
 aliases, boundaries and receive/send lists are recomputed from the cached meta model; the schedule order and
 the p2p peers are unchanged; the optimizer is rebuilt over the new parameter list with the state of kept
 parameters carried by identity and the received state installed. The source drops the moved layers.
+`apply_plan` returns that stage and optimizer (`Applied`) for the trainer to install: it never reaches into
+the trainer, so this module does not know it.
 """
 
 from __future__ import annotations
@@ -55,19 +58,17 @@ import json
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, TextIO
+from dataclasses import dataclass, field, replace
+from typing import Any, TextIO
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
 from services.executor.train.config import WorkerConfig, is_int
+from services.executor.train.mesh import Mesh
 from services.executor.train.stage import ModelInfo, Stage, make_optimizer, restage, stage_of
 from services.zoo.graph import Layer
-
-if TYPE_CHECKING:
-    from services.executor.train.trainer import Trainer
 
 STATE_TENSORS = {"adam": ("exp_avg", "exp_avg_sq"), "sgd": ()}  # optimizer state beyond Adam's scalar step
 TAG_STRIDE = 1 << 16  # gloo tag = layer index * TAG_STRIDE + slot within the layer
@@ -289,17 +290,32 @@ def install_state(module: nn.Module, names: list[str], header: Tensor, received:
 
 
 @dataclass
+class Applied:
+    """What a plan change hands back for the trainer to install; `apply_plan` never touches the trainer."""
+
+    stage: Stage  # kept layers by identity, received ones materialised, boundaries and policies of the plan
+    optimizer: torch.optim.Optimizer  # over the new parameters: kept state by identity, received state installed
+    events: list[dict[str, Any]]  # one "migration" event per layer this rank received
+
+
+@dataclass
 class _Move:
+    """One layer leaving or reaching this rank's stage; what travels is filled in phase by phase."""
+
     layer: int
     source: int
     target: int
-    module: nn.Module | None = None
-    names: list[str] | None = None
+    module: nn.Module  # the held module (source) or the one materialised from the meta model (target)
+    names: list[str]  # travelling parameters (wire_names)
     header: Tensor | None = None
-    phase1: list[Tensor] | None = None
-    state: list[Tensor] | None = None
-    works: list[Any] | None = None
-    bytes: int = 0
+    phase1: list[Tensor] = field(default_factory=list)  # target only: parameters and buffers received into
+    state: list[Tensor] = field(default_factory=list)  # target only: optimizer state received into
+    works: list[Any] = field(default_factory=list)  # target only: pending receives
+
+    @property
+    def state_tag(self) -> int:
+        """Phase 2's first tag: after the header and every parameter and buffer of phase 1."""
+        return self.layer * TAG_STRIDE + 1 + len(self.names) + len(list(self.module.buffers()))
 
 
 def plan_moves(old_bounds: Sequence[Sequence[int]], new_bounds: Sequence[Sequence[int]],
@@ -311,6 +327,69 @@ def plan_moves(old_bounds: Sequence[Sequence[int]], new_bounds: Sequence[Sequenc
         if a != b:
             moves.append((i, a, b))
     return moves
+
+
+def apply_plan(stage: Stage, optimizer: torch.optim.Optimizer, current: Plan, plan: Plan, *, mesh: Mesh,
+               info: ModelInfo, optimizer_config: dict[str, Any], device: torch.device, done: int,
+               decided: float) -> Applied:
+    """Migrate this rank's layers from the `current` plan to `plan` and switch its policies; every rank calls it
+    at the same boundary. Phases: plan the moves, materialise the incoming layers, post every send, receive,
+    then build the new stage and optimizer. All sends are posted before any receive is waited on, and a stage
+    pair moves layers one way only, so each peer sees one order on both ends and no two ranks wait crosswise."""
+    name, me, bounds = optimizer_config["name"], stage.index, current.stage_bounds
+    held = {layer.index: layer for layer in stage.layers}
+    moves = plan_moves(bounds, plan.stage_bounds, info.num_layers)
+    incoming = _materialise([(i, a) for i, a, b in moves if b == me], stage, held, info, bounds, device)
+    outgoing = [_Move(i, me, b, held[i].module, wire_names(held[i].module, set(_tied_names(info, bounds, i, b))))
+                for i, a, b in moves if a == me]
+    sends = _send(outgoing, mesh, optimizer, name, device)
+    _post_receives(incoming, mesh, name, device)
+    events = _wait_received(incoming, plan, done, decided)
+    for _, work in sends:
+        work.wait()
+    new_stage, new_optimizer = _rebuild(stage, optimizer, plan, held, incoming, info, optimizer_config)
+    return Applied(new_stage, new_optimizer, events)
+
+
+def _tied_names(info: ModelInfo, bounds: Sequence[Sequence[int]], index: int, at_stage: int) -> dict[str, str]:
+    """Local name -> shared name of layer `index`'s tied parameters that stage `at_stage` already holds under
+    `bounds` (through another of its layers): they never travel."""
+    meta_params = dict(info.model.named_parameters())
+    out = {}
+    for shared in info.dec.shared:
+        if index in shared.layers and at_stage in {stage_of(bounds, j) for j in shared.layers if j != index}:
+            p = meta_params[shared.name]
+            out[next(n for n, q in info.dec.layers[index].module.named_parameters() if q is p)] = shared.name
+    return out
+
+
+def _shared_here(info: ModelInfo, held: dict[int, Layer]) -> dict[str, nn.Parameter]:
+    """This stage's real Parameter for every shared parameter it holds (an arriving layer reuses it)."""
+    meta_params = dict(info.model.named_parameters())
+    out = {}
+    for shared in info.dec.shared:
+        holders = [i for i in shared.layers if i in held]
+        if holders:
+            local = next(n for n, p in info.dec.layers[holders[0]].module.named_parameters()
+                         if p is meta_params[shared.name])
+            out[shared.name] = dict(held[holders[0]].module.named_parameters())[local]
+    return out
+
+
+def _materialise(arriving: list[tuple[int, int]], stage: Stage, held: dict[int, Layer], info: ModelInfo,
+                 bounds: Sequence[Sequence[int]], device: torch.device) -> list[_Move]:
+    """Moves for the (layer, source stage) pairs arriving here: each module copied from the meta model and
+    materialised on the device (received straight into), its tied parameters this stage's own."""
+    shared = _shared_here(info, held)
+    out = []
+    for layer, source in arriving:
+        module = copy.deepcopy(info.dec.layers[layer].module).to_empty(device=device)
+        module.train(stage.layers[0].module.training)
+        skip = _tied_names(info, bounds, layer, stage.index)
+        for local, shared_name in skip.items():
+            _set_parameter(module, local, shared[shared_name])
+        out.append(_Move(layer, source, stage.index, module, wire_names(module, set(skip))))
+    return out
 
 
 def _set_parameter(module: nn.Module, name: str, parameter: nn.Parameter) -> None:
@@ -332,110 +411,66 @@ def _irecv(tensors: list[Tensor], peer: int, group: object, tag: int) -> list[An
     return [dist.irecv(t, src=peer, group=group, tag=tag + k) for k, t in enumerate(tensors) if t.numel()]
 
 
-def apply_plan(trainer: Trainer, plan: Plan, done: int, decided: float) -> list[dict[str, Any]]:
-    """Migrate layers and switch policies to `plan` on this rank; returns the events to report."""
-    config: WorkerConfig = trainer.config
-    stage: Stage = trainer.stage
-    comms, device, info = trainer.comms, trainer.device, trainer.info
-    optimizer, name = trainer.optimizer, config.optimizer["name"]
-    me, r = stage.index, config.replica_index
-    moves = [_Move(i, a, b) for i, a, b in plan_moves(trainer.stage_bounds, plan.stage_bounds, info.num_layers)]
-    held = {layer.index: layer for layer in stage.layers}
-    # This stage's real Parameter for every shared parameter it holds (the target reuses it, it never travels).
-    shared_here: dict[str, nn.Parameter] = {}
-    meta_params = dict(info.model.named_parameters())
-    for shared in info.dec.shared:
-        holders = [i for i in shared.layers if i in held]
-        if holders:
-            local = next(n for n, p in info.dec.layers[holders[0]].module.named_parameters()
-                         if p is meta_params[shared.name])
-            shared_here[shared.name] = dict(held[holders[0]].module.named_parameters())[local]
-
-    def skipped(index: int, at_stage: int) -> dict[str, str]:
-        """Local name -> shared name of the layer's tied parameters that stage `at_stage` holds (old bounds)."""
-        out = {}
-        for shared in info.dec.shared:
-            if index in shared.layers and at_stage in {stage_of(trainer.stage_bounds, j) for j in shared.layers
-                                                       if j != index}:
-                p = meta_params[shared.name]
-                out[next(n for n, q in info.dec.layers[index].module.named_parameters() if q is p)] = shared.name
-        return out
-
-    sends: list[Any] = []
-    outgoing = [m for m in moves if m.source == me]
-    incoming = [m for m in moves if m.target == me]
-    for m in incoming:  # materialise the module from the meta model, receive straight into it
-        module = copy.deepcopy(info.dec.layers[m.layer].module).to_empty(device=device)
-        module.train(stage.layers[0].module.training)
-        skip = skipped(m.layer, me)
-        for local, shared_name in skip.items():
-            _set_parameter(module, local, shared_here[shared_name])
-        m.module, m.names = module, wire_names(module, set(skip))
+def _send(outgoing: list[_Move], mesh: Mesh, optimizer: torch.optim.Optimizer, optimizer_name: str,
+          device: torch.device) -> list[tuple[Tensor, Any]]:
+    """Post phase 1 (header, parameters, buffers) of every outgoing layer, then phase 2 (optimizer state)."""
+    sends: list[tuple[Tensor, Any]] = []
     for m in outgoing:
-        m.module = held[m.layer].module
-        m.names = wire_names(m.module, set(skipped(m.layer, m.target)))
-    # Phase 1: header, parameters, buffers; the same order on both ends.
-    for m in moves:
-        if me not in (m.source, m.target):
-            continue
-        assert m.module is not None and m.names is not None
-        other = m.target if m.source == me else m.source
-        group, peer = comms.pair_group(other), config.rank_of(other, r)
-        tag = m.layer * TAG_STRIDE
-        if m.source == me:
-            m.header = state_header(m.module, m.names, optimizer, device)
-            tensors = [m.header] + first_tensors(m.module, m.names)
-            sends += _isend(tensors, peer, group, tag)
-        else:
-            m.header = torch.empty((len(m.names), 2), dtype=torch.int64, device=device)
-            m.phase1 = first_tensors(m.module, m.names)
-            m.works = _irecv([m.header], peer, group, tag)  # waited alone before phase 2
-            m.works += _irecv(m.phase1, peer, group, tag + 1)
-    # Phase 2: optimizer state of the parameters flagged in the header.
-    for m in moves:
-        if me not in (m.source, m.target):
-            continue
-        assert m.module is not None and m.names is not None and m.header is not None
-        other = m.target if m.source == me else m.source
-        group, peer = comms.pair_group(other), config.rank_of(other, r)
-        tag = m.layer * TAG_STRIDE + 1 + len(m.names) + len(list(m.module.buffers()))
-        if m.source == me:
-            sends += _isend(state_tensors(m.module, m.names, m.header, optimizer, name), peer, group, tag)
-        else:
-            assert m.works is not None and m.phase1 is not None
-            if m.names:  # the header decides what follows (a gloo work must be waited only once)
-                m.works.pop(0).wait()
-            m.state = empty_state(m.module, m.names, m.header, name)
-            m.works += _irecv(m.state, peer, group, tag)
+        m.header = state_header(m.module, m.names, optimizer, device)
+        tensors = [m.header] + first_tensors(m.module, m.names)
+        sends += _isend(tensors, mesh.peer("pp", m.target), mesh.migration_group(m.target), m.layer * TAG_STRIDE)
+    for m in outgoing:
+        assert m.header is not None
+        tensors = state_tensors(m.module, m.names, m.header, optimizer, optimizer_name)
+        sends += _isend(tensors, mesh.peer("pp", m.target), mesh.migration_group(m.target), m.state_tag)
+    return sends
+
+
+def _post_receives(incoming: list[_Move], mesh: Mesh, optimizer_name: str, device: torch.device) -> None:
+    """Post phase 1 of every incoming layer; then, as each header arrives, its phase 2 (the header says which
+    parameters have optimizer state)."""
+    for m in incoming:
+        group, peer, tag = mesh.migration_group(m.source), mesh.peer("pp", m.source), m.layer * TAG_STRIDE
+        m.header = torch.empty((len(m.names), 2), dtype=torch.int64, device=device)
+        m.phase1 = first_tensors(m.module, m.names)
+        m.works = _irecv([m.header], peer, group, tag)  # waited alone before phase 2
+        m.works += _irecv(m.phase1, peer, group, tag + 1)
+    for m in incoming:
+        assert m.header is not None
+        if m.names:  # (an empty header never travels; a gloo work must be waited only once)
+            m.works.pop(0).wait()
+        m.state = empty_state(m.module, m.names, m.header, optimizer_name)
+        m.works += _irecv(m.state, mesh.peer("pp", m.source), mesh.migration_group(m.source), m.state_tag)
+
+
+def _wait_received(incoming: list[_Move], plan: Plan, done: int, decided: float) -> list[dict[str, Any]]:
+    """Wait for every incoming layer, in layer order; one "migration" event each."""
     events = []
     for m in incoming:
-        assert m.works is not None and m.phase1 is not None and m.state is not None
+        assert m.header is not None
         for work in m.works:
             work.wait()
-        m.bytes = sum(t.numel() * t.element_size() for t in [m.header, *m.phase1, *m.state])
+        nbytes = sum(t.numel() * t.element_size() for t in [m.header, *m.phase1, *m.state])
         events.append({"event": "migration", "layer_index": m.layer, "from_stage": m.source, "to_stage": m.target,
-                       "bytes": m.bytes, "duration_s": time.perf_counter() - decided, "iteration": done,
+                       "bytes": nbytes, "duration_s": time.perf_counter() - decided, "iteration": done,
                        "plan_version": plan.version})
-    for _, work in sends:
-        work.wait()
-    # The new stage, its optimizer (kept state by identity, received state installed), and the comms' view.
-    begin, end = plan.stage_bounds[me]
-    arrived = {m.layer: m for m in incoming}
-    layers: list[Layer] = []
-    for i in range(begin, end):
-        if i in held:
-            layers.append(held[i])
-        else:
-            module = arrived[i].module
-            assert module is not None
-            layers.append(replace(info.dec.layers[i], module=module))
+    return events
+
+
+def _rebuild(stage: Stage, optimizer: torch.optim.Optimizer, plan: Plan, held: dict[int, Layer],
+             incoming: list[_Move], info: ModelInfo,
+             optimizer_config: dict[str, Any]) -> tuple[Stage, torch.optim.Optimizer]:
+    """The new stage (the source drops what it sent) and its optimizer: rebuilt over the new parameter list,
+    kept parameters' state carried by identity, received state installed."""
+    begin, end = plan.stage_bounds[stage.index]
+    arrived = {m.layer: m.module for m in incoming}
+    layers = [held[i] if i in held else replace(info.dec.layers[i], module=arrived[i]) for i in range(begin, end)]
     new_stage = restage(stage, info, plan.stage_bounds, layers, plan.checkpoint_layers, plan.swap_layers)
-    new_optimizer = make_optimizer(new_stage.parameters(), config.optimizer)
+    new_optimizer = make_optimizer(new_stage.parameters(), optimizer_config)
     for p in new_stage.parameters():
         if p in optimizer.state:
             new_optimizer.state[p] = optimizer.state[p]
     for m in incoming:
-        assert m.module is not None and m.names is not None and m.header is not None and m.state is not None
-        install_state(m.module, m.names, m.header, m.state, new_optimizer, name)
-    trainer.install(new_stage, new_optimizer, plan)
-    return events
+        assert m.header is not None
+        install_state(m.module, m.names, m.header, m.state, new_optimizer, optimizer_config["name"])
+    return new_stage, new_optimizer

@@ -25,9 +25,10 @@ import torch
 import torch.distributed as dist
 
 from services.executor.train import checkpoint as ckpt
-from services.executor.train.comms import BACKWARD, FORWARD, Comms, Pending
+from services.executor.train.comms import Comms, Pending
 from services.executor.train.config import WorkerConfig
 from services.executor.train.data import batch_for, dropout_seed, sample_range
+from services.executor.train.mesh import BACKWARD, FORWARD
 from services.executor.train.migration import Agreement, Plan, PlanInbox, apply_plan
 from services.executor.train.schedule import tasks
 from services.executor.train.stage import Stage
@@ -67,7 +68,7 @@ class Trainer:
         self.order = tasks(config.schedule, config.num_stages, stage.index, config.num_micro_batches)
         self.should_stop = should_stop
         self.plan: Plan = inbox.initial
-        self.agreement = Agreement(getattr(comms, "control_group", None))
+        self.agreement = Agreement(comms.mesh.control)
 
     @property
     def plan_version(self) -> int:
@@ -78,7 +79,7 @@ class Trainer:
         return self.plan.stage_bounds
 
     def install(self, stage: Stage, optimizer: torch.optim.Optimizer, plan: Plan) -> None:
-        """Switch to a re-planned stage (migration.apply_plan): layers, optimizer, the comms' view."""
+        """Switch to a re-planned stage (what migration.apply_plan returns): layers, optimizer, the comms' view."""
         self.stage, self.optimizer, self.plan = stage, optimizer, plan
         self.parameters = stage.parameters()
         self.comms.stage = stage
@@ -260,7 +261,10 @@ class Trainer:
             return
         decided = time.perf_counter()
         plan = self.inbox.get(agreed)
-        for event in apply_plan(self, plan, done, decided):
+        applied = apply_plan(self.stage, self.optimizer, self.plan, plan, mesh=self.comms.mesh, info=self.info,
+                             optimizer_config=self.config.optimizer, device=self.device, done=done, decided=decided)
+        self.install(applied.stage, applied.optimizer, plan)
+        for event in applied.events:
             report({**event, **head})
         report({"event": "plan_applied", **head, **plan.describe(), "iteration": done,
                 "layers": self.stage.layer_indices, "apply_s": time.perf_counter() - decided})

@@ -57,6 +57,7 @@ import torch.distributed as dist
 from services.executor.train import checkpoint as ckpt
 from services.executor.train.comms import Comms
 from services.executor.train.config import WorkerConfig
+from services.executor.train.mesh import Mesh
 from services.executor.train.migration import Plan, PlanInbox, read_commands
 from services.executor.train.stage import build_stage, make_optimizer, model_info
 from services.executor.train.trainer import Report, Stopped, Trainer
@@ -95,7 +96,8 @@ def run(config: WorkerConfig, report: Report, should_stop: Callable[[], bool] | 
     dist.init_process_group(config.backend, init_method=config.init_method, rank=config.rank,
                             world_size=config.world_size, timeout=timedelta(seconds=config.timeout_s))
     try:
-        comms = Comms(config, stage, device)
+        mesh = Mesh(config.dims, config.rank, device.type, tied_sets=stage.tied_sets, online=config.online)
+        comms = Comms(mesh, stage, device)
         trainer = Trainer(config, stage, optimizer, comms, device, should_stop or (lambda: False), inbox)
         trainer.train(start, head, report)
     except Stopped as e:

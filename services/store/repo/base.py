@@ -118,8 +118,10 @@ class RepositoryBase:
         *,
         now: Callable[[], datetime] = utc_now,
         allowed_factories: Iterable[str] = (),
+        sql_engine: sa.Engine | None = None,
     ):
         self.engine = engine
+        self.sql_engine = sql_engine or engine  # what the admin's read-only SQL runs on
         self.now = now
         self.allowed_factories = tuple(allowed_factories)
         self._writes = session_factory(engine)

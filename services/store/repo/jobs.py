@@ -9,12 +9,12 @@ from sqlalchemy.orm import Session
 from ballast.v1 import job_pb2, store_pb2
 from services.runtime.auth import Principal
 from services.runtime.errors import AlreadyExists, FailedPrecondition, InvalidArgument
+from services.specs.model import validate_job_spec
 from services.store import job_states
 from services.store import models as m
 from services.store.convert import enum_name, from_json, shared_fields, to_json
 from services.store.repo.base import decode_token, encode_token, fit, int64, new_id, page_size
 from services.store.repo.profiles import ModelStore
-from services.store.validation import validate_job_spec
 
 
 def job_pb(row: m.Job) -> job_pb2.Job:

@@ -9,10 +9,10 @@ from sqlalchemy.orm import Session, selectinload
 from ballast.v1 import common_pb2, fleet_pb2, model_pb2, profile_pb2, store_pb2
 from services.runtime.auth import Principal
 from services.runtime.errors import AlreadyExists, InvalidArgument
+from services.specs.model import model_signature, validate_model_spec
 from services.store import models as m
 from services.store.convert import enum_name, from_json, shared_fields, to_json
 from services.store.repo.base import RepositoryBase, fit, new_id
-from services.store.validation import model_signature, validate_model_spec
 
 PROFILE_LOAD = (selectinload(m.Profile.layers).selectinload(m.ProfileLayer.samples),)
 PROFILE_SET_BY_STORE = ("id", "tenant_id", "model_id", "model_signature")

@@ -63,7 +63,12 @@ class TenantStore(RepositoryBase):
             rows, token = self._page(s, sa.select(m.Tenant).order_by(m.Tenant.created_at, m.Tenant.id), req.page)
             return store_pb2.ListTenantsResponse(tenants=[tenant_pb(r) for r in rows], next_page_token=token)
 
-    def authenticate(self, token: str) -> Principal:
+    def authenticate(self, p: Principal, req: store_pb2.AuthenticateRequest) -> common_pb2.Principal:
+        """The Authenticate RPC: other services' auth hooks resolve their callers' tokens here."""
+        found = self.principal_for_token(req.token)
+        return common_pb2.Principal(tenant_id=found.tenant_id, tenant_name=found.tenant_name, admin=found.admin)
+
+    def principal_for_token(self, token: str) -> Principal:
         """Resolve a bearer token; only its hash is compared, the token itself is never stored."""
         if not token:
             raise Unauthenticated("no bearer token", fix=UNAUTHENTICATED_FIX)

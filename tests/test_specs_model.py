@@ -1,15 +1,18 @@
-"""ModelSpec/JobSpec validation: each rule refuses with the proto path of the bad field."""
+"""Model spec files load; ModelSpec/JobSpec validation: each rule refuses with the proto path of the bad field."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from ballast.v1 import fleet_pb2, job_pb2, model_pb2
 from services.runtime.errors import InvalidArgument
-from services.store.validation import model_signature, validate_job_spec, validate_model_spec
+from services.specs.model import load_model_spec, model_signature, validate_job_spec, validate_model_spec
 
 F = model_pb2.ModelFamily
 FACTORY = "mypkg.models:build"
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 def transformer(family: int = F.MODEL_FAMILY_GPT, **kw) -> model_pb2.ModelSpec:
@@ -132,3 +135,14 @@ def test_signature_ignores_name_only():
     c1.custom.kwargs.update({"a": 1, "b": 2})
     c2.custom.kwargs.update({"b": 2, "a": 1})
     assert model_signature(c1) == model_signature(c2)
+
+
+def test_every_example_model_spec_loads_and_validates():
+    paths = [p for p in sorted(EXAMPLES.glob("*.yaml")) if not p.name.startswith("fleet-")]
+    assert any(p.name == "gpt-tiny.yaml" for p in paths)
+    for path in paths:
+        spec = load_model_spec(path)
+        assert spec.name, path
+        validate_model_spec(spec)
+    tiny = load_model_spec(EXAMPLES / "gpt-tiny.yaml")
+    assert tiny.family == F.MODEL_FAMILY_GPT and tiny.transformer.num_layers == 4 and tiny.transformer.tie_embeddings

@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ballast.v1 import queue_pb2, store_pb2, store_pb2_grpc
+from ballast.v1 import queue_pb2, store_pb2
 from services.runtime.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
-from services.runtime.remote import call
+from services.runtime.store_api import Store
 
 log = logging.getLogger("ballast.queue")
 
@@ -41,7 +41,7 @@ class Task:
     """
 
     request: queue_pb2.QueuedRequest
-    store: store_pb2_grpc.StoreServiceStub
+    store: Store
     lease_lost: threading.Event
     profiler: Any = None
 
@@ -58,43 +58,36 @@ def _echo(payload: dict[str, Any], task: Task) -> dict[str, Any]:
     return {"text": str(payload.get("text", "")), "worker_pid": os.getpid()}
 
 
-def _plan(payload: dict[str, Any], task: Task) -> dict[str, Any]:
-    """A plan search (services/planner/plans.py); imported on first use, as the search pulls in numpy."""
-    from services.planner.plans import run_plan
-
-    return run_plan(payload, task)
+# The handlers this process runs, by request kind. The queue knows none but its own diagnostic: the
+# Celery app (services/planner/celery_app.py) registers the planner's, so this module imports none of them.
+HANDLERS: dict[str, Handler] = {"diagnostic.echo": _echo}
 
 
-def _prepare(payload: dict[str, Any], task: Task) -> dict[str, Any]:
-    """A submitted job's profile and plan (services/planner/prepare.py)."""
-    from services.planner.prepare import prepare_job
-
-    return prepare_job(payload, task)
-
-
-HANDLERS: dict[str, Handler] = {"diagnostic.echo": _echo, "planner.plan": _plan, "jobs.prepare": _prepare}
+def register(kind: str, handler: Handler) -> None:
+    """Make `kind` a request this process accepts and runs (idempotent for the same handler)."""
+    known = HANDLERS.get(kind)
+    if known is not None and known is not handler:
+        raise ValueError(f"request kind {kind!r} already has a handler ({known.__qualname__})")
+    HANDLERS[kind] = handler
 
 
-def submit(store: store_pb2_grpc.StoreServiceStub, kind: str, payload: dict[str, Any], send: Send,
+def submit(store: Store, kind: str, payload: dict[str, Any], send: Send,
            max_attempts: int = 3) -> queue_pb2.QueuedRequest:
     """Store the request (deduplicated by content) and, if it is new, put its id on the broker."""
     if kind not in HANDLERS:
         raise InvalidArgument(f"unknown request kind {kind!r}", field="kind", fix=f"use one of {sorted(HANDLERS)}")
-    reply = call(
-        store.EnqueueRequest,
-        store_pb2.EnqueueRequestRequest(kind=kind, payload_json=json.dumps(payload, sort_keys=True),
-                                        max_attempts=max_attempts),
-    )
+    reply = store.enqueue_request(store_pb2.EnqueueRequestRequest(
+        kind=kind, payload_json=json.dumps(payload, sort_keys=True), max_attempts=max_attempts))
     if reply.created:
         send(reply.request.id)
     return reply.request
 
 
-def sweep_once(store: store_pb2_grpc.StoreServiceStub, send: Send, requeue_unclaimed_s: float = 0.0,
+def sweep_once(store: Store, send: Send, requeue_unclaimed_s: float = 0.0,
                limit: int = 100) -> int:
     """Re-enqueue requests whose lease expired (their worker died or hung) and, after
     `requeue_unclaimed_s`, requests nobody claimed (a lost broker message). Returns how many."""
-    reply = call(store.ReapExpiredLeases, store_pb2.ReapExpiredLeasesRequest(
+    reply = store.reap_expired_leases(store_pb2.ReapExpiredLeasesRequest(
         limit=limit, queued_stale_s=requeue_unclaimed_s))
     for request in reply.requests:
         log.warning("re-enqueueing", extra={"request_id": request.id, "attempts": request.attempts})
@@ -105,7 +98,7 @@ def sweep_once(store: store_pb2_grpc.StoreServiceStub, send: Send, requeue_uncla
 class Sweeper(threading.Thread):
     """Runs sweep_once every `interval_s` until stopped; failures are logged and retried."""
 
-    def __init__(self, store: store_pb2_grpc.StoreServiceStub, send: Send, interval_s: float,
+    def __init__(self, store: Store, send: Send, interval_s: float,
                  requeue_unclaimed_s: float = 0.0):
         super().__init__(name="lease-sweeper", daemon=True)
         self._store, self._send, self._interval = store, send, interval_s
@@ -123,11 +116,11 @@ class Sweeper(threading.Thread):
         self._stop.set()
 
 
-def run_request(store: store_pb2_grpc.StoreServiceStub, request_id: str, worker: str, lease_s: float,
+def run_request(store: Store, request_id: str, worker: str, lease_s: float,
                 hold_s: float = 0.0, hold_after_s: float = 0.0, profiler: Any = None) -> queue_pb2.QueuedRequest | None:
     """Claim, run and complete one request. Returns the completed request, or None if not ours to run
     (or left for another attempt after a transient failure: the lease expires and the sweeper re-sends it)."""
-    claim = call(store.ClaimRequest, store_pb2.ClaimRequestRequest(id=request_id, worker=worker,
+    claim = store.claim_request(store_pb2.ClaimRequestRequest(id=request_id, worker=worker,
                                                                   lease_seconds=lease_s))
     if not claim.claimed:
         log.info("not claimed", extra={"request_id": request_id, "state": claim.request.state})
@@ -139,7 +132,7 @@ def run_request(store: store_pb2_grpc.StoreServiceStub, request_id: str, worker:
     def renew() -> None:
         while not done.wait(lease_s / 3):
             try:
-                call(store.RenewLease, store_pb2.RenewLeaseRequest(id=request_id, lease_token=token,
+                store.renew_lease(store_pb2.RenewLeaseRequest(id=request_id, lease_token=token,
                                                                    lease_seconds=lease_s))
             except FailedPrecondition:
                 lost.set()
@@ -179,7 +172,7 @@ def run_request(store: store_pb2_grpc.StoreServiceStub, request_id: str, worker:
     if completion is None:
         return None
     try:
-        return call(store.CompleteRequest, completion)
+        return store.complete_request(completion)
     except FailedPrecondition as exc:
         log.warning("lease lost before completion; result discarded", extra={"request_id": request_id,
                                                                              "why": str(exc)})

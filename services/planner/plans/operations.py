@@ -1,6 +1,6 @@
 """PlannerService logic without grpc: check and queue a plan search, run it on a worker, read plans back.
 
-A search is queued work (queue.py): the servicer checks what is cheap to check (the profile exists and
+A search is queued work (queue/durable.py): the servicer checks what is cheap to check (the profile exists and
 is the caller's, the fleet has devices of the profile's kind) so bad input fails in the call, then
 stores a "planner.plan" request; identical (profile, fleet, options, executors) from one tenant are one
 request, hence one plan. A worker runs `run_plan`, which stores the plan under the request's id as
@@ -11,7 +11,7 @@ tenant can enqueue a request of any kind directly in the store.
 
 WhatIf is the same search run synchronously over the full strategy space and not stored: it answers
 "what would this fleet give" for fleets nobody owns yet, and storing every exploration would bury the
-plans jobs use; Plan stores. make_plan is imported on first use (it pulls in numpy).
+plans jobs use; Plan stores.
 """
 
 from __future__ import annotations
@@ -31,11 +31,12 @@ from ballast.v1 import (
     queue_pb2,
     services_pb2,
     store_pb2,
-    store_pb2_grpc,
 )
-from services.planner import queue
+from services.planner.plans.fleet import executor_dims
+from services.planner.plans.make import PlanInputs, make_plan
+from services.planner.queue import durable
 from services.runtime.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound
-from services.runtime.remote import call, every_page
+from services.runtime.store_api import Store
 
 KIND = "planner.plan"
 MAX_COMPARED = 50
@@ -76,19 +77,6 @@ def check_profile(profile: profile_pb2.Profile, fleet: fleet_pb2.Fleet) -> None:
         )
 
 
-def online_hosts(store: store_pb2_grpc.StoreServiceStub) -> list[fleet_pb2.Host]:
-    """Every executor host the store has ONLINE (all pages)."""
-    request = store_pb2.ListHostsRequest(state=fleet_pb2.HOST_STATE_ONLINE)
-    return [h for page in every_page(store.ListHosts, request) for h in page.hosts]
-
-
-def executor_dims(store: store_pb2_grpc.StoreServiceStub) -> tuple[str, ...]:
-    """Parallel dims every online executor host runs (planning.runnable_dims); none online: ("dp",)."""
-    from services.planner.planning import runnable_dims
-
-    return runnable_dims([list(h.supported_parallelism) for h in online_hosts(store)])
-
-
 def payload_of(request: services_pb2.PlanRequest, dims: tuple[str, ...]) -> dict[str, Any]:
     """The queued request's JSON (its content is the dedupe key). No tenant: the store records the caller."""
     return {
@@ -104,8 +92,6 @@ def payload_of(request: services_pb2.PlanRequest, dims: tuple[str, ...]) -> dict
 
 def inputs_of(payload: dict[str, Any], *, what_if: bool = False):
     """PlanInputs from a payload (or from payload_of a PlanRequest, for WhatIf)."""
-    from services.planner.planning import PlanInputs
-
     return PlanInputs(
         global_batch_size=int(payload.get("global_batch_size", 0)),
         memory_budget_bytes=int(payload.get("memory_budget_bytes", 0)),
@@ -123,43 +109,41 @@ def operation(request: queue_pb2.QueuedRequest) -> services_pb2.PlanOperation:
     return op
 
 
-def submit(store: store_pb2_grpc.StoreServiceStub, request: services_pb2.PlanRequest,
-           send: queue.Send) -> services_pb2.PlanOperation:
+def submit(store: Store, request: services_pb2.PlanRequest,
+           send: durable.Send) -> services_pb2.PlanOperation:
     """Check, then queue the search as the caller (`store` forwards the caller's token): another tenant's
     profile answers NOT_FOUND here, exactly like an unknown one."""
     check_request(request)
-    profile = call(store.GetProfile, store_pb2.GetRequest(id=request.profile_id))
+    profile = store.get_profile(store_pb2.GetRequest(id=request.profile_id))
     check_profile(profile, request.fleet)
-    return operation(queue.submit(store, KIND, payload_of(request, executor_dims(store)), send))
+    return operation(durable.submit(store, KIND, payload_of(request, executor_dims(store)), send))
 
 
-def get_operation(store: store_pb2_grpc.StoreServiceStub, request: store_pb2.GetRequest) -> services_pb2.PlanOperation:
-    queued = call(store.GetQueuedRequest, request)
+def get_operation(store: Store, request: store_pb2.GetRequest) -> services_pb2.PlanOperation:
+    queued = store.get_queued_request(request)
     if queued.kind != KIND:
         raise InvalidArgument(f"request {queued.id} is a {queued.kind!r} request, not a plan search", field="id",
                               fix="use GetQueuedRequest for other requests")
     return operation(queued)
 
 
-def run_plan(payload: dict[str, Any], task: queue.Task) -> dict[str, Any]:
+def run_plan(payload: dict[str, Any], task: durable.Task) -> dict[str, Any]:
     """The worker side: search, then store once under the request's id. Errors from make_plan are final."""
-    from services.planner.planning import make_plan
-
-    profile = call(task.store.GetProfile, store_pb2.GetRequest(id=str(payload.get("profile_id", ""))))
+    profile = task.store.get_profile(store_pb2.GetRequest(id=str(payload.get("profile_id", ""))))
     _check_owner(task.store, profile, task.request.tenant_id)
     fleet = ParseDict(payload.get("fleet", {}), fleet_pb2.Fleet())
     plan = make_plan(profile, fleet, inputs_of(payload))
     if task.lease_lost.is_set():  # another worker runs it now; its CreatePlan would return ours anyway
-        raise queue.LeaseLost()
-    stored = call(task.store.CreatePlan, store_pb2.CreatePlanRequest(plan=plan, request_id=task.request.id))
+        raise durable.LeaseLost()
+    stored = task.store.create_plan(store_pb2.CreatePlanRequest(plan=plan, request_id=task.request.id))
     return {"plan_id": stored.id}
 
 
-def _check_owner(store: store_pb2_grpc.StoreServiceStub, profile: profile_pb2.Profile, tenant_id: str) -> None:
+def _check_owner(store: Store, profile: profile_pb2.Profile, tenant_id: str) -> None:
     """Only the profile's tenant (or the platform admin) may plan it; others learn nothing of it."""
     if profile.tenant_id == tenant_id:
         return
-    if not call(store.GetTenant, store_pb2.GetRequest(id=tenant_id)).admin:
+    if not store.get_tenant(store_pb2.GetRequest(id=tenant_id)).admin:
         raise NotFound(f"profile {profile.id!r} not found", field="profile_id")
 
 
@@ -174,12 +158,10 @@ class WhatIf:
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="what-if")
 
-    def __call__(self, store: store_pb2_grpc.StoreServiceStub, request: services_pb2.PlanRequest,
+    def __call__(self, store: Store, request: services_pb2.PlanRequest,
                  remaining: Deadline) -> plan_pb2.Plan:
-        from services.planner.planning import make_plan
-
         check_request(request)
-        profile = call(store.GetProfile, store_pb2.GetRequest(id=request.profile_id))
+        profile = store.get_profile(store_pb2.GetRequest(id=request.profile_id))
         check_profile(profile, request.fleet)
         inputs = inputs_of(payload_of(request, executor_dims(store)), what_if=True)
         future = self._pool.submit(make_plan, profile, request.fleet, inputs)
@@ -195,13 +177,13 @@ class WhatIf:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def compare(store: store_pb2_grpc.StoreServiceStub,
+def compare(store: Store,
             request: services_pb2.ComparePlansRequest) -> services_pb2.ComparePlansResponse:
     """Headline predictions of stored plans, in the order asked, relative to the fastest that fits."""
     if not 1 <= len(request.plan_ids) <= MAX_COMPARED:
         raise InvalidArgument(f"{len(request.plan_ids)} plan ids", field="plan_ids",
                               fix=f"send 1 to {MAX_COMPARED} plan ids")
-    plans = [call(store.GetPlan, store_pb2.GetRequest(id=plan_id)) for plan_id in request.plan_ids]
+    plans = [store.get_plan(store_pb2.GetRequest(id=plan_id)) for plan_id in request.plan_ids]
     fitting = [p for p in plans if not p.prediction.out_of_memory]
     best = max(fitting, key=lambda p: p.prediction.throughput_samples_per_s, default=None)
     top = best.prediction.throughput_samples_per_s if best else 0.0

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from ballast.v1 import common_pb2, fleet_pb2
-from services.planner.fleet_file import FleetFileError, fleet_from_dict, load_fleet
-from services.profiler import catalog
 from services.runtime.errors import InvalidArgument
+from services.specs import catalog
+from services.specs.fleet import FleetFileError, fleet_from_dict, load_fleet
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 GiB = 2**30

@@ -1,9 +1,10 @@
 """Device and link catalog, so the planner can price a fleet that is not at hand.
 
 Every figure is a vendor peak (datasheet or whitepaper) and names its source next to it. Peaks are
-what the hardware could do, not what training achieves: projection (projection.py) calibrates the
-achieved fraction from a measured profile, and measured link samples (CommCalibration) override the
-nominal link rows here. Pure Python on purpose: the planner imports it and must not load torch.
+what the hardware could do, not what training achieves: projection (services/profiler/projection.py)
+calibrates the achieved fraction from a measured profile, and measured link samples (CommCalibration)
+override the nominal link rows here. Pure Python on purpose: the planner and the CLI import it (through
+fleet files) and must not load torch.
 
 Units: memory in bytes (datasheet "GB" of GPU memory is read as GiB, 2**30, the way the drivers
 count it; the CUDA context and ECC reserve part of it), bandwidth in bytes/s (decimal, as quoted),

@@ -1,5 +1,7 @@
-"""Validation of ModelSpec and JobSpec, independent of transport.
+"""Model specs: loading a spec file, and validation of ModelSpec and JobSpec, independent of transport.
 
+The CLI loads spec files here; the store validates what it stores, the profiler what it measures and
+the zoo what it builds, all with the same rules and the same signature (equal models share profiles).
 Errors name the proto path of the offending field ("spec.model.transformer.num_heads") and how
 to fix it, so the CLI can point at the exact line of a user's spec file.
 """
@@ -10,6 +12,10 @@ import hashlib
 import math
 import re
 from collections.abc import Iterable
+from pathlib import Path
+
+import yaml
+from google.protobuf.json_format import ParseDict
 
 from ballast.v1 import job_pb2, model_pb2
 from services.runtime.errors import InvalidArgument
@@ -27,6 +33,11 @@ _DOTTED = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
 FACTORY_RE = re.compile(rf"^{_DOTTED}:{_DOTTED}$")
 ALLOWED_FACTORIES_FIX = "ask the platform operator to add it to BALLAST_ALLOWED_MODEL_FACTORIES"
 OPTIMIZERS = ("", "adam", "sgd")
+
+
+def load_model_spec(path: Path) -> model_pb2.ModelSpec:
+    """A ModelSpec from YAML (field names as in the proto; enums by name); JSON is YAML too."""
+    return ParseDict(yaml.safe_load(path.read_text()), model_pb2.ModelSpec())
 
 
 def _positive(msg, names: Iterable[str], prefix: str) -> None:

@@ -5,50 +5,50 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
-from ballast.v1 import job_pb2, services_pb2, store_pb2, store_pb2_grpc
-from services.planner import queue
+from ballast.v1 import job_pb2, services_pb2, store_pb2
+from services.planner.jobs.prepare import KIND as PREPARE
+from services.planner.queue import durable
 from services.runtime.errors import FailedPrecondition, InvalidArgument
-from services.runtime.remote import call
+from services.runtime.store_api import Store
 
-PREPARE = "jobs.prepare"
 TERMINAL = {job_pb2.JOB_STATE_SUCCEEDED, job_pb2.JOB_STATE_FAILED, job_pb2.JOB_STATE_CANCELLED}
 
 
-def submit(store: store_pb2_grpc.StoreServiceStub, request: services_pb2.SubmitJobRequest,
-           send: queue.Send) -> job_pb2.Job:
+def submit(store: Store, request: services_pb2.SubmitJobRequest,
+           send: durable.Send) -> job_pb2.Job:
     """Store the job, its model and its SUBMITTED event in one store transaction (validated there), then
-    queue its preparation (profile and plan, services/planner/prepare.py) as the caller. A job whose
+    queue its preparation (profile and plan, services/planner/jobs/prepare.py) as the caller. A job whose
     preparation could not be queued is failed with the reason rather than left waiting for nothing."""
     if not request.HasField("spec"):
         raise InvalidArgument("required", field="spec", fix="send a JobSpec with model, global_batch_size, iterations")
-    job = call(store.CreateJob, store_pb2.CreateJobRequest(spec=request.spec))
+    job = store.create_job(store_pb2.CreateJobRequest(spec=request.spec))
     try:
-        queue.submit(store, PREPARE, {"job_id": job.id}, send)
+        durable.submit(store, PREPARE, {"job_id": job.id}, send)
     except Exception as exc:
-        call(store.TransitionJob, store_pb2.TransitionJobRequest(
+        store.transition_job(store_pb2.TransitionJobRequest(
             id=job.id, state=job_pb2.JOB_STATE_FAILED, expected_state=job_pb2.JOB_STATE_SUBMITTED,
             message=f"could not queue the job's preparation: {exc}", event_type="FAILED"))
         raise
     return job
 
 
-def watch(store: store_pb2_grpc.StoreServiceStub, job_id: str, after_seq: int,
+def watch(store: Store, job_id: str, after_seq: int,
           active: Callable[[], bool], poll_s: float = 0.5) -> Iterator[job_pb2.JobEvent]:
     """Replay events after `after_seq`, then follow new ones until the job is terminal and drained."""
     if not job_id:
         raise InvalidArgument("required", field="job_id")
     seq = after_seq
     while active():
-        page = call(store.ListJobEvents, store_pb2.ListJobEventsRequest(job_id=job_id, after_seq=seq))
+        page = store.list_job_events(store_pb2.ListJobEventsRequest(job_id=job_id, after_seq=seq))
         for event in page.events:
             seq = event.seq
             yield event
         if page.next_page_token:
             continue
         # The terminal transition commits with its event, so a drain after seeing it misses nothing.
-        if call(store.GetJob, store_pb2.GetRequest(id=job_id)).state in TERMINAL:
+        if store.get_job(store_pb2.GetRequest(id=job_id)).state in TERMINAL:
             while True:
-                page = call(store.ListJobEvents, store_pb2.ListJobEventsRequest(job_id=job_id, after_seq=seq))
+                page = store.list_job_events(store_pb2.ListJobEventsRequest(job_id=job_id, after_seq=seq))
                 for event in page.events:
                     seq = event.seq
                     yield event
@@ -57,16 +57,14 @@ def watch(store: store_pb2_grpc.StoreServiceStub, job_id: str, after_seq: int,
         time.sleep(poll_s)
 
 
-def cancel(store: store_pb2_grpc.StoreServiceStub, request: services_pb2.CancelJobRequest) -> job_pb2.Job:
+def cancel(store: Store, request: services_pb2.CancelJobRequest) -> job_pb2.Job:
     """A job nobody runs yet is cancelled at once; a running one goes to CANCELLING for its executors."""
-    job = call(store.GetJob, store_pb2.GetRequest(id=request.job_id))
+    job = store.get_job(store_pb2.GetRequest(id=request.job_id))
     if job.state in TERMINAL:
         raise FailedPrecondition(
             f"job is already {job_pb2.JobState.Name(job.state)}", field="job_id", fix="nothing to cancel"
         )
     target = job_pb2.JOB_STATE_CANCELLED if job.state == job_pb2.JOB_STATE_SUBMITTED else job_pb2.JOB_STATE_CANCELLING
-    return call(
-        store.TransitionJob,
-        store_pb2.TransitionJobRequest(id=job.id, state=target, expected_state=job.state,
-                                       message=request.reason or "cancelled by user", event_type="CANCEL_REQUESTED"),
-    )
+    return store.transition_job(store_pb2.TransitionJobRequest(
+        id=job.id, state=target, expected_state=job.state, message=request.reason or "cancelled by user",
+        event_type="CANCEL_REQUESTED"))

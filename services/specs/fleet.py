@@ -1,6 +1,6 @@
 """Fleet files: a homogeneous fleet in YAML, for what-if planning and for `ballast` commands.
 
-Device and link figures come from the catalog (services/profiler/catalog.py); the file only names
+Device and link figures come from the catalog (services/specs/catalog.py); the file only names
 them, so one correction there fixes every fleet. Format (units are in the key names)::
 
     # 8x RTX TITAN 24 GB on one PCIe 3.0 host (Galvatron-BMW's testbed)
@@ -39,8 +39,8 @@ from typing import Any
 import yaml
 
 from ballast.v1 import fleet_pb2
-from services.profiler import catalog
 from services.runtime.errors import InvalidArgument
+from services.specs import catalog
 
 KEYS = (
     "name",
@@ -59,7 +59,7 @@ LINK_KEYS = ("kind", "bandwidth_gbytes_per_s", "bandwidth_gbits_per_s", "latency
 LINK_KINDS = {name.removeprefix("LINK_KIND_").lower(): value for name, value in fleet_pb2.LinkKind.items() if value}
 
 
-_LINK_FIX = f"a catalog link ({', '.join(catalog.LINKS)}) or an inline mapping (see services/planner/fleet_file.py)"
+_LINK_FIX = f"a catalog link ({', '.join(catalog.LINKS)}) or an inline mapping (see services/specs/fleet.py)"
 
 
 class FleetFileError(InvalidArgument, ValueError):

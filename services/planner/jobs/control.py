@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from ballast.v1 import executor_pb2, fleet_pb2, store_pb2, store_pb2_grpc
+from ballast.v1 import executor_pb2, fleet_pb2, store_pb2
 from services.runtime.auth import Principal
 from services.runtime.errors import (
     Cancelled,
@@ -22,7 +22,7 @@ from services.runtime.errors import (
     ResourceExhausted,
     Unavailable,
 )
-from services.runtime.remote import call
+from services.runtime.store_api import Store
 from services.runtime.streams import BidiSession
 
 log = logging.getLogger("ballast.control")
@@ -38,7 +38,7 @@ TRANSIENT = (Unavailable, DeadlineExceeded, ResourceExhausted, Cancelled)
 
 
 class AgentRegistry:
-    def __init__(self, store: store_pb2_grpc.StoreServiceStub, heartbeat_interval_s: float = 2.0,
+    def __init__(self, store: Store, heartbeat_interval_s: float = 2.0,
                  listener: Listener | None = None):
         self._store = store
         self._interval = heartbeat_interval_s
@@ -76,7 +76,7 @@ class AgentRegistry:
         # One agent's registration and its old stream's farewell are serialized: a farewell landing after a
         # reconnect's registration would otherwise mark a connected host OFFLINE.
         with self._host_lock(name):
-            host = call(self._store.RegisterHost, store_pb2.RegisterHostRequest(host=first.register.host))
+            host = self._store.register_host(store_pb2.RegisterHostRequest(host=first.register.host))
             host_id = host.id
             session = self._register(host, inbound, name)
         session.send(executor_pb2.PlannerMessage(
@@ -108,7 +108,7 @@ class AgentRegistry:
             # Workers' stats ride on heartbeats, one per iteration: liveness is written once per interval.
             if kind == "heartbeat" and time.monotonic() - beat[0] >= self._interval / 2:
                 beat[0] = time.monotonic()
-                call(self._store.UpdateHostState, store_pb2.UpdateHostStateRequest(
+                self._store.update_host_state(store_pb2.UpdateHostStateRequest(
                     id=host_id, state=fleet_pb2.HOST_STATE_ONLINE, heartbeat=True))
             elif kind == "ack":
                 log.info("ack", extra={"host_id": host_id, "instruction_id": message.ack.instruction_id,
@@ -130,7 +130,7 @@ class AgentRegistry:
                 if not current:
                     return  # replaced by a newer stream from the same agent: the host is still online
                 try:
-                    call(self._store.UpdateHostState, store_pb2.UpdateHostStateRequest(
+                    self._store.update_host_state(store_pb2.UpdateHostStateRequest(
                         id=host_id, state=fleet_pb2.HOST_STATE_OFFLINE))
                 except Exception:  # noqa: BLE001 - the store may be down; the host will look stale instead
                     log.warning("could not mark host offline", extra={"host_id": host_id})

@@ -22,14 +22,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ballast.v1 import executor_pb2, job_pb2, plan_pb2, store_pb2, store_pb2_grpc
-from services.planner.assign import backend_for, place
-from services.planner.jobs import TERMINAL
+from ballast.v1 import executor_pb2, job_pb2, plan_pb2, store_pb2
+from services.planner.jobs.assign import backend_for, place
+from services.planner.jobs.lifecycle import TERMINAL
+from services.planner.jobs.rebalance import Rebalancer
 from services.planner.online import OnlineOptions
-from services.planner.plans import online_hosts
-from services.planner.rebalance import Rebalancer
+from services.planner.plans.fleet import online_hosts
 from services.runtime.errors import BallastError, FailedPrecondition
-from services.runtime.remote import call, every_page
+from services.runtime.store_api import Store, every_page
 
 log = logging.getLogger("ballast.scheduler")
 S = job_pb2.JobState
@@ -65,7 +65,7 @@ class Running:
 
 
 class Scheduler:
-    def __init__(self, store: store_pb2_grpc.StoreServiceStub, send: Send, connected: Callable[[], list[str]],
+    def __init__(self, store: Store, send: Send, connected: Callable[[], list[str]],
                  checkpoint_root: Path, *, interval_s: float = 0.5, assign_wait_s: float = 20.0,
                  process_group_timeout_s: int = 60, online: OnlineOptions | None = None):
         self._store, self._send, self._connected = store, send, connected
@@ -116,17 +116,17 @@ class Scheduler:
     def rebalance(self) -> None:
         for job_id in self.rebalancer.due():
             try:
-                self.rebalancer.consider(call(self._store.GetJob, store_pb2.GetRequest(id=job_id)))
+                self.rebalancer.consider(self._store.get_job(store_pb2.GetRequest(id=job_id)))
             except Exception:  # noqa: BLE001 - one job's failed decision must not hold back the others
                 log.exception("rebalancing failed", extra={"job_id": job_id})
 
     def _jobs(self, state: int) -> list[job_pb2.Job]:
         request = store_pb2.ListJobsRequest(state=state)
-        return [j for page in every_page(self._store.ListJobs, request) for j in page.jobs]
+        return [j for page in every_page(self._store.list_jobs, request) for j in page.jobs]
 
     # --- start ----------------------------------------------------------------------------------------
     def _start(self, job: job_pb2.Job) -> None:
-        plan = call(self._store.GetPlan, store_pb2.GetRequest(id=job.plan_id))
+        plan = self._store.get_plan(store_pb2.GetRequest(id=job.plan_id))
         connected = set(self._connected())
         hosts = [h for h in online_hosts(self._store) if h.id in connected]
         try:
@@ -176,15 +176,15 @@ class Scheduler:
             running = self._running.get(job_id)
         if running is not None or not job_id:
             return running
-        job = call(self._store.GetJob, store_pb2.GetRequest(id=job_id))
+        job = self._store.get_job(store_pb2.GetRequest(id=job_id))
         if job.state not in (S.JOB_STATE_RUNNING, S.JOB_STATE_REPARTITIONING, S.JOB_STATE_CANCELLING) \
                 or not job.plan_id:
             return None
-        events = call(self._store.ListJobEvents, store_pb2.ListJobEventsRequest(job_id=job_id)).events
+        events = self._store.list_job_events(store_pb2.ListJobEventsRequest(job_id=job_id)).events
         assigned = next((e for e in reversed(events) if e.type == "ASSIGNED"), None)
         if assigned is None:
             return None
-        plan = call(self._store.GetPlan, store_pb2.GetRequest(id=job.plan_id))
+        plan = self._store.get_plan(store_pb2.GetRequest(id=job.plan_id))
         running = Running(job, plan, [h for h in assigned.attributes.get("hosts", "").split(",") if h],
                           int(assigned.attributes.get("world_size", "0")))
         with self._lock:
@@ -223,7 +223,7 @@ class Scheduler:
         An end (SUCCEEDED, FAILED, CANCELLED) is retried when a concurrent transition (the rebalancer's, on
         another thread) wins the race: refusing it would leave a job whose workers are all gone running."""
         for _ in range(END_ATTEMPTS if state in TERMINAL else 1):
-            current = call(self._store.GetJob, store_pb2.GetRequest(id=job.id))
+            current = self._store.get_job(store_pb2.GetRequest(id=job.id))
             if current.state in TERMINAL:
                 self.rebalancer.forget(job.id)
                 return None
@@ -233,7 +233,7 @@ class Scheduler:
             if state in TERMINAL:
                 self.rebalancer.forget(job.id)
             try:
-                return call(self._store.TransitionJob, store_pb2.TransitionJobRequest(
+                return self._store.transition_job(store_pb2.TransitionJobRequest(
                     id=job.id, state=state, expected_state=current.state, message=message, event_type=event,
                     attributes=attributes or {}, plan_id=plan_id))
             except FailedPrecondition as exc:
@@ -281,7 +281,7 @@ class Scheduler:
                 backward_s=st.backward_s, comm_s=st.comm_s, idle_s=st.idle_s, peak_memory_bytes=st.peak_memory_bytes,
                 loss=st.loss if st.has_loss else 0.0, has_loss=st.has_loss,
                 throughput_samples_per_s=st.throughput_samples_per_s, predicted_iteration_time_s=predicted))
-        call(self._store.WriteIterationMetrics, store_pb2.WriteIterationMetricsRequest(metrics=rows))
+        self._store.write_iteration_metrics(store_pb2.WriteIterationMetricsRequest(metrics=rows))
 
     def _exited(self, host_id: str, exit_: executor_pb2.WorkerExit) -> None:
         running = self._tracked(exit_.job_id)
@@ -313,7 +313,7 @@ class Scheduler:
             self._transition(running.job, S.JOB_STATE_SUCCEEDED,
                              f"trained {running.job.spec.iterations} iteration(s){loss}", "SUCCEEDED")
         elif all_gone and stopping:
-            job = call(self._store.GetJob, store_pb2.GetRequest(id=running.job.id))
+            job = self._store.get_job(store_pb2.GetRequest(id=running.job.id))
             if job.state == S.JOB_STATE_CANCELLING:
                 self._transition(job, S.JOB_STATE_CANCELLED, f"cancelled: {stopping}", "CANCELLED")
         if all_gone:
@@ -354,7 +354,7 @@ class Scheduler:
         if complete:
             stored = job_pb2.Checkpoint(job_id=ck.job_id, iteration=ck.iteration, plan_version=ck.plan_version,
                                         layers=sorted(parts, key=lambda x: x.layer_index), complete=True)
-            call(self._store.CreateCheckpoint, store_pb2.CreateCheckpointRequest(checkpoint=stored))
+            self._store.create_checkpoint(store_pb2.CreateCheckpointRequest(checkpoint=stored))
 
 
 def _port(address: str) -> int:

@@ -8,9 +8,9 @@ import sys
 import pytest
 
 from ballast.v1 import common_pb2, fleet_pb2
-from services.profiler import catalog
-from services.profiler.catalog import DEVICES, LINKS, device, fleet, to_proto
 from services.runtime.errors import InvalidArgument
+from services.specs import catalog
+from services.specs.catalog import DEVICES, LINKS, device, fleet, to_proto
 
 
 @pytest.mark.parametrize(
@@ -177,5 +177,5 @@ def test_fleet_rejects_bad_arguments(kwargs: dict, field: str) -> None:
 
 
 def test_catalog_and_projection_do_not_import_torch() -> None:
-    code = "import sys, services.profiler.catalog, services.profiler.projection; assert 'torch' not in sys.modules"
+    code = "import sys, services.specs.catalog, services.profiler.projection; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -17,11 +17,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from ballast.v1 import fleet_pb2, job_pb2, plan_pb2, services_pb2, store_pb2, store_pb2_grpc
-from services.planner import queue
-from services.planner.fleet_file import FleetFileError, fleet_from_dict
+from ballast.v1 import fleet_pb2, job_pb2, plan_pb2, services_pb2, store_pb2
+from services.planner.plans.fleet import executor_dims, online_hosts
+from services.planner.plans.make import PlanInputs, make_plan
+from services.planner.plans.operations import check_profile
+from services.planner.queue import durable
 from services.runtime.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from services.runtime.remote import call
+from services.runtime.store_api import Store
+from services.specs.fleet import FleetFileError, fleet_from_dict
 
 KIND = "jobs.prepare"
 MEASURED_KINDS = ("cpu",)  # device kinds the profiler measures on (services/profiler/runner.local_device)
@@ -91,8 +95,6 @@ def profile_request(job: job_pb2.Job, fleet: fleet_pb2.Fleet) -> services_pb2.Pr
 
 
 def plan_inputs(job: job_pb2.Job, dims: tuple[str, ...]):
-    from services.planner.planning import PlanInputs
-
     spec = job.spec
     return PlanInputs(global_batch_size=spec.global_batch_size, memory_budget_bytes=spec.memory_budget_bytes,
                       engine=spec.engine, schedule=spec.schedule, runnable_dims=dims,
@@ -118,17 +120,17 @@ def plan_summary(plan: plan_pb2.Plan) -> tuple[str, dict[str, str]]:
 class _Job:
     """The job as this worker last saw it; every move is a compare-and-set on that state."""
 
-    def __init__(self, store: store_pb2_grpc.StoreServiceStub, job: job_pb2.Job):
+    def __init__(self, store: Store, job: job_pb2.Job):
         self.store, self.job = store, job
 
     def move(self, target: int, message: str, event_type: str = "STATE_CHANGED",
              attributes: dict[str, str] | None = None, plan_id: str = "") -> None:
         try:
-            self.job = call(self.store.TransitionJob, store_pb2.TransitionJobRequest(
+            self.job = self.store.transition_job(store_pb2.TransitionJobRequest(
                 id=self.job.id, state=target, expected_state=self.job.state, message=message,
                 event_type=event_type, attributes=attributes or {}, plan_id=plan_id))
         except FailedPrecondition:
-            now = call(self.store.GetJob, store_pb2.GetRequest(id=self.job.id))
+            now = self.store.get_job(store_pb2.GetRequest(id=self.job.id))
             if now.state == self.job.state:
                 raise
             raise Stopped(now) from None
@@ -142,22 +144,22 @@ class _Job:
             _finish_cancel(self.store, stopped.job)
 
 
-def _finish_cancel(store: store_pb2_grpc.StoreServiceStub, job: job_pb2.Job) -> dict[str, Any]:
+def _finish_cancel(store: Store, job: job_pb2.Job) -> dict[str, Any]:
     """Nothing runs a job before it is scheduled, so a cancel during preparation completes here."""
     if job.state == S.JOB_STATE_CANCELLING:
         try:
-            job = call(store.TransitionJob, store_pb2.TransitionJobRequest(
+            job = store.transition_job(store_pb2.TransitionJobRequest(
                 id=job.id, state=S.JOB_STATE_CANCELLED, expected_state=S.JOB_STATE_CANCELLING,
                 message="cancelled before it was scheduled", event_type="CANCELLED"))
         except FailedPrecondition:
-            job = call(store.GetJob, store_pb2.GetRequest(id=job.id))
+            job = store.get_job(store_pb2.GetRequest(id=job.id))
     return {"job_id": job.id, "state": S.Name(job.state)}
 
 
-def _owned(store: store_pb2_grpc.StoreServiceStub, job_id: str, tenant_id: str) -> job_pb2.Job:
+def _owned(store: Store, job_id: str, tenant_id: str) -> job_pb2.Job:
     """The worker acts for the platform: only the job's tenant (or an admin) may have queued this."""
-    job = call(store.GetJob, store_pb2.GetRequest(id=job_id))
-    if job.tenant_id != tenant_id and not call(store.GetTenant, store_pb2.GetRequest(id=tenant_id)).admin:
+    job = store.get_job(store_pb2.GetRequest(id=job_id))
+    if job.tenant_id != tenant_id and not store.get_tenant(store_pb2.GetRequest(id=tenant_id)).admin:
         raise NotFound(f"job {job_id!r} not found", field="job_id")
     return job
 
@@ -171,10 +173,8 @@ def check_toggles(spec: job_pb2.JobSpec, num_layers: int) -> None:
                                   fix=f"use a layer index below {num_layers}")
 
 
-def prepare_job(payload: dict[str, Any], task: queue.Task) -> dict[str, Any]:
+def prepare_job(payload: dict[str, Any], task: durable.Task) -> dict[str, Any]:
     """Profile, plan and schedule one job; resumes from whatever state a previous attempt reached."""
-    from services.planner.planning import make_plan
-    from services.planner.plans import check_profile, executor_dims, online_hosts
 
     job = _Job(task.store, _owned(task.store, str(payload.get("job_id", "")), task.request.tenant_id))
     state = job.job.state
@@ -207,17 +207,17 @@ def prepare_job(payload: dict[str, Any], task: queue.Task) -> dict[str, Any]:
         plan = make_plan(profile, fleet, plan_inputs(job.job, executor_dims(task.store)))
         plan.job_id = job.job.id
         if task.lease_lost.is_set():
-            raise queue.LeaseLost()
-        stored = call(task.store.CreatePlan, store_pb2.CreatePlanRequest(plan=plan, request_id=task.request.id))
+            raise durable.LeaseLost()
+        stored = task.store.create_plan(store_pb2.CreatePlanRequest(plan=plan, request_id=task.request.id))
         message, attributes = plan_summary(stored)
         job.move(S.JOB_STATE_SCHEDULED, message, event_type="PLAN_CHOSEN", attributes=attributes,
                  plan_id=stored.id)
         return {"job_id": job.job.id, "state": S.Name(job.job.state), "plan_id": stored.id}
     except Stopped as stopped:
         return _finish_cancel(task.store, stopped.job)
-    except queue.LeaseLost:
+    except durable.LeaseLost:
         raise
-    except queue.TRANSIENT as exc:
+    except durable.TRANSIENT as exc:
         if task.request.attempts >= task.request.max_attempts:
             job.fail(step, exc)
         raise

@@ -18,10 +18,10 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ballast.v1 import executor_pb2, job_pb2, plan_pb2, profile_pb2, store_pb2, store_pb2_grpc
+from ballast.v1 import executor_pb2, job_pb2, plan_pb2, profile_pb2, store_pb2
 from services.planner.online import Decision, MonitorOptions, OnlineOptions, TrainingMonitor, propose
 from services.runtime.errors import BallastError
-from services.runtime.remote import call
+from services.runtime.store_api import Store
 
 log = logging.getLogger("ballast.rebalance")
 S = job_pb2.JobState
@@ -58,7 +58,7 @@ def request_key(job_id: str, plan_id: str, iteration: int) -> str:
 
 
 class Rebalancer:
-    def __init__(self, store: store_pb2_grpc.StoreServiceStub, send: Send, transition: Transition,
+    def __init__(self, store: Store, send: Send, transition: Transition,
                  options: OnlineOptions | None = None, monitor: MonitorOptions | None = None):
         self._store, self._send, self._transition = store, send, transition
         self.options, self.monitor_options = options or OnlineOptions(), monitor or MonitorOptions()
@@ -135,11 +135,11 @@ class Rebalancer:
 
     def adopt(self, job_id: str, version: int, why: str, plan: plan_pb2.Plan | None = None) -> None:
         """Make `version` the job's plan in force (the workers run it): store, monitor, pending."""
-        job = call(self._store.GetJob, store_pb2.GetRequest(id=job_id))
+        job = self._store.get_job(store_pb2.GetRequest(id=job_id))
         if version <= job.plan_version or job.state not in (S.JOB_STATE_RUNNING, S.JOB_STATE_REPARTITIONING):
             return
         if plan is None:
-            plans = call(self._store.ListPlans, store_pb2.ListPlansRequest(job_id=job_id)).plans
+            plans = self._store.list_plans(store_pb2.ListPlansRequest(job_id=job_id)).plans
             plan = next((p for p in plans if p.version == version), None)
             if plan is None:
                 log.warning("applied plan version not stored", extra={"job_id": job_id, "version": version})
@@ -163,7 +163,7 @@ class Rebalancer:
             online = self._jobs.get(job_id)
             if online is not None and online.pending is not None and online.pending.plan.version == plan.version:
                 online.pending = None
-        job = call(self._store.GetJob, store_pb2.GetRequest(id=job_id))
+        job = self._store.get_job(store_pb2.GetRequest(id=job_id))
         self._transition(job, S.JOB_STATE_RUNNING, f"repartition to plan version {plan.version} {why}; the job goes "
                          f"on under version {job.plan_version}", "REPARTITION_FAILED",
                          {"plan_id": plan.id, "plan_version": str(plan.version)})
@@ -184,8 +184,8 @@ class Rebalancer:
                                      to_stage=mig.to_stage, bytes=sum(p.bytes for p in parts),
                                      duration_s=max(p.duration_s for p in parts), iteration=mig.iteration,
                                      plan_version=mig.plan_version)
-        stored = call(self._store.RecordLayerMigration, store_pb2.RecordLayerMigrationRequest(migration=row))
-        call(self._store.AppendJobEvent, store_pb2.AppendJobEventRequest(event=job_pb2.JobEvent(
+        stored = self._store.record_layer_migration(store_pb2.RecordLayerMigrationRequest(migration=row))
+        self._store.append_job_event(store_pb2.AppendJobEventRequest(event=job_pb2.JobEvent(
             job_id=mig.job_id, type="MIGRATION",
             message=f"layer {mig.layer_index} moved stage {mig.from_stage} -> {mig.to_stage} live after iteration "
                     f"{mig.iteration}: {row.bytes / 2**20:.1f} MiB in {row.duration_s * 1e3:.0f} ms "
@@ -209,13 +209,13 @@ class Rebalancer:
             if observation is None:
                 return None
         if online.profile is None:
-            online.profile = call(self._store.GetProfile, store_pb2.GetRequest(id=plan.profile_id))
+            online.profile = self._store.get_profile(store_pb2.GetRequest(id=plan.profile_id))
         decision = propose(online.profile, plan.fleet, plan, observation, self.options)
         if not decision.accepted:
             notable = observation.imbalance >= self.options.imbalance_threshold or observation.workload_change
             if notable and plan.version not in online.skipped:
                 online.skipped.add(plan.version)
-                call(self._store.AppendJobEvent, store_pb2.AppendJobEventRequest(event=job_pb2.JobEvent(
+                self._store.append_job_event(store_pb2.AppendJobEventRequest(event=job_pb2.JobEvent(
                     job_id=job.id, type="REPARTITION_SKIPPED", message=decision.reason,
                     attributes={"plan_version": str(plan.version)})))
             return decision
@@ -224,7 +224,7 @@ class Rebalancer:
         new = plan_pb2.Plan()
         new.CopyFrom(decision.new_plan)
         new.version = 0  # the store picks the next free one (a refused version stays taken)
-        stored = call(self._store.CreatePlan, store_pb2.CreatePlanRequest(
+        stored = self._store.create_plan(store_pb2.CreatePlanRequest(
             plan=new, request_id=request_key(job.id, plan.id, iteration)))
         moves = ",".join(f"{m.layer}:{m.from_stage}->{m.to_stage}" for m in decision.moves)
         moved = self._transition(job, S.JOB_STATE_REPARTITIONING, decision.reason, "REPARTITION", {

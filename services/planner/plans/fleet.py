@@ -1,0 +1,22 @@
+"""The fleet the executors offer right now: which hosts are online and which parallel dims they all run.
+
+Plan requests and job preparation both confine their search to this; it lives apart from either so
+neither reaches into the other for it.
+"""
+
+from __future__ import annotations
+
+from ballast.v1 import fleet_pb2, store_pb2
+from services.planner.plans.make import runnable_dims
+from services.runtime.store_api import Store, every_page
+
+
+def online_hosts(store: Store) -> list[fleet_pb2.Host]:
+    """Every executor host the store has ONLINE (all pages)."""
+    request = store_pb2.ListHostsRequest(state=fleet_pb2.HOST_STATE_ONLINE)
+    return [h for page in every_page(store.list_hosts, request) for h in page.hosts]
+
+
+def executor_dims(store: Store) -> tuple[str, ...]:
+    """Parallel dims every online executor host runs (make.runnable_dims); none online: ("dp",)."""
+    return runnable_dims([list(h.supported_parallelism) for h in online_hosts(store)])

@@ -1,0 +1,110 @@
+"""The Store interface over gRPC, as other services reach the store: as their caller (tenant isolation),
+as the platform (background work), or anonymously to resolve bearer tokens."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+from google.protobuf.message import Message
+
+from ballast.client import open_channel
+from ballast.config import Settings
+from ballast.v1 import common_pb2, store_pb2, store_pb2_grpc
+from services.runtime import context
+from services.runtime.auth import Principal, hash_token
+from services.runtime.errors import BallastError, Unauthenticated, Unavailable
+from services.runtime.remote import domain_error
+from services.runtime.store_api import SERVICE, Store, implement
+
+# Reads are safe to repeat, so a store restarting or a database blip costs them a short wait, not a
+# failure; writes are never repeated here (a retried write could land twice). The channel's own gRPC
+# retries come first: once a failed call has taken longer than the budget, it is not tried again, so
+# the two never multiply into a long hang while the store is down.
+READ_ONLY = frozenset(
+    m.name for m in SERVICE.methods if m.name.startswith(("Get", "List")) or m.name in ("Authenticate", "Query")
+)
+RETRY_DELAYS_S = (0.05, 0.2, 0.5)
+RETRY_BUDGET_S = 1.5
+
+
+def _rpc(name: str) -> Callable[..., Any]:
+    delays = RETRY_DELAYS_S if name in READ_ONLY else ()
+    return lambda self, request: self._call(name, request, delays)
+
+
+@implement(_rpc)
+class RemoteStore(Store):
+    """Store over a channel to StoreService; whose token the channel sends decides who the calls run as."""
+
+    def __init__(self, channel: grpc.Channel):
+        self._stub = store_pb2_grpc.StoreServiceStub(channel)
+
+    def _call(self, name: str, request: Message, delays: tuple[float, ...], **kwargs: Any) -> Any:
+        """One RPC; a failure re-raised as the matching domain error, UNAVAILABLE retried after each delay
+        while within RETRY_BUDGET_S."""
+        start = time.monotonic()
+        for delay in (*delays, None):
+            try:
+                return getattr(self._stub, name)(request, **kwargs)
+            except grpc.RpcError as exc:
+                late = delay is None or time.monotonic() - start + delay > RETRY_BUDGET_S
+                if late or exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise domain_error(exc) from None
+            time.sleep(delay)
+        raise AssertionError("unreachable")
+
+
+class _TokenChecker(RemoteStore):
+    """Sends no token of its own: Authenticate goes out bearing the very token it asks about, which is
+    what the store's auth hook checks before answering."""
+
+    def authenticate(self, request: store_pb2.AuthenticateRequest) -> common_pb2.Principal:
+        bearer = [("authorization", f"Bearer {request.token}")]
+        return self._call("Authenticate", request, RETRY_DELAYS_S, metadata=bearer)
+
+
+def remote_stores(settings: Settings) -> tuple[RemoteStore, RemoteStore]:
+    """(as_caller, as_platform): the first forwards the incoming call's token and deadline, the second
+    uses the service's own token (background work such as the lease sweeper)."""
+    address = settings.address("store")
+    service_token = settings.resolved_token()
+    as_caller = open_channel(
+        address, lambda: context.caller_token() or service_token, deadline_source=context.remaining_time
+    )
+    return RemoteStore(as_caller), RemoteStore(open_channel(address, service_token))
+
+
+def anonymous_store(settings: Settings) -> RemoteStore:
+    """The store for StoreAuthenticator: each Authenticate call carries only the token it checks."""
+    return _TokenChecker(open_channel(settings.address("store")))
+
+
+class StoreAuthenticator:
+    """Resolves bearer tokens through Store.authenticate, caching hits for `ttl_s` seconds."""
+
+    def __init__(self, store: Store, ttl_s: float = 30.0):
+        self._store = store
+        self._ttl = ttl_s
+        self._cache: dict[str, tuple[float, Principal]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, token: str) -> Principal:
+        key = hash_token(token)
+        with self._lock:
+            hit = self._cache.get(key)
+        if hit and hit[0] > time.monotonic():
+            return hit[1]
+        try:
+            reply = self._store.authenticate(store_pb2.AuthenticateRequest(token=token))
+        except Unauthenticated:
+            raise
+        except BallastError as exc:
+            raise Unavailable(f"cannot reach the store to check the token: {exc.code}") from None
+        principal = Principal(reply.tenant_id, reply.tenant_name, reply.admin)
+        with self._lock:
+            self._cache[key] = (time.monotonic() + self._ttl, principal)
+        return principal

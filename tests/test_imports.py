@@ -1,0 +1,88 @@
+"""The code keeps the shape docs/architecture.md draws: no import circles, layers, services apart, a pure core."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.import_rules import layer_of, violations
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_project_keeps_its_import_rules():
+    assert violations(ROOT) == []
+
+
+def write(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    for package in {p.parent for p in root.rglob("*.py")}:
+        (package / "__init__.py").touch()
+    return root
+
+
+def test_a_circle_through_a_function_level_import_is_found(tmp_path):
+    root = write(tmp_path, {
+        "services/store/a.py": "from services.store import b\n",
+        "services/store/b.py": "def f():\n    from services.store.a import x\n",
+    })
+    assert violations(root) == ["circle: services.store.a <-> services.store.b"]
+
+
+def test_a_circle_under_type_checking_is_found(tmp_path):
+    root = write(tmp_path, {
+        "services/executor/train/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                        "    from services.executor.train.b import B\n",
+        "services/executor/train/b.py": "from . import a\n",
+    })
+    assert violations(root) == ["circle: services.executor.train.a <-> services.executor.train.b"]
+
+
+def test_one_service_importing_another_is_refused(tmp_path):
+    root = write(tmp_path, {
+        "services/executor/workers.py": "from services.profiler.runner import STEADY\n",
+        "services/profiler/runner.py": "STEADY = {}\n",
+    })
+    assert violations(root) == [
+        "service: services.executor.workers imports services.profiler.runner: one service package never "
+        "imports another"
+    ]
+
+
+def test_a_lower_layer_importing_a_higher_one_is_refused(tmp_path):
+    root = write(tmp_path, {
+        "services/zoo/build.py": "from services.store.validation import check\n",
+        "services/store/validation.py": "def check(): ...\n",
+        "ballast/client.py": "import ballast.cli.main\n",
+        "ballast/cli/main.py": "",
+    })
+    assert violations(root) == [
+        "layer: ballast.client (contracts and SDK) imports ballast.cli.main (CLI), a higher layer",
+        "layer: services.zoo.build (zoo) imports services.store.validation (services), a higher layer",
+    ]
+
+
+def test_the_pure_core_imports_no_orchestration_and_no_io(tmp_path):
+    root = write(tmp_path, {
+        "services/planner/search/engine.py": "import grpc\nfrom services.planner.jobs.scheduler import S\n"
+                                             "from services.planner.cost import model\n",
+        "services/planner/cost/model.py": "from ballast.v1 import plan_pb2\n",
+        "services/planner/jobs/scheduler.py": "from services.planner.search import engine\nS = 1\n",
+    })
+    assert violations(root) == [
+        "circle: services.planner.jobs.scheduler <-> services.planner.search.engine",
+        "pure core: services.planner.search.engine imports services.planner.jobs.scheduler: the cost model, "
+        "simulator and search take (profile, fleet, options) and do no I/O",
+        "pure core: services.planner.search.engine imports grpc",
+    ]
+
+
+def test_every_module_has_a_layer():
+    assert layer_of("services.specs.fleet") < layer_of("services.zoo.build") < layer_of("services.store.repo")
+    assert layer_of("ballast.client") < layer_of("services.runtime.remote") < layer_of("ballast.cli.main")
+    with pytest.raises(ValueError, match="no layer"):
+        layer_of("elsewhere.module")

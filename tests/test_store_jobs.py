@@ -1,0 +1,124 @@
+"""Jobs: creation with their model, the state machine with compare-and-set, and a gapless event log."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import sqlalchemy as sa
+
+from ballast.v1 import job_pb2, store_pb2
+from services.runtime.errors import AlreadyExists, FailedPrecondition, InvalidArgument
+from tests.store_builders import gpt, job_spec, page
+from tests.store_fixtures import JS, Store, events, field_of, move, new_job
+
+
+def test_create_job_round_trip_and_listing(store: Store):
+    a = store.as_(store.a)
+    job = new_job(store, name="first")
+    assert job.id.startswith("job-") and job.state == JS.JOB_STATE_SUBMITTED and job.spec == job_spec("first")
+    assert a.get_job(store_pb2.GetRequest(id=job.id)) == job
+    model = a.get_model(store_pb2.GetRequest(id=job.model_id))
+    assert model.spec == gpt()
+    # The same model content is matched, not stored twice; a nameless model gets a derived name.
+    second = new_job(store, name="second")
+    unnamed = new_job(store, name="third", model=gpt(name="", layers=3))
+    assert second.model_id == job.model_id and unnamed.model_id != job.model_id
+    assert a.get_model(store_pb2.GetRequest(id=unnamed.model_id)).spec.name.startswith("gpt-")
+    assert [e.type for e in events(store, job.id)] == ["SUBMITTED"]
+
+    move(store, second.id, JS.JOB_STATE_PROFILING)
+    listed = a.list_jobs(store_pb2.ListJobsRequest()).jobs
+    assert [j.spec.name for j in listed] == ["third", "second", "first"]  # newest first
+    assert [j.id for j in a.list_jobs(store_pb2.ListJobsRequest(state=JS.JOB_STATE_PROFILING)).jobs] == [second.id]
+    by_model = a.list_jobs(store_pb2.ListJobsRequest(model_id=job.model_id, page=page(1)))
+    assert [j.id for j in by_model.jobs] == [second.id]
+    rest = a.list_jobs(store_pb2.ListJobsRequest(model_id=job.model_id, page=page(1, by_model.next_page_token)))
+    assert [j.id for j in rest.jobs] == [job.id] and rest.next_page_token == ""
+
+    bad = job_spec()
+    bad.iterations = 0
+    with pytest.raises(InvalidArgument) as err:
+        a.create_job(store_pb2.CreateJobRequest(spec=bad))
+    assert field_of(err.value) == "spec.iterations"
+    with store.engine.connect() as conn:
+        state = conn.execute(sa.text(f"SELECT state FROM jobs WHERE id = '{job.id}'")).scalar()
+    assert state == "JOB_STATE_SUBMITTED"
+
+
+def test_create_job_with_clashing_model_name_writes_nothing(store: Store):
+    store.as_(store.a).create_model(store_pb2.CreateModelRequest(spec=gpt("gpt-tiny", layers=2)))
+    with pytest.raises(AlreadyExists) as err:
+        new_job(store, model=gpt("gpt-tiny", layers=4))
+    assert field_of(err.value) == "spec.model.name"
+    assert store.count("jobs") == 0 and store.count("job_events") == 0 and store.count("models") == 1
+
+
+def test_job_state_machine_events_and_compare_and_set(store: Store):
+    a = store.as_(store.a)
+    job = new_job(store)
+    with pytest.raises(FailedPrecondition) as err:
+        move(store, job.id, JS.JOB_STATE_RUNNING)
+    assert field_of(err.value) == "state"
+    with pytest.raises(FailedPrecondition) as err:
+        move(store, job.id, JS.JOB_STATE_PROFILING, expected_state=JS.JOB_STATE_PLANNING)
+    assert field_of(err.value) == "expected_state"
+    assert a.get_job(store_pb2.GetRequest(id=job.id)).state == JS.JOB_STATE_SUBMITTED
+
+    before = a.get_job(store_pb2.GetRequest(id=job.id))
+    moved = move(store, job.id, JS.JOB_STATE_PROFILING, expected_state=JS.JOB_STATE_SUBMITTED, message="go")
+    assert moved.message == "go" and moved.updated_at.ToDatetime() > before.updated_at.ToDatetime()
+    for state in (JS.JOB_STATE_PLANNING, JS.JOB_STATE_SCHEDULED, JS.JOB_STATE_RUNNING):
+        move(store, job.id, state)
+    ev = a.append_job_event(
+        store_pb2.AppendJobEventRequest(
+            event=job_pb2.JobEvent(job_id=job.id, type="MIGRATION", message="layer 3", attributes={"layer": "3"})
+        )
+    )
+    assert ev.seq == 6 and ev.state == JS.JOB_STATE_RUNNING and ev.attributes == {"layer": "3"}
+    move(store, job.id, JS.JOB_STATE_REPARTITIONING, attributes={"why": "skew"})
+    move(store, job.id, JS.JOB_STATE_RUNNING)
+    done = move(store, job.id, JS.JOB_STATE_SUCCEEDED)
+    assert done.state == JS.JOB_STATE_SUCCEEDED
+
+    for target in (JS.JOB_STATE_RUNNING, JS.JOB_STATE_FAILED, JS.JOB_STATE_CANCELLING):
+        with pytest.raises(FailedPrecondition):
+            move(store, job.id, target)
+    with pytest.raises(InvalidArgument):
+        move(store, job.id, JS.JOB_STATE_UNSPECIFIED)
+
+    log = events(store, job.id)
+    assert [e.seq for e in log] == list(range(1, 10))
+    assert [e.type for e in log][:2] == ["SUBMITTED", "STATE_CHANGED"]
+    assert log[-1].state == JS.JOB_STATE_SUCCEEDED and log[6].attributes == {"why": "skew"}
+    assert [e.seq for e in events(store, job.id, after_seq=7)] == [8, 9]
+    first = a.list_job_events(store_pb2.ListJobEventsRequest(job_id=job.id, page=page(4)))
+    second = a.list_job_events(store_pb2.ListJobEventsRequest(job_id=job.id, page=page(4, first.next_page_token)))
+    assert [e.seq for e in first.events] == [1, 2, 3, 4] and [e.seq for e in second.events] == [5, 6, 7, 8]
+    assert events(store, job.id) == log  # append-only: history unchanged by reads
+
+    cancelled = new_job(store, name="c")
+    assert move(store, cancelled.id, JS.JOB_STATE_CANCELLED).state == JS.JOB_STATE_CANCELLED
+
+
+def test_concurrent_events_are_gapless(store: Store):
+    a = store.as_(store.a)
+    job = new_job(store)
+    errors: list[BaseException] = []
+
+    def append(n: int) -> None:
+        try:
+            for i in range(5):
+                a.append_job_event(
+                    store_pb2.AppendJobEventRequest(event=job_pb2.JobEvent(job_id=job.id, type=f"T{n}.{i}"))
+                )
+        except BaseException as err:  # surfaced below
+            errors.append(err)
+
+    threads = [threading.Thread(target=append, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert [e.seq for e in events(store, job.id, page=page(100))] == list(range(1, 22))

@@ -1,0 +1,215 @@
+"""The schema itself: migrations up and down (data kept), the ORM matching them, and an unusable database.
+
+These run against the Repository and the engine directly, on SQLite and PostgreSQL: the remote
+backend would add nothing, since migrations never travel over the wire.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from ballast.v1 import profile_pb2, store_pb2
+from services.runtime.errors import SchemaOutOfDate, Unavailable
+from services.store import schema
+from services.store.db import create_engine
+from services.store.repository import Repository
+from tests.store_builders import detailed_profile_msg, gpt, job_spec, plan_msg
+from tests.store_fixtures import ADMIN_TOKEN, JS, FakeClock
+
+
+def test_schema_upgrade_downgrade_and_check(empty_database_url):
+    url = empty_database_url
+    engine = create_engine(url)
+    try:
+        assert schema.current_revision(url) is None
+        with pytest.raises(SchemaOutOfDate) as err:
+            schema.check_schema(engine)
+        assert "ballast db upgrade" in str(err.value) and err.value.current is None
+        with pytest.raises(SchemaOutOfDate):  # an un-migrated database answers the same from the repository
+            Repository(engine).principal_for_token("blt_x")
+
+        schema.upgrade(url)
+        assert schema.current_revision(engine) == schema.head_revision()
+        schema.check_schema(engine)
+        schema.downgrade(url, "base")
+        assert set(sa.inspect(engine).get_table_names()) <= {"alembic_version"}
+        with pytest.raises(SchemaOutOfDate):
+            schema.check_schema(engine)
+        schema.upgrade(url, "head")
+        schema.check_schema(engine)
+        assert "iteration_metrics" in sa.inspect(engine).get_table_names()
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["sqlite:////nonexistent-dir/ballast/x.db", "postgresql://postgres@127.0.0.1:1/ballast"],
+    ids=["sqlite", "postgresql"],
+)
+def test_unreachable_database_is_unavailable(url):
+    engine = create_engine(url)
+    try:
+        with pytest.raises(Unavailable) as err:
+            Repository(engine).principal_for_token("blt_x")
+        assert "BALLAST_DATABASE_URL" in str(err.value)
+    finally:
+        engine.dispose()
+
+def test_profile_cache_lookup_index_exists(empty_database_url):
+    schema.upgrade(empty_database_url)
+    engine = create_engine(empty_database_url)
+    try:
+        indexes = {ix["name"]: ix["column_names"] for ix in sa.inspect(engine).get_indexes("profiles")}
+    finally:
+        engine.dispose()
+    assert indexes["ix_profiles_cache_lookup"] == ["tenant_id", "model_signature", "device_kind", "dtype"]
+
+
+def test_migration_0005_adds_and_drops_the_request_key(empty_database_url):
+    url = empty_database_url
+    schema.upgrade(url)
+    engine = create_engine(url)
+    repo = Repository(engine, now=FakeClock())
+    admin = repo.ensure_admin(ADMIN_TOKEN)
+    model = repo.create_model(admin, store_pb2.CreateModelRequest(spec=gpt()))
+    keyed = repo.create_plan(admin, store_pb2.CreatePlanRequest(plan=plan_msg(model.id), request_id="req-k"))
+    engine.dispose()
+
+    def state() -> tuple[set[str], set[str]]:
+        inspector = sa.inspect(engine)
+        return ({c["name"] for c in inspector.get_columns("plans")},
+                {u["name"] for u in inspector.get_unique_constraints("plans")})
+
+    try:
+        schema.downgrade(url, "0004_profile_details")
+        columns, uniques = state()
+        assert "request_id" not in columns and "uq_plans_tenant_request" not in uniques
+        assert "uq_plans_job_version" in uniques
+        with engine.connect() as conn:  # plans and their rows survive the rebuild
+            assert conn.execute(sa.text("SELECT count(*) FROM plan_layers")).scalar_one() == 2
+        engine.dispose()
+        schema.upgrade(url)
+        schema.check_schema(engine)
+        columns, uniques = state()
+        assert "request_id" in columns and "uq_plans_tenant_request" in uniques
+        assert repo.get_plan(admin, store_pb2.GetRequest(id=keyed.id)).id == keyed.id
+        again = repo.create_plan(admin, store_pb2.CreatePlanRequest(plan=plan_msg(model.id), request_id="req-k"))
+        assert again.id != keyed.id  # the key was dropped with the column; the plan was kept
+    finally:
+        engine.dispose()
+
+
+def test_migration_0003_renumbers_clashing_plans_and_releases_failed_keys(empty_database_url):
+    url = empty_database_url
+    schema.upgrade(url)
+    engine = create_engine(url)
+    repo = Repository(engine, now=FakeClock())
+    admin = repo.ensure_admin(ADMIN_TOKEN)
+    job = repo.create_job(admin, store_pb2.CreateJobRequest(spec=job_spec()))
+    first, second = (
+        repo.create_plan(admin, store_pb2.CreatePlanRequest(plan=plan_msg(job.model_id, job_id=job.id)))
+        for _ in range(2)
+    )
+    for state in (JS.JOB_STATE_PROFILING, JS.JOB_STATE_PLANNING):
+        repo.transition_job(admin, store_pb2.TransitionJobRequest(id=job.id, state=state))
+    repo.transition_job(
+        admin, store_pb2.TransitionJobRequest(id=job.id, state=JS.JOB_STATE_SCHEDULED, plan_id=second.id)
+    )
+    rid = repo.enqueue_request(admin, store_pb2.EnqueueRequestRequest(kind="k", payload_json="{}")).request.id
+    lease = repo.claim_request(admin, store_pb2.ClaimRequestRequest(id=rid, worker="w", lease_seconds=9))
+    repo.complete_request(
+        admin, store_pb2.CompleteRequestRequest(id=rid, lease_token=lease.request.lease_token, error="x")
+    )
+
+    def scalar(sql: str) -> Any:
+        with engine.connect() as conn:
+            return conn.execute(sa.text(sql)).scalar_one()
+
+    engine.dispose()
+    try:
+        schema.downgrade(url, "0002_readonly_role")
+        assert scalar(f"SELECT dedupe_key FROM queued_requests WHERE id = '{rid}'") == rid
+        with engine.begin() as conn:  # a clash the old schema allowed
+            conn.execute(sa.text(f"UPDATE plans SET version = 1 WHERE id = '{second.id}'"))
+            conn.execute(sa.text(f"UPDATE jobs SET plan_version = 1 WHERE id = '{job.id}'"))
+        engine.dispose()
+        schema.upgrade(url)
+        assert scalar(f"SELECT version FROM plans WHERE id = '{first.id}'") == 1
+        assert scalar(f"SELECT version FROM plans WHERE id = '{second.id}'") == 2
+        assert scalar(f"SELECT plan_version FROM jobs WHERE id = '{job.id}'") == 2
+        assert scalar(f"SELECT dedupe_key FROM queued_requests WHERE id = '{rid}'") is None
+        schema.check_schema(engine)
+    finally:
+        engine.dispose()
+
+
+# --- migration 0004: profile details ------------------------------------------------------------
+
+
+def test_migration_0004_keeps_existing_profiles_and_downgrades_fully(empty_database_url):
+    url = empty_database_url
+    schema.upgrade(url)
+    engine = create_engine(url)
+    repo = Repository(engine, now=FakeClock())
+    admin = repo.ensure_admin(ADMIN_TOKEN)
+    model = repo.create_model(admin, store_pb2.CreateModelRequest(spec=gpt()))
+    detailed = repo.create_profile(admin, store_pb2.CreateProfileRequest(profile=detailed_profile_msg(model.id)))
+    engine.dispose()
+
+    def columns(table: str) -> set[str]:
+        return {c["name"] for c in sa.inspect(engine).get_columns(table)}
+
+    layer_cols = {"note", "measured_as", "batch_input_bytes", "max_micro_batch_size"}
+    profile_cols = {"memory_trace", "measured_micro_batch_sizes", "memory_cap_bytes", "profiling_time_s"}
+    try:
+        schema.downgrade(url, "0003_plan_version_unique")
+        assert not layer_cols & columns("profile_layers") and not profile_cols & columns("profiles")
+        assert "ix_profiles_cache_lookup" not in {ix["name"] for ix in sa.inspect(engine).get_indexes("profiles")}
+        with engine.connect() as conn:  # rows survive the rebuild, foreign keys included
+            assert conn.execute(sa.text("SELECT count(*) FROM profile_layers")).scalar_one() == 3
+            assert conn.execute(sa.text("SELECT count(*) FROM profile_layer_samples")).scalar_one() == 6
+        engine.dispose()
+
+        schema.upgrade(url)
+        schema.check_schema(engine)
+        assert layer_cols <= columns("profile_layers") and profile_cols <= columns("profiles")
+        got = repo.get_profile(admin, store_pb2.GetRequest(id=detailed.id))
+        # What 0003 could hold is intact; the details it dropped read back as proto3's empty values.
+        assert got.comm == detailed.comm and len(got.layers) == 3
+        assert not got.memory_trace and not got.measured_micro_batch_sizes
+        assert got.memory_cap_bytes == 0 and got.profiling_time_s == 0.0
+        assert all((ly.note, ly.measured_as, ly.batch_input_bytes, ly.max_micro_batch_size) == ("", 0, 0, 0)
+                   for ly in got.layers)  # fmt: skip
+        bare = profile_pb2.Profile()
+        bare.CopyFrom(detailed)
+        bare.ClearField("memory_trace")
+        bare.ClearField("measured_micro_batch_sizes")
+        bare.memory_cap_bytes, bare.profiling_time_s = 0, 0.0
+        for ly in bare.layers:
+            ly.note, ly.measured_as, ly.batch_input_bytes, ly.max_micro_batch_size = "", 0, 0, 0
+        assert got == bare
+        again = repo.create_profile(admin, store_pb2.CreateProfileRequest(profile=detailed_profile_msg(model.id)))
+        assert repo.get_profile(admin, store_pb2.GetRequest(id=again.id)).memory_trace == detailed.memory_trace
+    finally:
+        engine.dispose()
+
+
+def test_models_match_the_migrations(empty_database_url):
+    """The ORM and the migrated schema agree (types and server defaults too), so neither drifts."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
+    from services.store.models import Base
+
+    schema.upgrade(empty_database_url)
+    engine = create_engine(empty_database_url)
+    try:
+        with engine.connect() as conn:
+            context = MigrationContext.configure(conn, opts={"compare_type": True, "compare_server_default": True})
+            assert compare_metadata(context, Base.metadata) == []
+    finally:
+        engine.dispose()
