@@ -24,7 +24,6 @@ from ballast.client import open_channel
 from ballast.config import Settings, load_settings
 from ballast.v1 import job_pb2, queue_pb2, store_pb2
 from services.runtime.auth import Principal
-from services.runtime.errors import BallastError
 from services.runtime.store_api import Store as StoreAPI
 from services.runtime.store_client import RemoteStore
 from services.store import schema
@@ -144,24 +143,6 @@ def _served(
         pool = getattr(getattr(server._grpc, "_state", None), "thread_pool", None)
         if pool is not None:
             pool.shutdown(wait=True)
-
-
-def field_of(err: BallastError) -> str | None:
-    """The field an error names. Over gRPC only the status message travels, written "field: what (fix)"
-    by BallastError, so a remote error carries its field in its text."""
-    if err.field is not None:
-        return err.field
-    head, sep, _ = str(err).partition(": ")
-    return head if sep and " " not in head else None
-
-
-def fix_of(err: BallastError) -> str | None:
-    """The fix an error suggests; a remote error carries it as its message's closing "(fix)"."""
-    if err.fix is not None:
-        return err.fix
-    text = str(err)
-    _, sep, fix = text.rpartition(" (")
-    return fix[:-1] if sep and text.endswith(")") else None
 
 
 # --- calls most tests make -------------------------------------------------------------------------

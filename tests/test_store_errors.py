@@ -16,7 +16,7 @@ from google.protobuf import timestamp_pb2
 from ballast.v1 import fleet_pb2, job_pb2, profile_pb2, queue_pb2, store_pb2
 from services.runtime.errors import InvalidArgument, NotFound
 from tests.store_builders import page, plan_msg, profile_msg
-from tests.store_fixtures import Store, claim, enqueue, events, field_of, fix_of, new_job
+from tests.store_fixtures import Store, claim, enqueue, events, new_job
 
 
 def test_out_of_range_input_is_invalid_argument_on_every_backend(store: Store):
@@ -132,8 +132,8 @@ def test_out_of_range_input_is_invalid_argument_on_every_backend(store: Store):
     for field, call in cases:
         with pytest.raises(InvalidArgument) as err:
             call()
-        assert field_of(err.value) == field, (field, str(err.value))
-        assert fix_of(err.value), field
+        assert err.value.field == field, (field, str(err.value))
+        assert err.value.fix, field
     for table in ("iteration_metrics", "checkpoints", "layer_migrations", "profiles", "hosts", "plans", "workers"):
         assert store.count(table) == 0, table
     assert store.count("jobs") == 1 and store.count("queued_requests") == 1 and len(events(store, job.id)) == 1

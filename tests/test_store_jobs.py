@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from ballast.v1 import job_pb2, store_pb2
 from services.runtime.errors import AlreadyExists, FailedPrecondition, InvalidArgument
 from tests.store_builders import gpt, job_spec, page
-from tests.store_fixtures import JS, Store, events, field_of, move, new_job
+from tests.store_fixtures import JS, Store, events, move, new_job
 
 
 def test_create_job_round_trip_and_listing(store: Store):
@@ -40,7 +40,7 @@ def test_create_job_round_trip_and_listing(store: Store):
     bad.iterations = 0
     with pytest.raises(InvalidArgument) as err:
         a.create_job(store_pb2.CreateJobRequest(spec=bad))
-    assert field_of(err.value) == "spec.iterations"
+    assert err.value.field == "spec.iterations"
     with store.engine.connect() as conn:
         state = conn.execute(sa.text(f"SELECT state FROM jobs WHERE id = '{job.id}'")).scalar()
     assert state == "JOB_STATE_SUBMITTED"
@@ -50,7 +50,7 @@ def test_create_job_with_clashing_model_name_writes_nothing(store: Store):
     store.as_(store.a).create_model(store_pb2.CreateModelRequest(spec=gpt("gpt-tiny", layers=2)))
     with pytest.raises(AlreadyExists) as err:
         new_job(store, model=gpt("gpt-tiny", layers=4))
-    assert field_of(err.value) == "spec.model.name"
+    assert err.value.field == "spec.model.name"
     assert store.count("jobs") == 0 and store.count("job_events") == 0 and store.count("models") == 1
 
 
@@ -59,10 +59,10 @@ def test_job_state_machine_events_and_compare_and_set(store: Store):
     job = new_job(store)
     with pytest.raises(FailedPrecondition) as err:
         move(store, job.id, JS.JOB_STATE_RUNNING)
-    assert field_of(err.value) == "state"
+    assert err.value.field == "state"
     with pytest.raises(FailedPrecondition) as err:
         move(store, job.id, JS.JOB_STATE_PROFILING, expected_state=JS.JOB_STATE_PLANNING)
-    assert field_of(err.value) == "expected_state"
+    assert err.value.field == "expected_state"
     assert a.get_job(store_pb2.GetRequest(id=job.id)).state == JS.JOB_STATE_SUBMITTED
 
     before = a.get_job(store_pb2.GetRequest(id=job.id))

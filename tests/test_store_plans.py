@@ -11,7 +11,7 @@ from ballast.v1 import plan_pb2, store_pb2
 from services.runtime.auth import Principal
 from services.runtime.errors import AlreadyExists, InvalidArgument, NotFound
 from tests.store_builders import page, plan_msg, profile_msg
-from tests.store_fixtures import JS, Store, events, field_of, fix_of, move, new_job
+from tests.store_fixtures import JS, Store, events, move, new_job
 
 
 def test_plan_round_trip_versions_and_filters(store: Store):
@@ -62,7 +62,7 @@ def test_create_plan_with_invalid_layer_writes_nothing(store: Store):
         mutate(bad)
         with pytest.raises(InvalidArgument) as err:
             store.as_(store.a).create_plan(store_pb2.CreatePlanRequest(plan=bad))
-        assert field_of(err.value) == field
+        assert err.value.field == field
     assert store.count("plans") == store.count("plan_layers") == store.count("plan_candidates") == 0
 
 
@@ -82,7 +82,7 @@ def test_plan_versions_are_unique_per_job(store: Store):
     assert a.create_plan(store_pb2.CreatePlanRequest(plan=seven)).version == 7
     with pytest.raises(AlreadyExists) as err:
         a.create_plan(store_pb2.CreatePlanRequest(plan=seven))
-    assert field_of(err.value) == "plan.version" and fix_of(err.value)
+    assert err.value.field == "plan.version" and err.value.fix
     assert plan(job_id=job.id).version == 8  # version 0: the job's next
     assert [plan().version for _ in range(3)] == [1, 1, 1]  # what-if plans (no job) are unconstrained
     other = new_job(store, name="other")
@@ -114,7 +114,7 @@ def test_create_plan_with_a_request_id_stores_one_plan(store: Store):
     other = plan_msg(job.model_id)  # no profile: not the plan stored under req-1
     with pytest.raises(AlreadyExists) as err:
         create(store.a, other)
-    assert field_of(err.value) == "request_id"
+    assert err.value.field == "request_id"
     b_job = new_job(store, who=store.b)
     b_plan = create(store.b, plan_msg(b_job.model_id))  # b's req-1 is its own key, and says nothing of a's
     assert b_plan.tenant_id == store.b.tenant_id and b_plan.id != first.id

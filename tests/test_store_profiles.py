@@ -13,7 +13,7 @@ from ballast.v1 import common_pb2, model_pb2, profile_pb2, store_pb2
 from services.runtime.auth import Principal
 from services.runtime.errors import AlreadyExists, InvalidArgument
 from tests.store_builders import detailed_profile_msg, gpt, page, profile_msg
-from tests.store_fixtures import FACTORY, Store, field_of, fix_of
+from tests.store_fixtures import FACTORY, Store
 
 
 def test_model_round_trip_filters_and_paging(store: Store):
@@ -44,25 +44,25 @@ def test_model_round_trip_filters_and_paging(store: Store):
     assert [m.spec.name for m in a.list_models(store_pb2.ListModelsRequest(name="vit")).models] == ["vit"]
     with pytest.raises(InvalidArgument) as err:
         a.list_models(store_pb2.ListModelsRequest(page=page(2, "not-a-token")))
-    assert field_of(err.value) == "page.page_token"
+    assert err.value.field == "page.page_token"
 
     # Same spec and name: idempotent. Same spec, other name; or same name, other spec: refused.
     assert a.create_model(store_pb2.CreateModelRequest(spec=gpt("gpt-0", layers=1))).id == made[0].id
     with pytest.raises(AlreadyExists) as err:
         a.create_model(store_pb2.CreateModelRequest(spec=gpt("other", layers=1)))
-    assert field_of(err.value) == "spec"
+    assert err.value.field == "spec"
     with pytest.raises(AlreadyExists) as err:
         a.create_model(store_pb2.CreateModelRequest(spec=gpt("gpt-0", layers=9)))
-    assert field_of(err.value) == "spec.name"
+    assert err.value.field == "spec.name"
     with pytest.raises(InvalidArgument) as err:
         a.create_model(store_pb2.CreateModelRequest(spec=gpt(hidden=66)))
-    assert field_of(err.value) == "spec.transformer.num_heads"
+    assert err.value.field == "spec.transformer.num_heads"
     custom = model_pb2.ModelSpec(
         name="c", family=model_pb2.MODEL_FAMILY_CUSTOM, custom=model_pb2.CustomModel(factory="evil.mod:run")
     )
     with pytest.raises(InvalidArgument) as err:
         a.create_model(store_pb2.CreateModelRequest(spec=custom))
-    assert field_of(err.value) == "spec.custom.factory" and "BALLAST_ALLOWED_MODEL_FACTORIES" in str(err.value)
+    assert err.value.field == "spec.custom.factory" and "BALLAST_ALLOWED_MODEL_FACTORIES" in str(err.value)
     custom.custom.factory = FACTORY
     custom.custom.kwargs.update({"width": 8, "tag": "x"})
     assert a.create_model(store_pb2.CreateModelRequest(spec=custom)).spec == custom
@@ -95,7 +95,7 @@ def test_profile_round_trip_and_filters(store: Store):
     bad.layers[1].index = 5
     with pytest.raises(InvalidArgument) as err:
         a.create_profile(store_pb2.CreateProfileRequest(profile=bad))
-    assert field_of(err.value) == "profile.layers[1].index"
+    assert err.value.field == "profile.layers[1].index"
     assert store.count("profiles") == 2 and store.count("profile_layers") == 4
 
 
@@ -145,7 +145,7 @@ def test_profile_details_out_of_range_are_invalid_argument(store: Store):
         change(pr)
         with pytest.raises(InvalidArgument) as err:
             a.create_profile(store_pb2.CreateProfileRequest(profile=pr))
-        assert field_of(err.value) == field and fix_of(err.value), (field, str(err.value))
+        assert err.value.field == field and err.value.fix, (field, str(err.value))
 
     bad("profile.memory_cap_bytes", lambda pr: setattr(pr, "memory_cap_bytes", 2**64 - 1))
     bad("profile.profiling_time_s", lambda pr: setattr(pr, "profiling_time_s", math.nan))
@@ -201,4 +201,4 @@ def test_profile_list_filters_dtype_software_projected(store: Store):
     assert ids(store.admin, **lookup) == [fp32, other_tenant]
     with pytest.raises(InvalidArgument) as err:
         ids(dtype=99)
-    assert field_of(err.value) == "dtype"
+    assert err.value.field == "dtype"

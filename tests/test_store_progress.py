@@ -7,7 +7,7 @@ import pytest
 from ballast.v1 import job_pb2, store_pb2
 from services.runtime.errors import InvalidArgument, NotFound
 from tests.store_builders import page
-from tests.store_fixtures import Store, field_of, new_job
+from tests.store_fixtures import Store, new_job
 
 
 def test_iteration_metrics_bulk_write_is_idempotent(store: Store):
@@ -54,7 +54,7 @@ def test_iteration_metrics_bulk_write_is_idempotent(store: Store):
     mixed = [row(9, 0), job_pb2.IterationMetric(job_id=other.id)]
     with pytest.raises(NotFound) as err:
         a.write_iteration_metrics(store_pb2.WriteIterationMetricsRequest(metrics=mixed))
-    assert field_of(err.value) == "metrics[1].job_id" and store.count("iteration_metrics") == 7
+    assert err.value.field == "metrics[1].job_id" and store.count("iteration_metrics") == 7
     assert a.write_iteration_metrics(store_pb2.WriteIterationMetricsRequest()).written == 0
 
 

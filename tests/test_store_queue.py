@@ -11,7 +11,7 @@ import pytest
 from ballast.v1 import queue_pb2, store_pb2
 from services.runtime.auth import Principal
 from services.runtime.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
-from tests.store_fixtures import Store, claim, complete, enqueue, field_of
+from tests.store_fixtures import Store, claim, complete, enqueue
 
 
 def test_enqueue_deduplicates_by_content(store: Store):
@@ -24,7 +24,7 @@ def test_enqueue_deduplicates_by_content(store: Store):
     assert enqueue(store, '{"a": 1, "b": [1, 2]}', who=store.b).created  # other tenant, other request
     with pytest.raises(InvalidArgument) as err:
         enqueue(store, "{not json")
-    assert field_of(err.value) == "payload_json"
+    assert err.value.field == "payload_json"
     a = store.as_(store.a)
     echo = a.enqueue_request(store_pb2.EnqueueRequestRequest(kind="diagnostic.echo", payload_json="1"))
 
@@ -74,7 +74,7 @@ def test_lease_claim_renew_expire_reap_reclaim_complete_once(store: Store):
     assert renewed.lease_expires_at.ToDatetime(UTC) == store.clock.t + timedelta(seconds=30)
     with pytest.raises(FailedPrecondition) as err:
         admin.renew_lease(store_pb2.RenewLeaseRequest(id=rid, lease_token="stale", lease_seconds=5))
-    assert field_of(err.value) == "lease_token" and "lease lost" in str(err.value)
+    assert err.value.field == "lease_token" and "lease lost" in str(err.value)
 
     store.clock.advance(25)
     assert not admin.reap_expired_leases(store_pb2.ReapExpiredLeasesRequest()).requests
@@ -92,7 +92,7 @@ def test_lease_claim_renew_expire_reap_reclaim_complete_once(store: Store):
     assert second.claimed and second.request.attempts == 2 and second.request.lease_token != token1
     with pytest.raises(FailedPrecondition) as err:
         complete(store, rid, token1)  # w1 lost its lease
-    assert field_of(err.value) == "lease_token"
+    assert err.value.field == "lease_token"
     done = complete(store, rid, second.request.lease_token)
     assert done.state == queue_pb2.REQUEST_STATE_SUCCEEDED and json.loads(done.result_json) == {"ok": True}
     with pytest.raises(FailedPrecondition):
@@ -122,7 +122,7 @@ def test_expired_lease_reclaimed_directly_and_max_attempts(store: Store):
         claim(store, "req-missing", "w1")
     with pytest.raises(InvalidArgument) as err:
         claim(store, rid, "w1", lease=0)
-    assert field_of(err.value) == "lease_seconds"
+    assert err.value.field == "lease_seconds"
 
 
 def test_unclaimed_request_is_reaped_only_after_the_stale_window(store: Store):

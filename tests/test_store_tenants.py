@@ -9,7 +9,7 @@ from ballast.v1 import job_pb2, store_pb2
 from services.runtime.auth import Principal, hash_token
 from services.runtime.errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied, Unauthenticated
 from tests.store_builders import gpt, page, plan_msg, profile_msg
-from tests.store_fixtures import ADMIN_TOKEN, JS, Store, events, field_of, move, new_job
+from tests.store_fixtures import ADMIN_TOKEN, JS, Store, events, move, new_job
 
 
 def test_authentication_and_tenants(store: Store):
@@ -42,10 +42,10 @@ def test_authentication_and_tenants(store: Store):
 
     with pytest.raises(AlreadyExists) as err:
         admin.create_tenant(store_pb2.CreateTenantRequest(name="team-c"))
-    assert field_of(err.value) == "name"
+    assert err.value.field == "name"
     with pytest.raises(InvalidArgument) as err:
         admin.create_tenant(store_pb2.CreateTenantRequest(name="Bad_Name"))
-    assert field_of(err.value) == "name"
+    assert err.value.field == "name"
     with pytest.raises(PermissionDenied):
         a.create_tenant(store_pb2.CreateTenantRequest(name="team-d"))
     with pytest.raises(PermissionDenied):
@@ -95,7 +95,7 @@ def test_tenant_isolation_and_admin_visibility(store: Store):
     # B cannot reference A's rows either.
     with pytest.raises(NotFound) as err:
         b.create_profile(store_pb2.CreateProfileRequest(profile=profile_msg(model.id)))
-    assert field_of(err.value) == "profile.model_id"
+    assert err.value.field == "profile.model_id"
     with pytest.raises(NotFound):
         b.create_plan(store_pb2.CreatePlanRequest(plan=plan_msg(model.id)))
     with pytest.raises(NotFound):
@@ -108,7 +108,7 @@ def test_tenant_isolation_and_admin_visibility(store: Store):
         b.write_iteration_metrics(
             store_pb2.WriteIterationMetricsRequest(metrics=[job_pb2.IterationMetric(job_id=job.id)])
         )
-    assert field_of(err.value) == "metrics[0].job_id"
+    assert err.value.field == "metrics[0].job_id"
     for lister, req in [
         ("list_iteration_metrics", store_pb2.ListIterationMetricsRequest(job_id=job.id)),
         ("list_layer_migrations", store_pb2.ListLayerMigrationsRequest(job_id=job.id)),

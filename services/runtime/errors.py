@@ -6,6 +6,11 @@ Every error names the offending field (when there is one) and how to fix it.
 
 from __future__ import annotations
 
+# Trailing metadata that carries an error's parts across gRPC (binary keys: the text may be any UTF-8).
+ERROR_MESSAGE = "ballast-error-message-bin"
+ERROR_FIELD = "ballast-error-field-bin"
+ERROR_FIX = "ballast-error-fix-bin"
+
 
 class BallastError(Exception):
     """Base class; `code` is the gRPC status name the servicer layer maps it to."""
@@ -13,6 +18,7 @@ class BallastError(Exception):
     code = "INTERNAL"
 
     def __init__(self, message: str, *, field: str | None = None, fix: str | None = None):
+        self.message = message
         self.field = field
         self.fix = fix
         text = message
@@ -79,9 +85,9 @@ class SchemaOutOfDate(FailedPrecondition):
         self.head = head
 
 
-def from_code(code: str, message: str) -> BallastError:
+def from_code(code: str, message: str, *, field: str | None = None, fix: str | None = None) -> BallastError:
     """The domain error for a status name (a downstream service's or a worker process's answer)."""
     for cls in BallastError.__subclasses__():
         if cls.code == code:
-            return cls(message)
-    return BallastError(message)
+            return cls(message, field=field, fix=fix)
+    return BallastError(message, field=field, fix=fix)

@@ -17,7 +17,7 @@ import sqlalchemy.exc
 
 from services.runtime import context
 from services.runtime.auth import Principal
-from services.runtime.errors import BallastError, Unauthenticated
+from services.runtime.errors import ERROR_FIELD, ERROR_FIX, ERROR_MESSAGE, BallastError, Unauthenticated
 
 log = logging.getLogger("ballast.rpc")
 
@@ -47,9 +47,17 @@ def _wrap(handler: grpc.RpcMethodHandler, wrap: Callable[[Behavior, bool], Behav
     return handler
 
 
+def error_metadata(exc: BallastError) -> tuple[tuple[str, bytes], ...]:
+    """The error's parts as trailing metadata, so a Ballast caller rebuilds it with its field and fix
+    (services/runtime/remote.domain_error); other clients read the status message, which has all three."""
+    parts = ((ERROR_MESSAGE, exc.message), (ERROR_FIELD, exc.field), (ERROR_FIX, exc.fix))
+    return tuple((key, value.encode()) for key, value in parts if value)
+
+
 def abort_for(exc: BaseException, ctx: grpc.ServicerContext) -> None:
     """Map a domain or database error to a status code; never leak a traceback to the client."""
     if isinstance(exc, BallastError):
+        ctx.set_trailing_metadata(error_metadata(exc))
         ctx.abort(getattr(grpc.StatusCode, exc.code), str(exc))
     if isinstance(exc, sqlalchemy.exc.OperationalError | sqlalchemy.exc.InterfaceError):
         ctx.abort(grpc.StatusCode.UNAVAILABLE, "database unavailable; retry later")

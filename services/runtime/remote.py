@@ -11,12 +11,23 @@ from typing import Any
 
 import grpc
 
-from services.runtime.errors import BallastError, from_code
+from services.runtime.errors import ERROR_FIELD, ERROR_FIX, ERROR_MESSAGE, BallastError, from_code
 
 
 def domain_error(exc: grpc.RpcError) -> BallastError:
-    """Turn a downstream status back into a domain error, so it surfaces to our caller unchanged."""
-    return from_code(exc.code().name, exc.details() or exc.code().name)
+    """Turn a downstream status back into a domain error, so it surfaces to our caller unchanged: with its
+    field and fix when a Ballast service sent them (interceptors.error_metadata), else from the message."""
+    trailing = getattr(exc, "trailing_metadata", lambda: None)() or ()
+    parts = {key: value for key, value in trailing if isinstance(value, bytes)}
+    code = exc.code().name
+    if ERROR_MESSAGE in parts:
+        return from_code(code, parts[ERROR_MESSAGE].decode(), field=_text(parts.get(ERROR_FIELD)),
+                         fix=_text(parts.get(ERROR_FIX)))
+    return from_code(code, exc.details() or code)
+
+
+def _text(value: bytes | None) -> str | None:
+    return value.decode() if value else None
 
 
 def call(fn: Callable[..., Any], request: Any, **kwargs: Any) -> Any:
