@@ -138,6 +138,11 @@ def _served(
         for channel in channels:
             channel.close()
         server.stop(0)
+        # grpc never shuts down the executor a server was given: join its threads here, or each remote
+        # test would leave idle workers behind until the garbage collector found them.
+        pool = getattr(getattr(server._grpc, "_state", None), "thread_pool", None)
+        if pool is not None:
+            pool.shutdown(wait=True)
 
 
 # --- calls most tests make -------------------------------------------------------------------------

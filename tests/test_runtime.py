@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 
 import grpc
@@ -100,16 +99,6 @@ def test_graceful_stop_flips_health_first(server) -> None:
     assert check(address) == "NOT_SERVING"
     server.stop(0)
     assert check(address).startswith("UNREACHABLE")
-
-
-def test_a_stopped_server_leaves_no_worker_thread_behind(server) -> None:
-    stub(server).GetSchemaStatus(store_pb2.SchemaStatusRequest(), timeout=5)  # a call takes a pool thread
-    assert any(t.name.startswith("t_") for t in threading.enumerate())
-    server.stop(0)
-    deadline = time.monotonic() + 10
-    while any(t.name.startswith("t_") for t in threading.enumerate()) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert [t.name for t in threading.enumerate() if t.name.startswith("t_")] == []
 
 
 def test_streams_must_leave_threads_for_unary_calls() -> None:

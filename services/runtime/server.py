@@ -63,10 +63,8 @@ class Server:
             raise ValueError("max_streams + reserved_streams must leave workers for unary calls (< max_workers)")
         self.spec = spec
         self.health = health.HealthServicer(experimental_non_blocking=True)
-        # Kept so stop() can release its threads: grpc never shuts down the executor it is given.
-        self._pool = futures.ThreadPoolExecutor(max_workers=spec.max_workers, thread_name_prefix=spec.name)
         self._grpc = grpc.server(
-            self._pool,
+            futures.ThreadPoolExecutor(max_workers=spec.max_workers, thread_name_prefix=spec.name),
             interceptors=[CallInterceptor(spec.authenticate, budget)],
             options=[*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)],
             maximum_concurrent_rpcs=spec.max_workers * 4,
@@ -106,7 +104,6 @@ class Server:
             except Exception:  # noqa: BLE001 - shutdown must go on
                 log.exception("stop hook failed")
         self._grpc.stop(self.spec.grace_s if grace_s is None else grace_s).wait()
-        self._pool.shutdown(wait=False, cancel_futures=True)  # idle workers exit; none outlives the server
         log.info("stopped", extra={"server": self.spec.name})
 
     def wait(self) -> None:
