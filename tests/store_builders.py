@@ -19,8 +19,24 @@ def gpt(name: str = "gpt-tiny", layers: int = 2, hidden: int = 64) -> model_pb2.
     )
 
 
-def job_spec(name: str = "train", model: model_pb2.ModelSpec | None = None) -> job_pb2.JobSpec:
-    return job_pb2.JobSpec(name=name, model=model or gpt(), global_batch_size=8, iterations=10)
+def job_spec(name: str = "train", model: model_pb2.ModelSpec | None = None, **fields) -> job_pb2.JobSpec:
+    return job_pb2.JobSpec(name=name, model=model or gpt(), global_batch_size=8, iterations=10, **fields)
+
+
+def host(name: str, kinds: list[str], **kw) -> fleet_pb2.Host:
+    return fleet_pb2.Host(
+        name=name,
+        address=f"{name}:29500",
+        agent_port=50060,
+        agent_version="0.1.0",
+        labels={"zone": "z1"},
+        supported_parallelism=[common_pb2.PARALLEL_DIM_DP, common_pb2.PARALLEL_DIM_PP],
+        devices=[
+            fleet_pb2.Device(index=i, uuid=f"u{i}", spec=fleet_pb2.DeviceSpec(kind=k, memory_bytes=1 << 34))
+            for i, k in enumerate(kinds)
+        ],
+        **kw,
+    )
 
 
 def profile_msg(model_id: str, kind: str = "cpu", layers: int = 2) -> profile_pb2.Profile:

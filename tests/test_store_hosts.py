@@ -4,25 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from ballast.v1 import common_pb2, fleet_pb2, store_pb2
+from ballast.v1 import fleet_pb2, store_pb2
 from services.runtime.errors import NotFound, PermissionDenied
+from tests.store_builders import host
 from tests.store_fixtures import Store
-
-
-def host(name: str, kinds: list[str], **kw) -> fleet_pb2.Host:
-    return fleet_pb2.Host(
-        name=name,
-        address=f"{name}:29500",
-        agent_port=50060,
-        agent_version="0.1.0",
-        labels={"zone": "z1"},
-        supported_parallelism=[common_pb2.PARALLEL_DIM_DP, common_pb2.PARALLEL_DIM_PP],
-        devices=[
-            fleet_pb2.Device(index=i, uuid=f"u{i}", spec=fleet_pb2.DeviceSpec(kind=k, memory_bytes=1 << 34))
-            for i, k in enumerate(kinds)
-        ],
-        **kw,
-    )
 
 
 def test_hosts_are_platform_data(store: Store):

@@ -96,7 +96,7 @@ class InstructionAck(_message.Message):
     def __init__(self, instruction_id: _Optional[str] = ..., version: _Optional[int] = ..., ok: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
 
 class WorkerExit(_message.Message):
-    __slots__ = ("job_id", "rank", "stage_index", "replica_index", "exit_code", "finished", "message", "iteration")
+    __slots__ = ("job_id", "rank", "stage_index", "replica_index", "exit_code", "finished", "message", "iteration", "drained")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -105,6 +105,7 @@ class WorkerExit(_message.Message):
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
+    DRAINED_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     rank: int
     stage_index: int
@@ -113,7 +114,8 @@ class WorkerExit(_message.Message):
     finished: bool
     message: str
     iteration: int
-    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., stage_index: _Optional[int] = ..., replica_index: _Optional[int] = ..., exit_code: _Optional[int] = ..., finished: _Optional[bool] = ..., message: _Optional[str] = ..., iteration: _Optional[int] = ...) -> None: ...
+    drained: bool
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., stage_index: _Optional[int] = ..., replica_index: _Optional[int] = ..., exit_code: _Optional[int] = ..., finished: _Optional[bool] = ..., message: _Optional[str] = ..., iteration: _Optional[int] = ..., drained: _Optional[bool] = ...) -> None: ...
 
 class CheckpointWritten(_message.Message):
     __slots__ = ("checkpoint", "rank")

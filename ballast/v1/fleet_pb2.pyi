@@ -27,6 +27,16 @@ class HostState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     HOST_STATE_LOST: _ClassVar[HostState]
     HOST_STATE_DRAINING: _ClassVar[HostState]
     HOST_STATE_OFFLINE: _ClassVar[HostState]
+
+class LeaseEndReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LEASE_END_REASON_UNSPECIFIED: _ClassVar[LeaseEndReason]
+    LEASE_END_REASON_FINISHED: _ClassVar[LeaseEndReason]
+    LEASE_END_REASON_PREEMPTED: _ClassVar[LeaseEndReason]
+    LEASE_END_REASON_HOST_LOST: _ClassVar[LeaseEndReason]
+    LEASE_END_REASON_CANCELLED: _ClassVar[LeaseEndReason]
+    LEASE_END_REASON_FAILED: _ClassVar[LeaseEndReason]
+    LEASE_END_REASON_RELEASED: _ClassVar[LeaseEndReason]
 LINK_KIND_UNSPECIFIED: LinkKind
 LINK_KIND_NVLINK: LinkKind
 LINK_KIND_PCIE: LinkKind
@@ -38,6 +48,13 @@ HOST_STATE_ONLINE: HostState
 HOST_STATE_LOST: HostState
 HOST_STATE_DRAINING: HostState
 HOST_STATE_OFFLINE: HostState
+LEASE_END_REASON_UNSPECIFIED: LeaseEndReason
+LEASE_END_REASON_FINISHED: LeaseEndReason
+LEASE_END_REASON_PREEMPTED: LeaseEndReason
+LEASE_END_REASON_HOST_LOST: LeaseEndReason
+LEASE_END_REASON_CANCELLED: LeaseEndReason
+LEASE_END_REASON_FAILED: LeaseEndReason
+LEASE_END_REASON_RELEASED: LeaseEndReason
 
 class Link(_message.Message):
     __slots__ = ("kind", "bandwidth_bytes_per_s", "latency_s")
@@ -123,3 +140,73 @@ class Host(_message.Message):
     labels: _containers.ScalarMap[str, str]
     agent_port: int
     def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., address: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., supported_parallelism: _Optional[_Iterable[_Union[_common_pb2.ParallelDim, str]]] = ..., agent_version: _Optional[str] = ..., state: _Optional[_Union[HostState, str]] = ..., last_heartbeat_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., registered_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., agent_port: _Optional[int] = ...) -> None: ...
+
+class DeviceRef(_message.Message):
+    __slots__ = ("host_id", "device_index")
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    host_id: str
+    device_index: int
+    def __init__(self, host_id: _Optional[str] = ..., device_index: _Optional[int] = ...) -> None: ...
+
+class DeviceLease(_message.Message):
+    __slots__ = ("id", "job_id", "tenant_id", "device", "started_at", "ended_at", "end_reason", "device_kind")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    ENDED_AT_FIELD_NUMBER: _ClassVar[int]
+    END_REASON_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_KIND_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    job_id: str
+    tenant_id: str
+    device: DeviceRef
+    started_at: _timestamp_pb2.Timestamp
+    ended_at: _timestamp_pb2.Timestamp
+    end_reason: LeaseEndReason
+    device_kind: str
+    def __init__(self, id: _Optional[str] = ..., job_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., device: _Optional[_Union[DeviceRef, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ended_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_reason: _Optional[_Union[LeaseEndReason, str]] = ..., device_kind: _Optional[str] = ...) -> None: ...
+
+class PriorityClass(_message.Message):
+    __slots__ = ("name", "priority", "preempts")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    priority: int
+    preempts: bool
+    def __init__(self, name: _Optional[str] = ..., priority: _Optional[int] = ..., preempts: _Optional[bool] = ...) -> None: ...
+
+class TenantPolicy(_message.Message):
+    __slots__ = ("tenant", "device_quota", "weight", "max_priority_class")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_QUOTA_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    MAX_PRIORITY_CLASS_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    device_quota: int
+    weight: float
+    max_priority_class: str
+    def __init__(self, tenant: _Optional[str] = ..., device_quota: _Optional[int] = ..., weight: _Optional[float] = ..., max_priority_class: _Optional[str] = ...) -> None: ...
+
+class FleetPolicy(_message.Message):
+    __slots__ = ("version", "priority_classes", "default_priority_class", "tenants", "fair_share_half_life_s", "max_preemptions_per_hour", "created_at", "created_by")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_CLASSES_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_PRIORITY_CLASS_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
+    FAIR_SHARE_HALF_LIFE_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_PREEMPTIONS_PER_HOUR_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    CREATED_BY_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    priority_classes: _containers.RepeatedCompositeFieldContainer[PriorityClass]
+    default_priority_class: str
+    tenants: _containers.RepeatedCompositeFieldContainer[TenantPolicy]
+    fair_share_half_life_s: float
+    max_preemptions_per_hour: int
+    created_at: _timestamp_pb2.Timestamp
+    created_by: str
+    def __init__(self, version: _Optional[int] = ..., priority_classes: _Optional[_Iterable[_Union[PriorityClass, _Mapping]]] = ..., default_priority_class: _Optional[str] = ..., tenants: _Optional[_Iterable[_Union[TenantPolicy, _Mapping]]] = ..., fair_share_half_life_s: _Optional[float] = ..., max_preemptions_per_hour: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_by: _Optional[str] = ...) -> None: ...

@@ -27,6 +27,7 @@ class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     JOB_STATE_SUCCEEDED: _ClassVar[JobState]
     JOB_STATE_FAILED: _ClassVar[JobState]
     JOB_STATE_CANCELLED: _ClassVar[JobState]
+    JOB_STATE_QUEUED: _ClassVar[JobState]
 JOB_STATE_UNSPECIFIED: JobState
 JOB_STATE_SUBMITTED: JobState
 JOB_STATE_PROFILING: JobState
@@ -39,6 +40,7 @@ JOB_STATE_CANCELLING: JobState
 JOB_STATE_SUCCEEDED: JobState
 JOB_STATE_FAILED: JobState
 JOB_STATE_CANCELLED: JobState
+JOB_STATE_QUEUED: JobState
 
 class OptimizerSpec(_message.Message):
     __slots__ = ("name", "learning_rate", "weight_decay")
@@ -51,7 +53,7 @@ class OptimizerSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., learning_rate: _Optional[float] = ..., weight_decay: _Optional[float] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "model", "fleet", "global_batch_size", "iterations", "optimizer", "memory_budget_bytes", "engine", "schedule", "seed", "checkpoint_every", "online_repartition", "layer_toggles", "pipeline_stages")
+    __slots__ = ("name", "model", "fleet", "global_batch_size", "iterations", "optimizer", "memory_budget_bytes", "engine", "schedule", "seed", "checkpoint_every", "online_repartition", "layer_toggles", "pipeline_stages", "priority_class", "min_devices", "max_devices")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     FLEET_FIELD_NUMBER: _ClassVar[int]
@@ -66,6 +68,9 @@ class JobSpec(_message.Message):
     ONLINE_REPARTITION_FIELD_NUMBER: _ClassVar[int]
     LAYER_TOGGLES_FIELD_NUMBER: _ClassVar[int]
     PIPELINE_STAGES_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_CLASS_FIELD_NUMBER: _ClassVar[int]
+    MIN_DEVICES_FIELD_NUMBER: _ClassVar[int]
+    MAX_DEVICES_FIELD_NUMBER: _ClassVar[int]
     name: str
     model: _model_pb2.ModelSpec
     fleet: _fleet_pb2.Fleet
@@ -80,7 +85,10 @@ class JobSpec(_message.Message):
     online_repartition: bool
     layer_toggles: _containers.RepeatedCompositeFieldContainer[LayerToggle]
     pipeline_stages: int
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[_Union[_model_pb2.ModelSpec, _Mapping]] = ..., fleet: _Optional[_Union[_fleet_pb2.Fleet, _Mapping]] = ..., global_batch_size: _Optional[int] = ..., iterations: _Optional[int] = ..., optimizer: _Optional[_Union[OptimizerSpec, _Mapping]] = ..., memory_budget_bytes: _Optional[int] = ..., engine: _Optional[_Union[_plan_pb2.PlanEngine, str]] = ..., schedule: _Optional[_Union[_plan_pb2.Schedule, str]] = ..., seed: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., online_repartition: _Optional[bool] = ..., layer_toggles: _Optional[_Iterable[_Union[LayerToggle, _Mapping]]] = ..., pipeline_stages: _Optional[int] = ...) -> None: ...
+    priority_class: str
+    min_devices: int
+    max_devices: int
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[_Union[_model_pb2.ModelSpec, _Mapping]] = ..., fleet: _Optional[_Union[_fleet_pb2.Fleet, _Mapping]] = ..., global_batch_size: _Optional[int] = ..., iterations: _Optional[int] = ..., optimizer: _Optional[_Union[OptimizerSpec, _Mapping]] = ..., memory_budget_bytes: _Optional[int] = ..., engine: _Optional[_Union[_plan_pb2.PlanEngine, str]] = ..., schedule: _Optional[_Union[_plan_pb2.Schedule, str]] = ..., seed: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., online_repartition: _Optional[bool] = ..., layer_toggles: _Optional[_Iterable[_Union[LayerToggle, _Mapping]]] = ..., pipeline_stages: _Optional[int] = ..., priority_class: _Optional[str] = ..., min_devices: _Optional[int] = ..., max_devices: _Optional[int] = ...) -> None: ...
 
 class LayerToggle(_message.Message):
     __slots__ = ("layer_index", "iteration", "active")

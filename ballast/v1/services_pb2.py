@@ -22,6 +22,7 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from ballast.v1 import common_pb2 as ballast_dot_v1_dot_common__pb2
 from ballast.v1 import fleet_pb2 as ballast_dot_v1_dot_fleet__pb2
 from ballast.v1 import model_pb2 as ballast_dot_v1_dot_model__pb2
@@ -32,49 +33,65 @@ from ballast.v1 import queue_pb2 as ballast_dot_v1_dot_queue__pb2
 from ballast.v1 import store_pb2 as ballast_dot_v1_dot_store__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x62\x61llast/v1/services.proto\x12\nballast.v1\x1a\x17\x62\x61llast/v1/common.proto\x1a\x16\x62\x61llast/v1/fleet.proto\x1a\x16\x62\x61llast/v1/model.proto\x1a\x14\x62\x61llast/v1/job.proto\x1a\x15\x62\x61llast/v1/plan.proto\x1a\x18\x62\x61llast/v1/profile.proto\x1a\x16\x62\x61llast/v1/queue.proto\x1a\x16\x62\x61llast/v1/store.proto\"\xc3\x01\n\x0eProfileOptions\x12\x0f\n\x07repeats\x18\x01 \x01(\r\x12\x0e\n\x06warmup\x18\x02 \x01(\r\x12\x0e\n\x06stride\x18\x03 \x01(\r\x12\x19\n\x11micro_batch_sizes\x18\x04 \x03(\r\x12\x18\n\x10intra_op_threads\x18\x05 \x01(\r\x12\x11\n\tcalibrate\x18\x06 \x01(\x08\x12\x1d\n\x15\x63\x61librate_group_sizes\x18\x07 \x03(\r\x12\x19\n\x11skip_memory_trace\x18\x08 \x01(\x08\"\xbe\x01\n\x0fProfileProgress\x12\r\n\x05phase\x18\x01 \x01(\t\x12\x13\n\x0blayer_index\x18\x02 \x01(\r\x12\x14\n\x0clayers_total\x18\x03 \x01(\r\x12\x18\n\x10micro_batch_size\x18\x04 \x01(\r\x12\x10\n\x08\x66raction\x18\x05 \x01(\x01\x12\x0f\n\x07message\x18\x06 \x01(\t\x12$\n\x07profile\x18\x07 \x01(\x0b\x32\x13.ballast.v1.Profile\x12\x0e\n\x06\x63\x61\x63hed\x18\x08 \x01(\x08\"M\n\x10\x43\x61librateRequest\x12\x13\n\x0bgroup_sizes\x18\x01 \x03(\r\x12\x13\n\x0bsizes_bytes\x18\x02 \x03(\x04\x12\x0f\n\x07\x62\x61\x63kend\x18\x03 \x01(\t\"\x9d\x02\n\x0eProfileRequest\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65vice_kind\x18\x02 \x01(\t\x12\x1c\n\x14max_micro_batch_size\x18\x03 \x01(\r\x12\x18\n\x10memory_cap_bytes\x18\x04 \x01(\x04\x12\x0f\n\x07refresh\x18\x05 \x01(\x08\x12$\n\x05model\x18\x06 \x01(\x0b\x32\x15.ballast.v1.ModelSpec\x12 \n\x05\x64type\x18\x07 \x01(\x0e\x32\x11.ballast.v1.DType\x12+\n\x07options\x18\x08 \x01(\x0b\x32\x1a.ballast.v1.ProfileOptions\x12\x12\n\nproject_to\x18\t \x01(\t\x12\x12\n\nanalytical\x18\n \x01(\x08\"S\n\x15ProjectProfileRequest\x12\x12\n\nprofile_id\x18\x01 \x01(\t\x12&\n\x06\x64\x65vice\x18\x02 \x01(\x0b\x32\x16.ballast.v1.DeviceSpec\"\x18\n\x16ListDeviceKindsRequest\"B\n\x17ListDeviceKindsResponse\x12\'\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x16.ballast.v1.DeviceSpec\"\xcb\x01\n\x0bPlanRequest\x12\x12\n\nprofile_id\x18\x01 \x01(\t\x12 \n\x05\x66leet\x18\x02 \x01(\x0b\x32\x11.ballast.v1.Fleet\x12\x19\n\x11global_batch_size\x18\x03 \x01(\r\x12\x1b\n\x13memory_budget_bytes\x18\x04 \x01(\x04\x12&\n\x06\x65ngine\x18\x05 \x01(\x0e\x32\x16.ballast.v1.PlanEngine\x12&\n\x08schedule\x18\x06 \x01(\x0e\x32\x14.ballast.v1.Schedule\"L\n\rPlanOperation\x12*\n\x07request\x18\x01 \x01(\x0b\x32\x19.ballast.v1.QueuedRequest\x12\x0f\n\x07plan_id\x18\x02 \x01(\t\"\'\n\x13\x43omparePlansRequest\x12\x10\n\x08plan_ids\x18\x01 \x03(\t\"\xdc\x02\n\x0ePlanComparison\x12\x0f\n\x07plan_id\x18\x01 \x01(\t\x12&\n\x06\x65ngine\x18\x02 \x01(\x0e\x32\x16.ballast.v1.PlanEngine\x12\x12\n\nprofile_id\x18\x03 \x01(\t\x12\x12\n\nfleet_name\x18\x04 \x01(\t\x12\x0f\n\x07\x64\x65vices\x18\x05 \x01(\r\x12\x19\n\x11global_batch_size\x18\x06 \x01(\r\x12\x18\n\x10micro_batch_size\x18\x07 \x01(\r\x12\x19\n\x11num_micro_batches\x18\x08 \x01(\r\x12\x17\n\x0fpipeline_stages\x18\t \x01(\r\x12&\n\x08schedule\x18\n \x01(\x0e\x32\x14.ballast.v1.Schedule\x12*\n\nprediction\x18\x0b \x01(\x0b\x32\x16.ballast.v1.Prediction\x12\x1b\n\x13relative_throughput\x18\x0c \x01(\x01\"W\n\x14\x43omparePlansResponse\x12)\n\x05plans\x18\x01 \x03(\x0b\x32\x1a.ballast.v1.PlanComparison\x12\x14\n\x0c\x62\x65st_plan_id\x18\x02 \x01(\t\"\x1b\n\x0b\x45\x63hoRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\"5\n\x10SubmitJobRequest\x12!\n\x04spec\x18\x01 \x01(\x0b\x32\x13.ballast.v1.JobSpec\"4\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x04\"2\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t2\xc2\x03\n\x0fProfilerService\x12:\n\x07Profile\x12\x1a.ballast.v1.ProfileRequest\x1a\x13.ballast.v1.Profile\x12H\n\x0eProjectProfile\x12!.ballast.v1.ProjectProfileRequest\x1a\x13.ballast.v1.Profile\x12Z\n\x0fListDeviceKinds\x12\".ballast.v1.ListDeviceKindsRequest\x1a#.ballast.v1.ListDeviceKindsResponse\x12J\n\rProfileStream\x12\x1a.ballast.v1.ProfileRequest\x1a\x1b.ballast.v1.ProfileProgress0\x01\x12\x39\n\nGetProfile\x12\x16.ballast.v1.GetRequest\x1a\x13.ballast.v1.Profile\x12\x46\n\tCalibrate\x12\x1c.ballast.v1.CalibrateRequest\x1a\x1b.ballast.v1.CommCalibration2\xce\x03\n\x0ePlannerService\x12:\n\x04Plan\x12\x17.ballast.v1.PlanRequest\x1a\x19.ballast.v1.PlanOperation\x12\x45\n\x10GetPlanOperation\x12\x16.ballast.v1.GetRequest\x1a\x19.ballast.v1.PlanOperation\x12:\n\x04\x45\x63ho\x12\x17.ballast.v1.EchoRequest\x1a\x19.ballast.v1.QueuedRequest\x12\x45\n\x10GetQueuedRequest\x12\x16.ballast.v1.GetRequest\x1a\x19.ballast.v1.QueuedRequest\x12\x33\n\x07GetPlan\x12\x16.ballast.v1.GetRequest\x1a\x10.ballast.v1.Plan\x12\x33\n\x06WhatIf\x12\x17.ballast.v1.PlanRequest\x1a\x10.ballast.v1.Plan\x12L\n\x07\x43ompare\x12\x1f.ballast.v1.ComparePlansRequest\x1a .ballast.v1.ComparePlansResponse2\xaf\x02\n\nJobService\x12\x37\n\x06Submit\x12\x1c.ballast.v1.SubmitJobRequest\x1a\x0f.ballast.v1.Job\x12.\n\x03Get\x12\x16.ballast.v1.GetRequest\x1a\x0f.ballast.v1.Job\x12\x41\n\x04List\x12\x1b.ballast.v1.ListJobsRequest\x1a\x1c.ballast.v1.ListJobsResponse\x12<\n\x05Watch\x12\x1b.ballast.v1.WatchJobRequest\x1a\x14.ballast.v1.JobEvent0\x01\x12\x37\n\x06\x43\x61ncel\x12\x1c.ballast.v1.CancelJobRequest\x1a\x0f.ballast.v1.Jobb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x62\x61llast/v1/services.proto\x12\nballast.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17\x62\x61llast/v1/common.proto\x1a\x16\x62\x61llast/v1/fleet.proto\x1a\x16\x62\x61llast/v1/model.proto\x1a\x14\x62\x61llast/v1/job.proto\x1a\x15\x62\x61llast/v1/plan.proto\x1a\x18\x62\x61llast/v1/profile.proto\x1a\x16\x62\x61llast/v1/queue.proto\x1a\x16\x62\x61llast/v1/store.proto\"\xc3\x01\n\x0eProfileOptions\x12\x0f\n\x07repeats\x18\x01 \x01(\r\x12\x0e\n\x06warmup\x18\x02 \x01(\r\x12\x0e\n\x06stride\x18\x03 \x01(\r\x12\x19\n\x11micro_batch_sizes\x18\x04 \x03(\r\x12\x18\n\x10intra_op_threads\x18\x05 \x01(\r\x12\x11\n\tcalibrate\x18\x06 \x01(\x08\x12\x1d\n\x15\x63\x61librate_group_sizes\x18\x07 \x03(\r\x12\x19\n\x11skip_memory_trace\x18\x08 \x01(\x08\"\xbe\x01\n\x0fProfileProgress\x12\r\n\x05phase\x18\x01 \x01(\t\x12\x13\n\x0blayer_index\x18\x02 \x01(\r\x12\x14\n\x0clayers_total\x18\x03 \x01(\r\x12\x18\n\x10micro_batch_size\x18\x04 \x01(\r\x12\x10\n\x08\x66raction\x18\x05 \x01(\x01\x12\x0f\n\x07message\x18\x06 \x01(\t\x12$\n\x07profile\x18\x07 \x01(\x0b\x32\x13.ballast.v1.Profile\x12\x0e\n\x06\x63\x61\x63hed\x18\x08 \x01(\x08\"M\n\x10\x43\x61librateRequest\x12\x13\n\x0bgroup_sizes\x18\x01 \x03(\r\x12\x13\n\x0bsizes_bytes\x18\x02 \x03(\x04\x12\x0f\n\x07\x62\x61\x63kend\x18\x03 \x01(\t\"\x9d\x02\n\x0eProfileRequest\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65vice_kind\x18\x02 \x01(\t\x12\x1c\n\x14max_micro_batch_size\x18\x03 \x01(\r\x12\x18\n\x10memory_cap_bytes\x18\x04 \x01(\x04\x12\x0f\n\x07refresh\x18\x05 \x01(\x08\x12$\n\x05model\x18\x06 \x01(\x0b\x32\x15.ballast.v1.ModelSpec\x12 \n\x05\x64type\x18\x07 \x01(\x0e\x32\x11.ballast.v1.DType\x12+\n\x07options\x18\x08 \x01(\x0b\x32\x1a.ballast.v1.ProfileOptions\x12\x12\n\nproject_to\x18\t \x01(\t\x12\x12\n\nanalytical\x18\n \x01(\x08\"S\n\x15ProjectProfileRequest\x12\x12\n\nprofile_id\x18\x01 \x01(\t\x12&\n\x06\x64\x65vice\x18\x02 \x01(\x0b\x32\x16.ballast.v1.DeviceSpec\"\x18\n\x16ListDeviceKindsRequest\"B\n\x17ListDeviceKindsResponse\x12\'\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x16.ballast.v1.DeviceSpec\"\xcb\x01\n\x0bPlanRequest\x12\x12\n\nprofile_id\x18\x01 \x01(\t\x12 \n\x05\x66leet\x18\x02 \x01(\x0b\x32\x11.ballast.v1.Fleet\x12\x19\n\x11global_batch_size\x18\x03 \x01(\r\x12\x1b\n\x13memory_budget_bytes\x18\x04 \x01(\x04\x12&\n\x06\x65ngine\x18\x05 \x01(\x0e\x32\x16.ballast.v1.PlanEngine\x12&\n\x08schedule\x18\x06 \x01(\x0e\x32\x14.ballast.v1.Schedule\"L\n\rPlanOperation\x12*\n\x07request\x18\x01 \x01(\x0b\x32\x19.ballast.v1.QueuedRequest\x12\x0f\n\x07plan_id\x18\x02 \x01(\t\"\'\n\x13\x43omparePlansRequest\x12\x10\n\x08plan_ids\x18\x01 \x03(\t\"\xdc\x02\n\x0ePlanComparison\x12\x0f\n\x07plan_id\x18\x01 \x01(\t\x12&\n\x06\x65ngine\x18\x02 \x01(\x0e\x32\x16.ballast.v1.PlanEngine\x12\x12\n\nprofile_id\x18\x03 \x01(\t\x12\x12\n\nfleet_name\x18\x04 \x01(\t\x12\x0f\n\x07\x64\x65vices\x18\x05 \x01(\r\x12\x19\n\x11global_batch_size\x18\x06 \x01(\r\x12\x18\n\x10micro_batch_size\x18\x07 \x01(\r\x12\x19\n\x11num_micro_batches\x18\x08 \x01(\r\x12\x17\n\x0fpipeline_stages\x18\t \x01(\r\x12&\n\x08schedule\x18\n \x01(\x0e\x32\x14.ballast.v1.Schedule\x12*\n\nprediction\x18\x0b \x01(\x0b\x32\x16.ballast.v1.Prediction\x12\x1b\n\x13relative_throughput\x18\x0c \x01(\x01\"W\n\x14\x43omparePlansResponse\x12)\n\x05plans\x18\x01 \x03(\x0b\x32\x1a.ballast.v1.PlanComparison\x12\x14\n\x0c\x62\x65st_plan_id\x18\x02 \x01(\t\"\x1b\n\x0b\x45\x63hoRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\"5\n\x10SubmitJobRequest\x12!\n\x04spec\x18\x01 \x01(\x0b\x32\x13.ballast.v1.JobSpec\"4\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x04\"2\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\xd9\x02\n\nQueueEntry\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12\x16\n\x0epriority_class\x18\x04 \x01(\t\x12\x10\n\x08priority\x18\x05 \x01(\x05\x12\x10\n\x08position\x18\x06 \x01(\r\x12\x0f\n\x07\x64\x65vices\x18\x07 \x01(\r\x12\x13\n\x0b\x64\x65vice_kind\x18\x08 \x01(\t\x12&\n\x06reason\x18\t \x01(\x0e\x32\x16.ballast.v1.WaitReason\x12\x0e\n\x06\x64\x65tail\x18\n \x01(\t\x12\x19\n\x11predicted_start_s\x18\x0b \x01(\x01\x12\x1c\n\x14predicted_duration_s\x18\x0c \x01(\x01\x12\x30\n\x0csubmitted_at\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0bpreemptions\x18\x0e \x01(\r\"\x12\n\x10ListQueueRequest\"<\n\x11ListQueueResponse\x12\'\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x16.ballast.v1.QueueEntry\"\xb3\x01\n\x0b\x46leetDevice\x12%\n\x06\x64\x65vice\x18\x01 \x01(\x0b\x32\x15.ballast.v1.DeviceRef\x12\x11\n\thost_name\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65vice_kind\x18\x03 \x01(\t\x12\x0e\n\x06online\x18\x04 \x01(\x08\x12&\n\x05lease\x18\x05 \x01(\x0b\x32\x17.ballast.v1.DeviceLease\x12\x1d\n\x15utilisation_last_hour\x18\x06 \x01(\x01\"\x11\n\x0fGetFleetRequest\"e\n\x10GetFleetResponse\x12(\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x17.ballast.v1.FleetDevice\x12\'\n\x06policy\x18\x02 \x01(\x0b\x32\x17.ballast.v1.FleetPolicy*\xcd\x01\n\nWaitReason\x12\x1b\n\x17WAIT_REASON_UNSPECIFIED\x10\x00\x12\x1c\n\x18WAIT_REASON_DEVICES_BUSY\x10\x01\x12\x15\n\x11WAIT_REASON_QUOTA\x10\x02\x12\x19\n\x15WAIT_REASON_JOB_AHEAD\x10\x03\x12\x1b\n\x17WAIT_REASON_NO_EXECUTOR\x10\x04\x12\x19\n\x15WAIT_REASON_PREEMPTED\x10\x05\x12\x1a\n\x16WAIT_REASON_REPLANNING\x10\x06\x32\xc2\x03\n\x0fProfilerService\x12:\n\x07Profile\x12\x1a.ballast.v1.ProfileRequest\x1a\x13.ballast.v1.Profile\x12H\n\x0eProjectProfile\x12!.ballast.v1.ProjectProfileRequest\x1a\x13.ballast.v1.Profile\x12Z\n\x0fListDeviceKinds\x12\".ballast.v1.ListDeviceKindsRequest\x1a#.ballast.v1.ListDeviceKindsResponse\x12J\n\rProfileStream\x12\x1a.ballast.v1.ProfileRequest\x1a\x1b.ballast.v1.ProfileProgress0\x01\x12\x39\n\nGetProfile\x12\x16.ballast.v1.GetRequest\x1a\x13.ballast.v1.Profile\x12\x46\n\tCalibrate\x12\x1c.ballast.v1.CalibrateRequest\x1a\x1b.ballast.v1.CommCalibration2\xce\x03\n\x0ePlannerService\x12:\n\x04Plan\x12\x17.ballast.v1.PlanRequest\x1a\x19.ballast.v1.PlanOperation\x12\x45\n\x10GetPlanOperation\x12\x16.ballast.v1.GetRequest\x1a\x19.ballast.v1.PlanOperation\x12:\n\x04\x45\x63ho\x12\x17.ballast.v1.EchoRequest\x1a\x19.ballast.v1.QueuedRequest\x12\x45\n\x10GetQueuedRequest\x12\x16.ballast.v1.GetRequest\x1a\x19.ballast.v1.QueuedRequest\x12\x33\n\x07GetPlan\x12\x16.ballast.v1.GetRequest\x1a\x10.ballast.v1.Plan\x12\x33\n\x06WhatIf\x12\x17.ballast.v1.PlanRequest\x1a\x10.ballast.v1.Plan\x12L\n\x07\x43ompare\x12\x1f.ballast.v1.ComparePlansRequest\x1a .ballast.v1.ComparePlansResponse2\xaf\x02\n\nJobService\x12\x37\n\x06Submit\x12\x1c.ballast.v1.SubmitJobRequest\x1a\x0f.ballast.v1.Job\x12.\n\x03Get\x12\x16.ballast.v1.GetRequest\x1a\x0f.ballast.v1.Job\x12\x41\n\x04List\x12\x1b.ballast.v1.ListJobsRequest\x1a\x1c.ballast.v1.ListJobsResponse\x12<\n\x05Watch\x12\x1b.ballast.v1.WatchJobRequest\x1a\x14.ballast.v1.JobEvent0\x01\x12\x37\n\x06\x43\x61ncel\x12\x1c.ballast.v1.CancelJobRequest\x1a\x0f.ballast.v1.Job2\xfe\x02\n\x0c\x46leetService\x12H\n\tListQueue\x12\x1c.ballast.v1.ListQueueRequest\x1a\x1d.ballast.v1.ListQueueResponse\x12\x45\n\x08GetFleet\x12\x1b.ballast.v1.GetFleetRequest\x1a\x1c.ballast.v1.GetFleetResponse\x12K\n\nListLeases\x12\x1d.ballast.v1.ListLeasesRequest\x1a\x1e.ballast.v1.ListLeasesResponse\x12G\n\tGetPolicy\x12!.ballast.v1.GetFleetPolicyRequest\x1a\x17.ballast.v1.FleetPolicy\x12G\n\tSetPolicy\x12!.ballast.v1.SetFleetPolicyRequest\x1a\x17.ballast.v1.FleetPolicyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ballast.v1.services_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PROFILEOPTIONS']._serialized_start=234
-  _globals['_PROFILEOPTIONS']._serialized_end=429
-  _globals['_PROFILEPROGRESS']._serialized_start=432
-  _globals['_PROFILEPROGRESS']._serialized_end=622
-  _globals['_CALIBRATEREQUEST']._serialized_start=624
-  _globals['_CALIBRATEREQUEST']._serialized_end=701
-  _globals['_PROFILEREQUEST']._serialized_start=704
-  _globals['_PROFILEREQUEST']._serialized_end=989
-  _globals['_PROJECTPROFILEREQUEST']._serialized_start=991
-  _globals['_PROJECTPROFILEREQUEST']._serialized_end=1074
-  _globals['_LISTDEVICEKINDSREQUEST']._serialized_start=1076
-  _globals['_LISTDEVICEKINDSREQUEST']._serialized_end=1100
-  _globals['_LISTDEVICEKINDSRESPONSE']._serialized_start=1102
-  _globals['_LISTDEVICEKINDSRESPONSE']._serialized_end=1168
-  _globals['_PLANREQUEST']._serialized_start=1171
-  _globals['_PLANREQUEST']._serialized_end=1374
-  _globals['_PLANOPERATION']._serialized_start=1376
-  _globals['_PLANOPERATION']._serialized_end=1452
-  _globals['_COMPAREPLANSREQUEST']._serialized_start=1454
-  _globals['_COMPAREPLANSREQUEST']._serialized_end=1493
-  _globals['_PLANCOMPARISON']._serialized_start=1496
-  _globals['_PLANCOMPARISON']._serialized_end=1844
-  _globals['_COMPAREPLANSRESPONSE']._serialized_start=1846
-  _globals['_COMPAREPLANSRESPONSE']._serialized_end=1933
-  _globals['_ECHOREQUEST']._serialized_start=1935
-  _globals['_ECHOREQUEST']._serialized_end=1962
-  _globals['_SUBMITJOBREQUEST']._serialized_start=1964
-  _globals['_SUBMITJOBREQUEST']._serialized_end=2017
-  _globals['_WATCHJOBREQUEST']._serialized_start=2019
-  _globals['_WATCHJOBREQUEST']._serialized_end=2071
-  _globals['_CANCELJOBREQUEST']._serialized_start=2073
-  _globals['_CANCELJOBREQUEST']._serialized_end=2123
-  _globals['_PROFILERSERVICE']._serialized_start=2126
-  _globals['_PROFILERSERVICE']._serialized_end=2576
-  _globals['_PLANNERSERVICE']._serialized_start=2579
-  _globals['_PLANNERSERVICE']._serialized_end=3041
-  _globals['_JOBSERVICE']._serialized_start=3044
-  _globals['_JOBSERVICE']._serialized_end=3347
+  _globals['_WAITREASON']._serialized_start=2893
+  _globals['_WAITREASON']._serialized_end=3098
+  _globals['_PROFILEOPTIONS']._serialized_start=267
+  _globals['_PROFILEOPTIONS']._serialized_end=462
+  _globals['_PROFILEPROGRESS']._serialized_start=465
+  _globals['_PROFILEPROGRESS']._serialized_end=655
+  _globals['_CALIBRATEREQUEST']._serialized_start=657
+  _globals['_CALIBRATEREQUEST']._serialized_end=734
+  _globals['_PROFILEREQUEST']._serialized_start=737
+  _globals['_PROFILEREQUEST']._serialized_end=1022
+  _globals['_PROJECTPROFILEREQUEST']._serialized_start=1024
+  _globals['_PROJECTPROFILEREQUEST']._serialized_end=1107
+  _globals['_LISTDEVICEKINDSREQUEST']._serialized_start=1109
+  _globals['_LISTDEVICEKINDSREQUEST']._serialized_end=1133
+  _globals['_LISTDEVICEKINDSRESPONSE']._serialized_start=1135
+  _globals['_LISTDEVICEKINDSRESPONSE']._serialized_end=1201
+  _globals['_PLANREQUEST']._serialized_start=1204
+  _globals['_PLANREQUEST']._serialized_end=1407
+  _globals['_PLANOPERATION']._serialized_start=1409
+  _globals['_PLANOPERATION']._serialized_end=1485
+  _globals['_COMPAREPLANSREQUEST']._serialized_start=1487
+  _globals['_COMPAREPLANSREQUEST']._serialized_end=1526
+  _globals['_PLANCOMPARISON']._serialized_start=1529
+  _globals['_PLANCOMPARISON']._serialized_end=1877
+  _globals['_COMPAREPLANSRESPONSE']._serialized_start=1879
+  _globals['_COMPAREPLANSRESPONSE']._serialized_end=1966
+  _globals['_ECHOREQUEST']._serialized_start=1968
+  _globals['_ECHOREQUEST']._serialized_end=1995
+  _globals['_SUBMITJOBREQUEST']._serialized_start=1997
+  _globals['_SUBMITJOBREQUEST']._serialized_end=2050
+  _globals['_WATCHJOBREQUEST']._serialized_start=2052
+  _globals['_WATCHJOBREQUEST']._serialized_end=2104
+  _globals['_CANCELJOBREQUEST']._serialized_start=2106
+  _globals['_CANCELJOBREQUEST']._serialized_end=2156
+  _globals['_QUEUEENTRY']._serialized_start=2159
+  _globals['_QUEUEENTRY']._serialized_end=2504
+  _globals['_LISTQUEUEREQUEST']._serialized_start=2506
+  _globals['_LISTQUEUEREQUEST']._serialized_end=2524
+  _globals['_LISTQUEUERESPONSE']._serialized_start=2526
+  _globals['_LISTQUEUERESPONSE']._serialized_end=2586
+  _globals['_FLEETDEVICE']._serialized_start=2589
+  _globals['_FLEETDEVICE']._serialized_end=2768
+  _globals['_GETFLEETREQUEST']._serialized_start=2770
+  _globals['_GETFLEETREQUEST']._serialized_end=2787
+  _globals['_GETFLEETRESPONSE']._serialized_start=2789
+  _globals['_GETFLEETRESPONSE']._serialized_end=2890
+  _globals['_PROFILERSERVICE']._serialized_start=3101
+  _globals['_PROFILERSERVICE']._serialized_end=3551
+  _globals['_PLANNERSERVICE']._serialized_start=3554
+  _globals['_PLANNERSERVICE']._serialized_end=4016
+  _globals['_JOBSERVICE']._serialized_start=4019
+  _globals['_JOBSERVICE']._serialized_end=4322
+  _globals['_FLEETSERVICE']._serialized_start=4325
+  _globals['_FLEETSERVICE']._serialized_end=4707
 # @@protoc_insertion_point(module_scope)

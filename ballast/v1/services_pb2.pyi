@@ -1,3 +1,6 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from ballast.v1 import common_pb2 as _common_pb2
 from ballast.v1 import fleet_pb2 as _fleet_pb2
 from ballast.v1 import model_pb2 as _model_pb2
@@ -7,12 +10,30 @@ from ballast.v1 import profile_pb2 as _profile_pb2
 from ballast.v1 import queue_pb2 as _queue_pb2
 from ballast.v1 import store_pb2 as _store_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class WaitReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WAIT_REASON_UNSPECIFIED: _ClassVar[WaitReason]
+    WAIT_REASON_DEVICES_BUSY: _ClassVar[WaitReason]
+    WAIT_REASON_QUOTA: _ClassVar[WaitReason]
+    WAIT_REASON_JOB_AHEAD: _ClassVar[WaitReason]
+    WAIT_REASON_NO_EXECUTOR: _ClassVar[WaitReason]
+    WAIT_REASON_PREEMPTED: _ClassVar[WaitReason]
+    WAIT_REASON_REPLANNING: _ClassVar[WaitReason]
+WAIT_REASON_UNSPECIFIED: WaitReason
+WAIT_REASON_DEVICES_BUSY: WaitReason
+WAIT_REASON_QUOTA: WaitReason
+WAIT_REASON_JOB_AHEAD: WaitReason
+WAIT_REASON_NO_EXECUTOR: WaitReason
+WAIT_REASON_PREEMPTED: WaitReason
+WAIT_REASON_REPLANNING: WaitReason
 
 class ProfileOptions(_message.Message):
     __slots__ = ("repeats", "warmup", "stride", "micro_batch_sizes", "intra_op_threads", "calibrate", "calibrate_group_sizes", "skip_memory_trace")
@@ -199,3 +220,73 @@ class CancelJobRequest(_message.Message):
     job_id: str
     reason: str
     def __init__(self, job_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class QueueEntry(_message.Message):
+    __slots__ = ("job_id", "tenant_id", "tenant", "priority_class", "priority", "position", "devices", "device_kind", "reason", "detail", "predicted_start_s", "predicted_duration_s", "submitted_at", "preemptions")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_CLASS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_KIND_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_START_S_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    SUBMITTED_AT_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    tenant_id: str
+    tenant: str
+    priority_class: str
+    priority: int
+    position: int
+    devices: int
+    device_kind: str
+    reason: WaitReason
+    detail: str
+    predicted_start_s: float
+    predicted_duration_s: float
+    submitted_at: _timestamp_pb2.Timestamp
+    preemptions: int
+    def __init__(self, job_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., tenant: _Optional[str] = ..., priority_class: _Optional[str] = ..., priority: _Optional[int] = ..., position: _Optional[int] = ..., devices: _Optional[int] = ..., device_kind: _Optional[str] = ..., reason: _Optional[_Union[WaitReason, str]] = ..., detail: _Optional[str] = ..., predicted_start_s: _Optional[float] = ..., predicted_duration_s: _Optional[float] = ..., submitted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., preemptions: _Optional[int] = ...) -> None: ...
+
+class ListQueueRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListQueueResponse(_message.Message):
+    __slots__ = ("entries",)
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[QueueEntry]
+    def __init__(self, entries: _Optional[_Iterable[_Union[QueueEntry, _Mapping]]] = ...) -> None: ...
+
+class FleetDevice(_message.Message):
+    __slots__ = ("device", "host_name", "device_kind", "online", "lease", "utilisation_last_hour")
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    HOST_NAME_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_KIND_FIELD_NUMBER: _ClassVar[int]
+    ONLINE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    UTILISATION_LAST_HOUR_FIELD_NUMBER: _ClassVar[int]
+    device: _fleet_pb2.DeviceRef
+    host_name: str
+    device_kind: str
+    online: bool
+    lease: _fleet_pb2.DeviceLease
+    utilisation_last_hour: float
+    def __init__(self, device: _Optional[_Union[_fleet_pb2.DeviceRef, _Mapping]] = ..., host_name: _Optional[str] = ..., device_kind: _Optional[str] = ..., online: _Optional[bool] = ..., lease: _Optional[_Union[_fleet_pb2.DeviceLease, _Mapping]] = ..., utilisation_last_hour: _Optional[float] = ...) -> None: ...
+
+class GetFleetRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetFleetResponse(_message.Message):
+    __slots__ = ("devices", "policy")
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    devices: _containers.RepeatedCompositeFieldContainer[FleetDevice]
+    policy: _fleet_pb2.FleetPolicy
+    def __init__(self, devices: _Optional[_Iterable[_Union[FleetDevice, _Mapping]]] = ..., policy: _Optional[_Union[_fleet_pb2.FleetPolicy, _Mapping]] = ...) -> None: ...

@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from ballast.v1 import fleet_pb2 as ballast_dot_v1_dot_fleet__pb2
 from ballast.v1 import job_pb2 as ballast_dot_v1_dot_job__pb2
 from ballast.v1 import plan_pb2 as ballast_dot_v1_dot_plan__pb2
 from ballast.v1 import profile_pb2 as ballast_dot_v1_dot_profile__pb2
@@ -909,6 +910,258 @@ class JobService:
             '/ballast.v1.JobService/Cancel',
             ballast_dot_v1_dot_services__pb2.CancelJobRequest.SerializeToString,
             ballast_dot_v1_dot_job__pb2.Job.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
+class FleetServiceStub:
+    """The shared fleet: queue, leases, policy.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.ListQueue = channel.unary_unary(
+                '/ballast.v1.FleetService/ListQueue',
+                request_serializer=ballast_dot_v1_dot_services__pb2.ListQueueRequest.SerializeToString,
+                response_deserializer=ballast_dot_v1_dot_services__pb2.ListQueueResponse.FromString,
+                _registered_method=True)
+        self.GetFleet = channel.unary_unary(
+                '/ballast.v1.FleetService/GetFleet',
+                request_serializer=ballast_dot_v1_dot_services__pb2.GetFleetRequest.SerializeToString,
+                response_deserializer=ballast_dot_v1_dot_services__pb2.GetFleetResponse.FromString,
+                _registered_method=True)
+        self.ListLeases = channel.unary_unary(
+                '/ballast.v1.FleetService/ListLeases',
+                request_serializer=ballast_dot_v1_dot_store__pb2.ListLeasesRequest.SerializeToString,
+                response_deserializer=ballast_dot_v1_dot_store__pb2.ListLeasesResponse.FromString,
+                _registered_method=True)
+        self.GetPolicy = channel.unary_unary(
+                '/ballast.v1.FleetService/GetPolicy',
+                request_serializer=ballast_dot_v1_dot_store__pb2.GetFleetPolicyRequest.SerializeToString,
+                response_deserializer=ballast_dot_v1_dot_fleet__pb2.FleetPolicy.FromString,
+                _registered_method=True)
+        self.SetPolicy = channel.unary_unary(
+                '/ballast.v1.FleetService/SetPolicy',
+                request_serializer=ballast_dot_v1_dot_store__pb2.SetFleetPolicyRequest.SerializeToString,
+                response_deserializer=ballast_dot_v1_dot_fleet__pb2.FleetPolicy.FromString,
+                _registered_method=True)
+
+
+class FleetServiceServicer:
+    """The shared fleet: queue, leases, policy.
+    """
+
+    def ListQueue(self, request, context):
+        """The queue in admission order, with reasons and predicted starts.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetFleet(self, request, context):
+        """Every device, who leases it, and its utilisation.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListLeases(self, request, context):
+        """Device leases, live or past.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetPolicy(self, request, context):
+        """The fleet policy (a version, or the current one).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetPolicy(self, request, context):
+        """Store a new fleet policy version (admin token only).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_FleetServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'ListQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListQueue,
+                    request_deserializer=ballast_dot_v1_dot_services__pb2.ListQueueRequest.FromString,
+                    response_serializer=ballast_dot_v1_dot_services__pb2.ListQueueResponse.SerializeToString,
+            ),
+            'GetFleet': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetFleet,
+                    request_deserializer=ballast_dot_v1_dot_services__pb2.GetFleetRequest.FromString,
+                    response_serializer=ballast_dot_v1_dot_services__pb2.GetFleetResponse.SerializeToString,
+            ),
+            'ListLeases': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListLeases,
+                    request_deserializer=ballast_dot_v1_dot_store__pb2.ListLeasesRequest.FromString,
+                    response_serializer=ballast_dot_v1_dot_store__pb2.ListLeasesResponse.SerializeToString,
+            ),
+            'GetPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPolicy,
+                    request_deserializer=ballast_dot_v1_dot_store__pb2.GetFleetPolicyRequest.FromString,
+                    response_serializer=ballast_dot_v1_dot_fleet__pb2.FleetPolicy.SerializeToString,
+            ),
+            'SetPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetPolicy,
+                    request_deserializer=ballast_dot_v1_dot_store__pb2.SetFleetPolicyRequest.FromString,
+                    response_serializer=ballast_dot_v1_dot_fleet__pb2.FleetPolicy.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'ballast.v1.FleetService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('ballast.v1.FleetService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class FleetService:
+    """The shared fleet: queue, leases, policy.
+    """
+
+    @staticmethod
+    def ListQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ballast.v1.FleetService/ListQueue',
+            ballast_dot_v1_dot_services__pb2.ListQueueRequest.SerializeToString,
+            ballast_dot_v1_dot_services__pb2.ListQueueResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetFleet(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ballast.v1.FleetService/GetFleet',
+            ballast_dot_v1_dot_services__pb2.GetFleetRequest.SerializeToString,
+            ballast_dot_v1_dot_services__pb2.GetFleetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListLeases(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ballast.v1.FleetService/ListLeases',
+            ballast_dot_v1_dot_store__pb2.ListLeasesRequest.SerializeToString,
+            ballast_dot_v1_dot_store__pb2.ListLeasesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ballast.v1.FleetService/GetPolicy',
+            ballast_dot_v1_dot_store__pb2.GetFleetPolicyRequest.SerializeToString,
+            ballast_dot_v1_dot_fleet__pb2.FleetPolicy.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ballast.v1.FleetService/SetPolicy',
+            ballast_dot_v1_dot_store__pb2.SetFleetPolicyRequest.SerializeToString,
+            ballast_dot_v1_dot_fleet__pb2.FleetPolicy.FromString,
             options,
             channel_credentials,
             insecure,

@@ -440,6 +440,72 @@ class ListWorkersResponse(_message.Message):
     workers: _containers.RepeatedCompositeFieldContainer[_queue_pb2.WorkerHeartbeat]
     def __init__(self, workers: _Optional[_Iterable[_Union[_queue_pb2.WorkerHeartbeat, _Mapping]]] = ...) -> None: ...
 
+class AcquireLeasesRequest(_message.Message):
+    __slots__ = ("job_id", "devices")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    devices: _containers.RepeatedCompositeFieldContainer[_fleet_pb2.DeviceRef]
+    def __init__(self, job_id: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[_fleet_pb2.DeviceRef, _Mapping]]] = ...) -> None: ...
+
+class AcquireLeasesResponse(_message.Message):
+    __slots__ = ("leases",)
+    LEASES_FIELD_NUMBER: _ClassVar[int]
+    leases: _containers.RepeatedCompositeFieldContainer[_fleet_pb2.DeviceLease]
+    def __init__(self, leases: _Optional[_Iterable[_Union[_fleet_pb2.DeviceLease, _Mapping]]] = ...) -> None: ...
+
+class EndLeasesRequest(_message.Message):
+    __slots__ = ("job_id", "reason", "host_id")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    reason: _fleet_pb2.LeaseEndReason
+    host_id: str
+    def __init__(self, job_id: _Optional[str] = ..., reason: _Optional[_Union[_fleet_pb2.LeaseEndReason, str]] = ..., host_id: _Optional[str] = ...) -> None: ...
+
+class EndLeasesResponse(_message.Message):
+    __slots__ = ("ended",)
+    ENDED_FIELD_NUMBER: _ClassVar[int]
+    ended: int
+    def __init__(self, ended: _Optional[int] = ...) -> None: ...
+
+class ListLeasesRequest(_message.Message):
+    __slots__ = ("live_only", "job_id", "host_id", "since", "page")
+    LIVE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_FIELD_NUMBER: _ClassVar[int]
+    live_only: bool
+    job_id: str
+    host_id: str
+    since: _timestamp_pb2.Timestamp
+    page: _common_pb2.PageRequest
+    def __init__(self, live_only: _Optional[bool] = ..., job_id: _Optional[str] = ..., host_id: _Optional[str] = ..., since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., page: _Optional[_Union[_common_pb2.PageRequest, _Mapping]] = ...) -> None: ...
+
+class ListLeasesResponse(_message.Message):
+    __slots__ = ("leases", "next_page_token")
+    LEASES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    leases: _containers.RepeatedCompositeFieldContainer[_fleet_pb2.DeviceLease]
+    next_page_token: str
+    def __init__(self, leases: _Optional[_Iterable[_Union[_fleet_pb2.DeviceLease, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class GetFleetPolicyRequest(_message.Message):
+    __slots__ = ("version",)
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    def __init__(self, version: _Optional[int] = ...) -> None: ...
+
+class SetFleetPolicyRequest(_message.Message):
+    __slots__ = ("policy", "expected_version")
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    policy: _fleet_pb2.FleetPolicy
+    expected_version: int
+    def __init__(self, policy: _Optional[_Union[_fleet_pb2.FleetPolicy, _Mapping]] = ..., expected_version: _Optional[int] = ...) -> None: ...
+
 class QueryRequest(_message.Message):
     __slots__ = ("sql", "row_limit", "timeout_s")
     SQL_FIELD_NUMBER: _ClassVar[int]

@@ -242,6 +242,31 @@ class StoreServiceStub:
                 request_serializer=ballast_dot_v1_dot_store__pb2.QueryRequest.SerializeToString,
                 response_deserializer=ballast_dot_v1_dot_store__pb2.QueryResponse.FromString,
                 _registered_method=True)
+        self.AcquireLeases = channel.unary_unary(
+                '/ballast.v1.StoreService/AcquireLeases',
+                request_serializer=ballast_dot_v1_dot_store__pb2.AcquireLeasesRequest.SerializeToString,
+                response_deserializer=ballast_dot_v1_dot_store__pb2.AcquireLeasesResponse.FromString,
+                _registered_method=True)
+        self.EndLeases = channel.unary_unary(
+                '/ballast.v1.StoreService/EndLeases',
+                request_serializer=ballast_dot_v1_dot_store__pb2.EndLeasesRequest.SerializeToString,
+                response_deserializer=ballast_dot_v1_dot_store__pb2.EndLeasesResponse.FromString,
+                _registered_method=True)
+        self.ListLeases = channel.unary_unary(
+                '/ballast.v1.StoreService/ListLeases',
+                request_serializer=ballast_dot_v1_dot_store__pb2.ListLeasesRequest.SerializeToString,
+                response_deserializer=ballast_dot_v1_dot_store__pb2.ListLeasesResponse.FromString,
+                _registered_method=True)
+        self.GetFleetPolicy = channel.unary_unary(
+                '/ballast.v1.StoreService/GetFleetPolicy',
+                request_serializer=ballast_dot_v1_dot_store__pb2.GetFleetPolicyRequest.SerializeToString,
+                response_deserializer=ballast_dot_v1_dot_fleet__pb2.FleetPolicy.FromString,
+                _registered_method=True)
+        self.SetFleetPolicy = channel.unary_unary(
+                '/ballast.v1.StoreService/SetFleetPolicy',
+                request_serializer=ballast_dot_v1_dot_store__pb2.SetFleetPolicyRequest.SerializeToString,
+                response_deserializer=ballast_dot_v1_dot_fleet__pb2.FleetPolicy.FromString,
+                _registered_method=True)
         self.GetSchemaStatus = channel.unary_unary(
                 '/ballast.v1.StoreService/GetSchemaStatus',
                 request_serializer=ballast_dot_v1_dot_store__pb2.SchemaStatusRequest.SerializeToString,
@@ -533,6 +558,41 @@ class StoreServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AcquireLeases(self, request, context):
+        """Lease devices to a job, all or none (platform).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndLeases(self, request, context):
+        """End a job's live leases (platform).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListLeases(self, request, context):
+        """List device leases (a tenant sees its own jobs' leases; the platform sees all).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetFleetPolicy(self, request, context):
+        """Read the fleet policy.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetFleetPolicy(self, request, context):
+        """Store a new fleet policy version (admin).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetSchemaStatus(self, request, context):
         """Schema revision and dialect.
         """
@@ -742,6 +802,31 @@ def add_StoreServiceServicer_to_server(servicer, server):
                     servicer.Query,
                     request_deserializer=ballast_dot_v1_dot_store__pb2.QueryRequest.FromString,
                     response_serializer=ballast_dot_v1_dot_store__pb2.QueryResponse.SerializeToString,
+            ),
+            'AcquireLeases': grpc.unary_unary_rpc_method_handler(
+                    servicer.AcquireLeases,
+                    request_deserializer=ballast_dot_v1_dot_store__pb2.AcquireLeasesRequest.FromString,
+                    response_serializer=ballast_dot_v1_dot_store__pb2.AcquireLeasesResponse.SerializeToString,
+            ),
+            'EndLeases': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndLeases,
+                    request_deserializer=ballast_dot_v1_dot_store__pb2.EndLeasesRequest.FromString,
+                    response_serializer=ballast_dot_v1_dot_store__pb2.EndLeasesResponse.SerializeToString,
+            ),
+            'ListLeases': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListLeases,
+                    request_deserializer=ballast_dot_v1_dot_store__pb2.ListLeasesRequest.FromString,
+                    response_serializer=ballast_dot_v1_dot_store__pb2.ListLeasesResponse.SerializeToString,
+            ),
+            'GetFleetPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetFleetPolicy,
+                    request_deserializer=ballast_dot_v1_dot_store__pb2.GetFleetPolicyRequest.FromString,
+                    response_serializer=ballast_dot_v1_dot_fleet__pb2.FleetPolicy.SerializeToString,
+            ),
+            'SetFleetPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetFleetPolicy,
+                    request_deserializer=ballast_dot_v1_dot_store__pb2.SetFleetPolicyRequest.FromString,
+                    response_serializer=ballast_dot_v1_dot_fleet__pb2.FleetPolicy.SerializeToString,
             ),
             'GetSchemaStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetSchemaStatus,
@@ -1830,6 +1915,141 @@ class StoreService:
             '/ballast.v1.StoreService/Query',
             ballast_dot_v1_dot_store__pb2.QueryRequest.SerializeToString,
             ballast_dot_v1_dot_store__pb2.QueryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AcquireLeases(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ballast.v1.StoreService/AcquireLeases',
+            ballast_dot_v1_dot_store__pb2.AcquireLeasesRequest.SerializeToString,
+            ballast_dot_v1_dot_store__pb2.AcquireLeasesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndLeases(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ballast.v1.StoreService/EndLeases',
+            ballast_dot_v1_dot_store__pb2.EndLeasesRequest.SerializeToString,
+            ballast_dot_v1_dot_store__pb2.EndLeasesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListLeases(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ballast.v1.StoreService/ListLeases',
+            ballast_dot_v1_dot_store__pb2.ListLeasesRequest.SerializeToString,
+            ballast_dot_v1_dot_store__pb2.ListLeasesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetFleetPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ballast.v1.StoreService/GetFleetPolicy',
+            ballast_dot_v1_dot_store__pb2.GetFleetPolicyRequest.SerializeToString,
+            ballast_dot_v1_dot_fleet__pb2.FleetPolicy.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetFleetPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ballast.v1.StoreService/SetFleetPolicy',
+            ballast_dot_v1_dot_store__pb2.SetFleetPolicyRequest.SerializeToString,
+            ballast_dot_v1_dot_fleet__pb2.FleetPolicy.FromString,
             options,
             channel_credentials,
             insecure,

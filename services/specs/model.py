@@ -163,6 +163,7 @@ def validate_job_spec(spec: job_pb2.JobSpec, allowed_factories: Iterable[str] = 
                 "fleet device kind is not set", field="spec.fleet.device.kind", fix='e.g. "cpu"'
             )
         _positive(fleet, ("devices_per_node", "nodes"), "spec.fleet")
+    _device_range(spec)
     seen: set[tuple[int, int]] = set()
     for i, toggle in enumerate(spec.layer_toggles):
         if toggle.iteration >= spec.iterations:
@@ -174,6 +175,20 @@ def validate_job_spec(spec: job_pb2.JobSpec, allowed_factories: Iterable[str] = 
             raise InvalidArgument(f"layer {key[0]} is switched twice at iteration {key[1]}",
                                   field=f"spec.layer_toggles[{i}]", fix="keep one toggle per layer and iteration")
         seen.add(key)
+
+
+def _device_range(spec: job_pb2.JobSpec) -> None:
+    """min/max devices come as a pair of counts >= 1, low before high (both 0: no re-plan range)."""
+    low, high = spec.min_devices, spec.max_devices
+    if not low and not high:
+        return
+    if not low or not high:
+        field = "spec.min_devices" if not low else "spec.max_devices"
+        raise InvalidArgument("the device range needs both ends, each at least 1", field=field,
+                              fix="set --min-devices and --max-devices together (or neither)")
+    if low > high:
+        raise InvalidArgument(f"min_devices {low} is above max_devices {high}", field="spec.min_devices",
+                              fix=f"use a min_devices of at most {high}, or raise max_devices")
 
 
 def model_signature(spec: model_pb2.ModelSpec) -> str:

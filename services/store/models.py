@@ -265,6 +265,8 @@ class Job(Base):
     spec: Mapped[dict[str, Any]]
     created_at: Mapped[datetime] = mapped_column(index=True)
     updated_at: Mapped[datetime]
+    # The fleet policy's class the job runs under (resolved at submit), so wait times group by it in SQL.
+    priority_class: Mapped[str] = mapped_column(sa.String(63), default="", server_default=sa.text("''"))
 
 
 class JobEvent(Base):
@@ -375,3 +377,38 @@ class Worker(Base):
     queues: Mapped[list[Any]]
     seen_at: Mapped[datetime] = mapped_column(index=True)
     current_request_id: Mapped[str | None] = mapped_column(Id)
+
+
+LIVE = sa.text("ended_at IS NULL")
+
+
+class DeviceLease(Base):
+    """One device bound to one job for a time. At most one live lease per device: a partial unique index the
+    database enforces in the inserting transaction (SQLite and PostgreSQL alike), not a planner check."""
+
+    __tablename__ = "device_leases"
+    __table_args__ = (
+        sa.Index("uq_device_leases_live", "host_id", "device_index", unique=True,
+                 sqlite_where=LIVE, postgresql_where=LIVE),
+        sa.Index("ix_device_leases_tenant_live", "tenant_id", "ended_at"),
+        sa.CheckConstraint("ended_at IS NULL OR ended_at >= started_at", name="ck_device_leases_order"),
+    )
+    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    job_id: Mapped[str] = mapped_column(Id, _fk("jobs.id", "CASCADE"), index=True)
+    tenant_id: Mapped[str] = mapped_column(Id, _fk("tenants.id"))
+    host_id: Mapped[str] = mapped_column(Id, _fk("hosts.id"))
+    device_index: Mapped[int]
+    device_kind: Mapped[str] = mapped_column(sa.String(100), default="")
+    started_at: Mapped[datetime] = mapped_column(index=True)
+    ended_at: Mapped[datetime | None]
+    end_reason: Mapped[str | None] = mapped_column(EnumName)
+
+
+class FleetPolicyVersion(Base):
+    """Every fleet policy ever stored; the highest version is in force."""
+
+    __tablename__ = "fleet_policies"
+    version: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+    policy: Mapped[dict[str, Any]]
+    created_by: Mapped[str] = mapped_column(sa.String(63), default="")
+    created_at: Mapped[datetime]

@@ -58,13 +58,15 @@ def watch(store: Store, job_id: str, after_seq: int,
 
 
 def cancel(store: Store, request: services_pb2.CancelJobRequest) -> job_pb2.Job:
-    """A job nobody runs yet is cancelled at once; a running one goes to CANCELLING for its executors."""
+    """A job nobody runs (submitted, or queued for devices) is cancelled at once; a running one goes to
+    CANCELLING for its executors."""
     job = store.get_job(store_pb2.GetRequest(id=request.job_id))
     if job.state in TERMINAL:
         raise FailedPrecondition(
             f"job is already {job_pb2.JobState.Name(job.state)}", field="job_id", fix="nothing to cancel"
         )
-    target = job_pb2.JOB_STATE_CANCELLED if job.state == job_pb2.JOB_STATE_SUBMITTED else job_pb2.JOB_STATE_CANCELLING
+    nothing_runs = job.state in (job_pb2.JOB_STATE_SUBMITTED, job_pb2.JOB_STATE_QUEUED)
+    target = job_pb2.JOB_STATE_CANCELLED if nothing_runs else job_pb2.JOB_STATE_CANCELLING
     return store.transition_job(store_pb2.TransitionJobRequest(
         id=job.id, state=target, expected_state=job.state, message=request.reason or "cancelled by user",
         event_type="CANCEL_REQUESTED"))

@@ -9,11 +9,13 @@ from sqlalchemy.orm import Session
 from ballast.v1 import job_pb2, store_pb2
 from services.runtime.auth import Principal
 from services.runtime.errors import AlreadyExists, FailedPrecondition, InvalidArgument
+from services.specs import policy as fleet_policy
 from services.specs.model import validate_job_spec
 from services.store import job_states
 from services.store import models as m
 from services.store.convert import enum_name, from_json, shared_fields, to_json
 from services.store.repo.base import decode_token, encode_token, fit, int64, new_id, page_size
+from services.store.repo.leases import LeaseStore
 from services.store.repo.profiles import ModelStore
 
 
@@ -25,8 +27,18 @@ def event_pb(row: m.JobEvent) -> job_pb2.JobEvent:
     return job_pb2.JobEvent(**shared_fields(row, job_pb2.JobEvent))
 
 
-class JobStore(ModelStore):
-    """Job RPCs. A ModelStore because a job's spec carries its model, stored on first use."""
+# A job leaving for one of these states gives its devices back in the same transaction, for this reason.
+LEASE_ENDS = {
+    job_states.SUCCEEDED: "LEASE_END_REASON_FINISHED",
+    job_states.FAILED: "LEASE_END_REASON_FAILED",
+    job_states.CANCELLED: "LEASE_END_REASON_CANCELLED",
+    job_states.QUEUED: "LEASE_END_REASON_PREEMPTED",
+}
+
+
+class JobStore(ModelStore, LeaseStore):
+    """Job RPCs. A ModelStore because a job's spec carries its model, stored on first use; a LeaseStore
+    because a job's end ends its device leases in the same transaction."""
 
     def _append_event(self, s: Session, job: m.Job, type_: str, message: str, attributes: dict[str, str]) -> m.JobEvent:
         """Next gapless seq; the caller holds the job row's lock."""
@@ -48,6 +60,7 @@ class JobStore(ModelStore):
         fit(m.Job.name, req.spec.name, "spec.name")
         try:
             with self._tx(write=True) as s:
+                priority = fleet_policy.class_for(self.current_policy(s), p.tenant_name, req.spec.priority_class)
                 model = self._resolve_model(s, p.tenant_id, req.spec.model, "spec.model")
                 now = self.now()
                 job = m.Job(
@@ -64,10 +77,12 @@ class JobStore(ModelStore):
                     spec=to_json(req.spec),
                     created_at=now,
                     updated_at=now,
+                    priority_class=priority.name,
                 )
                 s.add(job)
                 s.flush()
-                self._append_event(s, job, "SUBMITTED", "job submitted", {"model_id": model.id})
+                self._append_event(s, job, "SUBMITTED", "job submitted",
+                                   {"model_id": model.id, "priority_class": priority.name})
                 s.flush()
                 return job_pb(job)
         except sa_exc.IntegrityError:
@@ -115,6 +130,8 @@ class JobStore(ModelStore):
                         fix="adopt a plan created for this job's model",
                     )
                 job.plan_id, job.plan_version = plan.id, plan.version
+            if target in LEASE_ENDS:
+                self._end_live(s, job.id, LEASE_ENDS[target])
             job.state = target
             job.message = req.message
             job.updated_at = self.now()

@@ -1,0 +1,184 @@
+"""Device leases and the fleet policy: who may hold which device, and who holds it now.
+
+A lease is only ever made here, in one transaction that also checks the job, the devices and the tenant's
+quota; the partial unique index `uq_device_leases_live` makes the database refuse a second live lease on a
+device even if two schedulers race. Quota checks lock the tenant's row, so two admissions of one tenant's
+jobs serialize on PostgreSQL as they do on SQLite (which serializes every write).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.orm import Session
+
+from ballast.v1 import fleet_pb2, store_pb2
+from services.runtime.auth import Principal
+from services.runtime.errors import FailedPrecondition, InvalidArgument, NotFound
+from services.specs import policy as fleet_policy
+from services.store import job_states
+from services.store import models as m
+from services.store.convert import enum_name, from_json, to_datetime, to_json, ts
+from services.store.repo.base import RepositoryBase, new_id, quote
+
+LEASE_FIX = "wait for the device to be released, or pick devices no live lease holds"
+
+
+def lease_pb(row: m.DeviceLease) -> fleet_pb2.DeviceLease:
+    return fleet_pb2.DeviceLease(
+        id=row.id, job_id=row.job_id, tenant_id=row.tenant_id, device_kind=row.device_kind,
+        device=fleet_pb2.DeviceRef(host_id=row.host_id, device_index=row.device_index),
+        started_at=ts(row.started_at), ended_at=ts(row.ended_at),
+        end_reason=fleet_pb2.LeaseEndReason.Value(row.end_reason) if row.end_reason else 0)
+
+
+def policy_pb(row: m.FleetPolicyVersion | None) -> fleet_pb2.FleetPolicy:
+    if row is None:
+        return fleet_policy.default_policy()
+    out = from_json(row.policy, fleet_pb2.FleetPolicy)
+    out.version, out.created_by = row.version, row.created_by
+    out.created_at.CopyFrom(ts(row.created_at))
+    return out
+
+
+class LeaseStore(RepositoryBase):
+    """Lease and policy RPCs."""
+
+    # --- policy -----------------------------------------------------------------------------------------
+    @staticmethod
+    def _policy_row(s: Session, version: int = 0) -> m.FleetPolicyVersion | None:
+        stmt = sa.select(m.FleetPolicyVersion)
+        stmt = stmt.where(m.FleetPolicyVersion.version == version) if version else stmt.order_by(
+            m.FleetPolicyVersion.version.desc())
+        return s.scalars(stmt.limit(1)).first()
+
+    def current_policy(self, s: Session) -> fleet_pb2.FleetPolicy:
+        return policy_pb(self._policy_row(s))
+
+    def get_fleet_policy(self, p: Principal, req: store_pb2.GetFleetPolicyRequest) -> fleet_pb2.FleetPolicy:
+        with self._tx(write=False) as s:
+            row = self._policy_row(s, req.version)
+            if row is None and req.version:
+                raise NotFound(f"fleet policy version {req.version} not found", field="version",
+                               fix="pass 0 for the current policy")
+            return policy_pb(row)
+
+    def set_fleet_policy(self, p: Principal, req: store_pb2.SetFleetPolicyRequest) -> fleet_pb2.FleetPolicy:
+        self._require_admin(p, "changing the fleet policy")
+        with self._tx(write=True) as s:
+            names = s.scalars(sa.select(m.Tenant.name)).all()
+            fleet_policy.check_policy(req.policy, names)
+            current = self._policy_row(s)
+            version = current.version if current else 0
+            if req.expected_version and req.expected_version != version:
+                raise FailedPrecondition(f"the policy in force is version {version}, not {req.expected_version}",
+                                         field="expected_version", fix="read the policy again and re-apply")
+            body = fleet_pb2.FleetPolicy()
+            body.CopyFrom(req.policy)
+            for name in ("version", "created_at", "created_by"):
+                body.ClearField(name)
+            row = m.FleetPolicyVersion(version=version + 1, policy=to_json(body), created_by=p.tenant_name,
+                                       created_at=self.now())
+            s.add(row)
+            try:
+                s.flush()
+            except sa_exc.IntegrityError:  # another admin stored that version first
+                raise FailedPrecondition("the policy changed concurrently", field="expected_version",
+                                         fix="read the policy again and re-apply") from None
+            return policy_pb(row)
+
+    # --- leases -----------------------------------------------------------------------------------------
+    def acquire_leases(self, p: Principal, req: store_pb2.AcquireLeasesRequest) -> store_pb2.AcquireLeasesResponse:
+        self._require_admin(p, "leasing devices")
+        wanted = [(d.host_id, d.device_index) for d in req.devices]
+        if not wanted:
+            raise InvalidArgument("no devices named", field="devices", fix="name at least one (host_id, index)")
+        if len(set(wanted)) != len(wanted):
+            raise InvalidArgument("a device is named twice", field="devices", fix="name each device once")
+        try:
+            with self._tx(write=True) as s:
+                job = self._job(s, p, req.job_id, lock=True)
+                if job.state in job_states.TERMINAL:
+                    raise FailedPrecondition(f"job {job.id} is {job.state}", field="job_id",
+                                             fix="only a job that is not finished can lease devices")
+                kinds = self._device_kinds(s, wanted)
+                self._check_quota(s, job, len(wanted))
+                start = self._start_after_last_lease(s, wanted)
+                rows = [m.DeviceLease(id=new_id("lse"), job_id=job.id, tenant_id=job.tenant_id, host_id=h,
+                                      device_index=i, device_kind=kinds[(h, i)], started_at=start)
+                        for h, i in wanted]
+                s.add_all(rows)
+                s.flush()
+                return store_pb2.AcquireLeasesResponse(leases=[lease_pb(r) for r in rows])
+        except sa_exc.IntegrityError:
+            raise self._busy(wanted) from None
+
+    @staticmethod
+    def _device_kinds(s: Session, wanted: list[tuple[str, int]]) -> dict[tuple[str, int], str]:
+        hosts = {h for h, _ in wanted}
+        rows = s.execute(sa.select(m.Device.host_id, m.Device.device_index, m.Device.kind)
+                         .where(m.Device.host_id.in_(hosts))).all()
+        kinds = {(h, i): k for h, i, k in rows}
+        for n, key in enumerate(wanted):
+            if key not in kinds:
+                raise NotFound(f"device {key[1]} of host {quote(key[0])} is not registered", field=f"devices[{n}]",
+                               fix="lease devices of registered hosts (ballast fleet)")
+        return kinds
+
+    def _check_quota(self, s: Session, job: m.Job, adding: int) -> None:
+        tenant = s.scalars(sa.select(m.Tenant).where(m.Tenant.id == job.tenant_id).with_for_update()).one()
+        quota = fleet_policy.tenant_policy(self.current_policy(s), tenant.name).device_quota
+        if not quota:
+            return
+        held = s.scalar(sa.select(sa.func.count()).select_from(m.DeviceLease).where(
+            m.DeviceLease.tenant_id == job.tenant_id, m.DeviceLease.ended_at.is_(None))) or 0
+        if held + adding > quota:
+            raise FailedPrecondition(
+                f"tenant {tenant.name!r} holds {held} device(s) of its quota {quota}; {adding} more would exceed it",
+                field="devices", fix="wait for the tenant's jobs to finish, or raise its device_quota")
+
+    def _start_after_last_lease(self, s: Session, wanted: list[tuple[str, int]]) -> datetime:
+        """Now, or the latest end of a past lease on these devices if a clock (another planner's) ran ahead:
+        leases of one device never overlap in time, whoever wrote them."""
+        now = self.now()
+        pairs = sa.tuple_(m.DeviceLease.host_id, m.DeviceLease.device_index).in_(wanted)
+        last = s.scalar(sa.select(sa.func.max(m.DeviceLease.ended_at)).where(pairs))
+        return max(now, last) if last is not None else now
+
+    def _busy(self, wanted: list[tuple[str, int]]) -> FailedPrecondition:
+        with self._tx(write=False) as s:
+            pairs = sa.tuple_(m.DeviceLease.host_id, m.DeviceLease.device_index).in_(wanted)
+            row = s.scalars(sa.select(m.DeviceLease).where(pairs, m.DeviceLease.ended_at.is_(None)).limit(1)).first()
+        held = f"device {row.device_index} of host {row.host_id} is leased to job {row.job_id}" if row else \
+            "a device was leased concurrently"
+        return FailedPrecondition(held, field="devices", fix=LEASE_FIX)
+
+    def end_leases(self, p: Principal, req: store_pb2.EndLeasesRequest) -> store_pb2.EndLeasesResponse:
+        self._require_admin(p, "ending leases")
+        if not req.reason:
+            raise InvalidArgument("reason is not set", field="reason", fix="e.g. LEASE_END_REASON_FINISHED")
+        reason = enum_name(fleet_pb2.LeaseEndReason, req.reason, "reason")
+        with self._tx(write=True) as s:
+            self._job(s, p, req.job_id)
+            return store_pb2.EndLeasesResponse(ended=self._end_live(s, req.job_id, reason, req.host_id))
+
+    def _end_live(self, s: Session, job_id: str, reason: str, host_id: str = "") -> int:
+        """End the job's live leases in the caller's transaction (a job's end ends its leases with it)."""
+        stmt = sa.update(m.DeviceLease).where(m.DeviceLease.job_id == job_id, m.DeviceLease.ended_at.is_(None))
+        if host_id:
+            stmt = stmt.where(m.DeviceLease.host_id == host_id)
+        return s.execute(stmt.values(ended_at=self.now(), end_reason=reason)).rowcount or 0
+
+    def list_leases(self, p: Principal, req: store_pb2.ListLeasesRequest) -> store_pb2.ListLeasesResponse:
+        stmt = self._scoped(sa.select(m.DeviceLease), m.DeviceLease.tenant_id, p)
+        stmt = self._where_set(stmt, (m.DeviceLease.job_id, req.job_id), (m.DeviceLease.host_id, req.host_id))
+        if req.live_only:
+            stmt = stmt.where(m.DeviceLease.ended_at.is_(None))
+        if req.HasField("since"):
+            since = to_datetime(req.since, "since")
+            stmt = stmt.where(sa.or_(m.DeviceLease.ended_at.is_(None), m.DeviceLease.ended_at >= since))
+        stmt = stmt.order_by(m.DeviceLease.started_at.desc(), m.DeviceLease.id)
+        items, token = self._page_of(stmt, req.page, lease_pb)
+        return store_pb2.ListLeasesResponse(leases=items, next_page_token=token)
