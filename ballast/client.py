@@ -138,6 +138,7 @@ class Client:
         self.store = store_pb2_grpc.StoreServiceStub(store_ch) if store_ch else None
         self.planner = services_pb2_grpc.PlannerServiceStub(planner_ch) if planner_ch else None
         self.jobs = services_pb2_grpc.JobServiceStub(planner_ch) if planner_ch else None
+        self.fleet = services_pb2_grpc.FleetServiceStub(planner_ch) if planner_ch else None
         self.executor_control = executor_pb2_grpc.ExecutorControlStub(planner_ch) if planner_ch else None
         self.profiler = services_pb2_grpc.ProfilerServiceStub(profiler_ch) if profiler_ch else None
 

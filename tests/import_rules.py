@@ -32,6 +32,7 @@ PURE_CORE = (
     "services.planner.search",
     "services.planner.online",
     "services.planner.plans.make",
+    "services.planner.admission",
 )
 PURE_MAY_IMPORT = PURE_CORE + ("ballast.v1", "services.runtime.errors")
 PURE_NEVER_IMPORTS = ("grpc", "sqlalchemy", "celery", "torch")  # third-party packages that mean I/O or devices

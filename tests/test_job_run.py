@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from ballast.v1 import job_pb2, model_pb2, services_pb2, store_pb2
+from ballast.v1 import fleet_pb2, job_pb2, model_pb2, services_pb2, store_pb2
 from tests.harness import executor_plane, job_story, wait_for, worker_pids
 
 pytestmark = pytest.mark.slow
@@ -46,11 +46,15 @@ def test_a_job_trains_to_the_end_and_its_metrics_sit_beside_the_prediction(plane
     assert done.state == S.JOB_STATE_SUCCEEDED, done.message
     assert "trained 6 iteration(s)" in done.message and "final loss" in done.message
     events = client.store.ListJobEvents(store_pb2.ListJobEventsRequest(job_id=job.id)).events
-    assert [e.type for e in events] == ["SUBMITTED", "STATE_CHANGED", "PROFILED", "PLAN_CHOSEN", "ASSIGNED",
-                                        "SUCCEEDED"]
+    assert [e.type for e in events] == ["SUBMITTED", "STATE_CHANGED", "PROFILED", "PLAN_CHOSEN", "ADMITTED",
+                                        "ASSIGNED", "SUCCEEDED"]
     plan = client.planner.GetPlan(store_pb2.GetRequest(id=done.plan_id))
-    workers = int(events[4].attributes["world_size"])
+    workers = int(events[5].attributes["world_size"])
     assert workers == len(plan.stages) * plan.stages[0].devices
+    # It ran on devices leased to it alone, given back when it finished.
+    leases = client.store.ListLeases(store_pb2.ListLeasesRequest(job_id=job.id)).leases
+    assert len(leases) == workers and int(events[4].attributes["devices"]) == workers
+    assert all(x.end_reason == fleet_pb2.LEASE_END_REASON_FINISHED for x in leases)
 
     rows = client.iteration_metrics(job.id)
     assert sorted({m.iteration for m in rows}) == list(range(6)) and len(rows) == 6 * workers

@@ -2,8 +2,9 @@
 and reports SERVING on its own health endpoint only while the planner has accepted it.
 
 It launches the workers an Assign names (workers.py), relays their per-iteration stats, checkpoint parts
-and exits on the stream, and stops them on Stop. Messages wait in one outbox across reconnects, so a
-planner restart loses none; workers keep training while the stream is down. Stats that arrive within
+and exits on the stream, and stops them on Stop; a Stop with `checkpoint` drains them instead (one checkpoint
+at an iteration boundary every rank agrees on, then exit). Messages wait in one outbox across reconnects, so
+a planner restart loses none; workers keep training while the stream is down. Stats that arrive within
 STATS_BATCH_S travel in one heartbeat: fast iterations would otherwise cost the store one write each, CPU
 taken from the workers on a host that also runs the control plane. Instructions it does not support
 (Checkpoint) are acknowledged as not done, with the reason.
@@ -125,9 +126,14 @@ class Agent:
         ack = executor_pb2.InstructionAck(instruction_id=message.instruction_id, version=message.version)
         if kind == "repartition":  # acked when the workers applied it (Workers._applied)
             return self.workers.repartition(message)
-        if kind == "stop":
-            count = self.workers.stop(message.job_id, message.stop.reason or "stopped by the planner")
-            ack.ok, ack.message = True, f"stopping {count} worker(s)"
+        if kind == "stop":  # with checkpoint: a drain, so the job resumes from one consistent iteration
+            reason = message.stop.reason or "stopped by the planner"
+            if message.stop.checkpoint:
+                count = self.workers.drain(message.job_id, reason)
+                ack.ok, ack.message = True, f"draining {count} worker(s)"
+            else:
+                count = self.workers.stop(message.job_id, reason)
+                ack.ok, ack.message = True, f"stopping {count} worker(s)"
         else:
             ack.ok, ack.message = False, f"{kind} is not supported by this agent yet"
         return ack

@@ -4,6 +4,8 @@ One process per assigned device (`python -m services.executor.train.worker CONFI
 allocator the profiler measures under. Each worker reports JSON lines on stdout; a reader thread per worker
 turns them into AgentMessages (StageStats per iteration, CheckpointWritten) and, when the process ends,
 a WorkerExit saying whether it finished and, if not, why (its error line, or the signal that killed it).
+A stop is SIGTERM (workers end at their next task, at different iterations); a drain is SIGUSR2 (every rank
+checkpoints at one agreed iteration boundary and exits: WorkerExit.drained, iteration = that boundary).
 Nothing read from a worker is unpickled: JSON only.
 """
 
@@ -17,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +32,7 @@ from services.runtime.allocator import STEADY_ALLOCATOR
 log = logging.getLogger("ballast.workers")
 WORKER = (sys.executable, "-m", "services.executor.train.worker")
 STOP_GRACE_S = 3.0
+DRAIN_GRACE_S = 120.0  # a drain waits for up to two iterations (agreed one boundary late) plus a checkpoint
 REMEMBERED_JOBS = 64  # jobs whose worker exits are replayed to a planner that (re)connects
 SCHEDULES = {plan_pb2.SCHEDULE_GPIPE: "gpipe", plan_pb2.SCHEDULE_1F1B: "1f1b"}
 Emit = Callable[[executor_pb2.AgentMessage], None]
@@ -115,6 +119,7 @@ class Worker:
     done: bool = False
     error: str = ""
     stopped: str = ""
+    drained: bool = False  # it reported a drained stop: a complete checkpoint of `iteration` exists
     plan_version: int = 0  # the plan version this worker runs under (bumped by applied repartitions)
     reader: threading.Thread | None = field(default=None, repr=False)
 
@@ -263,7 +268,7 @@ class Workers:
         a = w.assignment
         exit_ = executor_pb2.WorkerExit(job_id=w.job_id, rank=a.rank, stage_index=a.stage_index,
                                         replica_index=a.replica_index, exit_code=code, finished=finished,
-                                        message=why, iteration=w.iteration)
+                                        message=why, iteration=w.iteration, drained=w.drained)
         with self._lock:
             self._exits.setdefault(w.job_id, []).append(exit_)
             while len(self._exits) > REMEMBERED_JOBS:
@@ -304,6 +309,8 @@ class Workers:
             w.done = True
         elif kind in ("error", "stopped"):
             w.error = str(event.get("message", kind))
+            if kind == "stopped" and event.get("drained") is True:
+                w.drained, w.iteration = True, int(event["iteration"])
 
     def applied_versions(self) -> dict[str, int]:
         """Plan version in force per running job (the lowest over its local workers)."""
@@ -318,13 +325,22 @@ class Workers:
 
     def stop(self, job_id: str, reason: str) -> int:
         """SIGTERM the job's workers, SIGKILL whatever is left after a grace period. Returns how many."""
+        return self._end(job_id, reason, signal.SIGTERM, [(STOP_GRACE_S, signal.SIGKILL)])
+
+    def drain(self, job_id: str, reason: str) -> int:
+        """SIGUSR2 the job's workers: they checkpoint at one iteration boundary they all agree on and exit
+        (WorkerExit.drained). Whatever is left after DRAIN_GRACE_S gets SIGTERM, then SIGKILL. Returns how many."""
+        return self._end(job_id, reason, signal.SIGUSR2,
+                         [(DRAIN_GRACE_S, signal.SIGTERM), (STOP_GRACE_S, signal.SIGKILL)])
+
+    def _end(self, job_id: str, reason: str, sig: int, escalate: list[tuple[float, int]]) -> int:
         with self._lock:
             workers = list(self._jobs.get(job_id, []))
         for w in workers:
             w.stopped = reason
-            _signal(w.proc, signal.SIGTERM)
+            _signal(w.proc, sig)
         if workers:
-            threading.Thread(target=self._reap, args=(workers,), name=f"stop-{job_id}", daemon=True).start()
+            threading.Thread(target=self._reap, args=(workers, escalate), name=f"stop-{job_id}", daemon=True).start()
         return len(workers)
 
     def stop_all(self, reason: str) -> None:
@@ -332,12 +348,18 @@ class Workers:
             self.stop(job_id, reason)
 
     @staticmethod
-    def _reap(workers: list[Worker]) -> None:
-        for w in workers:
-            try:
-                w.proc.wait(timeout=STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                _signal(w.proc, signal.SIGKILL)
+    def _reap(workers: list[Worker], escalate: list[tuple[float, int]]) -> None:
+        """Per (grace, signal): wait up to `grace` for every worker, then signal those still running."""
+        for grace, sig in escalate:
+            deadline = time.monotonic() + grace
+            for w in workers:
+                try:
+                    w.proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
+                except subprocess.TimeoutExpired:
+                    pass
+            for w in workers:
+                if w.proc.poll() is None:
+                    _signal(w.proc, sig)
 
 
 def _signal(proc: subprocess.Popen, sig: int) -> None:

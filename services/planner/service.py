@@ -1,4 +1,5 @@
-"""The planner service: PlannerService, JobService and ExecutorControl on one server, plus the sweeper."""
+"""The planner service: PlannerService, JobService, FleetService and ExecutorControl on one server, plus the
+sweeper."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ from dataclasses import dataclass
 from ballast.config import Settings
 from ballast.v1 import executor_pb2, executor_pb2_grpc, services_pb2, services_pb2_grpc
 from services.planner.celery_app import make_app, sender
+from services.planner.jobs import fleet_view
 from services.planner.jobs import lifecycle as jobs
 from services.planner.jobs.control import AgentRegistry
 from services.planner.jobs.scheduler import Scheduler
 from services.planner.plans import operations as plans
+from services.planner.policy_file import apply_policy_file
 from services.planner.queue import durable
 from services.runtime.context import current_principal, remaining_time
 from services.runtime.server import Server, ServerSpec
@@ -20,6 +23,7 @@ from services.runtime.store_client import StoreAuthenticator, anonymous_store, r
 PLANNER = services_pb2.DESCRIPTOR.services_by_name["PlannerService"]
 JOBS = services_pb2.DESCRIPTOR.services_by_name["JobService"]
 CONTROL = executor_pb2.DESCRIPTOR.services_by_name["ExecutorControl"]
+FLEET = services_pb2.DESCRIPTOR.services_by_name["FleetService"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,7 @@ class PlannerServer:
 def build_server(settings: Settings, address: str | None = None, send: durable.Send | None = None) -> PlannerServer:
     """Build the server; the scheduler and the lease sweeper start now, the server on `.server.start()`."""
     as_caller, as_platform = remote_stores(settings)
+    apply_policy_file(as_platform, settings.fleet_policy)  # --policy / BALLAST_FLEET_POLICY; a bad file stops here
     send = send or sender(make_app(settings), settings.queue)
     scheduler = Scheduler(as_platform, lambda host_id, message: registry.send(host_id, message),
                           lambda: registry.connected(), settings.data_dir / "checkpoints")
@@ -76,17 +81,30 @@ def build_server(settings: Settings, address: str | None = None, send: durable.S
         overrides={"Connect": lambda inbound, ctx: registry.connect(current_principal(), inbound, ctx.is_active)},
     )()
 
+    fleet_service = delegate(
+        FLEET,
+        None,
+        overrides={
+            "ListQueue": lambda request, ctx: fleet_view.list_queue(scheduler.snapshot(), current_principal()),
+            "GetFleet": lambda request, ctx: fleet_view.get_fleet(scheduler.snapshot(), as_platform),
+            "ListLeases": lambda request, ctx: as_caller.list_leases(request),
+            "GetPolicy": lambda request, ctx: as_caller.get_fleet_policy(request),
+            "SetPolicy": lambda request, ctx: as_caller.set_fleet_policy(request),
+        },
+    )()
+
     def register(server) -> None:
         services_pb2_grpc.add_PlannerServiceServicer_to_server(planner, server)
         services_pb2_grpc.add_JobServiceServicer_to_server(job_service, server)
         executor_pb2_grpc.add_ExecutorControlServicer_to_server(control, server)
+        services_pb2_grpc.add_FleetServiceServicer_to_server(fleet_service, server)
 
     server = Server(
         ServerSpec(
             name="planner",
             address=address or f"{settings.host}:{settings.planner_port}",
             register=register,
-            services=[PLANNER.full_name, JOBS.full_name, CONTROL.full_name],
+            services=[PLANNER.full_name, JOBS.full_name, CONTROL.full_name, FLEET.full_name],
             authenticate=StoreAuthenticator(anonymous_store(settings)),
             on_stop=[sweeper.stop, scheduler.stop, registry.close_all, what_if.close],
             # One Connect stream per executor host, never crowded out by Watch streams.

@@ -14,8 +14,8 @@ all groups are made here, up front, in one fixed order:
      queue behind each other, which NCCL's in-order streams would turn into a deadlock under 1F1B;
    - migration (online only): one group per pp line for every NON-adjacent stage pair, for layer moves that
      skip stages; adjacent moves reuse the pair's forward group, idle between iterations;
-   - control (online only): one gloo group of every rank for the per-boundary plan agreement (MIN
-     all-reduce), gloo even beside NCCL.
+   - control (every multi-rank job): one gloo group of every rank for the per-boundary agreement (MIN
+     all-reduce of the plan version and the drain flag), gloo even beside NCCL.
 Live migration moves layers between stages, never ranks: the mesh and its groups outlive every plan change.
 O(stages^2 x replicas) groups in all.
 """
@@ -37,8 +37,9 @@ class Mesh:
                  online: bool) -> None:
         """Create every group (collective over the world: every rank calls this at the same point).
 
-        `tied_sets` is model-wide (every rank passes the same list); `online` adds the migration and control
-        groups that live repartitioning needs."""
+        `tied_sets` is model-wide (every rank passes the same list); `online` adds the migration groups that
+        live repartitioning needs. The control group exists whenever there is more than one rank: a drain
+        (checkpoint, then stop) is agreed on it by every job, online or not."""
         self.dims, self.rank = dims, rank
         self.coords = dims.coords(rank)
         self.device_mesh: DeviceMesh = init_device_mesh(device_type, dims.sizes, mesh_dim_names=dims.NAMES)
@@ -67,7 +68,7 @@ class Mesh:
                     if rank in line and me in (s, t):
                         self._migration[t if me == s else s] = group
         self.control: dist.ProcessGroup | None = (
-            dist.new_group(list(range(dims.world_size)), backend="gloo") if dims.world_size > 1 and online else None)
+            dist.new_group(list(range(dims.world_size)), backend="gloo") if dims.world_size > 1 else None)
 
     def index(self, axis: str) -> int:
         """This rank's index along `axis` (its stage for "pp", its replica for "dp")."""

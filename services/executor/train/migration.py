@@ -16,7 +16,9 @@ starts, with the ready version as of the END of that iteration (not_before <= it
 waited after the optimizer step: all ranks see the same minimum, so all decide the same thing at the same
 boundary. If the minimum exceeds the version in force, every rank applies that plan (intermediate versions
 are skipped). The agent must send every plan to every rank: a rank that lacks the agreed version fails.
-No boundary follows the last iteration, and the start of a run is not a boundary.
+The same all_reduce carries a drain flag (MIN of -drain: set if any rank was asked to drain), so a drain
+delivered to one rank stops every rank at the same boundary (trainer.py). No boundary follows the last
+iteration, and the start of a run is not a boundary.
 
 Migration. The plan is applied between iterations: after the optimizer step of the last completed iteration,
 before the first micro-batch of the next. That is the micro-batch boundary where synchronous-SGD parameters
@@ -205,22 +207,25 @@ def read_commands(stream: TextIO | None, inbox: PlanInbox) -> threading.Thread |
 
 
 class Agreement:
-    """MIN over the world of each rank's ready version, on a gloo group of every rank."""
+    """One MIN all_reduce over the world of [ready version, -drain] on a gloo group of every rank: every rank
+    learns the lowest ready version and whether ANY rank asked to drain, so all decide alike."""
 
     def __init__(self, group: object | None) -> None:
-        self.group = group  # None: a single rank
+        self.group = group  # None: a single rank (its own values are the agreement)
 
-    def launch(self, ready: int) -> tuple[Tensor, Any]:
-        value = torch.tensor([ready], dtype=torch.int64)
+    def launch(self, ready: int, drain: bool = False) -> tuple[Tensor, Any]:
+        value = torch.tensor([ready, -int(drain)], dtype=torch.int64)
         work = dist.all_reduce(value, op=dist.ReduceOp.MIN, group=self.group, async_op=True) if self.group else None
         return value, work
 
     @staticmethod
-    def result(pending: tuple[Tensor, Any]) -> int:
+    def result(pending: tuple[Tensor, Any]) -> tuple[int, bool]:
+        """(agreed plan version, agreed drain)."""
         value, work = pending
         if work is not None:
             work.wait()
-        return int(value.item())
+        version, drain = value.tolist()
+        return int(version), drain < 0
 
 
 # --- the wire format of one layer -------------------------------------------------------------------------

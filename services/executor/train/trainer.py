@@ -9,6 +9,10 @@ Plan changes (migration.py): at every iteration boundary the ranks agree on the 
 it rises, migrate layers and switch recompute/swap policies before the next iteration's first micro-batch.
 Swapped layers' activations are prefetched back when the schedule's next task is their micro-batch's backward.
 Layer toggles (dynamic workloads) are re-evaluated at each iteration start.
+
+Drain (preemption): the same per-boundary agreement carries a drain flag, so when any rank is asked to drain,
+every rank applies the agreed plan, writes one complete checkpoint at that boundary and stops there
+(`Stopped.drained`): a consistent resume point, where a plain stop leaves ranks at different iterations.
 """
 
 from __future__ import annotations
@@ -38,11 +42,13 @@ Report = Callable[[dict[str, Any]], None]
 
 
 class Stopped(Exception):
-    """A stop request honoured at a task boundary; `between_iterations` when no receive was left posted."""
+    """A stop request honoured at a task boundary; `between_iterations` when no receive was left posted;
+    `drained` when every rank agreed to stop at this boundary after a complete checkpoint of `iteration`."""
 
-    def __init__(self, iteration: int, between_iterations: bool) -> None:
-        super().__init__(f"stopped on request after {iteration} completed iterations")
-        self.iteration, self.between_iterations = iteration, between_iterations
+    def __init__(self, iteration: int, between_iterations: bool, drained: bool = False) -> None:
+        what = "drained (checkpoint written)" if drained else "stopped on request"
+        super().__init__(f"{what} after {iteration} completed iterations")
+        self.iteration, self.between_iterations, self.drained = iteration, between_iterations, drained
 
 
 def memory(device: torch.device) -> tuple[int, int]:
@@ -59,14 +65,15 @@ def memory(device: torch.device) -> tuple[int, int]:
 
 class Trainer:
     def __init__(self, config: WorkerConfig, stage: Stage, optimizer: torch.optim.Optimizer, comms: Comms,
-                 device: torch.device, should_stop: Callable[[], bool], inbox: PlanInbox) -> None:
+                 device: torch.device, should_stop: Callable[[], bool], inbox: PlanInbox,
+                 should_drain: Callable[[], bool] = lambda: False) -> None:
         self.config, self.stage, self.optimizer, self.comms, self.device = config, stage, optimizer, comms, device
         self.spec = config.spec()
         self.inbox = inbox  # plan commands (none arrive unless the worker reads them)
         self.info = inbox.info  # the meta model and its shapes, built once per worker
         self.parameters = stage.parameters()
         self.order = tasks(config.schedule, config.num_stages, stage.index, config.num_micro_batches)
-        self.should_stop = should_stop
+        self.should_stop, self.should_drain = should_stop, should_drain
         self.plan: Plan = inbox.initial
         self.agreement = Agreement(comms.mesh.control)
 
@@ -236,9 +243,9 @@ class Trainer:
             pending: list[Any] = []
 
             def launch(done: int = done, pending: list[Any] = pending) -> None:
-                # every rank contributes its ready version as of the END of this iteration
+                # every rank contributes its ready version as of the END of this iteration, and its drain flag
                 ready = self.inbox.ready(done, self.plan_version)
-                pending.append(self.agreement.launch(ready))
+                pending.append(self.agreement.launch(ready, self.should_drain()))
 
             stats = self.step(iteration, on_start=launch if done < config.iterations else None)
             report({"event": "iteration", **head, "iteration": done, "plan_version": self.plan_version,
@@ -246,14 +253,28 @@ class Trainer:
             for version, message in self.inbox.take_rejections():
                 report({"event": "command_rejected", **head, "iteration": done, "version": version,
                         "message": message})
-            if pending:
-                self.boundary(Agreement.result(pending[0]), done, head, report)
-            if config.checkpoint_every and (iteration + 1) % config.checkpoint_every == 0:
-                report({**self.save(iteration + 1), **head})
+            drain = False
+            if pending:  # the new plan first, so a drain's checkpoint holds it
+                version, drain = Agreement.result(pending[0])
+                self.boundary(version, done, head, report)
+            saved = bool(config.checkpoint_every) and done % config.checkpoint_every == 0
+            if saved:
+                report({**self.save(done), **head})
+            if drain:
+                self.drain(done, saved, head, report)
             if self.should_stop():
                 raise Stopped(iteration + 1, between_iterations=True)
         report({"event": "done", **head, "iteration": config.iterations,
                 "parameters": sum(p.numel() for p in self.parameters), **self.fingerprint()})
+
+    def drain(self, done: int, saved: bool, head: dict[str, Any], report: Report) -> None:
+        """Every rank agreed to drain at this boundary: checkpoint `done` (unless the cadence just did), stop."""
+        if not saved:
+            if not self.config.checkpoint_dir:  # every rank raises alike, before any collective
+                raise RuntimeError("a drain needs WorkerConfig.checkpoint_dir to write its checkpoint to; it is "
+                                   "empty (stop without checkpoint instead, or set checkpoint_dir)")
+            report({**self.save(done), **head})
+        raise Stopped(done, between_iterations=True, drained=True)
 
     def boundary(self, agreed: int, done: int, head: dict[str, Any], report: Report) -> None:
         """Apply the agreed plan version if it is newer than the one in force (every rank decides alike)."""

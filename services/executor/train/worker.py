@@ -27,7 +27,11 @@ goes to stdout, one JSON object per line; every event carries "event", "job_id",
   [{layer_index, uri, bytes, sha256}] written by this rank, checkpoint_s. Every rank reports after the
   manifest exists.
 - "done": iteration, parameters, param_sha256 / param_sum (this rank's parameters), tied_sha256.
-- "stopped" (SIGTERM, honoured at the next micro-batch task; exit 143): iteration, message.
+- "stopped" (exit 143): iteration, message, drained. SIGTERM stops at the next micro-batch task (drained
+  false: ranks may stop at different iterations). SIGUSR2 drains: the ranks agree (with the plan version) on
+  the next iteration boundary, every rank writes its part of a checkpoint there ("checkpoint" events, unless
+  the cadence just wrote one) and stops with drained true and the same iteration. Needs checkpoint_dir. A
+  drain reaching a worker before its handler is installed (while it imports torch) kills it, as SIGTERM does.
 - "error" (exit 1): message.
 `kill -USR1 PID` writes every thread's stack to CONFIG.stacks (beside CONFIG.json) and training goes on.
 `resume_from` may be a directory path, a file:// URI, or the manifest itself.
@@ -67,9 +71,10 @@ __all__ = ["Stopped", "main", "run"]
 
 
 def run(config: WorkerConfig, report: Report, should_stop: Callable[[], bool] | None = None,
-        commands: TextIO | None = None) -> None:
+        commands: TextIO | None = None, should_drain: Callable[[], bool] | None = None) -> None:
     """Train this worker's stage from `start_iteration` (or the resumed checkpoint) until `iterations`;
-    `commands` (stdin under the CLI) is read for plan commands."""
+    `commands` (stdin under the CLI) is read for plan commands; `should_drain` (default never) asks every rank
+    to checkpoint and stop at an agreed boundary (Stopped.drained)."""
     config.validate()
     head = {"job_id": config.job_id, "rank": config.rank, "stage": config.stage_index,
             "replica": config.replica_index}
@@ -98,7 +103,8 @@ def run(config: WorkerConfig, report: Report, should_stop: Callable[[], bool] | 
     try:
         mesh = Mesh(config.dims, config.rank, device.type, tied_sets=stage.tied_sets, online=config.online)
         comms = Comms(mesh, stage, device)
-        trainer = Trainer(config, stage, optimizer, comms, device, should_stop or (lambda: False), inbox)
+        trainer = Trainer(config, stage, optimizer, comms, device, should_stop or (lambda: False), inbox,
+                          should_drain or (lambda: False))
         trainer.train(start, head, report)
     except Stopped as e:
         if e.between_iterations:  # nothing in flight on our side
@@ -112,8 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m services.executor.train.worker CONFIG.json", file=sys.stderr)
         return 2
-    stop = threading.Event()
+    stop, drain = threading.Event(), threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    signal.signal(signal.SIGUSR2, lambda signum, frame: drain.set())
     stacks = Path(args[0]).with_suffix(".stacks").open("w")  # `kill -USR1 PID`: where is a stuck worker?
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     head: dict[str, Any] = {}
@@ -129,10 +136,10 @@ def main(argv: list[str] | None = None) -> int:
         config = WorkerConfig.from_json(Path(args[0]).read_text())
         head = {"job_id": config.job_id, "rank": config.rank, "stage": config.stage_index,
                 "replica": config.replica_index}
-        run(config, report, stop.is_set, commands=sys.stdin)
+        run(config, report, stop.is_set, commands=sys.stdin, should_drain=drain.is_set)
         code = 0
     except Stopped as e:
-        report({"event": "stopped", **head, "iteration": e.iteration, "message": str(e)})
+        report({"event": "stopped", **head, "iteration": e.iteration, "message": str(e), "drained": e.drained})
         code = STOPPED_EXIT
     except Exception as e:  # every failure becomes one "error" line the agent relays
         traceback.print_exc(file=sys.stderr)

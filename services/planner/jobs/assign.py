@@ -73,5 +73,21 @@ def place(plan: plan_pb2.Plan, hosts: list[fleet_pb2.Host]) -> list[Placement]:
     return placements
 
 
+def place_on(plan: plan_pb2.Plan, slots: list[tuple[fleet_pb2.Host, int]]) -> list[Placement]:
+    """Ranks 0..P*D-1 on exactly the leased devices `slots` ((host, device index), in placement order), so a
+    stage's replicas share a host where they can; one Placement per host, in first-use order."""
+    stages, replicas = pipeline_shape(plan)
+    if len(slots) != stages * replicas:
+        raise FailedPrecondition(f"{len(slots)} device(s) leased for a plan of {stages * replicas}",
+                                 field="plan_id", fix="lease exactly the plan's device count")
+    workers: dict[str, list[executor_pb2.WorkerAssignment]] = {}
+    hosts: dict[str, fleet_pb2.Host] = {}
+    for rank, (host, index) in enumerate(slots):
+        hosts.setdefault(host.id, host)
+        workers.setdefault(host.id, []).append(executor_pb2.WorkerAssignment(
+            device_index=index, rank=rank, stage_index=rank // replicas, replica_index=rank % replicas))
+    return [Placement(hosts[h], tuple(w)) for h, w in workers.items()]
+
+
 def backend_for(plan: plan_pb2.Plan) -> str:
     return "gloo" if plan.fleet.device.kind in CPU_KINDS else "nccl"

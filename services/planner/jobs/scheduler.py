@@ -1,8 +1,12 @@
-"""Running jobs on executors: assign a SCHEDULED job's workers, follow them, end the job. No grpc imports.
+"""Running jobs on a shared fleet: admit, lease, start, preempt and follow them, end the job. No grpc imports.
 
-The planner's half of the executor protocol. A loop starts SCHEDULED jobs on connected agents (assign.py
-places the ranks; one AssignInstruction per host) and moves them to RUNNING; CANCELLING jobs get a Stop on
-every host. Agent messages arrive through `on_message`: per-iteration StageStats become iteration metrics
+The planner's half of the executor protocol. Every tick is one admission pass (admit.py reads the queue,
+leases and policy; services/planner/admission decides): admitted jobs get their devices leased in the store
+(which refuses a busy device or a tenant over quota), their ranks placed on exactly those devices (assign.py;
+one AssignInstruction per host) and move to RUNNING; jobs that must wait move to QUEUED with the reason; a
+victim of preemption is drained (its ranks checkpoint at an agreed iteration boundary and exit) and goes back
+to QUEUED, to resume from that checkpoint when admitted again. CANCELLING jobs get a Stop on every host.
+Agent messages arrive through `on_message`: per-iteration StageStats become iteration metrics
 (with the plan's predicted iteration time beside the measured one, so the estimator's error is a query),
 worker exits end the job -- SUCCEEDED once every rank finished, FAILED at the first worker that did not,
 after a Stop to the survivors (they would otherwise block in a collective until its timeout), CANCELLED
@@ -22,12 +26,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ballast.v1 import executor_pb2, job_pb2, plan_pb2, store_pb2
-from services.planner.jobs.assign import backend_for, place
+from ballast.v1 import executor_pb2, fleet_pb2, job_pb2, plan_pb2, store_pb2
+from services.planner import admission as adm
+from services.planner.jobs.admit import HOLDING, Reader, Snapshot
+from services.planner.jobs.assign import backend_for, place_on
 from services.planner.jobs.lifecycle import TERMINAL
 from services.planner.jobs.rebalance import Rebalancer
 from services.planner.online import OnlineOptions
-from services.planner.plans.fleet import online_hosts
 from services.runtime.errors import BallastError, FailedPrecondition
 from services.runtime.store_api import Store, every_page
 
@@ -62,17 +67,19 @@ class Running:
     last_loss: float | None = None
     parts: dict[int, list[job_pb2.LayerCheckpoint]] = field(default_factory=dict)  # iteration -> layers
     symptom: str = ""  # the first exit that only reported a broken collective (the cause may follow)
+    preempting: str = ""  # the job it is drained for, while being preempted
+    drained: set[int] = field(default_factory=set)  # ranks that stopped at the agreed boundary, checkpointed
 
 
 class Scheduler:
     def __init__(self, store: Store, send: Send, connected: Callable[[], list[str]],
-                 checkpoint_root: Path, *, interval_s: float = 0.5, assign_wait_s: float = 20.0,
+                 checkpoint_root: Path, *, interval_s: float = 0.5,
                  process_group_timeout_s: int = 60, online: OnlineOptions | None = None):
         self._store, self._send, self._connected = store, send, connected
         self._root = checkpoint_root
-        self._interval, self._wait, self._pg_timeout = interval_s, assign_wait_s, process_group_timeout_s
+        self._interval, self._pg_timeout = interval_s, process_group_timeout_s
         self._running: dict[str, Running] = {}
-        self._waiting_since: dict[str, float] = {}
+        self.admission = Reader(store)
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._wake = threading.Event()  # set when an online job has a full window to decide on
@@ -107,8 +114,7 @@ class Scheduler:
                 log.exception("scheduler tick failed")
 
     def tick(self) -> None:
-        for job in self._jobs(S.JOB_STATE_SCHEDULED):
-            self._start(job)
+        self.admit()
         for job in self._jobs(S.JOB_STATE_CANCELLING):
             self._cancel(job)
         self.rebalance()
@@ -124,21 +130,70 @@ class Scheduler:
         request = store_pb2.ListJobsRequest(state=state)
         return [j for page in every_page(self._store.list_jobs, request) for j in page.jobs]
 
-    # --- start ----------------------------------------------------------------------------------------
-    def _start(self, job: job_pb2.Job) -> None:
-        plan = self._store.get_plan(store_pb2.GetRequest(id=job.plan_id))
-        connected = set(self._connected())
-        hosts = [h for h in online_hosts(self._store) if h.id in connected]
-        try:
-            placements = place(plan, hosts)
-        except FailedPrecondition as exc:
-            first = self._waiting_since.setdefault(job.id, time.monotonic())
-            if time.monotonic() - first < self._wait:
-                return  # agents may still be connecting
-            self._waiting_since.pop(job.id, None)
-            self._transition(job, S.JOB_STATE_FAILED, f"assigning failed: {exc}", "FAILED", {"step": "assigning"})
+    # --- admission ------------------------------------------------------------------------------------
+    def snapshot(self) -> Snapshot:
+        """The admission engine's inputs now (also what `ballast queue` lists)."""
+        with self._lock:
+            draining = {job_id for job_id, r in self._running.items() if r.preempting}
+        return self.admission.snapshot(set(self._connected()), draining)
+
+    def admit(self) -> None:
+        """One admission pass: free the leases of jobs no longer running, refuse plans the fleet can never
+        run, then start, preempt for, and queue jobs as the engine decides."""
+        snap = self.snapshot()
+        if self._release_stale(snap):
+            return  # the fleet changed under this snapshot: decide on a fresh one next tick
+        for job_id, why in sorted(snap.unrunnable.items()):
+            self._transition(snap.jobs[job_id], S.JOB_STATE_FAILED, f"cannot run on this fleet: {why}", "FAILED",
+                             {"step": "admission"})
+        if not snap.queue:
             return
-        self._waiting_since.pop(job.id, None)
+        decision = snap.decide()
+        for job_id, slots in decision.admit:
+            self._start(snap, job_id, slots)
+        for victim, for_job in decision.preempt:
+            self._preempt(victim, for_job, snap)
+        for job_id, wait in decision.waiting.items():
+            job = snap.jobs[job_id]
+            if job.state == S.JOB_STATE_SCHEDULED:
+                self._transition(job, S.JOB_STATE_QUEUED, f"waiting: {wait.detail}", "QUEUED",
+                                 {"reason": wait.reason, "priority_class": snap.classes.get(job_id, "")})
+
+    def _release_stale(self, snap: Snapshot) -> bool:
+        """End the live leases of jobs that hold devices but no longer run (a planner that stopped between
+        leasing and starting a job, or a job gone while this planner was away)."""
+        stale = sorted({x.job_id for x in snap.live
+                        if x.job_id in snap.jobs and snap.jobs[x.job_id].state not in HOLDING})
+        released = 0
+        for job_id in stale:  # a job that just ended has given its leases back itself: nothing to end
+            ended = self._store.end_leases(store_pb2.EndLeasesRequest(
+                job_id=job_id, reason=fleet_pb2.LEASE_END_REASON_RELEASED)).ended
+            if ended:
+                log.warning("released the leases of a job that is not running", extra={"job_id": job_id})
+            released += ended
+        return bool(released)
+
+    def _start(self, snap: Snapshot, job_id: str, slots: tuple[adm.Slot, ...]) -> None:
+        """Lease the devices (the store refuses a busy one), then start the workers on exactly them."""
+        job, plan = snap.jobs[job_id], snap.plans[job_id]
+        refs = [fleet_pb2.DeviceRef(host_id=x.host_id, device_index=x.device_index) for x in slots]
+        try:
+            self._store.acquire_leases(store_pb2.AcquireLeasesRequest(job_id=job_id, devices=refs))
+        except FailedPrecondition as exc:  # another planner, or the quota moved: the next pass decides again
+            log.warning("lease refused", extra={"job_id": job_id, "why": str(exc)})
+            return
+        placements = place_on(plan, [(snap.hosts[x.host_id], x.device_index) for x in slots])
+        preempted = bool(self.admission.preemptions(job_id))
+        resume = self.admission.resume_point(job_id) if preempted else None
+        waited = snap.now - job.updated_at.ToMicroseconds() / 1e6 if job.state == S.JOB_STATE_QUEUED else 0.0
+        kind = "RESUMED" if preempted else "ADMITTED"
+        where = f"from iteration {resume.iteration}" if resume else "from the start"
+        self._store.append_job_event(store_pb2.AppendJobEventRequest(event=job_pb2.JobEvent(
+            job_id=job_id, type=kind, message=(f"{kind.lower()} on {len(slots)} device(s) after {waited:.1f} s "
+                                               f"queued" + (f"; resumes {where}" if preempted else "")),
+            attributes={"devices": str(len(slots)), "waited_s": f"{waited:.3f}",
+                        "priority_class": snap.classes.get(job_id, ""),
+                        "start_iteration": str(resume.iteration if resume else 0)})))
         world = sum(len(p.workers) for p in placements)
         rendezvous = f"{placements[0].host.address or '127.0.0.1'}:{_port(placements[0].host.address)}"
         running = Running(job, plan, [p.host.id for p in placements], world)
@@ -151,6 +206,8 @@ class Scheduler:
         if moved is None:
             with self._lock:
                 self._running.pop(job.id, None)
+            self._store.end_leases(store_pb2.EndLeasesRequest(job_id=job_id,
+                                                              reason=fleet_pb2.LEASE_END_REASON_RELEASED))
             return
         running.job = moved
         self.rebalancer.track(moved, plan, running.hosts)
@@ -158,8 +215,38 @@ class Scheduler:
             assign = executor_pb2.AssignInstruction(
                 plan=plan, rendezvous=rendezvous, world_size=world, workers=p.workers, backend=backend_for(plan),
                 process_group_timeout_s=self._pg_timeout, spec=job.spec,
-                checkpoint_dir=str(self._root / job.id))
+                checkpoint_dir=str(self._root / job.id),
+                start_iteration=resume.iteration if resume else 0,
+                checkpoint_uri=resume.directory if resume else "")
             self._instruct(running, p.host.id, "assign", assign=assign)
+
+    def _preempt(self, victim: str, for_job: str, snap: Snapshot) -> None:
+        """Drain the victim: its ranks agree on the next iteration boundary, checkpoint there and exit; its
+        exits then send it back to the queue (PREEMPTED), to resume from that checkpoint."""
+        running = self._tracked(victim)
+        if running is None:
+            return
+        with self._lock:
+            if running.stopping:
+                return
+            running.preempting = for_job
+        cls = snap.classes.get(for_job, "")
+        self._store.append_job_event(store_pb2.AppendJobEventRequest(event=job_pb2.JobEvent(
+            job_id=victim, type="PREEMPTING",
+            message=f"draining for job {for_job} (priority class {cls}): checkpoint at the next iteration boundary",
+            attributes={"for_job": for_job, "priority_class": cls})))
+        self._stop_workers(running, f"preempted by job {for_job}", checkpoint=True)
+
+    def _requeue(self, running: Running) -> None:
+        """A drained (preempted) job goes back to the queue; the store ends its leases as PREEMPTED."""
+        resume = self.admission.resume_point(running.job.id)
+        where = f"resumes from iteration {resume.iteration}" if resume else "no complete checkpoint: restarts"
+        moved = self._transition(running.job, S.JOB_STATE_QUEUED,
+                                 f"preempted by job {running.preempting}; {where}", "PREEMPTED",
+                                 {"for_job": running.preempting, "reason": adm.PREEMPTED,
+                                  "checkpoint_iteration": str(resume.iteration if resume else 0)})
+        if moved is not None:
+            self.admission.preempted(running.job.id, moved.updated_at.ToMicroseconds() / 1e6)
 
     def _instruct(self, running: Running, host_id: str, what: str, **body) -> None:
         message = executor_pb2.PlannerMessage(instruction_id=f"{running.job.id}-{what}-{host_id}",
@@ -203,13 +290,14 @@ class Scheduler:
             return
         self._stop_workers(running, job.message or "cancelled")
 
-    def _stop_workers(self, running: Running, reason: str) -> None:
+    def _stop_workers(self, running: Running, reason: str, *, checkpoint: bool = False) -> None:
         with self._lock:
             if running.stopping:
                 return
             running.stopping = reason
         for host_id in running.hosts:
-            self._instruct(running, host_id, "stop", stop=executor_pb2.StopInstruction(reason=reason))
+            self._instruct(running, host_id, "stop",
+                           stop=executor_pb2.StopInstruction(reason=reason, checkpoint=checkpoint))
 
     def _fail(self, running: Running, reason: str) -> None:
         """FAILED first (the reason is what the user needs), then stop the surviving workers."""
@@ -292,9 +380,11 @@ class Scheduler:
             running.exited.add(exit_.rank)
             if exit_.finished:
                 running.finished.add(exit_.rank)
+            if exit_.drained:
+                running.drained.add(exit_.rank)
             all_gone = len(running.exited) == running.world
             all_finished = len(running.finished) == running.world
-            stopping = running.stopping
+            stopping = running.stopping or ("drained" if exit_.drained else "")
         if not exit_.finished and not stopping:
             where = f"stage {exit_.stage_index}, replica {exit_.replica_index}, host {host_id}"
             reason = (f"worker rank {exit_.rank} ({where}) exited with status {exit_.exit_code} after "
@@ -316,6 +406,10 @@ class Scheduler:
             job = self._store.get_job(store_pb2.GetRequest(id=running.job.id))
             if job.state == S.JOB_STATE_CANCELLING:
                 self._transition(job, S.JOB_STATE_CANCELLED, f"cancelled: {stopping}", "CANCELLED")
+            elif running.preempting or len(running.drained) == running.world:  # drained, also after a restart
+                running.job = job
+                running.preempting = running.preempting or "a higher-priority job"
+                self._requeue(running)
         if all_gone:
             with self._lock:
                 self._running.pop(exit_.job_id, None)

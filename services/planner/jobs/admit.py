@@ -1,0 +1,212 @@
+"""What admission reads from the store: the queue, the fleet, its leases and policy, as the pure engine's
+inputs (services/planner/admission). No grpc imports; the scheduler acts on the decision.
+
+A queued job's demand comes from its plan (stages x replicas devices of the plan's kind, predicted run time =
+iterations left x predicted iteration time; iterations left count from its last complete checkpoint once it
+was preempted). Running jobs are the live leases grouped by job. Fair share is each tenant's decayed
+device-seconds over the leases of the last few half-lives.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from urllib.parse import unquote, urlparse
+
+from ballast.v1 import fleet_pb2, job_pb2, plan_pb2, store_pb2
+from services.planner import admission as adm
+from services.planner.jobs.assign import pipeline_shape
+from services.planner.plans.fleet import online_hosts
+from services.runtime.errors import BallastError, FailedPrecondition
+from services.runtime.store_api import Store, every_page
+from services.specs import policy as fleet_policy
+
+S = job_pb2.JobState
+WAITING = (S.JOB_STATE_SCHEDULED, S.JOB_STATE_QUEUED)
+HOLDING = (S.JOB_STATE_RUNNING, S.JOB_STATE_REPARTITIONING, S.JOB_STATE_MORPHING, S.JOB_STATE_CANCELLING)
+USAGE_HALF_LIVES = 4  # leases older than this many half-lives weigh < 7%: left out of fair share
+HOUR_S = 3600.0
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where a preempted job starts again: its last complete checkpoint."""
+
+    iteration: int
+    directory: str
+
+
+@dataclass
+class Snapshot:
+    """One admission pass's inputs, and what the scheduler needs to act on its decision."""
+
+    now: float
+    queue: list[adm.Demand]
+    free: list[adm.Slot]
+    running: list[adm.Holding]
+    policy: adm.Policy
+    usage: dict[str, float]
+    kinds_online: set[str]
+    jobs: dict[str, job_pb2.Job]
+    plans: dict[str, plan_pb2.Plan]
+    hosts: dict[str, fleet_pb2.Host]
+    fleet_policy: fleet_pb2.FleetPolicy
+    tenant_names: dict[str, str]
+    classes: dict[str, str]  # job id -> priority class name
+    unrunnable: dict[str, str] = field(default_factory=dict)  # job id -> why it can never run here
+    live: list[fleet_pb2.DeviceLease] = field(default_factory=list)
+    preemptions: dict[str, int] = field(default_factory=dict)  # queued job id -> times preempted
+
+    def decide(self, *, exact: bool = False) -> adm.Decision:
+        depth = None if exact else adm.DEFAULT_RESERVE_DEPTH
+        return adm.decide(self.queue, self.free, self.running, self.policy, self.usage, self.now,
+                          self.kinds_online, reserve_depth=depth)
+
+
+class Reader:
+    """Builds Snapshots; caches what never changes (plans) and what changes only through the scheduler
+    (preemption times, resume points), so a pass costs a few List calls however long the queue."""
+
+    def __init__(self, store: Store):
+        self._store = store
+        self._plans: dict[str, plan_pb2.Plan] = {}
+        self._preempted: dict[str, list[float]] = {}  # job id -> times it was preempted (from its events)
+        self._lock = threading.Lock()
+
+    # --- caches the scheduler updates ---------------------------------------------------------------------
+    def plan(self, plan_id: str) -> plan_pb2.Plan:
+        with self._lock:
+            plan = self._plans.get(plan_id)
+        if plan is None:
+            plan = self._store.get_plan(store_pb2.GetRequest(id=plan_id))
+            with self._lock:
+                self._plans[plan_id] = plan
+        return plan
+
+    def preemptions(self, job_id: str) -> list[float]:
+        with self._lock:
+            known = self._preempted.get(job_id)
+        if known is None:
+            events = [e for page in every_page(self._store.list_job_events,
+                                               store_pb2.ListJobEventsRequest(job_id=job_id)) for e in page.events]
+            known = [e.created_at.ToMicroseconds() / 1e6 for e in events if e.type == "PREEMPTED"]
+            with self._lock:
+                known = self._preempted.setdefault(job_id, known)
+        return known
+
+    def preempted(self, job_id: str, at: float) -> None:
+        self.preemptions(job_id)
+        with self._lock:
+            self._preempted[job_id].append(at)
+
+    def forget(self, job_id: str) -> None:
+        with self._lock:
+            self._preempted.pop(job_id, None)
+
+    def resume_point(self, job_id: str) -> Resume | None:
+        """The job's last complete checkpoint (its directory is where its layer files lie), if any."""
+        page = self._store.list_checkpoints(store_pb2.ListCheckpointsRequest(job_id=job_id))
+        done = [c for c in page.checkpoints if c.complete and c.layers]
+        if not done:
+            return None
+        last = max(done, key=lambda c: c.iteration)
+        path = unquote(urlparse(last.layers[0].uri).path)
+        return Resume(last.iteration, path.rsplit("/", 1)[0])
+
+    # --- a snapshot -----------------------------------------------------------------------------------
+    def snapshot(self, connected: set[str], draining: set[str], now: float | None = None) -> Snapshot:
+        now = time.time() if now is None else now
+        store = self._store
+        policy_pb = store.get_fleet_policy(store_pb2.GetFleetPolicyRequest())
+        tenants = {t.id: t.name for page in every_page(store.list_tenants, store_pb2.ListTenantsRequest())
+                   for t in page.tenants}
+        rules = {tid: fleet_policy.tenant_policy(policy_pb, name) for tid, name in tenants.items()}
+        policy = adm.Policy(quotas={tid: r.device_quota for tid, r in rules.items() if r.device_quota},
+                            weights={tid: r.weight for tid, r in rules.items()},
+                            max_preemptions_per_hour=fleet_policy.max_preemptions(policy_pb))
+        registered = [h for page in every_page(store.list_hosts, store_pb2.ListHostsRequest()) for h in page.hosts]
+        hosts = {h.id: h for h in registered}
+        online = [h for h in online_hosts(store) if h.id in connected]
+        live = [x for page in every_page(store.list_leases, store_pb2.ListLeasesRequest(live_only=True))
+                for x in page.leases]
+        leased = {(x.device.host_id, x.device.device_index) for x in live}
+        free = [adm.Slot(h.id, d.index, d.spec.kind, h.name) for h in online for d in h.devices
+                if (h.id, d.index) not in leased]
+        snap = Snapshot(now, [], free, [], policy, {}, {d.spec.kind for h in online for d in h.devices}, {}, {},
+                        hosts, policy_pb, tenants, {}, live=live)
+        snap.usage = self._usage(policy_pb, now)
+        for state in WAITING:
+            for page in every_page(store.list_jobs, store_pb2.ListJobsRequest(state=state)):
+                for job in page.jobs:
+                    self._demand(snap, job, registered)
+        self._holdings(snap, live, draining)
+        return snap
+
+    def _class(self, snap: Snapshot, job: job_pb2.Job) -> fleet_pb2.PriorityClass:
+        try:
+            cls = fleet_policy.priority_class(snap.fleet_policy, job.spec.priority_class)
+        except BallastError:  # the class was removed from the policy since submit: the default applies
+            cls = fleet_policy.priority_class(snap.fleet_policy, "")
+        snap.classes[job.id] = cls.name
+        return cls
+
+    def _demand(self, snap: Snapshot, job: job_pb2.Job, registered: list[fleet_pb2.Host]) -> None:
+        if not job.plan_id:
+            return
+        plan = self.plan(job.plan_id)
+        snap.jobs[job.id], snap.plans[job.id] = job, plan
+        try:
+            stages, replicas = pipeline_shape(plan)
+        except FailedPrecondition as exc:
+            snap.unrunnable[job.id] = str(exc)
+            return
+        need, kind = stages * replicas, plan.fleet.device.kind
+        offered = sum(1 for h in registered for d in h.devices if d.spec.kind == kind)
+        if registered and offered < need:
+            snap.unrunnable[job.id] = (f"the plan needs {need} {kind} device(s); the fleet's registered executors "
+                                       f"offer {offered}")
+            return
+        preempted = self.preemptions(job.id)
+        snap.preemptions[job.id] = len(preempted)
+        resume = self.resume_point(job.id) if preempted else None
+        left = job.spec.iterations - (resume.iteration if resume else 0)
+        cls = self._class(snap, job)
+        snap.queue.append(adm.Demand(
+            job_id=job.id, tenant_id=job.tenant_id, priority=cls.priority, preempts=cls.preempts,
+            submitted_at=job.created_at.ToMicroseconds() / 1e6, devices=need, kind=kind,
+            duration_s=left * plan.prediction.iteration_time_s, min_devices=job.spec.min_devices,
+            max_devices=job.spec.max_devices, preempted=bool(preempted)))
+
+    def _holdings(self, snap: Snapshot, live: list[fleet_pb2.DeviceLease], draining: set[str]) -> None:
+        held: dict[str, list[fleet_pb2.DeviceLease]] = defaultdict(list)
+        for lease in live:
+            held[lease.job_id].append(lease)
+        for job_id, leases in sorted(held.items()):
+            job = self._store.get_job(store_pb2.GetRequest(id=job_id))
+            snap.jobs[job_id] = job
+            cls = self._class(snap, job)
+            start = min(x.started_at.ToMicroseconds() / 1e6 for x in leases)
+            predicted = 0.0
+            if job.plan_id:
+                plan = self.plan(job.plan_id)
+                snap.plans[job_id] = plan
+                predicted = start + max(job.spec.iterations - job.iteration, 0) * plan.prediction.iteration_time_s
+            hour = [t for t in self.preemptions(job_id) if t > snap.now - HOUR_S]
+            hosts = snap.hosts
+            slots = tuple(sorted((adm.Slot(x.device.host_id, x.device.device_index, x.device_kind,
+                                           hosts[x.device.host_id].name if x.device.host_id in hosts else "")
+                                  for x in leases), key=lambda s: s.sort_key))
+            snap.running.append(adm.Holding(job_id=job_id, tenant_id=job.tenant_id, priority=cls.priority,
+                                            slots=slots, predicted_end=predicted or float("inf"),
+                                            preemptions_last_hour=len(hour), draining=job_id in draining))
+
+    def _usage(self, policy_pb: fleet_pb2.FleetPolicy, now: float) -> dict[str, float]:
+        half = fleet_policy.half_life_s(policy_pb)
+        since = store_pb2.ListLeasesRequest()
+        since.since.FromMicroseconds(int((now - USAGE_HALF_LIVES * half) * 1e6))
+        intervals = [(x.tenant_id, x.started_at.ToMicroseconds() / 1e6,
+                      x.ended_at.ToMicroseconds() / 1e6 if x.HasField("ended_at") else None)
+                     for page in every_page(self._store.list_leases, since) for x in page.leases]
+        return adm.decayed_usage(intervals, now, half)
