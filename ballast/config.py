@@ -39,6 +39,7 @@ class Settings:
     worker_heartbeat_s: float = 5.0
     log_level: str = "INFO"
     allowed_model_factories: tuple[str, ...] = ()
+    fleet_policy: str = ""  # policy YAML the planner stores at start-up when it differs (services/specs/policy.py)
 
     def address(self, service: str) -> str:
         """host:port where `service` listens (explicit *_address wins)."""

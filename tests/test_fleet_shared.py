@@ -216,3 +216,23 @@ def test_a_restarted_planner_loses_no_job_and_double_books_no_device(plane, tena
     assert overlaps(plane) == 0
     live = plane.client().fleet.ListLeases(store_pb2.ListLeasesRequest(live_only=True)).leases
     assert not live
+
+
+def test_a_job_with_a_device_range_is_replanned_for_the_devices_free(plane, tenants):
+    client = tenants["vision"]
+    holder = client.jobs.Submit(services_pb2.SubmitJobRequest(
+        spec=spec("holder", iterations=5000, fleet=one_device()))).id
+    wait_for(lambda: get(client, holder).state == S.JOB_STATE_RUNNING, timeout=120, what="one device held")
+    flexible = client.jobs.Submit(services_pb2.SubmitJobRequest(
+        spec=spec("flexible", iterations=6, min_devices=1, max_devices=2, pipeline_stages=2))).id
+    done = wait_ended(plane, client, [flexible])[flexible]
+    assert done.state == S.JOB_STATE_SUCCEEDED, done.message
+    types = [e.type for e in events(client, flexible)]
+    story = [(e.type, e.message) for e in events(client, flexible) + events(client, holder)]
+    assert "REPLANNING" in types and types.count("PLAN_CHOSEN") == 2, story
+    plans = client.planner.GetPlan(store_pb2.GetRequest(id=done.plan_id))
+    assert plans.version == 2 and sum(s.devices for s in plans.stages) == 1  # the plan it ran, beside version 1
+    assert get(client, holder).state == S.JOB_STATE_RUNNING  # it did not wait for the holder
+    client.jobs.Cancel(services_pb2.CancelJobRequest(job_id=holder))
+    wait_ended(plane, client, [holder])
+    assert overlaps(plane) == 0

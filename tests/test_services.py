@@ -18,7 +18,8 @@ from tests.harness import make_settings, start_plane, wait_for
 SERVICES = {
     "store": {"ballast.v1.StoreService"},
     "profiler": {"ballast.v1.ProfilerService"},
-    "planner": {"ballast.v1.PlannerService", "ballast.v1.JobService", "ballast.v1.ExecutorControl"},
+    "planner": {"ballast.v1.PlannerService", "ballast.v1.JobService", "ballast.v1.ExecutorControl",
+                "ballast.v1.FleetService"},
 }
 
 

@@ -100,7 +100,8 @@ def spawn(settings: Settings, name: str, args: list[str]) -> Child:
 def start_all(settings: Settings, executors: int) -> State:
     state = State()
     for name in SERVICES:
-        child = spawn(settings, name, ["serve", name])
+        policy = ["--policy", settings.fleet_policy] if name == "planner" and settings.fleet_policy else []
+        child = spawn(settings, name, ["serve", name, *policy])
         child.address = settings.address(name)
         state.children.append(child)
     state.children.append(spawn(settings, "worker", ["worker"]))

@@ -10,12 +10,15 @@ from __future__ import annotations
 import argparse
 import queue
 import threading
+import time
 
 import grpc
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn
+from rich.status import Status
 
+from ballast.cli.fleet import predicted_start, reason_words
 from ballast.client import Client
 from ballast.v1 import job_pb2, services_pb2, store_pb2
 
@@ -23,12 +26,17 @@ console = Console()
 err = Console(stderr=True)
 S = job_pb2.JobState
 STATES = {name.removeprefix("JOB_STATE_").lower(): value for name, value in S.items() if value}
+# A job admitted at once goes SCHEDULED -> RUNNING; one that waits for devices passes through QUEUED (and goes
+# back to it when preempted), so `--until queued` stops once the job is queued or already past it.
 ORDER = [S.JOB_STATE_SUBMITTED, S.JOB_STATE_PROFILING, S.JOB_STATE_PLANNING, S.JOB_STATE_SCHEDULED,
-         S.JOB_STATE_RUNNING, S.JOB_STATE_SUCCEEDED]
+         S.JOB_STATE_QUEUED, S.JOB_STATE_RUNNING, S.JOB_STATE_SUCCEEDED]
 BAD_END = (S.JOB_STATE_FAILED, S.JOB_STATE_CANCELLED)
 TRAINING = (S.JOB_STATE_RUNNING, S.JOB_STATE_REPARTITIONING)  # the progress bar stays up through migrations
 COLOURS = {S.JOB_STATE_REPARTITIONING: "magenta", S.JOB_STATE_FAILED: "red", S.JOB_STATE_CANCELLED: "yellow",
-           S.JOB_STATE_SUCCEEDED: "green"}
+           S.JOB_STATE_SUCCEEDED: "green", S.JOB_STATE_QUEUED: "blue"}
+CLASS_EVENTS = ("QUEUED", "ADMITTED", "RESUMED")  # shared-fleet events whose message leaves out the priority class
+EVENT_COLOURS = {"PREEMPTING": "yellow", "PREEMPTED": "yellow", "ADMITTED": "green", "RESUMED": "green"}
+QUEUE_POLL_S = 2.0  # how often the "queued" line asks the planner for the job's place in the queue
 
 
 def add_follow_arguments(p: argparse.ArgumentParser, wait_help: str | None) -> None:
@@ -56,6 +64,8 @@ def follow(client: Client, job_id: str, after: int, until: str | None) -> int:
     threading.Thread(target=pump, name="watch", daemon=True).start()
     bar: Progress | None = None  # shown only while the job trains
     task = None
+    waiting: Status | None = None  # shown only while the job is queued: its place, reason and predicted start
+    polled = 0.0
     try:
         while True:
             try:
@@ -63,6 +73,9 @@ def follow(client: Client, job_id: str, after: int, until: str | None) -> int:
             except queue.Empty:
                 if bar is not None:
                     _progress(client, job_id, bar, task)
+                if waiting is not None and time.monotonic() - polled >= QUEUE_POLL_S:
+                    polled = time.monotonic()
+                    waiting.update(queue_line(client, job_id))
                 continue
             if item is None:
                 return 0
@@ -75,11 +88,18 @@ def follow(client: Client, job_id: str, after: int, until: str | None) -> int:
                 _progress(client, job_id, bar, task)
                 bar.stop()
                 bar = None
+            if waiting is not None and item.state != S.JOB_STATE_QUEUED:
+                waiting.stop()
+                waiting = None
             show(item)
             if item.state in BAD_END:
                 return 1
             if item.state in ORDER and ORDER.index(item.state) >= ORDER.index(target):
                 return 0
+            if item.state == S.JOB_STATE_QUEUED and waiting is None:
+                waiting = console.status("queued")
+                waiting.start()
+                polled = 0.0  # ask at the next tick
             if item.state in TRAINING and bar is None:
                 job = client.jobs.Get(store_pb2.GetRequest(id=job_id))
                 bar = Progress(TextColumn("{task.description}"), BarColumn(),
@@ -90,7 +110,24 @@ def follow(client: Client, job_id: str, after: int, until: str | None) -> int:
     finally:
         if bar is not None:
             bar.stop()
+        if waiting is not None:
+            waiting.stop()
         stream.cancel()
+
+
+def queue_line(client: Client, job_id: str) -> str:
+    """'queued: position 2 of 5, devices busy, starts in 42 s' from the planner's queue; plain 'queued' if it cannot
+    say (the planner has no FleetService, or the job just left the queue)."""
+    try:
+        entries = client.fleet.ListQueue(services_pb2.ListQueueRequest(), timeout=5).entries
+    except grpc.RpcError:
+        return "queued"
+    mine = next((e for e in entries if e.job_id == job_id), None)
+    if mine is None:
+        return "queued"
+    when = predicted_start(mine.predicted_start_s)
+    return (f"queued: position {mine.position} of {len(entries)}, {reason_words(mine.reason)}, "
+            + ("start unknown" if when == "unknown" else f"starts {when}"))
 
 
 def _progress(client: Client, job_id: str, bar: Progress, task) -> None:
@@ -109,7 +146,20 @@ def _any_metric(client: Client, job_id: str) -> bool:
     return bool(page.metrics)
 
 
-def show(event: job_pb2.JobEvent) -> None:
+def event_line(event: job_pb2.JobEvent) -> str:
+    """One event as `watch` prints it (rich markup): seq, state, type, message, and for the shared-fleet
+    events the priority class the message leaves out."""
     state = S.Name(event.state).removeprefix("JOB_STATE_")
     colour = COLOURS.get(event.state, "cyan")
-    console.print(f"{event.seq:>4} [{colour}]{state:<14}[/{colour}] {event.type:<16} {escape(event.message)}")
+    kind = f"{event.type:<16}"
+    if event.type in EVENT_COLOURS:
+        kind = f"[{EVENT_COLOURS[event.type]}]{kind}[/{EVENT_COLOURS[event.type]}]"
+    text = event.message
+    cls = event.attributes.get("priority_class", "")
+    if event.type in CLASS_EVENTS and cls and f"priority class {cls}" not in text:
+        text += f" (priority class {cls})"
+    return f"{event.seq:>4} [{colour}]{state:<14}[/{colour}] {kind} {escape(text)}"
+
+
+def show(event: job_pb2.JobEvent) -> None:
+    console.print(event_line(event))

@@ -37,7 +37,47 @@ def add_submit_arguments(p: argparse.ArgumentParser) -> None:
                    help="let the planner rebalance the pipeline while it trains (vPipe: live layer migration)")
     p.add_argument("--toggle", action="append", default=[], type=parse_toggle, metavar="LAYER:ITERATION:on|off",
                    help="dynamic workload: switch a layer on or off from that iteration (repeatable), e.g. 5:0:off")
+    p.add_argument("--priority", default="", metavar="CLASS",
+                   help="priority class of the fleet policy (`ballast policy show`; default: the policy's default)")
+    p.add_argument("--min-devices", type=device_count("--min-devices"), default=None, metavar="N",
+                   help="with --max-devices: the job may be re-planned for any device count in the range to start "
+                        "sooner (default: exactly the devices its plan needs)")
+    p.add_argument("--max-devices", type=device_count("--max-devices"), default=None, metavar="N",
+                   help="upper end of the device range (see --min-devices)")
+    p.set_defaults(check=device_range_problem)
     add_follow_arguments(p, "follow the job's events until it ends (or --until)")
+
+
+def device_count(flag: str):
+    """An argparse type: a whole number >= 1, refused with a message naming `flag` and an example."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < 1:
+            raise argparse.ArgumentTypeError(f"must be a whole number of devices >= 1 (got {text!r}), e.g. {flag} 2")
+        return value
+
+    return parse
+
+
+def device_range_problem(args: argparse.Namespace) -> str | None:
+    """Why --min-devices/--max-devices cannot go together (checked after parsing, before any RPC), or None."""
+    low, high = getattr(args, "min_devices", None), getattr(args, "max_devices", None)
+    if low is None and high is None:
+        return None
+    if high is None:
+        return (f"--min-devices {low} needs --max-devices too: give both (e.g. --min-devices {low} --max-devices "
+                f"{low} for exactly {low}), or neither to run on the devices the plan needs")
+    if low is None:
+        return (f"--max-devices {high} needs --min-devices too: give both (e.g. --min-devices 1 --max-devices "
+                f"{high} for any count up to {high}), or neither to run on the devices the plan needs")
+    if low > high:
+        return (f"--min-devices {low} is above --max-devices {high}: the range must have --min-devices <= "
+                f"--max-devices, e.g. --min-devices {high} --max-devices {low}")
+    return None
 
 
 def parse_toggle(text: str) -> job_pb2.LayerToggle:
@@ -60,13 +100,20 @@ def job_spec(args: argparse.Namespace) -> job_pb2.JobSpec:
                            memory_budget_bytes=parse_bytes(args.memory) if args.memory else 0,
                            engine=ENGINES.get(args.engine or "", 0), schedule=SCHEDULES.get(args.schedule or "", 0),
                            online_repartition=getattr(args, "online", False), layer_toggles=getattr(args, "toggle", []),
-                           pipeline_stages=getattr(args, "stages", 0))
+                           pipeline_stages=getattr(args, "stages", 0),
+                           priority_class=getattr(args, "priority", "") or "",
+                           min_devices=getattr(args, "min_devices", None) or 0,
+                           max_devices=getattr(args, "max_devices", None) or 0)
     if args.fleet:
         spec.fleet.CopyFrom(load_fleet(args.fleet, dtype=model.dtype or None))
     return spec
 
 
 def run_submit(settings: Settings, args: argparse.Namespace) -> int:
+    problem = device_range_problem(args)  # main() refuses it at parse time; callers that skip main() too
+    if problem:
+        err.print(f"[red]error[/red] {escape(problem)}")
+        return 2
     try:
         spec = job_spec(args)
     except ValueError as exc:

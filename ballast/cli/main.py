@@ -19,7 +19,9 @@ err = Console(stderr=True)
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    return load_settings(data_dir=getattr(args, "data_dir", None))
+    policy = getattr(args, "policy", None)  # `up` / `serve planner --policy FILE` beat BALLAST_FLEET_POLICY
+    return load_settings(data_dir=getattr(args, "data_dir", None),
+                         fleet_policy=str(Path(policy).resolve()) if policy else None)
 
 
 def _client(settings: Settings):
@@ -46,6 +48,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     from ballast.cli import control_plane as cp
 
     settings = _settings(args)
+    if settings.fleet_policy:
+        from services.specs.policy import load_policy_file
+
+        load_policy_file(settings.fleet_policy)  # a file that cannot be read fails here, before anything starts
     ok, rows, message = cp.bring_up(settings, args.executors, args.timeout)
     if rows:
         console.print(_status_table(rows))
@@ -151,6 +157,10 @@ def cmd_tenant(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from services.runtime.logs import configure_logging
 
+    if args.policy and args.service != "planner":
+        err.print(f"[red]error[/red] --policy is the planner's option, not the {args.service}'s: "
+                  "use `ballast serve planner --policy FILE`")
+        return 2
     settings = _settings(args)
     configure_logging(args.service, settings.log_level)
     if args.service == "store":
@@ -213,6 +223,24 @@ def cmd_watch(args: argparse.Namespace) -> int:
     return run_watch(_settings(args), args)
 
 
+def cmd_queue(args: argparse.Namespace) -> int:
+    from ballast.cli.fleet import run_queue
+
+    return run_queue(_settings(args), args)
+
+
+def cmd_fleet(args: argparse.Namespace) -> int:
+    from ballast.cli.fleet import run_fleet
+
+    return run_fleet(_settings(args), args)
+
+
+def cmd_policy(args: argparse.Namespace) -> int:
+    from ballast.cli.fleet import run_policy
+
+    return run_policy(_settings(args), args)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from ballast.cli.demo import run_demo
 
@@ -233,6 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("up", cmd_up, "start store, profiler, planner, a worker and N executor agents")
     p.add_argument("--executors", type=int, default=2)
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for SERVING")
+    p.add_argument("--policy", type=Path, default=None, metavar="FILE",
+                   help="fleet policy YAML the planner stores at start-up if it differs from the policy in force "
+                        "(default $BALLAST_FLEET_POLICY)")
     add("down", cmd_down, "stop everything `ballast up` started")
     p = add("status", cmd_status, "health of every component (exit 0 only if all SERVING)")
     p.add_argument("--json", action="store_true")
@@ -251,6 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("serve", cmd_serve, "run one service in the foreground")
     p.add_argument("service", choices=["store", "profiler", "planner", "executor"])
     p.add_argument("--index", type=int, default=0, help="executor agent index (port = executor port + index)")
+    p.add_argument("--policy", type=Path, default=None, metavar="FILE",
+                   help="planner only: fleet policy YAML stored at start-up if it differs from the policy in force "
+                        "(default $BALLAST_FLEET_POLICY)")
     add("worker", cmd_worker, "run a Celery planner worker in the foreground")
     p = add("health", cmd_health, "gRPC health check (exit 0 iff SERVING)")
     p.add_argument("address")
@@ -272,6 +306,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_submit_arguments(p)
     p = add("watch", cmd_watch, "follow a job's events (state changes, plan, progress)")
     add_watch_arguments(p)
+    from ballast.cli.fleet import add_fleet_arguments, add_policy_arguments, add_queue_arguments
+
+    p = add("queue", cmd_queue, "the shared fleet's queue in admission order: why each job waits, when it starts")
+    add_queue_arguments(p)
+    p = add("fleet", cmd_fleet, "every device: online, which job leases it since when, use over the last hour")
+    add_fleet_arguments(p)
+    p = add("policy", cmd_policy, "the fleet policy: `policy show [--version N]`, `policy set FILE` (admin)")
+    add_policy_arguments(p)
     p = add("demo", cmd_demo, "up, train examples/gpt-tiny.yaml on local CPU executors, report, shut down")
     p.add_argument("--model", type=Path, default=None)
     p.add_argument("--executors", type=int, default=2)
@@ -280,8 +322,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse, then the checks that span flags (a subcommand's `check` default): exit 2 with the subcommand's
+    usage and the problem, before anything is sent."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check = getattr(args, "check", None)
+    problem = check(args) if check else None
+    if problem:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        sub.choices[args.command].error(problem)
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     try:
         return args.fn(args)
     except KeyboardInterrupt:
@@ -290,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         from services.runtime.errors import BallastError
 
         if isinstance(exc, BallastError):
-            err.print(f"[red]error[/red] {exc}")
+            err.print(f"[red]error[/red] {escape(str(exc))}")
             return 2
         raise
 

@@ -11,6 +11,7 @@ from services.planner.celery_app import make_app, sender
 from services.planner.jobs import fleet_view
 from services.planner.jobs import lifecycle as jobs
 from services.planner.jobs.control import AgentRegistry
+from services.planner.jobs.prepare import KIND as PREPARE
 from services.planner.jobs.scheduler import Scheduler
 from services.planner.plans import operations as plans
 from services.planner.policy_file import apply_policy_file
@@ -41,8 +42,11 @@ def build_server(settings: Settings, address: str | None = None, send: durable.S
     as_caller, as_platform = remote_stores(settings)
     apply_policy_file(as_platform, settings.fleet_policy)  # --policy / BALLAST_FLEET_POLICY; a bad file stops here
     send = send or sender(make_app(settings), settings.queue)
+    def replan(job, devices: int) -> None:  # one request per plan version, so a later re-plan is not deduped
+        durable.submit(as_platform, PREPARE, {"job_id": job.id, "devices": devices, "after": job.plan_version}, send)
+
     scheduler = Scheduler(as_platform, lambda host_id, message: registry.send(host_id, message),
-                          lambda: registry.connected(), settings.data_dir / "checkpoints")
+                          lambda: registry.connected(), settings.data_dir / "checkpoints", replan=replan)
     registry = AgentRegistry(as_platform, listener=scheduler.on_message)
     sweeper = durable.Sweeper(as_platform, send, settings.sweep_interval_s, settings.requeue_unclaimed_s)
 

@@ -9,6 +9,10 @@ answers a repeated request from its cache, the plan is stored under the queued r
 state change is a compare-and-set on the state the worker last saw, so a cancel landing between two
 steps wins and the worker finishes it (CANCELLING -> CANCELLED) instead of carrying on.
 
+A payload with "devices" re-plans a QUEUED job (moved to PLANNING by the scheduler) for that many devices:
+the ones free now, within the range the job allows (--min-devices/--max-devices); its new plan is the job's
+next plan version, the one it was submitted with stays stored beside it.
+
 Profiles: a fleet of this host's device kind (the local CPU executors) is measured by the profiler;
 any other catalog device gets an analytical profile, since nothing here can measure it.
 """
@@ -78,6 +82,21 @@ def fleet_of_hosts(hosts: list[fleet_pb2.Host], dtype: int = 0) -> fleet_pb2.Fle
                                  fix="set spec.fleet to a catalog device") from None
 
 
+def shrink(fleet: fleet_pb2.Fleet, devices: int) -> fleet_pb2.Fleet:
+    """The fleet cut to `devices` (a re-plan for the devices free now, --min-devices/--max-devices): whole
+    nodes where the count allows, else one node of that many devices; 0 leaves it as it is."""
+    if not devices or devices >= fleet.nodes * fleet.devices_per_node:
+        return fleet
+    out = fleet_pb2.Fleet()
+    out.CopyFrom(fleet)
+    if devices >= fleet.devices_per_node:
+        out.nodes = devices // fleet.devices_per_node
+    else:
+        out.nodes, out.devices_per_node = 1, devices
+    out.name = f"{fleet.name}-{out.nodes * out.devices_per_node}"
+    return out
+
+
 def profile_request(job: job_pb2.Job, fleet: fleet_pb2.Fleet) -> services_pb2.ProfileRequest:
     """Measured on this host's kind, analytical for any other; the sweep stops at the global batch.
 
@@ -94,11 +113,13 @@ def profile_request(job: job_pb2.Job, fleet: fleet_pb2.Fleet) -> services_pb2.Pr
     return request
 
 
-def plan_inputs(job: job_pb2.Job, dims: tuple[str, ...]):
+def plan_inputs(job: job_pb2.Job, dims: tuple[str, ...], devices: int = 0):
+    """The search's inputs; a pipeline depth the job asked for is dropped when a re-plan has fewer devices."""
     spec = job.spec
+    stages = spec.pipeline_stages if not devices or spec.pipeline_stages <= devices else 0
     return PlanInputs(global_batch_size=spec.global_batch_size, memory_budget_bytes=spec.memory_budget_bytes,
                       engine=spec.engine, schedule=spec.schedule, runnable_dims=dims,
-                      pipeline_stages=spec.pipeline_stages,
+                      pipeline_stages=stages,
                       overlap_grad_sync=False)  # the executors allreduce after the last backward
 
 
@@ -189,6 +210,7 @@ def prepare_job(payload: dict[str, Any], task: durable.Task) -> dict[str, Any]:
         spec = job.job.spec
         fleet = spec.fleet if spec.HasField("fleet") else fleet_of_hosts(online_hosts(task.store),
                                                                           spec.model.dtype)
+        fleet = shrink(fleet, int(payload.get("devices") or 0))
         request = profile_request(job.job, fleet)
         how = "analytical" if request.analytical else "measured"
         step = "profiling"
@@ -204,8 +226,9 @@ def prepare_job(payload: dict[str, Any], task: durable.Task) -> dict[str, Any]:
             job.move(S.JOB_STATE_PLANNING, f"profile {profile.id} ({how}, {len(profile.layers)} layers); "
                      f"searching a plan for {fleet.nodes * fleet.devices_per_node} {fleet.device.kind} device(s)",
                      event_type="PROFILED", attributes={"profile_id": profile.id, "profile": how})
-        plan = make_plan(profile, fleet, plan_inputs(job.job, executor_dims(task.store)))
-        plan.job_id = job.job.id
+        plan = make_plan(profile, fleet, plan_inputs(job.job, executor_dims(task.store),
+                                                     int(payload.get("devices") or 0)))
+        plan.job_id, plan.version = job.job.id, 0  # 0: the store gives the job's next version (a re-plan's 2, 3..)
         if task.lease_lost.is_set():
             raise durable.LeaseLost()
         stored = task.store.create_plan(store_pb2.CreatePlanRequest(plan=plan, request_id=task.request.id))

@@ -74,12 +74,14 @@ class Running:
 class Scheduler:
     def __init__(self, store: Store, send: Send, connected: Callable[[], list[str]],
                  checkpoint_root: Path, *, interval_s: float = 0.5,
-                 process_group_timeout_s: int = 60, online: OnlineOptions | None = None):
+                 process_group_timeout_s: int = 60, online: OnlineOptions | None = None,
+                 replan: Callable[[job_pb2.Job, int], None] | None = None):
         self._store, self._send, self._connected = store, send, connected
         self._root = checkpoint_root
         self._interval, self._pg_timeout = interval_s, process_group_timeout_s
         self._running: dict[str, Running] = {}
         self.admission = Reader(store)
+        self._replan = replan  # queues a re-plan of a job for a device count (prepare.py); None: never
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._wake = threading.Event()  # set when an online job has a full window to decide on
@@ -153,11 +155,33 @@ class Scheduler:
             self._start(snap, job_id, slots)
         for victim, for_job in decision.preempt:
             self._preempt(victim, for_job, snap)
+        for job_id, devices in decision.replan:
+            self._replan_for(snap.jobs[job_id], devices, snap)
         for job_id, wait in decision.waiting.items():
             job = snap.jobs[job_id]
             if job.state == S.JOB_STATE_SCHEDULED:
                 self._transition(job, S.JOB_STATE_QUEUED, f"waiting: {wait.detail}", "QUEUED",
                                  {"reason": wait.reason, "priority_class": snap.classes.get(job_id, "")})
+
+    def _replan_for(self, job: job_pb2.Job, devices: int, snap: Snapshot) -> None:
+        """The devices its plan asks for are busy but `devices` are free and the job allows that many:
+        plan it again for them (QUEUED -> PLANNING -> SCHEDULED, the next plan version)."""
+        if self._replan is None:
+            return
+        if job.state == S.JOB_STATE_SCHEDULED:
+            job = self._transition(job, S.JOB_STATE_QUEUED, f"waiting: re-planning for {devices} device(s)",
+                                   "QUEUED", {"reason": adm.REPLANNING}) or job
+        planned = snap.queue and next((d.devices for d in snap.queue if d.job_id == job.id), 0)
+        moved = self._transition(job, S.JOB_STATE_PLANNING,
+                                 f"re-planning for the {devices} device(s) free now (the plan asks for {planned}; "
+                                 f"the job allows {job.spec.min_devices}-{job.spec.max_devices})",
+                                 "REPLANNING", {"devices": str(devices), "planned_devices": str(planned)})
+        if moved is not None:
+            try:
+                self._replan(moved, devices)
+            except Exception as exc:  # noqa: BLE001 - the job must not sit in PLANNING with nothing to plan it
+                self._transition(moved, S.JOB_STATE_FAILED, f"could not queue the re-plan: {exc}", "FAILED",
+                                 {"step": "replanning"})
 
     def _release_stale(self, snap: Snapshot) -> bool:
         """End the live leases of jobs that hold devices but no longer run (a planner that stopped between

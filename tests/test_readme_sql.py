@@ -1,0 +1,135 @@
+"""The SQL in README.md's "Shared fleet" section, run as `ballast sql` runs it (read-only) on SQLite and on
+PostgreSQL against a database `schema.upgrade` made, with rows whose answers are known.
+
+The blocks are found by their markers, `<!-- readme-sql: NAME BACKENDS -->` right before a ```sql fence, so
+an edit to the README is what gets tested, and a block that goes missing fails here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import sqlalchemy as sa
+
+from services.store import schema
+from services.store.db import create_engine
+from services.store.models import Device, DeviceLease, Host, Job, JobEvent, Model, Tenant
+from services.store.sql import readonly_url, run_readonly_query
+from tests.conftest import fresh_database
+from tests.harness import ROOT
+
+BLOCK = re.compile(r"<!-- readme-sql: (?P<name>[\w-]+) (?P<backends>[\w,]+) -->\n```sql\n(?P<sql>.*?)```", re.S)
+BACKENDS = ("sqlite", "postgresql")
+HOUR = timedelta(hours=1)
+DAY = timedelta(days=1)
+
+# tenant -> device-hours over the last 7 days (see _leases)
+DEVICE_HOURS = [["prod", 168.25], ["research", 26.5]]
+# priority class -> admissions, mean wait in seconds (see _events)
+QUEUE_WAIT = [["high", 2, 5.0], ["normal", 3, 60.0]]
+EXPECTED = {"device-hours": DEVICE_HOURS, "queue-wait": QUEUE_WAIT, "queue-wait-from-events": QUEUE_WAIT}
+
+
+def readme_blocks() -> list[tuple[str, set[str], str]]:
+    """(name, backends, sql) for every marked block of README.md."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    return [(m["name"], set(m["backends"].split(",")), m["sql"]) for m in BLOCK.finditer(text)]
+
+
+def test_every_query_has_a_block_for_each_backend() -> None:
+    blocks = readme_blocks()
+    assert {name for name, _, _ in blocks} == set(EXPECTED)
+    for name in EXPECTED:
+        covered = [b for n, backends, _ in blocks if n == name for b in backends]
+        assert sorted(covered) == sorted(BACKENDS), f"{name}: one block per backend, got {covered}"
+
+
+def _seed(engine: sa.Engine, now: datetime) -> None:
+    with engine.begin() as conn:
+        def insert(model, *rows: dict) -> None:
+            conn.execute(sa.insert(model.__table__), list(rows))
+
+        insert(Tenant, *({"id": f"t-{name}", "name": name, "admin": name == "admin", "token_hash": name.ljust(64, "x"),
+                          "created_at": now - 30 * DAY} for name in ("admin", "research", "prod", "idle")))
+        insert(Model, {"id": "m-1", "tenant_id": "t-research", "name": "gpt", "family": "MODEL_FAMILY_GPT",
+                       "signature": "s" * 64, "spec": {}, "created_at": now - 30 * DAY})
+        insert(Host, {"id": "h-1", "name": "gpu-a", "state": "HOST_STATE_ONLINE", "supported_parallelism": [],
+                      "labels": {}, "registered_at": now - 30 * DAY})
+        insert(Device, *({"host_id": "h-1", "device_index": i, "kind": "h100", "memory_bytes": 80 << 30,
+                          "peak_flops": 1e15, "spec": {}} for i in range(4)))
+        jobs = {"job-a": ("high", "t-prod"), "job-b": ("high", "t-prod"), "job-c": ("normal", "t-research"),
+                "job-d": ("normal", "t-research"), "job-e": ("low", "t-research")}
+        insert(Job, *({"id": job_id, "tenant_id": tenant, "model_id": "m-1", "state": "JOB_STATE_RUNNING", "spec": {},
+                       "created_at": now - 20 * DAY, "updated_at": now, "priority_class": cls}
+                      for job_id, (cls, tenant) in jobs.items()))
+        insert(DeviceLease, *_leases(now))
+        insert(JobEvent, *_events(now - 2 * DAY))
+
+
+def _leases(now: datetime) -> Iterator[dict]:
+    """research: 2 h closed + 0.5 h live + 24 h of a lease that began before the window; one lease ended
+    before it (nothing). prod: a live lease older than the window (7 d = 168 h) + 0.25 h closed."""
+    for n, (job, tenant, device, start, end) in enumerate([
+        ("job-c", "t-research", 0, now - 3 * HOUR, now - HOUR),
+        ("job-c", "t-research", 1, now - 0.5 * HOUR, None),
+        ("job-d", "t-research", 2, now - 8 * DAY, now - 6 * DAY),
+        ("job-d", "t-research", 2, now - 12 * DAY, now - 10 * DAY),
+        ("job-a", "t-prod", 3, now - 9 * DAY, None),
+        ("job-b", "t-prod", 1, now - 2 * HOUR, now - 1.75 * HOUR),
+    ]):
+        yield {"id": f"lse-{n}", "job_id": job, "tenant_id": tenant, "host_id": "h-1", "device_index": device,
+               "device_kind": "h100", "started_at": start, "ended_at": end,
+               "end_reason": "LEASE_END_REASON_FINISHED" if end else None}
+
+
+def _events(t0: datetime) -> Iterator[dict]:
+    """high: job-a queued 10 s, job-b admitted at once (0 s); normal: job-c queued 30 s, then preempted and
+    resumed after 60 s, job-d queued 90 s; low: job-e still queued (no admission, so no row)."""
+    s = timedelta(seconds=1)
+    timeline = {
+        "job-a": [("QUEUED", "QUEUED", 0, {}), ("ADMITTED", "QUEUED", 10, {"waited_s": "10.000"}),
+                  ("ASSIGNED", "RUNNING", 10, {})],
+        "job-b": [("ADMITTED", "SCHEDULED", 40, {"waited_s": "0.000"}), ("ASSIGNED", "RUNNING", 40, {})],
+        "job-c": [("QUEUED", "QUEUED", 0, {}), ("ADMITTED", "QUEUED", 30, {"waited_s": "30.000"}),
+                  ("ASSIGNED", "RUNNING", 30, {}), ("PREEMPTING", "RUNNING", 90, {"for_job": "job-a"}),
+                  ("PREEMPTED", "QUEUED", 100, {"for_job": "job-a", "checkpoint_iteration": "7"}),
+                  ("RESUMED", "QUEUED", 160, {"waited_s": "60.000", "start_iteration": "7"}),
+                  ("ASSIGNED", "RUNNING", 160, {})],
+        "job-d": [("QUEUED", "QUEUED", 5, {}), ("ADMITTED", "QUEUED", 95, {"waited_s": "90.000"}),
+                  ("ASSIGNED", "RUNNING", 95, {})],
+        "job-e": [("QUEUED", "QUEUED", 0, {})],
+    }
+    for job_id, events in timeline.items():
+        first = [("SUBMITTED", "SUBMITTED", -60, {}), ("STATE_CHANGED", "SCHEDULED", -20, {})]
+        for seq, (kind, state, at, attributes) in enumerate(first + events, start=1):
+            yield {"job_id": job_id, "seq": seq, "type": kind, "state": f"JOB_STATE_{state}", "message": "",
+                   "attributes": {"priority_class": "", **attributes}, "created_at": t0 + at * s}
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def test_readme_sql_answers_on_each_backend(backend: str, tmp_path) -> None:
+    with fresh_database(backend, tmp_path) as url:
+        schema.upgrade(url)
+        engine = create_engine(url)
+        query = create_engine(readonly_url(url)) if backend == "postgresql" else engine  # what `ballast sql` uses
+        try:
+            _seed(engine, datetime.now(UTC))
+            ran = set()
+            for name, backends, sql in readme_blocks():
+                if backend not in backends:
+                    continue
+                result = run_readonly_query(query, sql)
+                expected = EXPECTED[name]
+                assert len(result.rows) == len(expected), (name, result.rows)
+                for got, want in zip(result.rows, expected, strict=True):
+                    assert got[:-1] == want[:-1], (name, result.rows)
+                    # a live lease grows while the test runs: allow a minute of it
+                    assert got[-1] == pytest.approx(want[-1], abs=0.02), (name, result.rows)
+                ran.add(name)
+            assert ran == set(EXPECTED)
+        finally:
+            query.dispose()
+            engine.dispose()
