@@ -120,7 +120,8 @@ def test_plan_and_explain_against_a_running_control_plane(tmp_path: Path) -> Non
         job_id = re.search(r"job (job-[0-9a-f]+) submitted", submitted.stdout).group(1)
         for words in ("PROFILING", "PROFILED", "PLAN_CHOSEN", "predicted"):
             assert words in submitted.stdout, submitted.stdout
-        job_plan = rows(f"SELECT plan_id FROM jobs WHERE id = '{job_id}' AND state = 'JOB_STATE_SCHEDULED'")
+        # planned; the admission pass may have queued or refused it since (no executor offers TITANs here)
+        job_plan = rows(f"SELECT plan_id FROM jobs WHERE id = '{job_id}' AND plan_id IS NOT NULL")
         assert rows(f"SELECT job_id FROM plans WHERE id = '{job_plan[0][0]}'") == [[job_id]]
         replay = ballast(settings, "watch", job_id, "--until", "scheduled", "--data-dir", data_dir)
         assert replay.returncode == 0 and replay.stdout.count("\n") == 4, replay.stdout

@@ -266,7 +266,7 @@ def run_queue(settings: Settings, args: argparse.Namespace) -> int:
         print(json.dumps(queue_records(reply.entries, now)))
         return 0
     if not reply.entries:
-        console.print("the queue is empty: every job that wants devices has them")
+        console.print("the queue is empty: no job is waiting for devices")
         return 0
     console.print(queue_table(reply.entries, now))
     return 0
