@@ -1,7 +1,8 @@
 """Fleet policy: priority classes, per-tenant quotas and fair-share weights, preemption limits.
 
 The store keeps every version (SetFleetPolicy); the planner reads the one in force. A policy file is the
-same message in YAML, loaded by `ballast planner --policy FILE` (or `ballast policy set FILE`)::
+same message in YAML, loaded by `ballast up --policy FILE` or `ballast serve planner --policy FILE` (or at run
+time `ballast policy set FILE`)::
 
     default_priority_class: normal
     priority_classes:                 # larger priority is admitted first; `preempts` may evict lower ones
