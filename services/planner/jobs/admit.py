@@ -15,6 +15,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from urllib.parse import unquote, urlparse
 
+from google.protobuf import timestamp_pb2
+
 from ballast.v1 import fleet_pb2, job_pb2, plan_pb2, store_pb2
 from services.planner import admission as adm
 from services.planner.jobs.assign import pipeline_shape
@@ -28,6 +30,11 @@ WAITING = (S.JOB_STATE_SCHEDULED, S.JOB_STATE_QUEUED)
 HOLDING = (S.JOB_STATE_RUNNING, S.JOB_STATE_REPARTITIONING, S.JOB_STATE_MORPHING, S.JOB_STATE_CANCELLING)
 USAGE_HALF_LIVES = 4  # leases older than this many half-lives weigh < 7%: left out of fair share
 HOUR_S = 3600.0
+
+
+def epoch_s(ts: timestamp_pb2.Timestamp) -> float:
+    """A proto Timestamp as the engine's epoch seconds (never via naive datetimes and the local zone)."""
+    return ts.ToMicroseconds() / 1e6
 
 
 @dataclass(frozen=True)
@@ -91,7 +98,7 @@ class Reader:
         if known is None:
             events = [e for page in every_page(self._store.list_job_events,
                                                store_pb2.ListJobEventsRequest(job_id=job_id)) for e in page.events]
-            known = [e.created_at.ToMicroseconds() / 1e6 for e in events if e.type == "PREEMPTED"]
+            known = [epoch_s(e.created_at) for e in events if e.type == "PREEMPTED"]
             with self._lock:
                 known = self._preempted.setdefault(job_id, known)
         return known
@@ -175,7 +182,7 @@ class Reader:
         cls = self._class(snap, job)
         snap.queue.append(adm.Demand(
             job_id=job.id, tenant_id=job.tenant_id, priority=cls.priority, preempts=cls.preempts,
-            submitted_at=job.created_at.ToMicroseconds() / 1e6, devices=need, kind=kind,
+            submitted_at=epoch_s(job.created_at), devices=need, kind=kind,
             duration_s=left * plan.prediction.iteration_time_s, min_devices=job.spec.min_devices,
             max_devices=job.spec.max_devices, preempted=bool(preempted)))
 
@@ -187,7 +194,7 @@ class Reader:
             job = self._store.get_job(store_pb2.GetRequest(id=job_id))
             snap.jobs[job_id] = job
             cls = self._class(snap, job)
-            start = min(x.started_at.ToMicroseconds() / 1e6 for x in leases)
+            start = min(epoch_s(x.started_at) for x in leases)
             predicted = 0.0
             if job.plan_id:
                 plan = self.plan(job.plan_id)
@@ -206,7 +213,7 @@ class Reader:
         half = fleet_policy.half_life_s(policy_pb)
         since = store_pb2.ListLeasesRequest()
         since.since.FromMicroseconds(int((now - USAGE_HALF_LIVES * half) * 1e6))
-        intervals = [(x.tenant_id, x.started_at.ToMicroseconds() / 1e6,
-                      x.ended_at.ToMicroseconds() / 1e6 if x.HasField("ended_at") else None)
+        intervals = [(x.tenant_id, epoch_s(x.started_at),
+                      epoch_s(x.ended_at) if x.HasField("ended_at") else None)
                      for page in every_page(self._store.list_leases, since) for x in page.leases]
         return adm.decayed_usage(intervals, now, half)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ballast.v1 import fleet_pb2, services_pb2, store_pb2
 from services.planner import admission as adm
-from services.planner.jobs.admit import Snapshot
+from services.planner.jobs.admit import Snapshot, epoch_s
 from services.runtime.auth import Principal
 from services.runtime.store_api import Store, every_page
 
@@ -55,8 +55,8 @@ def get_fleet(snap: Snapshot, store: Store) -> services_pb2.GetFleetResponse:
     busy: dict[tuple[str, int], float] = {}
     for page in every_page(store.list_leases, since):
         for x in page.leases:
-            start = max(x.started_at.ToMicroseconds() / 1e6, snap.now - HOUR_S)
-            end = x.ended_at.ToMicroseconds() / 1e6 if x.HasField("ended_at") else snap.now
+            start = max(epoch_s(x.started_at), snap.now - HOUR_S)
+            end = epoch_s(x.ended_at) if x.HasField("ended_at") else snap.now
             key = (x.device.host_id, x.device.device_index)
             busy[key] = busy.get(key, 0.0) + max(end - start, 0.0)
     live = {(x.device.host_id, x.device.device_index): x for x in snap.live}

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from ballast.v1 import executor_pb2, fleet_pb2, job_pb2, plan_pb2, store_pb2
 from services.planner import admission as adm
-from services.planner.jobs.admit import HOLDING, Reader, Snapshot
+from services.planner.jobs.admit import HOLDING, Reader, Snapshot, epoch_s
 from services.planner.jobs.assign import backend_for, place_on
 from services.planner.jobs.lifecycle import TERMINAL
 from services.planner.jobs.rebalance import Rebalancer
@@ -209,7 +209,7 @@ class Scheduler:
         placements = place_on(plan, [(snap.hosts[x.host_id], x.device_index) for x in slots])
         preempted = bool(self.admission.preemptions(job_id))
         resume = self.admission.resume_point(job_id) if preempted else None
-        waited = snap.now - job.updated_at.ToMicroseconds() / 1e6 if job.state == S.JOB_STATE_QUEUED else 0.0
+        waited = snap.now - epoch_s(job.updated_at) if job.state == S.JOB_STATE_QUEUED else 0.0
         kind = "RESUMED" if preempted else "ADMITTED"
         where = f"from iteration {resume.iteration}" if resume else "from the start"
         self._store.append_job_event(store_pb2.AppendJobEventRequest(event=job_pb2.JobEvent(
@@ -270,7 +270,7 @@ class Scheduler:
                                  {"for_job": running.preempting, "reason": adm.PREEMPTED,
                                   "checkpoint_iteration": str(resume.iteration if resume else 0)})
         if moved is not None:
-            self.admission.preempted(running.job.id, moved.updated_at.ToMicroseconds() / 1e6)
+            self.admission.preempted(running.job.id, epoch_s(moved.updated_at))
 
     def _instruct(self, running: Running, host_id: str, what: str, **body) -> None:
         message = executor_pb2.PlannerMessage(instruction_id=f"{running.job.id}-{what}-{host_id}",
