@@ -23,12 +23,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_once(executors: int) -> tuple[float, float]:
-    data_dir = Path(tempfile.mkdtemp(prefix="ballast-bench-"))
+def plane_env(data_dir: Path) -> dict[str, str]:
+    """The environment for a `ballast` CLI plane of its own: a fresh data directory and free ports."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("BALLAST_")}
     env.update({"BALLAST_DATA_DIR": str(data_dir), "BALLAST_STORE_PORT": str(free_port()),
                 "BALLAST_PROFILER_PORT": str(free_port()), "BALLAST_PLANNER_PORT": str(free_port()),
                 "BALLAST_EXECUTOR_PORT": str(free_port())})
+    return env
+
+
+def run_once(executors: int) -> tuple[float, float]:
+    env = plane_env(Path(tempfile.mkdtemp(prefix="ballast-bench-")))
     cmd = [sys.executable, "-m", "ballast"]
     start = time.perf_counter()
     up = subprocess.run([*cmd, "up", "--executors", str(executors)], env=env, capture_output=True, text=True)

@@ -113,21 +113,24 @@ def test_plan_and_explain_against_a_running_control_plane(tmp_path: Path) -> Non
         missing = ballast(settings, "explain", "pln-doesnotexist", "--data-dir", data_dir)
         assert missing.returncode == 1 and "NOT_FOUND" in missing.stderr
 
-        # A job for the same fleet: profiled, planned and scheduled by the control plane, events as they come.
-        submitted = ballast(settings, "submit", "examples/gpt-tiny.yaml", "--fleet", "examples/fleet-8xTITAN.yaml",
-                            "--batch", "64", "--until", "scheduled", "--data-dir", data_dir)
+        # A job for that fleet is refused at submit: the one executor offers a CPU slot, not 8 TITANs.
+        refused = ballast(settings, "submit", "examples/gpt-tiny.yaml", "--fleet", "examples/fleet-8xTITAN.yaml",
+                          "--batch", "64", "--data-dir", data_dir)
+        assert refused.returncode == 1 and "FAILED_PRECONDITION" in refused.stderr, refused.stdout + refused.stderr
+        assert "8 nvidia-titan-rtx-24gb" in refused.stderr and "1 cpu" in refused.stderr, refused.stderr
+        assert rows("SELECT count(*) FROM jobs") == [[0]]
+
+        # One for the executors at hand: profiled, planned and scheduled by the control plane, events as they come.
+        submitted = ballast(settings, "submit", "examples/gpt-tiny.yaml", "--batch", "8", "--iterations", "3",
+                            "--until", "scheduled", "--data-dir", data_dir)
         assert submitted.returncode == 0, submitted.stdout + submitted.stderr
         job_id = re.search(r"job (job-[0-9a-f]+) submitted", submitted.stdout).group(1)
         for words in ("PROFILING", "PROFILED", "PLAN_CHOSEN", "predicted"):
             assert words in submitted.stdout, submitted.stdout
-        # planned; the admission pass may have queued or refused it since (no executor offers TITANs here)
         job_plan = rows(f"SELECT plan_id FROM jobs WHERE id = '{job_id}' AND plan_id IS NOT NULL")
         assert rows(f"SELECT job_id FROM plans WHERE id = '{job_plan[0][0]}'") == [[job_id]]
         replay = ballast(settings, "watch", job_id, "--until", "scheduled", "--data-dir", data_dir)
         assert replay.returncode == 0 and replay.stdout.count("\n") == 4, replay.stdout
-        odd = ballast(settings, "submit", "examples/gpt-tiny.yaml", "--fleet", "examples/fleet-8xTITAN.yaml",
-                      "--batch", "7", "--wait", "--data-dir", data_dir)
-        assert odd.returncode == 1 and "FAILED" in odd.stdout and "use 6 or 8" in odd.stdout, odd.stdout
     finally:
         down = ballast(settings, "down", "--data-dir", data_dir)
     assert down.returncode == 0, down.stderr

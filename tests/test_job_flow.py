@@ -1,12 +1,13 @@
 """JobService end to end up to a chosen plan, over real gRPC servers, a real Celery worker and real
 executor agents: Submit -> PROFILING -> PLANNING -> SCHEDULED with one event per step, a measured CPU
-profile for the online hosts' fleet and an analytical one for a fleet not at hand, failures that say why
+profile for the online hosts' fleet, a fleet no executor offers refused at submit, failures that say why
 and in which step, and a cancel before a worker ran."""
 
 from __future__ import annotations
 
 import uuid
 
+import grpc
 import pytest
 
 from ballast.v1 import fleet_pb2, job_pb2, model_pb2, queue_pb2, services_pb2, store_pb2
@@ -114,17 +115,21 @@ def test_submit_profiles_plans_and_schedules_on_the_online_hosts(plane, agents):
     assert events(client, again.id)[2].attributes["profile_id"] == profile.id
 
 
-def test_a_fleet_not_at_hand_gets_an_analytical_profile(plane, agents):
+def test_a_fleet_no_executor_offers_is_refused_at_submit(plane, agents):
+    """Asked for 8 TITANs where the registered executors offer 2 CPU slots: refused at once, nothing stored."""
     client = plane.client()
     fleet = load_fleet(ROOT / "examples" / "fleet-8xTITAN.yaml", dtype="fp32")
-    job = client.jobs.Submit(services_pb2.SubmitJobRequest(spec=spec("titan", vocab=512, fleet=fleet,
-                                                                     global_batch_size=16)))
-    done = settled(client, job.id)
-    assert done.state == S.JOB_STATE_SCHEDULED, done.message  # no executor offers the device: it waits, then fails
-    log = events(client, job.id)
-    assert log[1].attributes["profile"] == "analytical"
-    plan = client.planner.GetPlan(store_pb2.GetRequest(id=done.plan_id))
-    assert plan.fleet.device.kind == fleet.device.kind and plan.fleet.nodes * plan.fleet.devices_per_node == 8
+    before = client.store.ListJobs(store_pb2.ListJobsRequest()).jobs
+    with pytest.raises(grpc.RpcError) as err:
+        client.jobs.Submit(services_pb2.SubmitJobRequest(spec=spec("titan", vocab=512, fleet=fleet)))
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "spec.fleet" in err.value.details() and "8 nvidia-titan-rtx-24gb" in err.value.details()
+    assert "offer 2 cpu" in err.value.details() and "ballast plan --fleet" in err.value.details()
+    assert len(client.store.ListJobs(store_pb2.ListJobsRequest()).jobs) == len(before)
+    # What the executors do offer is accepted: a CPU fleet of their size
+    cpu = fleet_pb2.Fleet(device=fleet_pb2.DeviceSpec(kind="cpu"), nodes=1, devices_per_node=2)
+    accepted = client.jobs.Submit(services_pb2.SubmitJobRequest(spec=spec("cpu-fleet", fleet=cpu)))
+    client.jobs.Cancel(services_pb2.CancelJobRequest(job_id=accepted.id, reason="only its acceptance was tested"))
 
 
 def test_nothing_fits_fails_in_the_planning_step_with_the_smallest_memory(plane, agents):
@@ -136,16 +141,6 @@ def test_nothing_fits_fails_in_the_planning_step_with_the_smallest_memory(plane,
     assert "per device" in done.message  # the leanest configuration's need, in MiB/GiB
     assert [e.type for e in events(client, job.id)][-2:] == ["PROFILED", "FAILED"]
     assert not client.store.ListPlans(store_pb2.ListPlansRequest(job_id=job.id)).plans
-
-
-def test_a_batch_no_configuration_divides_fails_with_the_nearest_sizes(plane, agents):
-    client = plane.client()
-    fleet = load_fleet(ROOT / "examples" / "fleet-8xTITAN.yaml", dtype="fp32")
-    job = client.jobs.Submit(services_pb2.SubmitJobRequest(spec=spec("odd", vocab=512, fleet=fleet,
-                                                                     global_batch_size=7)))
-    done = settled(client, job.id)
-    assert done.state == S.JOB_STATE_FAILED
-    assert "global_batch_size" in done.message and "8" in done.message, done.message
 
 
 def test_cancel_before_a_worker_picked_it_up(plane, agents, tmp_path):

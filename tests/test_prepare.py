@@ -55,12 +55,13 @@ def store(plane) -> Store:
     return plane.store()
 
 
-def new_job(client, vocab: int) -> job_pb2.Job:
+def new_job(client, vocab: int, global_batch_size: int = 8) -> job_pb2.Job:
     model = model_pb2.ModelSpec(
         name=f"gpt-{vocab}", family=model_pb2.MODEL_FAMILY_GPT,
         transformer=model_pb2.TransformerConfig(num_layers=2, hidden_size=64, num_heads=2, vocab_size=vocab,
                                                 seq_length=32))
-    spec = job_pb2.JobSpec(name=f"job-{vocab}", global_batch_size=8, iterations=3, fleet=FLEET, model=model)
+    spec = job_pb2.JobSpec(name=f"job-{vocab}", global_batch_size=global_batch_size, iterations=3, fleet=FLEET,
+                           model=model)
     return client.store.CreateJob(store_pb2.CreateJobRequest(spec=spec))
 
 
@@ -107,6 +108,16 @@ def test_the_last_attempt_fails_the_job_with_the_reason(client, store):
     failed = client.store.GetJob(store_pb2.GetRequest(id=job.id))
     assert failed.state == S.JOB_STATE_FAILED
     assert failed.message.startswith("profiling failed:") and "profiler unreachable" in failed.message
+
+
+def test_a_batch_no_configuration_divides_fails_with_the_nearest_sizes(client, store):
+    """An analytical profile for a fleet not at hand (8 TITANs), a batch of 7 no layout divides."""
+    job = new_job(client, 576, global_batch_size=7)
+    with pytest.raises(InvalidArgument, match="use 6 or 8"):
+        prepare_job({"job_id": job.id}, task(store, job, Profiler(client.store)))
+    failed = client.store.GetJob(store_pb2.GetRequest(id=job.id))
+    assert failed.state == S.JOB_STATE_FAILED and failed.message.startswith("planning failed:"), failed.message
+    assert "global_batch_size" in failed.message and "use 6 or 8" in failed.message, failed.message
 
 
 def test_a_cancel_during_profiling_ends_cancelled_without_a_plan(client, store):
@@ -176,3 +187,23 @@ def test_a_toggle_must_name_a_layer_of_the_profiled_model():
     with pytest.raises(InvalidArgument) as caught:
         check_toggles(spec, num_layers=6)
     assert caught.value.field == "spec.layer_toggles[1].layer_index" and "below 6" in caught.value.fix
+
+
+@pytest.mark.parametrize("fleet,min_devices,hosts,refused", [
+    ({"device": "cpu", "nodes": 1, "devices_per_node": 2}, 0, [("a", 1), ("b", 1)], None),
+    ({"device": "cpu", "nodes": 1, "devices_per_node": 4}, 0, [("a", 1), ("b", 1)], "asks for 4 cpu"),
+    ({"device": "cpu", "nodes": 1, "devices_per_node": 4}, 2, [("a", 1), ("b", 1)], None),  # may re-plan to 2
+    ({"device": "titan rtx", "nodes": 1, "devices_per_node": 8}, 0, [("a", 1)], "8 nvidia-titan-rtx-24gb"),
+    ({"device": "titan rtx", "nodes": 1, "devices_per_node": 8}, 0, [], None),  # no executor yet: it waits
+])
+def test_a_fleet_no_registered_executor_offers_is_refused_at_submit(fleet, min_devices, hosts, refused):
+    from services.specs.fleet import fleet_from_dict
+
+    spec = job_pb2.JobSpec(fleet=fleet_from_dict(fleet), min_devices=min_devices)
+    registered = [host(name, "10.0.0.1", slots) for name, slots in hosts]
+    if refused is None:
+        jobs.check_offered(spec, registered)
+        return
+    with pytest.raises(FailedPrecondition, match=refused) as err:
+        jobs.check_offered(spec, registered)
+    assert err.value.field == "spec.fleet" and "the registered executors offer" in str(err.value)

@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 
 from ballast.v1 import common_pb2, fleet_pb2
+from services.runtime.errors import InvalidArgument
+from services.specs import catalog
 
 _GPU_DIR = Path("/proc/driver/nvidia/gpus")
 
@@ -17,12 +19,30 @@ def _host_memory_bytes() -> int:
         return 0
 
 
+def gpu_spec(information: str) -> fleet_pb2.DeviceSpec:
+    """The catalog kind of the driver's "Model:" line (what plans and spec.fleet name), so admission can match
+    a plan for "h100" to this host; a model the catalog lacks is the generic "nvidia-gpu"."""
+    model = next((line.split(":", 1)[1].strip() for line in information.splitlines()
+                  if line.startswith("Model:")), "")
+    try:
+        entry = catalog.device(model)
+    except InvalidArgument:
+        return fleet_pb2.DeviceSpec(kind="nvidia-gpu")
+    return fleet_pb2.DeviceSpec(kind=entry.kind, memory_bytes=entry.memory_bytes)
+
+
+def _information(gpu_dir: Path) -> str:
+    try:
+        return (gpu_dir / "information").read_text()
+    except OSError:
+        return ""
+
+
 def devices(cpu_slots: int = 1) -> list[fleet_pb2.Device]:
     """NVIDIA GPUs if the driver lists any, else `cpu_slots` CPU worker slots."""
     gpus = sorted(_GPU_DIR.iterdir()) if _GPU_DIR.is_dir() else []
     if gpus:
-        return [fleet_pb2.Device(index=i, spec=fleet_pb2.DeviceSpec(kind="nvidia-gpu"), uuid=p.name)
-                for i, p in enumerate(gpus)]
+        return [fleet_pb2.Device(index=i, spec=gpu_spec(_information(p)), uuid=p.name) for i, p in enumerate(gpus)]
     memory = _host_memory_bytes()
     spec = fleet_pb2.DeviceSpec(
         kind="cpu",

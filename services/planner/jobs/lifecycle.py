@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
-from ballast.v1 import job_pb2, services_pb2, store_pb2
+from ballast.v1 import fleet_pb2, job_pb2, services_pb2, store_pb2
 from services.planner.jobs.prepare import KIND as PREPARE
 from services.planner.queue import durable
 from services.runtime.errors import FailedPrecondition, InvalidArgument
-from services.runtime.store_api import Store
+from services.runtime.store_api import Store, every_page
 
 TERMINAL = {job_pb2.JOB_STATE_SUCCEEDED, job_pb2.JOB_STATE_FAILED, job_pb2.JOB_STATE_CANCELLED}
 
@@ -21,6 +21,9 @@ def submit(store: Store, request: services_pb2.SubmitJobRequest,
     preparation could not be queued is failed with the reason rather than left waiting for nothing."""
     if not request.HasField("spec"):
         raise InvalidArgument("required", field="spec", fix="send a JobSpec with model, global_batch_size, iterations")
+    if request.spec.HasField("fleet"):
+        hosts = [h for page in every_page(store.list_hosts, store_pb2.ListHostsRequest()) for h in page.hosts]
+        check_offered(request.spec, hosts)
     job = store.create_job(store_pb2.CreateJobRequest(spec=request.spec))
     try:
         durable.submit(store, PREPARE, {"job_id": job.id}, send)
@@ -30,6 +33,28 @@ def submit(store: Store, request: services_pb2.SubmitJobRequest,
             message=f"could not queue the job's preparation: {exc}", event_type="FAILED"))
         raise
     return job
+
+
+def check_offered(spec: job_pb2.JobSpec, hosts: list[fleet_pb2.Host]) -> None:
+    """Refuse a job whose fleet (spec.fleet) no registered executor could ever offer: a device kind none has,
+    or more devices of it than all of them together (down to spec.min_devices for a job that may re-plan).
+    With no executor registered yet nothing is known, so the job waits for one instead."""
+    devices = [d for h in hosts for d in h.devices]
+    if not devices:
+        return
+    fleet = spec.fleet
+    kind, asked = fleet.device.kind, fleet.nodes * fleet.devices_per_node
+    need = min(asked, spec.min_devices) if spec.min_devices else asked
+    counts: dict[str, int] = {}
+    for d in devices:
+        counts[d.spec.kind] = counts.get(d.spec.kind, 0) + 1
+    if counts.get(kind, 0) >= need:
+        return
+    has = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+    raise FailedPrecondition(
+        f"spec.fleet asks for {need} {kind} device(s); the registered executors offer {has}", field="spec.fleet",
+        fix="leave spec.fleet unset to plan for the executors at hand, or plan for a fleet not at hand without "
+            "running it (`ballast plan --fleet FILE`)")
 
 
 def watch(store: Store, job_id: str, after_seq: int,
