@@ -19,9 +19,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ballast.client import Client
+from ballast.client import Client, pages
 from ballast.config import Settings
-from ballast.v1 import fleet_pb2, services_pb2, store_pb2
+from ballast.v1 import fleet_pb2, job_pb2, services_pb2, store_pb2
 from services.runtime.errors import InvalidArgument
 from services.specs.policy import load_policy_file
 
@@ -255,10 +255,15 @@ def _failed(exc: grpc.RpcError) -> int:
     return 1
 
 
+PREPARING = (job_pb2.JOB_STATE_SUBMITTED, job_pb2.JOB_STATE_PROFILING, job_pb2.JOB_STATE_PLANNING)
+
+
 def run_queue(settings: Settings, args: argparse.Namespace) -> int:
     with _client(settings) as client:
         try:
             reply = client.fleet.ListQueue(services_pb2.ListQueueRequest())
+            preparing = sum(len(page.jobs) for s in PREPARING
+                            for page in pages(client.store.ListJobs, store_pb2.ListJobsRequest(state=s)))
         except grpc.RpcError as exc:
             return _failed(exc)
     now = time.time()
@@ -267,8 +272,10 @@ def run_queue(settings: Settings, args: argparse.Namespace) -> int:
         return 0
     if not reply.entries:
         console.print("the queue is empty: no job is waiting for devices")
-        return 0
-    console.print(queue_table(reply.entries, now))
+    else:
+        console.print(queue_table(reply.entries, now))
+    if preparing:  # a job joins the queue once it has a plan, so a fresh submit is not in it yet
+        console.print(f"{preparing} job(s) still being profiled or planned: each joins the queue with its plan")
     return 0
 
 

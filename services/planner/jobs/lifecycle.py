@@ -52,7 +52,7 @@ def check_offered(spec: job_pb2.JobSpec, hosts: list[fleet_pb2.Host]) -> None:
         return
     has = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
     raise FailedPrecondition(
-        f"spec.fleet asks for {need} {kind} device(s); the registered executors offer {has}", field="spec.fleet",
+        f"asks for {need} {kind} device(s); the registered executors offer {has}", field="spec.fleet",
         fix="leave spec.fleet unset to plan for the executors at hand, or plan for a fleet not at hand without "
             "running it (`ballast plan --fleet FILE`)")
 
