@@ -55,6 +55,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
 class Plane:
     settings: Settings
     servers: dict[str, Server] = field(default_factory=dict)
+    agents: list[subprocess.Popen] = field(default_factory=list)  # executor agent processes (executor_plane)
 
     @property
     def token(self) -> str:
@@ -163,17 +164,20 @@ def job_story(client: Client, job_id: str, data_dir: Path) -> str:
 
 
 @contextlib.contextmanager
-def executor_plane(data_dir: Path, queue: str, agents: int = 2) -> Iterator[Plane]:
+def executor_plane(data_dir: Path, queue: str, agents: int = 2, agent_env: dict[str, str] | None = None,
+                   **overrides: object) -> Iterator[Plane]:
     """The whole control plane with a real Celery worker and `agents` executor agents (one per "host"),
-    up until every agent is online; everything is killed on exit."""
+    up until every agent is online; everything is killed on exit. `plane.agents` are the agent processes
+    (started with `agent_env` added, e.g. fault hooks); `overrides` go to the settings."""
     from ballast.v1 import fleet_pb2, store_pb2
 
-    settings = make_settings(data_dir, queue=queue, lease_seconds=10.0, sweep_interval_s=0.5,
-                             worker_heartbeat_s=0.5)
+    settings = make_settings(data_dir, queue=queue, **{"lease_seconds": 10.0, "sweep_interval_s": 0.5,
+                                                       "worker_heartbeat_s": 0.5, **overrides})
     plane = start_plane(settings)
     procs = [spawn_cli(settings, "worker", log=settings.data_dir / "worker.log")]
-    procs += [spawn_cli(settings, "serve", "executor", "--index", str(i), log=settings.data_dir / f"agent-{i}.log")
-              for i in range(agents)]
+    plane.agents = [spawn_cli(settings, "serve", "executor", "--index", str(i), extra_env=agent_env,
+                              log=settings.data_dir / f"agent-{i}.log") for i in range(agents)]
+    procs += plane.agents
     try:
         client = plane.client()
         online = store_pb2.ListHostsRequest(state=fleet_pb2.HOST_STATE_ONLINE)

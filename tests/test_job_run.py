@@ -1,12 +1,11 @@
 """Jobs run for real: Submit -> profile -> plan -> assign -> RUNNING -> SUCCEEDED on two executor agents
 (real gRPC servers, a real Celery worker, real worker processes over gloo), measured metrics stored beside the
-plan's prediction, Cancel that stops the workers, and a killed worker that fails the job within 10 s."""
+plan's prediction, Cancel that stops the workers, and a killed worker that morphs the job, which trains on."""
 
 from __future__ import annotations
 
 import os
 import signal
-import time
 import uuid
 
 import pytest
@@ -83,19 +82,28 @@ def test_cancel_stops_the_workers(plane):
     wait_for(lambda: worker_pids(job.id) == [], timeout=15, what="the workers to exit")
 
 
-def test_a_killed_worker_fails_the_job_within_10_s_and_its_peers_stop(plane):
+def test_a_killed_worker_morphs_the_job_which_runs_again(plane):
+    """Lost infrastructure is not the job's fault: the job morphs (Varuna) and trains on; its time to recover is
+    a benchmark figure (benchmarks/faults.py), not a timed assertion here."""
     client = plane.client()
     job = client.jobs.Submit(services_pb2.SubmitJobRequest(spec=spec("killed", iterations=100000, vocab=144)))
     wait_for(lambda: job_of(client, job.id).iteration >= 1, timeout=240, what="training to start")
     victims = worker_pids(job.id)
     assert victims, "no worker process found"
     os.kill(victims[-1], signal.SIGKILL)
-    killed_at = time.monotonic()
-    done = wait_for(lambda: (j := job_of(client, job.id)).state in ENDED and j, timeout=10, interval=0.1,
-                    what="the job to fail")
-    assert time.monotonic() - killed_at <= 10
-    assert done.state == S.JOB_STATE_FAILED and "SIGKILL" in done.message and "worker rank" in done.message
-    wait_for(lambda: worker_pids(job.id) == [], timeout=15, what="the surviving workers to stop")
+
+    def types() -> list[str]:
+        return [e.type for e in client.store.ListJobEvents(store_pb2.ListJobEventsRequest(job_id=job.id)).events]
+
+    wait_for(lambda: "MORPHED" in types() and job_of(client, job.id).state == S.JOB_STATE_RUNNING, timeout=120,
+             what="the job to morph and run again", story=lambda: job_story(client, job.id, plane.settings.data_dir))
+    morphing = next(e for e in client.store.ListJobEvents(store_pb2.ListJobEventsRequest(job_id=job.id)).events
+                    if e.type == "MORPHING")
+    assert "SIGKILL" in morphing.attributes["detail"] and "worker rank" in morphing.attributes["detail"]
+    assert victims[-1] not in worker_pids(job.id) and len(worker_pids(job.id)) == len(victims)  # new workers
+    client.jobs.Cancel(services_pb2.CancelJobRequest(job_id=job.id, reason="seen enough"))
+    wait_for(lambda: job_of(client, job.id).state == S.JOB_STATE_CANCELLED, timeout=60, what="the cancel")
+    wait_for(lambda: worker_pids(job.id) == [], timeout=15, what="the workers to stop")
 
 
 def test_a_restarted_planner_takes_its_running_job_back(plane):

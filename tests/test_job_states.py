@@ -29,6 +29,7 @@ def test_every_state_is_covered():
         (js.REPARTITIONING, js.RUNNING),
         (js.RUNNING, js.MORPHING),
         (js.MORPHING, js.RUNNING),
+        (js.MORPHING, js.QUEUED),
         (js.CANCELLING, js.CANCELLED),
         (js.SUBMITTED, js.CANCELLED),
     ],

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from services.store import schema
 from services.store.db import create_engine
-from services.store.models import Device, DeviceLease, Host, Job, JobEvent, Model, Tenant
+from services.store.models import Device, DeviceLease, Host, Job, JobEvent, JobMorph, Model, Tenant
 from services.store.sql import readonly_url, run_readonly_query
 from tests.conftest import fresh_database
 from tests.harness import ROOT
@@ -30,7 +30,10 @@ DAY = timedelta(days=1)
 DEVICE_HOURS = [["prod", 168.25], ["research", 26.5]]
 # priority class -> admissions, mean wait in seconds (see _events)
 QUEUE_WAIT = [["high", 2, 5.0], ["normal", 3, 60.0]]
-EXPECTED = {"device-hours": DEVICE_HOURS, "queue-wait": QUEUE_WAIT, "queue-wait-from-events": QUEUE_WAIT}
+# cause -> morphs, iterations trained again, mean recovery in seconds (see _morphs)
+MORPHS = [["host_lost", 1, 4, 9.5], ["worker_lost", 2, 3, 4.0]]
+EXPECTED = {"device-hours": DEVICE_HOURS, "queue-wait": QUEUE_WAIT, "queue-wait-from-events": QUEUE_WAIT,
+            "morphs": MORPHS}
 
 
 def readme_blocks() -> list[tuple[str, set[str], str]]:
@@ -67,6 +70,22 @@ def _seed(engine: sa.Engine, now: datetime) -> None:
                       for job_id, (cls, tenant) in jobs.items()))
         insert(DeviceLease, *_leases(now))
         insert(JobEvent, *_events(now - 2 * DAY))
+        insert(JobMorph, *_morphs(now - DAY))
+
+
+def _morphs(t0: datetime) -> Iterator[dict]:
+    """worker_lost twice (1 and 2 iterations again, recovered in 3 and 5 s), host_lost once (4, 9.5 s)."""
+    s = timedelta(seconds=1)
+    for n, (job, cause, failed, checkpoint, recovery) in enumerate([
+        ("job-c", "worker_lost", 11, 10, 3.0), ("job-c", "worker_lost", 22, 20, 5.0),
+        ("job-d", "host_lost", 14, 10, 9.5),
+    ]):
+        detected = t0 + 100 * n * s
+        yield {"id": f"mph-{n}", "job_id": job, "tenant_id": "t-research", "cause": cause, "detail": "",
+               "from_stages": 1, "from_replicas": 2, "from_plan_version": 1, "to_stages": 1, "to_replicas": 2,
+               "to_plan_version": 1, "failed_iteration": failed, "checkpoint_iteration": checkpoint,
+               "lost_iterations": failed - checkpoint, "detected_at": detected, "resumed_at": detected + s,
+               "first_iteration_at": detected + recovery * s, "recovery_s": recovery, "created_at": detected}
 
 
 def _leases(now: datetime) -> Iterator[dict]:

@@ -44,20 +44,25 @@ def add_submit_arguments(p: argparse.ArgumentParser) -> None:
                         "sooner (default: exactly the devices its plan needs)")
     p.add_argument("--max-devices", type=device_count("--max-devices"), default=None, metavar="N",
                    help="upper end of the device range (see --min-devices)")
+    p.add_argument("--checkpoint-every", type=device_count("--checkpoint-every", 0, "iterations"), default=0,
+                   metavar="N",
+                   help="write a per-layer checkpoint every N iterations: a job that loses a worker or host resumes "
+                        "from the last one (default 0: none, so it restarts from the first iteration)")
     p.set_defaults(check=device_range_problem)
     add_follow_arguments(p, "follow the job's events until it ends (or --until)")
 
 
-def device_count(flag: str):
-    """An argparse type: a whole number >= 1, refused with a message naming `flag` and an example."""
+def device_count(flag: str, least: int = 1, what: str = "devices"):
+    """An argparse type: a whole number >= `least`, refused with a message naming `flag` and an example."""
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             value = None
-        if value is None or value < 1:
-            raise argparse.ArgumentTypeError(f"must be a whole number of devices >= 1 (got {text!r}), e.g. {flag} 2")
+        if value is None or value < least:
+            raise argparse.ArgumentTypeError(f"must be a whole number of {what} >= {least} (got {text!r}), "
+                                             f"e.g. {flag} 2")
         return value
 
     return parse
@@ -103,7 +108,8 @@ def job_spec(args: argparse.Namespace) -> job_pb2.JobSpec:
                            pipeline_stages=getattr(args, "stages", 0),
                            priority_class=getattr(args, "priority", "") or "",
                            min_devices=getattr(args, "min_devices", None) or 0,
-                           max_devices=getattr(args, "max_devices", None) or 0)
+                           max_devices=getattr(args, "max_devices", None) or 0,
+                           checkpoint_every=getattr(args, "checkpoint_every", 0) or 0)
     if args.fleet:
         spec.fleet.CopyFrom(load_fleet(args.fleet, dtype=model.dtype or None))
     return spec

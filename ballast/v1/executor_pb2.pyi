@@ -96,7 +96,7 @@ class InstructionAck(_message.Message):
     def __init__(self, instruction_id: _Optional[str] = ..., version: _Optional[int] = ..., ok: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
 
 class WorkerExit(_message.Message):
-    __slots__ = ("job_id", "rank", "stage_index", "replica_index", "exit_code", "finished", "message", "iteration", "drained")
+    __slots__ = ("job_id", "rank", "stage_index", "replica_index", "exit_code", "finished", "message", "iteration", "drained", "infrastructure", "traceback")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -106,6 +106,8 @@ class WorkerExit(_message.Message):
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     DRAINED_FIELD_NUMBER: _ClassVar[int]
+    INFRASTRUCTURE_FIELD_NUMBER: _ClassVar[int]
+    TRACEBACK_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     rank: int
     stage_index: int
@@ -115,7 +117,9 @@ class WorkerExit(_message.Message):
     message: str
     iteration: int
     drained: bool
-    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., stage_index: _Optional[int] = ..., replica_index: _Optional[int] = ..., exit_code: _Optional[int] = ..., finished: _Optional[bool] = ..., message: _Optional[str] = ..., iteration: _Optional[int] = ..., drained: _Optional[bool] = ...) -> None: ...
+    infrastructure: bool
+    traceback: str
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., stage_index: _Optional[int] = ..., replica_index: _Optional[int] = ..., exit_code: _Optional[int] = ..., finished: _Optional[bool] = ..., message: _Optional[str] = ..., iteration: _Optional[int] = ..., drained: _Optional[bool] = ..., infrastructure: _Optional[bool] = ..., traceback: _Optional[str] = ...) -> None: ...
 
 class CheckpointWritten(_message.Message):
     __slots__ = ("checkpoint", "rank")

@@ -37,6 +37,7 @@ class LeaseEndReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     LEASE_END_REASON_CANCELLED: _ClassVar[LeaseEndReason]
     LEASE_END_REASON_FAILED: _ClassVar[LeaseEndReason]
     LEASE_END_REASON_RELEASED: _ClassVar[LeaseEndReason]
+    LEASE_END_REASON_MORPHED: _ClassVar[LeaseEndReason]
 LINK_KIND_UNSPECIFIED: LinkKind
 LINK_KIND_NVLINK: LinkKind
 LINK_KIND_PCIE: LinkKind
@@ -55,6 +56,7 @@ LEASE_END_REASON_HOST_LOST: LeaseEndReason
 LEASE_END_REASON_CANCELLED: LeaseEndReason
 LEASE_END_REASON_FAILED: LeaseEndReason
 LEASE_END_REASON_RELEASED: LeaseEndReason
+LEASE_END_REASON_MORPHED: LeaseEndReason
 
 class Link(_message.Message):
     __slots__ = ("kind", "bandwidth_bytes_per_s", "latency_s")

@@ -240,3 +240,41 @@ class Checkpoint(_message.Message):
     complete: bool
     created_at: _timestamp_pb2.Timestamp
     def __init__(self, id: _Optional[str] = ..., job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., plan_version: _Optional[int] = ..., layers: _Optional[_Iterable[_Union[LayerCheckpoint, _Mapping]]] = ..., complete: _Optional[bool] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class Morph(_message.Message):
+    __slots__ = ("id", "job_id", "cause", "detail", "from_stages", "from_replicas", "from_plan_version", "to_stages", "to_replicas", "to_plan_version", "failed_iteration", "checkpoint_iteration", "lost_iterations", "detected_at", "resumed_at", "first_iteration_at", "recovery_s")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    FROM_STAGES_FIELD_NUMBER: _ClassVar[int]
+    FROM_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    FROM_PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TO_STAGES_FIELD_NUMBER: _ClassVar[int]
+    TO_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    TO_PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    FAILED_ITERATION_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ITERATION_FIELD_NUMBER: _ClassVar[int]
+    LOST_ITERATIONS_FIELD_NUMBER: _ClassVar[int]
+    DETECTED_AT_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_AT_FIELD_NUMBER: _ClassVar[int]
+    FIRST_ITERATION_AT_FIELD_NUMBER: _ClassVar[int]
+    RECOVERY_S_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    job_id: str
+    cause: str
+    detail: str
+    from_stages: int
+    from_replicas: int
+    from_plan_version: int
+    to_stages: int
+    to_replicas: int
+    to_plan_version: int
+    failed_iteration: int
+    checkpoint_iteration: int
+    lost_iterations: int
+    detected_at: _timestamp_pb2.Timestamp
+    resumed_at: _timestamp_pb2.Timestamp
+    first_iteration_at: _timestamp_pb2.Timestamp
+    recovery_s: float
+    def __init__(self, id: _Optional[str] = ..., job_id: _Optional[str] = ..., cause: _Optional[str] = ..., detail: _Optional[str] = ..., from_stages: _Optional[int] = ..., from_replicas: _Optional[int] = ..., from_plan_version: _Optional[int] = ..., to_stages: _Optional[int] = ..., to_replicas: _Optional[int] = ..., to_plan_version: _Optional[int] = ..., failed_iteration: _Optional[int] = ..., checkpoint_iteration: _Optional[int] = ..., lost_iterations: _Optional[int] = ..., detected_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., resumed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., first_iteration_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., recovery_s: _Optional[float] = ...) -> None: ...

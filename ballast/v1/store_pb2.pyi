@@ -541,3 +541,33 @@ class SchemaStatus(_message.Message):
 class SchemaStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class RecordMorphRequest(_message.Message):
+    __slots__ = ("morph",)
+    MORPH_FIELD_NUMBER: _ClassVar[int]
+    morph: _job_pb2.Morph
+    def __init__(self, morph: _Optional[_Union[_job_pb2.Morph, _Mapping]] = ...) -> None: ...
+
+class MorphResumedRequest(_message.Message):
+    __slots__ = ("id", "first_iteration_at")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_ITERATION_AT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    first_iteration_at: _timestamp_pb2.Timestamp
+    def __init__(self, id: _Optional[str] = ..., first_iteration_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class ListMorphsRequest(_message.Message):
+    __slots__ = ("job_id", "page")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    page: _common_pb2.PageRequest
+    def __init__(self, job_id: _Optional[str] = ..., page: _Optional[_Union[_common_pb2.PageRequest, _Mapping]] = ...) -> None: ...
+
+class ListMorphsResponse(_message.Message):
+    __slots__ = ("morphs", "next_page_token")
+    MORPHS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    morphs: _containers.RepeatedCompositeFieldContainer[_job_pb2.Morph]
+    next_page_token: str
+    def __init__(self, morphs: _Optional[_Iterable[_Union[_job_pb2.Morph, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...

@@ -272,6 +272,21 @@ class StoreServiceStub:
                 request_serializer=ballast_dot_v1_dot_store__pb2.SchemaStatusRequest.SerializeToString,
                 response_deserializer=ballast_dot_v1_dot_store__pb2.SchemaStatus.FromString,
                 _registered_method=True)
+        self.RecordMorph = channel.unary_unary(
+                '/ballast.v1.StoreService/RecordMorph',
+                request_serializer=ballast_dot_v1_dot_store__pb2.RecordMorphRequest.SerializeToString,
+                response_deserializer=ballast_dot_v1_dot_job__pb2.Morph.FromString,
+                _registered_method=True)
+        self.MorphResumed = channel.unary_unary(
+                '/ballast.v1.StoreService/MorphResumed',
+                request_serializer=ballast_dot_v1_dot_store__pb2.MorphResumedRequest.SerializeToString,
+                response_deserializer=ballast_dot_v1_dot_job__pb2.Morph.FromString,
+                _registered_method=True)
+        self.ListMorphs = channel.unary_unary(
+                '/ballast.v1.StoreService/ListMorphs',
+                request_serializer=ballast_dot_v1_dot_store__pb2.ListMorphsRequest.SerializeToString,
+                response_deserializer=ballast_dot_v1_dot_store__pb2.ListMorphsResponse.FromString,
+                _registered_method=True)
 
 
 class StoreServiceServicer:
@@ -600,6 +615,27 @@ class StoreServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RecordMorph(self, request, context):
+        """Record a morph as its job resumes (admin), dropping the metrics of the iterations trained again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MorphResumed(self, request, context):
+        """The time of a morph's first resumed iteration (admin; once).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListMorphs(self, request, context):
+        """A job's morphs; a tenant sees its own jobs'.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StoreServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -832,6 +868,21 @@ def add_StoreServiceServicer_to_server(servicer, server):
                     servicer.GetSchemaStatus,
                     request_deserializer=ballast_dot_v1_dot_store__pb2.SchemaStatusRequest.FromString,
                     response_serializer=ballast_dot_v1_dot_store__pb2.SchemaStatus.SerializeToString,
+            ),
+            'RecordMorph': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecordMorph,
+                    request_deserializer=ballast_dot_v1_dot_store__pb2.RecordMorphRequest.FromString,
+                    response_serializer=ballast_dot_v1_dot_job__pb2.Morph.SerializeToString,
+            ),
+            'MorphResumed': grpc.unary_unary_rpc_method_handler(
+                    servicer.MorphResumed,
+                    request_deserializer=ballast_dot_v1_dot_store__pb2.MorphResumedRequest.FromString,
+                    response_serializer=ballast_dot_v1_dot_job__pb2.Morph.SerializeToString,
+            ),
+            'ListMorphs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListMorphs,
+                    request_deserializer=ballast_dot_v1_dot_store__pb2.ListMorphsRequest.FromString,
+                    response_serializer=ballast_dot_v1_dot_store__pb2.ListMorphsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -2077,6 +2128,87 @@ class StoreService:
             '/ballast.v1.StoreService/GetSchemaStatus',
             ballast_dot_v1_dot_store__pb2.SchemaStatusRequest.SerializeToString,
             ballast_dot_v1_dot_store__pb2.SchemaStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecordMorph(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ballast.v1.StoreService/RecordMorph',
+            ballast_dot_v1_dot_store__pb2.RecordMorphRequest.SerializeToString,
+            ballast_dot_v1_dot_job__pb2.Morph.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MorphResumed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ballast.v1.StoreService/MorphResumed',
+            ballast_dot_v1_dot_store__pb2.MorphResumedRequest.SerializeToString,
+            ballast_dot_v1_dot_job__pb2.Morph.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListMorphs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ballast.v1.StoreService/ListMorphs',
+            ballast_dot_v1_dot_store__pb2.ListMorphsRequest.SerializeToString,
+            ballast_dot_v1_dot_store__pb2.ListMorphsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -29,6 +29,8 @@ from google.protobuf.json_format import MessageToDict
 from ballast.v1 import executor_pb2, job_pb2, plan_pb2
 from services.runtime.allocator import STEADY_ALLOCATOR
 
+AGENT_PID_ENV = "BALLAST_AGENT_PID"  # the worker dies with this agent (train/worker.py die_with_agent)
+
 log = logging.getLogger("ballast.workers")
 WORKER = (sys.executable, "-m", "services.executor.train.worker")
 STOP_GRACE_S = 3.0
@@ -119,6 +121,8 @@ class Worker:
     done: bool = False
     error: str = ""
     stopped: str = ""
+    infrastructure: bool = False  # its error was a broken collective or transfer, not the model's
+    traceback: str = ""
     drained: bool = False  # it reported a drained stop: a complete checkpoint of `iteration` exists
     plan_version: int = 0  # the plan version this worker runs under (bumped by applied repartitions)
     reader: threading.Thread | None = field(default=None, repr=False)
@@ -169,7 +173,7 @@ class Workers:
         folder.mkdir(parents=True, exist_ok=True)
         config = folder / f"rank-{assignment.rank}.json"
         config.write_text(json.dumps(worker_config(assign, assignment, job_id)))
-        env = {**STEADY_ALLOCATOR, **os.environ, "OMP_NUM_THREADS": "1"}
+        env = {**STEADY_ALLOCATOR, **os.environ, "OMP_NUM_THREADS": "1", AGENT_PID_ENV: str(os.getpid())}
         if assign.backend == "nccl":
             env["CUDA_VISIBLE_DEVICES"] = str(assignment.device_index)
         stderr = tempfile.TemporaryFile()  # a file: a chatty worker never blocks on a full pipe
@@ -257,6 +261,8 @@ class Workers:
         except OSError:
             pass  # its reader is gone with it
         finished = code == 0 and w.done
+        # Outside the model: a signal, a crash without a Python error, or an error the worker saw as a lost peer.
+        infrastructure = not finished and not w.stopped and (code < 0 or w.infrastructure or not w.error)
         if finished:
             why = ""
         elif w.stopped:
@@ -268,7 +274,8 @@ class Workers:
         a = w.assignment
         exit_ = executor_pb2.WorkerExit(job_id=w.job_id, rank=a.rank, stage_index=a.stage_index,
                                         replica_index=a.replica_index, exit_code=code, finished=finished,
-                                        message=why, iteration=w.iteration, drained=w.drained)
+                                        message=why, iteration=w.iteration, drained=w.drained,
+                                        infrastructure=infrastructure, traceback=w.traceback)
         with self._lock:
             self._exits.setdefault(w.job_id, []).append(exit_)
             while len(self._exits) > REMEMBERED_JOBS:
@@ -286,14 +293,15 @@ class Workers:
             w.iteration = int(event.get("iteration", w.iteration))
             stats = stage_stats({**event, "iteration": w.iteration - 1, "rank": w.assignment.rank}, w.job_id)
             self._emit(executor_pb2.AgentMessage(heartbeat=executor_pb2.Heartbeat(stages=[stats])))
-        elif kind == "checkpoint":
+        elif kind == "checkpoint":  # rank 0's report lists every layer once the manifest vouches for them
+            complete = bool(event.get("every_layer"))
             layers = [job_pb2.LayerCheckpoint(layer_index=int(x["layer_index"]), uri=str(x["uri"]),
                                               bytes=int(x.get("bytes", 0)), sha256=str(x.get("sha256", "")))
-                      for x in event.get("layers", [])]
+                      for x in event.get("every_layer" if complete else "layers", [])]
             self._emit(executor_pb2.AgentMessage(checkpoint_written=executor_pb2.CheckpointWritten(
                 rank=w.assignment.rank, checkpoint=job_pb2.Checkpoint(
                     job_id=w.job_id, iteration=int(event.get("iteration", 0)),
-                    plan_version=int(event.get("plan_version", 0)), layers=layers))))
+                    plan_version=int(event.get("plan_version", 0)), layers=layers, complete=complete))))
         elif kind == "plan_applied":
             self._applied(w, int(event.get("plan_version", 0)), int(event.get("iteration", 0)))
         elif kind == "command_rejected":
@@ -309,6 +317,8 @@ class Workers:
             w.done = True
         elif kind in ("error", "stopped"):
             w.error = str(event.get("message", kind))
+            w.infrastructure = event.get("infrastructure") is True
+            w.traceback = str(event.get("traceback", ""))[-4000:]
             if kind == "stopped" and event.get("drained") is True:
                 w.drained, w.iteration = True, int(event["iteration"])
 

@@ -32,7 +32,7 @@ _FORWARD: dict[str, set[str]] = {
     QUEUED: {RUNNING, PLANNING, CANCELLED},
     RUNNING: {SUCCEEDED, REPARTITIONING, MORPHING, QUEUED},  # QUEUED: preempted, to resume later
     REPARTITIONING: {RUNNING},
-    MORPHING: {RUNNING},
+    MORPHING: {RUNNING, QUEUED},  # QUEUED: survivors stopped, to resume re-planned from its checkpoint
     CANCELLING: {CANCELLED},
 }
 

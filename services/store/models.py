@@ -412,3 +412,30 @@ class FleetPolicyVersion(Base):
     policy: Mapped[dict[str, Any]]
     created_by: Mapped[str] = mapped_column(sa.String(63), default="")
     created_at: Mapped[datetime]
+
+
+class JobMorph(Base):
+    """A job reshaped after a loss (or grown): its layouts, the iterations it trained again and how long
+    it took to recover. Plain columns, so `ballast sql` can chart recovery times without decoding JSON."""
+
+    __tablename__ = "job_morphs"
+    __table_args__ = (sa.CheckConstraint("resumed_at >= detected_at", name="ck_job_morphs_order"),)
+    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    job_id: Mapped[str] = mapped_column(Id, _fk("jobs.id", "CASCADE"), index=True)
+    tenant_id: Mapped[str] = mapped_column(Id, _fk("tenants.id"))
+    cause: Mapped[str] = mapped_column(sa.String(40))
+    detail: Mapped[str] = mapped_column(sa.Text, default="")
+    from_stages: Mapped[int]
+    from_replicas: Mapped[int]
+    from_plan_version: Mapped[int]
+    to_stages: Mapped[int]
+    to_replicas: Mapped[int]
+    to_plan_version: Mapped[int]
+    failed_iteration: Mapped[int]
+    checkpoint_iteration: Mapped[int]
+    lost_iterations: Mapped[int]
+    detected_at: Mapped[datetime]
+    resumed_at: Mapped[datetime]
+    first_iteration_at: Mapped[datetime | None]
+    recovery_s: Mapped[float | None]
+    created_at: Mapped[datetime]

@@ -20,6 +20,7 @@ from services.store.repo.base import (
 from services.store.repo.hosts import HostStore
 from services.store.repo.jobs import JobStore
 from services.store.repo.leases import LeaseStore
+from services.store.repo.morphs import MorphStore
 from services.store.repo.plans import PlanStore
 from services.store.repo.profiles import ModelStore
 from services.store.repo.progress import METRICS_CHUNK, ProgressStore
@@ -58,7 +59,7 @@ __all__ = [
 
 
 class Repository(
-    TenantStore, JobStore, ModelStore, LeaseStore, HostStore, PlanStore, ProgressStore, QueueStore, AdminStore,
-    RepositoryBase,
+    TenantStore, JobStore, ModelStore, LeaseStore, MorphStore, HostStore, PlanStore, ProgressStore, QueueStore,
+    AdminStore, RepositoryBase,
 ):
     """The store's data access; methods take the caller's Principal and the RPC's request proto."""

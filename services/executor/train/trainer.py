@@ -18,6 +18,7 @@ every rank applies the agreed plan, writes one complete checkpoint at that bound
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import resource
 import time
@@ -32,6 +33,7 @@ from services.executor.train import checkpoint as ckpt
 from services.executor.train.comms import Comms, Pending
 from services.executor.train.config import WorkerConfig
 from services.executor.train.data import batch_for, dropout_seed, sample_range
+from services.executor.train.faults import Faults
 from services.executor.train.mesh import BACKWARD, FORWARD
 from services.executor.train.migration import Agreement, Plan, PlanInbox, apply_plan
 from services.executor.train.schedule import tasks
@@ -76,6 +78,7 @@ class Trainer:
         self.should_stop, self.should_drain = should_stop, should_drain
         self.plan: Plan = inbox.initial
         self.agreement = Agreement(comms.mesh.control)
+        self.faults = Faults.from_env(str(config.model.get("name", "")), config.rank)
 
     @property
     def plan_version(self) -> int:
@@ -140,6 +143,7 @@ class Trainer:
                 # The last stage runs a backward right after its forward (every one under 1F1B, the newest under
                 # GPipe): that micro-batch is not recomputed, as the simulator prices it.
                 follows = stage.is_last and (c.schedule == "1f1b" or j == c.num_micro_batches - 1)
+                self.faults.before_forward(iteration)
                 outputs = stage.forward(received, batch, recompute=not follows, micro_batch=j)
                 if stage.is_last:
                     loss_sum += outputs[0].detach().double()
@@ -167,6 +171,9 @@ class Trainer:
         comms.drain()
         if swap is not None:
             swap.clear()
+        t = time.perf_counter()
+        self.faults.after_iteration(forward_s + backward_s)  # a fail-stutter worker (test hook; none in production)
+        backward_s += time.perf_counter() - t
         comms.reduce_gradients(self.parameters)
         t = time.perf_counter()
         self.optimizer.step()
@@ -217,17 +224,22 @@ class Trainer:
         mine = [layer for layer in stage.layers if (layer.index - stage.begin) % c.num_replicas == c.replica_index]
         entries = ckpt.write_layers(directory, mine, stage.aliases, self.optimizer)
         dist.barrier()
-        manifest = ""
+        manifest, every_layer = "", []
         if c.rank == 0:
             meta = {"iterations_done": done, "next_iteration": done, "seed": c.seed, "plan_version": self.plan_version,
                     "job_id": c.job_id, "model": c.model, "optimizer": c.optimizer["name"], "data": c.data,
                     "global_batch": c.global_batch}
-            manifest = ckpt.write_manifest(directory, stage.num_layers, meta).resolve().as_uri()
+            path = ckpt.write_manifest(directory, stage.num_layers, meta)
+            manifest = path.resolve().as_uri()
+            every_layer = list(json.loads(path.read_text())["layers"].values())
         dist.barrier()  # every rank's event means the checkpoint is complete
         keys = ("layer_index", "uri", "bytes", "sha256")
-        return {"event": "checkpoint", "iteration": done, "plan_version": self.plan_version, "dir": str(directory),
-                "manifest": manifest,
-                "layers": [{k: e[k] for k in keys} for e in entries], "checkpoint_s": time.perf_counter() - start}
+        report = {"event": "checkpoint", "iteration": done, "plan_version": self.plan_version, "dir": str(directory),
+                  "manifest": manifest, "layers": [{k: e[k] for k in keys} for e in entries],
+                  "checkpoint_s": time.perf_counter() - start}
+        if every_layer:  # rank 0 vouches for the whole checkpoint: a lost peer's report is not needed
+            report["every_layer"] = [{k: e[k] for k in keys} for e in every_layer]
+        return report
 
     def train(self, start: int, head: dict[str, Any], report: Report) -> None:
         config, layers = self.config, self.stage.layer_indices

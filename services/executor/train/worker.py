@@ -32,7 +32,8 @@ goes to stdout, one JSON object per line; every event carries "event", "job_id",
   the next iteration boundary, every rank writes its part of a checkpoint there ("checkpoint" events, unless
   the cadence just wrote one) and stops with drained true and the same iteration. Needs checkpoint_dir. A
   drain reaching a worker before its handler is installed (while it imports torch) kills it, as SIGTERM does.
-- "error" (exit 1): message.
+- "error" (exit 1): message, infrastructure (true when a collective or transfer broke: a peer or the network
+  was lost, not the model), traceback (the last few KiB).
 `kill -USR1 PID` writes every thread's stack to CONFIG.stacks (beside CONFIG.json) and training goes on.
 `resume_from` may be a directory path, a file:// URI, or the manifest itself.
 
@@ -67,7 +68,37 @@ from services.executor.train.stage import build_stage, make_optimizer, model_inf
 from services.executor.train.trainer import Report, Stopped, Trainer
 
 STOPPED_EXIT = 143
+AGENT_PID_ENV = "BALLAST_AGENT_PID"  # set by the agent: the worker dies with it (no orphan left training)
+PR_SET_PDEATHSIG = 1
+TRACEBACK_CHARS = 4000
+# What a broken collective or p2p transfer says, whatever the backend: a lost peer, not the model's fault.
+BROKEN_LINK = ("connection closed", "connection reset", "broken pipe", "gloo", "nccl", "timed out", "timeout",
+               "socket", "peer")
 __all__ = ["Stopped", "main", "run"]
+
+
+def is_infrastructure(exc: BaseException) -> bool:
+    """Whether an exception reports lost infrastructure (a dead peer, the network, a collective's timeout)
+    rather than an error in the model's code; the planner morphs the job for the first, fails it for the other."""
+    if isinstance(exc, (ConnectionError, TimeoutError)) or type(exc).__name__.startswith("Dist"):
+        return True
+    return isinstance(exc, RuntimeError) and any(word in str(exc).lower() for word in BROKEN_LINK)
+
+
+def die_with_agent() -> None:
+    """Ask Linux to SIGKILL this worker when its agent dies (kill -9 of the agent, the host's processes), so no
+    orphan keeps a device busy or blocks its peers; exit now if the agent is already gone."""
+    agent = os.environ.get(AGENT_PID_ENV)
+    if not agent or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != int(agent):
+        os._exit(1)
 
 
 def run(config: WorkerConfig, report: Report, should_stop: Callable[[], bool] | None = None,
@@ -118,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m services.executor.train.worker CONFIG.json", file=sys.stderr)
         return 2
+    die_with_agent()
     stop, drain = threading.Event(), threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
     signal.signal(signal.SIGUSR2, lambda signum, frame: drain.set())
@@ -143,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         code = STOPPED_EXIT
     except Exception as e:  # every failure becomes one "error" line the agent relays
         traceback.print_exc(file=sys.stderr)
-        report({"event": "error", **head, "message": f"{type(e).__name__}: {e}"})
+        report({"event": "error", **head, "message": f"{type(e).__name__}: {e}",
+                "infrastructure": is_infrastructure(e), "traceback": traceback.format_exc()[-TRACEBACK_CHARS:]})
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()

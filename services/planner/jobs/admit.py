@@ -3,8 +3,9 @@ inputs (services/planner/admission). No grpc imports; the scheduler acts on the 
 
 A queued job's demand comes from its plan (stages x replicas devices of the plan's kind, predicted run time =
 iterations left x predicted iteration time; iterations left count from its last complete checkpoint once it
-was preempted). Running jobs are the live leases grouped by job. Fair share is each tenant's decayed
-device-seconds over the leases of the last few half-lives.
+was preempted or lost a worker or host). A job that morphs after a loss may be re-planned for any device count
+up to its plan's (Varuna: P x D <= G at the same global batch). Running jobs are the live leases grouped by
+job. Fair share is each tenant's decayed device-seconds over the leases of the last few half-lives.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from google.protobuf import timestamp_pb2
 
 from ballast.v1 import fleet_pb2, job_pb2, plan_pb2, store_pb2
 from services.planner import admission as adm
+from services.planner.jobs import morph
 from services.planner.jobs.assign import pipeline_shape
 from services.planner.plans.fleet import online_hosts
 from services.runtime.errors import BallastError, FailedPrecondition
@@ -72,14 +74,22 @@ class Snapshot:
                           self.kinds_online, reserve_depth=depth)
 
 
+@dataclass
+class History:
+    """What a job's events say about its interruptions (read once, then kept up to date by the scheduler)."""
+
+    preempted: list[float] = field(default_factory=list)  # when it was preempted
+    loss: morph.Loss | None = None  # its morph in progress
+
+
 class Reader:
     """Builds Snapshots; caches what never changes (plans) and what changes only through the scheduler
-    (preemption times, resume points), so a pass costs a few List calls however long the queue."""
+    (preemption times, morphs in progress), so a pass costs a few List calls however long the queue."""
 
     def __init__(self, store: Store):
         self._store = store
         self._plans: dict[str, plan_pb2.Plan] = {}
-        self._preempted: dict[str, list[float]] = {}  # job id -> times it was preempted (from its events)
+        self._history: dict[str, History] = {}  # job id -> its interruptions, from its events
         self._lock = threading.Lock()
 
     # --- caches the scheduler updates ---------------------------------------------------------------------
@@ -92,25 +102,41 @@ class Reader:
                 self._plans[plan_id] = plan
         return plan
 
-    def preemptions(self, job_id: str) -> list[float]:
+    def history(self, job_id: str) -> History:
         with self._lock:
-            known = self._preempted.get(job_id)
+            known = self._history.get(job_id)
         if known is None:
-            events = [e for page in every_page(self._store.list_job_events,
-                                               store_pb2.ListJobEventsRequest(job_id=job_id)) for e in page.events]
-            known = [epoch_s(e.created_at) for e in events if e.type == "PREEMPTED"]
+            events = self.events(job_id)
+            known = History([epoch_s(e.created_at) for e in events if e.type == "PREEMPTED"],
+                            morph.pending_loss(events))
             with self._lock:
-                known = self._preempted.setdefault(job_id, known)
+                known = self._history.setdefault(job_id, known)
         return known
 
+    def events(self, job_id: str) -> list[job_pb2.JobEvent]:
+        request = store_pb2.ListJobEventsRequest(job_id=job_id)
+        return [e for page in every_page(self._store.list_job_events, request) for e in page.events]
+
+    def preemptions(self, job_id: str) -> list[float]:
+        return self.history(job_id).preempted
+
     def preempted(self, job_id: str, at: float) -> None:
-        self.preemptions(job_id)
+        history = self.history(job_id)
         with self._lock:
-            self._preempted[job_id].append(at)
+            history.preempted.append(at)
+
+    def pending_loss(self, job_id: str) -> morph.Loss | None:
+        return self.history(job_id).loss
+
+    def lost(self, job_id: str, loss: morph.Loss | None) -> None:
+        """The job's morph began (a Loss) or it resumed from it (None)."""
+        history = self.history(job_id)
+        with self._lock:
+            history.loss = loss
 
     def forget(self, job_id: str) -> None:
         with self._lock:
-            self._preempted.pop(job_id, None)
+            self._history.pop(job_id, None)
 
     def resume_point(self, job_id: str) -> Resume | None:
         """The job's last complete checkpoint (its directory is where its layer files lie), if any."""
@@ -175,16 +201,20 @@ class Reader:
             snap.unrunnable[job.id] = (f"the plan needs {need} {kind} device(s); the fleet's registered executors "
                                        f"offer {offered}")
             return
-        preempted = self.preemptions(job.id)
-        snap.preemptions[job.id] = len(preempted)
-        resume = self.resume_point(job.id) if preempted else None
+        history = self.history(job.id)
+        snap.preemptions[job.id] = len(history.preempted)
+        resume = self.resume_point(job.id) if history.preempted or history.loss else None
         left = job.spec.iterations - (resume.iteration if resume else 0)
         cls = self._class(snap, job)
+        # A job morphing after a loss may run on fewer devices (P x D <= G, the global batch kept)
+        low, high = job.spec.min_devices, job.spec.max_devices
+        if history.loss and not high:
+            low, high = 1, need
         snap.queue.append(adm.Demand(
             job_id=job.id, tenant_id=job.tenant_id, priority=cls.priority, preempts=cls.preempts,
             submitted_at=epoch_s(job.created_at), devices=need, kind=kind,
-            duration_s=left * plan.prediction.iteration_time_s, min_devices=job.spec.min_devices,
-            max_devices=job.spec.max_devices, preempted=bool(preempted)))
+            duration_s=left * plan.prediction.iteration_time_s, min_devices=low,
+            max_devices=high, preempted=bool(history.preempted)))
 
     def _holdings(self, snap: Snapshot, live: list[fleet_pb2.DeviceLease], draining: set[str]) -> None:
         held: dict[str, list[fleet_pb2.DeviceLease]] = defaultdict(list)

@@ -26,10 +26,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from google.protobuf import timestamp_pb2
+
 from ballast.v1 import executor_pb2, fleet_pb2, job_pb2, plan_pb2, store_pb2
 from services.planner import admission as adm
+from services.planner.jobs import morph
 from services.planner.jobs.admit import HOLDING, Reader, Snapshot, epoch_s
-from services.planner.jobs.assign import backend_for, place_on
+from services.planner.jobs.assign import backend_for, pipeline_shape, place_on
 from services.planner.jobs.lifecycle import TERMINAL
 from services.planner.jobs.rebalance import Rebalancer
 from services.planner.online import OnlineOptions
@@ -45,6 +48,9 @@ Send = Callable[[str, executor_pb2.PlannerMessage], None]
 SYMPTOMS = ("connection closed", "connection reset", "broken pipe", "gloo", "nccl", "timed out", "timeout")
 SYMPTOM_GRACE_S = 2.0
 END_ATTEMPTS = 5
+HOST_LOST_S = 5.0  # an agent away this long has lost its host: its jobs morph (a reconnect within it changes nothing)
+RECONNECT_GRACE_S = 12.0  # after a planner start agents reconnect with a backoff of up to 10 s: none is lost before
+MAX_MORPHS_PER_HOUR = 10  # infrastructure retry budget per job; errors in the model's code are never retried
 
 
 def is_symptom(message: str) -> bool:
@@ -69,14 +75,25 @@ class Running:
     symptom: str = ""  # the first exit that only reported a broken collective (the cause may follow)
     preempting: str = ""  # the job it is drained for, while being preempted
     drained: set[int] = field(default_factory=set)  # ranks that stopped at the agreed boundary, checkpointed
+    ranks: dict[str, list[int]] = field(default_factory=dict)  # host id -> its ranks
+    iteration: int = 0  # iterations completed, as the workers report them
+    loss: morph.Loss | None = None  # set once a worker or host is lost: the job morphs
+    morph_id: str = ""  # the morph it resumed from, until its first iteration is reported
+    stored: set[int] = field(default_factory=set)  # iterations whose complete checkpoint is stored
+    resume_iteration: int = 0
 
 
 class Scheduler:
     def __init__(self, store: Store, send: Send, connected: Callable[[], list[str]],
                  checkpoint_root: Path, *, interval_s: float = 0.5,
                  process_group_timeout_s: int = 60, online: OnlineOptions | None = None,
-                 replan: Callable[[job_pb2.Job, int], None] | None = None):
+                 replan: Callable[[job_pb2.Job, int], None] | None = None,
+                 host_lost_s: float = HOST_LOST_S, max_morphs_per_hour: int = MAX_MORPHS_PER_HOUR):
         self._store, self._send, self._connected = store, send, connected
+        self._host_lost_s, self._max_morphs = host_lost_s, max_morphs_per_hour
+        self._missing: dict[str, float] = {}  # host id -> when its agent was first seen gone (monotonic)
+        self._adopted = False  # whether the jobs the store says run were taken back (after a restart)
+        self._started = time.monotonic()
         self._root = checkpoint_root
         self._interval, self._pg_timeout = interval_s, process_group_timeout_s
         self._running: dict[str, Running] = {}
@@ -116,6 +133,7 @@ class Scheduler:
                 log.exception("scheduler tick failed")
 
     def tick(self) -> None:
+        self._watch_hosts()
         self.admit()
         for job in self._jobs(S.JOB_STATE_CANCELLING):
             self._cancel(job)
@@ -208,25 +226,34 @@ class Scheduler:
             return
         placements = place_on(plan, [(snap.hosts[x.host_id], x.device_index) for x in slots])
         preempted = bool(self.admission.preemptions(job_id))
-        resume = self.admission.resume_point(job_id) if preempted else None
+        loss = self.admission.pending_loss(job_id)
+        resume = self.admission.resume_point(job_id) if preempted or loss else None
+        start_iteration = resume.iteration if resume else 0
         waited = snap.now - epoch_s(job.updated_at) if job.state == S.JOB_STATE_QUEUED else 0.0
-        kind = "RESUMED" if preempted else "ADMITTED"
-        where = f"from iteration {resume.iteration}" if resume else "from the start"
+        stages, replicas = pipeline_shape(plan)
+        if loss is not None:
+            kind, message = "MORPHED", morph.morphed_message(loss, stages, replicas, start_iteration)
+        else:
+            kind = "RESUMED" if preempted else "ADMITTED"
+            where = f"from iteration {start_iteration}" if resume else "from the start"
+            message = (f"{kind.lower()} on {len(slots)} device(s) after {waited:.1f} s queued"
+                       + (f"; resumes {where}" if preempted else ""))
         self._store.append_job_event(store_pb2.AppendJobEventRequest(event=job_pb2.JobEvent(
-            job_id=job_id, type=kind, message=(f"{kind.lower()} on {len(slots)} device(s) after {waited:.1f} s "
-                                               f"queued" + (f"; resumes {where}" if preempted else "")),
+            job_id=job_id, type=kind, message=message,
             attributes={"devices": str(len(slots)), "waited_s": f"{waited:.3f}",
-                        "priority_class": snap.classes.get(job_id, ""),
-                        "start_iteration": str(resume.iteration if resume else 0)})))
+                        "priority_class": snap.classes.get(job_id, ""), "start_iteration": str(start_iteration),
+                        "stages": str(stages), "replicas": str(replicas)})))
         world = sum(len(p.workers) for p in placements)
         rendezvous = f"{placements[0].host.address or '127.0.0.1'}:{_port(placements[0].host.address)}"
-        running = Running(job, plan, [p.host.id for p in placements], world)
+        running = Running(job, plan, [p.host.id for p in placements], world,
+                          ranks={p.host.id: [w.rank for w in p.workers] for p in placements},
+                          iteration=start_iteration, resume_iteration=start_iteration)
         with self._lock:
             self._running[job.id] = running
         names = ", ".join(f"{p.host.name} ({len(p.workers)})" for p in placements)  # ids go in the attributes
         moved = self._transition(job, S.JOB_STATE_RUNNING, f"{world} worker(s) on {names}; rendezvous {rendezvous}",
                                  "ASSIGNED", {"hosts": ",".join(running.hosts), "world_size": str(world),
-                                              "rendezvous": rendezvous})
+                                              "rendezvous": rendezvous, "ranks": _ranks_attribute(running.ranks)})
         if moved is None:
             with self._lock:
                 self._running.pop(job.id, None)
@@ -234,6 +261,9 @@ class Scheduler:
                                                               reason=fleet_pb2.LEASE_END_REASON_RELEASED))
             return
         running.job = moved
+        if loss is not None:
+            self.admission.lost(job_id, None)
+            running.morph_id = self._record_morph(moved, loss, stages, replicas, start_iteration)
         self.rebalancer.track(moved, plan, running.hosts)
         for p in placements:
             assign = executor_pb2.AssignInstruction(
@@ -278,7 +308,10 @@ class Scheduler:
         try:
             self._send(host_id, message)
         except BallastError as exc:  # the agent just went away: its workers' exits will never come
-            self._fail(running, f"host {host_id} is gone: {exc}")
+            if what == "stop":
+                self._host_gone(running, host_id)
+            else:
+                self._lose(running, morph.HOST_LOST, f"host {host_id} is gone: {exc}", lost_hosts=(host_id,))
 
     def _tracked(self, job_id: str) -> Running | None:
         """The job's Running, rebuilt from the store after a planner restart: the ASSIGNED event says which
@@ -288,8 +321,7 @@ class Scheduler:
         if running is not None or not job_id:
             return running
         job = self._store.get_job(store_pb2.GetRequest(id=job_id))
-        if job.state not in (S.JOB_STATE_RUNNING, S.JOB_STATE_REPARTITIONING, S.JOB_STATE_CANCELLING) \
-                or not job.plan_id:
+        if job.state not in HOLDING or not job.plan_id:
             return None
         events = self._store.list_job_events(store_pb2.ListJobEventsRequest(job_id=job_id)).events
         assigned = next((e for e in reversed(events) if e.type == "ASSIGNED"), None)
@@ -297,7 +329,11 @@ class Scheduler:
             return None
         plan = self._store.get_plan(store_pb2.GetRequest(id=job.plan_id))
         running = Running(job, plan, [h for h in assigned.attributes.get("hosts", "").split(",") if h],
-                          int(assigned.attributes.get("world_size", "0")))
+                          int(assigned.attributes.get("world_size", "0")),
+                          ranks=_parse_ranks(assigned.attributes.get("ranks", "")))
+        if job.state == S.JOB_STATE_MORPHING:  # the morph goes on: the survivors' exits (replayed) requeue it
+            running.loss = self.admission.pending_loss(job_id)
+            running.stopping = "morphing"
         with self._lock:
             running = self._running.setdefault(job_id, running)
         if job.state == S.JOB_STATE_REPARTITIONING:  # the repartition's outcome was lost with the old planner
@@ -376,8 +412,23 @@ class Scheduler:
         """An agent (re)connected: a job it runs under a newer plan version than the store says was repartitioned
         while the planner was away (the ack was lost with it), so that version is the job's plan now."""
         for job_id, version in sorted(register.applied_versions.items()):
+            running = self._tracked(job_id)
+            if running is None or host_id not in running.hosts or (running.loss is not None
+                                                                   and host_id in running.loss.lost_hosts):
+                self._stop_orphan(host_id, job_id)  # its job ended, or moved on without this host
+                continue
             self.rebalancer.adopt(job_id, version, f"host {host_id} runs it: the repartition took effect while the "
                                   "planner was away")
+
+    def _stop_orphan(self, host_id: str, job_id: str) -> None:
+        log.warning("stopping workers of a job that no longer runs on this host",
+                    extra={"host_id": host_id, "job_id": job_id})
+        try:
+            self._send(host_id, executor_pb2.PlannerMessage(
+                instruction_id=f"{job_id}-stop-orphan-{host_id}", job_id=job_id,
+                stop=executor_pb2.StopInstruction(reason="the job no longer runs on this host")))
+        except BallastError:
+            pass  # gone again: its next registration says the same
 
     def _metrics(self, stages) -> None:
         rows = []
@@ -387,6 +438,10 @@ class Scheduler:
             predicted = plan.prediction.iteration_time_s if plan else 0.0
             if running and st.has_loss:
                 running.last_loss = st.loss
+            if running:
+                running.iteration = max(running.iteration, st.iteration + 1)
+                if running.morph_id and st.iteration >= running.resume_iteration:
+                    self._morph_resumed(running)
             rows.append(job_pb2.IterationMetric(
                 job_id=st.job_id, iteration=st.iteration, stage_index=st.stage_index, replica_index=st.replica_index,
                 plan_version=st.plan_version, iteration_time_s=st.iteration_time_s, forward_s=st.forward_s,
@@ -394,6 +449,18 @@ class Scheduler:
                 loss=st.loss if st.has_loss else 0.0, has_loss=st.has_loss,
                 throughput_samples_per_s=st.throughput_samples_per_s, predicted_iteration_time_s=predicted))
         self._store.write_iteration_metrics(store_pb2.WriteIterationMetricsRequest(metrics=rows))
+
+    def _morph_resumed(self, running: Running) -> None:
+        """The first iteration after a morph is in: its recovery time is now known."""
+        with self._lock:
+            morph_id, running.morph_id = running.morph_id, ""
+        if morph_id:
+            first = timestamp_pb2.Timestamp()
+            first.GetCurrentTime()
+            try:
+                self._store.morph_resumed(store_pb2.MorphResumedRequest(id=morph_id, first_iteration_at=first))
+            except BallastError:
+                log.exception("could not record the morph's first iteration", extra={"job_id": running.job.id})
 
     def _exited(self, host_id: str, exit_: executor_pb2.WorkerExit) -> None:
         running = self._tracked(exit_.job_id)
@@ -406,23 +473,37 @@ class Scheduler:
                 running.finished.add(exit_.rank)
             if exit_.drained:
                 running.drained.add(exit_.rank)
-            all_gone = len(running.exited) == running.world
-            all_finished = len(running.finished) == running.world
             stopping = running.stopping or ("drained" if exit_.drained else "")
         if not exit_.finished and not stopping:
-            where = f"stage {exit_.stage_index}, replica {exit_.replica_index}, host {host_id}"
-            reason = (f"worker rank {exit_.rank} ({where}) exited with status {exit_.exit_code} after "
-                      f"{exit_.iteration} iteration(s): {exit_.message or 'no message'}")
-            if is_symptom(exit_.message):  # a peer's failure seen through a collective: wait for the cause
-                with self._lock:
-                    first, running.symptom = not running.symptom, running.symptom or reason
-                if first:
-                    timer = threading.Timer(SYMPTOM_GRACE_S, self._fail_with_symptom, args=(running,))
-                    timer.daemon = True
-                    timer.start()
-            else:
-                self._fail(running, reason)
-        elif all_finished:
+            self._unexpected(running, host_id, exit_)
+        self._settle(running)
+
+    def _unexpected(self, running: Running, host_id: str, exit_: executor_pb2.WorkerExit) -> None:
+        """A worker ended before its job did: a broken collective waits briefly for its cause, lost
+        infrastructure (a signal, a crash, a lost peer) morphs the job, an error in the model's code fails it."""
+        where = f"stage {exit_.stage_index}, replica {exit_.replica_index}, host {host_id}"
+        reason = (f"worker rank {exit_.rank} ({where}) exited with status {exit_.exit_code} after "
+                  f"{exit_.iteration} iteration(s): {exit_.message or 'no message'}")
+        if is_symptom(exit_.message):  # a peer's failure seen through a collective: wait for the cause
+            with self._lock:
+                first, running.symptom = not running.symptom, running.symptom or reason
+            if first:
+                timer = threading.Timer(SYMPTOM_GRACE_S, self._lose_after_symptom, args=(running,))
+                timer.daemon = True
+                timer.start()
+        elif exit_.infrastructure or exit_.exit_code < 0:  # a signal is never the model's doing
+            self._lose(running, morph.WORKER_LOST, reason)
+        else:  # the model raised: never retried; the traceback is what the user needs
+            tail = exit_.traceback[-max(0, 1990 - len(reason)):] if exit_.traceback else ""
+            self._fail(running, f"{reason}\n{tail}".strip())
+
+    def _settle(self, running: Running) -> None:
+        """Once every rank is accounted for: SUCCEEDED, CANCELLED, back to the queue (drained, or morphing)."""
+        with self._lock:
+            all_gone = len(running.exited) >= running.world
+            all_finished = len(running.finished) == running.world
+            stopping = running.stopping or ("drained" if running.drained else "")
+        if all_finished:
             loss = f"; final loss {running.last_loss:.4f}" if running.last_loss is not None else ""
             self._transition(running.job, S.JOB_STATE_SUCCEEDED,
                              f"trained {running.job.spec.iterations} iteration(s){loss}", "SUCCEEDED")
@@ -430,26 +511,138 @@ class Scheduler:
             job = self._store.get_job(store_pb2.GetRequest(id=running.job.id))
             if job.state == S.JOB_STATE_CANCELLING:
                 self._transition(job, S.JOB_STATE_CANCELLED, f"cancelled: {stopping}", "CANCELLED")
+            elif running.loss is not None and job.state == S.JOB_STATE_MORPHING:
+                running.job = job
+                self._requeue_lost(running)
             elif running.preempting or len(running.drained) == running.world:  # drained, also after a restart
                 running.job = job
                 running.preempting = running.preempting or "a higher-priority job"
                 self._requeue(running)
         if all_gone:
             with self._lock:
-                self._running.pop(exit_.job_id, None)
-            self.rebalancer.forget(exit_.job_id)
+                if self._running.get(running.job.id) is running:
+                    self._running.pop(running.job.id)
+            self.rebalancer.forget(running.job.id)
 
-    def _fail_with_symptom(self, running: Running) -> None:
-        """No root cause arrived within the grace period: the symptom is all there is to say."""
+    def _lose_after_symptom(self, running: Running) -> None:
+        """No other cause arrived within the grace period: a lost peer is all there is to say."""
         with self._lock:
             if running.stopping:
                 return
+        gone = tuple(h for h in running.hosts if h not in set(self._connected()))
         try:
-            self._fail(running, running.symptom)
+            if gone:  # the broken link was a host whose agent is gone with its workers
+                self._lose(running, morph.HOST_LOST, f"host {', '.join(gone)} is gone (its agent disconnected); "
+                           f"{running.symptom}", lost_hosts=gone)
+            else:
+                self._lose(running, morph.WORKER_LOST, running.symptom)
         except Exception:  # noqa: BLE001 - a timer thread has nobody to raise to; the next exit retries
             with self._lock:
                 running.symptom = ""
-            log.exception("could not fail the job", extra={"job_id": running.job.id})
+            log.exception("could not morph the job", extra={"job_id": running.job.id})
+
+    # --- morphing (Varuna §4) -------------------------------------------------------------------------
+    def _lose(self, running: Running, cause: str, detail: str, lost_hosts: tuple[str, ...] = ()) -> None:
+        """A worker or host is lost: MORPHING, the lost devices' leases end (host_lost), the survivors are
+        stopped; once they are gone the job queues to resume from its last checkpoint on what is left."""
+        try:
+            stages, replicas = pipeline_shape(running.plan)
+        except FailedPrecondition:
+            stages, replicas = len(running.plan.stages), 1
+        with self._lock:
+            if running.stopping:
+                return
+            running.loss = morph.Loss(cause, detail, time.time(), stages, replicas,
+                                      running.job.plan_version or running.plan.version, running.iteration,
+                                      tuple(sorted(lost_hosts)))
+            running.stopping = f"morphing after {cause.replace('_', ' ')}"
+        used = morph.losses_since(self.admission.events(running.job.id), time.time() - morph.HOUR_S)
+        if used >= self._max_morphs:
+            with self._lock:
+                running.stopping, running.loss = "", None
+            self._fail(running, f"{detail}; the infrastructure retry budget is spent ({used} morphs in the last "
+                                f"hour, at most {self._max_morphs})")
+            return
+        moved = self._transition(running.job, S.JOB_STATE_MORPHING,
+                                 f"{cause.replace('_', ' ')}: {detail}; stopping the other workers to resume from "
+                                 "the last checkpoint on the devices left", "MORPHING", running.loss.attributes())
+        if moved is None:  # cancelled or ended meanwhile: the survivors are stopped all the same
+            with self._lock:
+                running.loss = None
+        else:
+            running.job = moved
+            self.admission.lost(moved.id, running.loss)
+        for host_id in running.hosts:
+            if host_id in lost_hosts:
+                self._host_gone(running, host_id)
+            else:
+                self._instruct(running, host_id, "stop",
+                               stop=executor_pb2.StopInstruction(reason=running.stopping))
+        self._settle(running)
+
+    def _host_gone(self, running: Running, host_id: str) -> None:
+        """Its ranks will never report: count them gone, and end its devices' leases as lost."""
+        with self._lock:
+            running.exited.update(running.ranks.get(host_id, []))
+        self._store.end_leases(store_pb2.EndLeasesRequest(
+            job_id=running.job.id, reason=fleet_pb2.LEASE_END_REASON_HOST_LOST, host_id=host_id))
+
+    def _requeue_lost(self, running: Running) -> None:
+        """Every survivor is gone: give back their devices and queue the job to resume, re-planned for what
+        is free (admit.py lets a morphing job run on fewer devices)."""
+        self._store.end_leases(store_pb2.EndLeasesRequest(job_id=running.job.id,
+                                                          reason=fleet_pb2.LEASE_END_REASON_MORPHED))
+        resume = self.admission.resume_point(running.job.id)
+        where = f"from iteration {resume.iteration}" if resume else "from the start (no complete checkpoint)"
+        self._transition(running.job, S.JOB_STATE_QUEUED, f"waiting to resume {where} on the devices free",
+                         "QUEUED", {"reason": "morphing", "checkpoint_iteration": str(resume.iteration if resume
+                                                                                       else 0)})
+
+    def _record_morph(self, job: job_pb2.Job, loss: morph.Loss, stages: int, replicas: int,
+                      resume_iteration: int) -> str:
+        """The morph's row, before the new workers start (the store drops the metrics of the iterations they
+        train again). Returns its id ("" if the store refused it: the job runs on regardless)."""
+        row = job_pb2.Morph(job_id=job.id, cause=loss.cause, detail=loss.detail[:1000], from_stages=loss.from_stages,
+                            from_replicas=loss.from_replicas, from_plan_version=loss.from_plan_version,
+                            to_stages=stages, to_replicas=replicas, to_plan_version=job.plan_version,
+                            failed_iteration=max(loss.failed_iteration, resume_iteration),
+                            checkpoint_iteration=resume_iteration)
+        row.detected_at.FromMicroseconds(int(loss.detected_at * 1e6))
+        row.resumed_at.GetCurrentTime()
+        try:
+            return self._store.record_morph(store_pb2.RecordMorphRequest(morph=row)).id
+        except BallastError:
+            log.exception("could not record the morph", extra={"job_id": job.id})
+            return ""
+
+    def _watch_hosts(self) -> None:
+        """A job's host whose agent stays away HOST_LOST_S is lost: the job morphs without it (or, already
+        stopping, stops counting on its ranks). A restarted planner first adopts the jobs the store says run."""
+        if not self._adopted:
+            for state in HOLDING:
+                for job in self._jobs(state):
+                    self._tracked(job.id)
+            self._adopted = True
+        connected, now = set(self._connected()), time.monotonic()
+        self._missing = {h: t for h, t in self._missing.items() if h not in connected}
+        if now - self._started < RECONNECT_GRACE_S:
+            return
+        with self._lock:
+            running = list(self._running.values())
+        for r in running:
+            lost = tuple(h for h in r.hosts if h not in connected
+                         and now - self._missing.setdefault(h, now) >= self._host_lost_s)
+            if not lost:
+                continue
+            names = ", ".join(lost)
+            if not r.stopping:
+                self._lose(r, morph.HOST_LOST, f"host {names} stopped answering for {self._host_lost_s:.0f} s",
+                           lost_hosts=lost)
+                continue
+            for host_id in lost:
+                if not set(r.ranks.get(host_id, [])) <= r.exited:
+                    self._host_gone(r, host_id)
+            self._settle(r)
 
     def _refused(self, host_id: str, ack: executor_pb2.InstructionAck) -> None:
         job_id = ack.instruction_id.split("-assign-")[0] if "-assign-" in ack.instruction_id else ""
@@ -463,16 +656,33 @@ class Scheduler:
         if running is None:
             return
         with self._lock:
+            if ck.iteration in running.stored:
+                return  # rank 0 vouched for it already: the other ranks' parts add nothing
             parts = running.parts.setdefault(ck.iteration, [])
             parts.extend(ck.layers)
             have = {layer.layer_index for layer in parts}
-            complete = have == {layer.layer_index for layer in running.plan.layers}
+            complete = ck.complete or have == {layer.layer_index for layer in running.plan.layers}
             if complete:
                 running.parts.pop(ck.iteration)
+                running.stored.add(ck.iteration)
+                parts = list(ck.layers) if ck.complete else parts
         if complete:
             stored = job_pb2.Checkpoint(job_id=ck.job_id, iteration=ck.iteration, plan_version=ck.plan_version,
                                         layers=sorted(parts, key=lambda x: x.layer_index), complete=True)
             self._store.create_checkpoint(store_pb2.CreateCheckpointRequest(checkpoint=stored))
+
+
+def _ranks_attribute(ranks: dict[str, list[int]]) -> str:
+    """host:0,1;host2:2,3 -- which ranks each host runs, in the ASSIGNED event (a restarted planner reads it)."""
+    return ";".join(f"{host}:{','.join(map(str, r))}" for host, r in ranks.items())
+
+
+def _parse_ranks(text: str) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for part in filter(None, text.split(";")):
+        host, _, ranks = part.partition(":")
+        out[host] = [int(r) for r in ranks.split(",") if r]
+    return out
 
 
 def _port(address: str) -> int:
