@@ -36,11 +36,12 @@ from tests.harness import executor_plane, kill_group, spawn_cli, wait_for  # noq
 S = job_pb2.JobState
 ENDED = (S.JOB_STATE_SUCCEEDED, S.JOB_STATE_FAILED, S.JOB_STATE_CANCELLED)
 KINDS = ("worker", "agent", "host")
-EVERY = 4
-ITERATIONS = 40
-MODEL = model_pb2.ModelSpec(
+EVERY = 10
+ITERATIONS = 300
+MODEL = model_pb2.ModelSpec(  # iterations of a few tens of ms here, so a kill lands mid-run
     name="faults-gpt", family=model_pb2.MODEL_FAMILY_GPT,
-    transformer=model_pb2.TransformerConfig(num_layers=2, hidden_size=32, num_heads=2, vocab_size=128, seq_length=16))
+    transformer=model_pb2.TransformerConfig(num_layers=4, hidden_size=128, num_heads=4, vocab_size=512,
+                                            seq_length=64))
 
 
 def pids(pattern: str) -> list[int]:
@@ -65,7 +66,7 @@ def restart_agent(plane, index: int) -> None:
 
 def trial(plane, kind: str, at: int, number: int) -> dict:
     client = plane.client()
-    spec = job_pb2.JobSpec(name=f"fault-{number}-{kind}", model=MODEL, global_batch_size=4, iterations=ITERATIONS,
+    spec = job_pb2.JobSpec(name=f"fault-{number}-{kind}", model=MODEL, global_batch_size=8, iterations=ITERATIONS,
                            seed=number, checkpoint_every=EVERY)
     job_id = client.jobs.Submit(services_pb2.SubmitJobRequest(spec=spec)).id
     wait_for(lambda: any(m.iteration >= at for m in client.iteration_metrics(job_id))
@@ -125,7 +126,7 @@ def main() -> None:
                         host_lost_s=5.0) as plane:
         time.sleep(12.5)  # past the planner's reconnect grace, so a lost host is detected in HOST_LOST_S
         for n in range(args.trials):
-            kind, at = KINDS[n % len(KINDS)], rng.randint(EVERY + 1, ITERATIONS - 10)
+            kind, at = KINDS[n % len(KINDS)], rng.randint(EVERY + 1, ITERATIONS * 2 // 3)
             results.append(trial(plane, kind, at, n))
             r = results[-1]
             print(f"  trial {n + 1:2d}: kill {r['kind']:6s} at iteration {r['at']:2d} -> {r['state']}, "
@@ -142,7 +143,7 @@ def main() -> None:
     once_ok = all(r["once"] for r in results if r["state"] == "JOB_STATE_SUCCEEDED")
     median = statistics.median(times) if times else float("inf")
     print(f"faults: {len(results)} trials on 2 executor hosts ({platform.machine()}, {os.cpu_count()} cores), "
-          f"gpt 2 layers, {ITERATIONS} iterations, checkpoint every {EVERY}")
+          f"gpt 4 layers (hidden 128, seq 64, batch 8), {ITERATIONS} iterations, checkpoint every {EVERY}")
     print(f"  SUCCEEDED {ok}/{len(results)} (target >= {len(results) - 1})")
     print(f"  kill to first resumed iteration: median {median:.2f} s, max {max(times, default=float('nan')):.2f} s "
           f"(target median <= 10 s); by kind: " + ", ".join(

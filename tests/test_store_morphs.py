@@ -63,13 +63,15 @@ def test_a_morph_drops_the_metrics_it_trains_again(store: Store):
     write_metrics(store, job.id, range(8))
     write_metrics(store, other.id, range(8))
     made = record(store, morph(job.id, lost_iterations=99))  # the caller's count is ignored
-    assert made.id.startswith("mph-") and made.lost_iterations == 2 and made.cause == "worker_lost"
+    # the caller saw 7 iterations done, the stored metrics 8 (a survivor's stats in flight): 8 - 5 run again
+    assert made.failed_iteration == 8 and made.lost_iterations == 3
+    assert made.id.startswith("mph-") and made.cause == "worker_lost"
     assert (made.to_stages, made.to_replicas, made.to_plan_version) == (2, 1, 2)
     assert made.resumed_at == at(3) and not made.HasField("first_iteration_at") and made.recovery_s == 0
     assert iterations(store, job.id) == [0, 1, 2, 3, 4]  # iterations 5.. run again on the new layout
     assert iterations(store, other.id) == list(range(8))
     row = sql_row(store, made.id)
-    assert row["tenant_id"] == store.a.tenant_id and row["lost_iterations"] == 2
+    assert row["tenant_id"] == store.a.tenant_id and row["lost_iterations"] == 3
     assert row["first_iteration_at"] is None and row["recovery_s"] is None
     write_metrics(store, job.id, range(5, 7))  # the resumed run reports its own iterations 5 and 6
     assert iterations(store, job.id) == list(range(7)) and store.count("iteration_metrics") == 2 * 7 + 2 * 8

@@ -64,8 +64,12 @@ class MorphStore(RepositoryBase):
         values = shared_fields(mp, m.JobMorph, skip=SERVER_SET, field="morph")
         with self._tx(write=True) as s:
             job = self._job(s, p, mp.job_id, field="morph.job_id", lock=True)
+            # The planner counts what reached it; stats in flight from a survivor may have arrived since.
+            top = s.scalar(sa.select(sa.func.max(m.IterationMetric.iteration)).where(
+                m.IterationMetric.job_id == job.id))
+            values["failed_iteration"] = max(mp.failed_iteration, top + 1 if top is not None else 0)
             row = m.JobMorph(**values, id=new_id("mph"), tenant_id=job.tenant_id, detected_at=detected,
-                             resumed_at=resumed, lost_iterations=mp.failed_iteration - mp.checkpoint_iteration,
+                             resumed_at=resumed, lost_iterations=values["failed_iteration"] - mp.checkpoint_iteration,
                              created_at=self.now())
             s.add(row)
             s.execute(sa.delete(m.IterationMetric).where(m.IterationMetric.job_id == job.id,
