@@ -9,7 +9,10 @@ left (a worker holds the torch.distributed process group, so none of those eithe
 
 The plane is the tests' harness (real gRPC servers in this process, a Celery worker and the agents as
 processes); a killed agent is started again before the next trial, as an operator's supervisor would.
-Run from the repository root: `.venv/bin/python benchmarks/faults.py [--trials 20] [--seed 1]`.
+Then `--grow` trials (default 3): a job on both hosts loses one (it morphs onto one device), the agent is
+started again, and the job grows back onto two (a morph with cause `grow`); the target is a higher measured
+throughput after the grow than before it (median samples/s of the iterations under each plan version).
+Run from the repository root: `.venv/bin/python benchmarks/faults.py [--trials 20] [--grow 3] [--seed 1]`.
 Exits 1 if a target is missed.
 """
 
@@ -30,8 +33,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ballast.v1 import fleet_pb2, job_pb2, model_pb2, services_pb2, store_pb2  # noqa: E402
-from tests.harness import executor_plane, kill_group, spawn_cli, wait_for  # noqa: E402
+from ballast.v1 import job_pb2, model_pb2, services_pb2, store_pb2  # noqa: E402
+from tests.harness import executor_plane, kill_group, restart_agent, wait_for  # noqa: E402
 
 S = job_pb2.JobState
 ENDED = (S.JOB_STATE_SUCCEEDED, S.JOB_STATE_FAILED, S.JOB_STATE_CANCELLED)
@@ -54,14 +57,6 @@ def agent_pid(plane, host_id: str) -> tuple[int, int]:
     host = plane.client().store.GetHost(store_pb2.GetRequest(id=host_id))
     index = int(host.name.rsplit("-", 1)[1]) - plane.settings.executor_port
     return index, plane.agents[index].pid
-
-
-def restart_agent(plane, index: int) -> None:
-    plane.agents[index] = spawn_cli(plane.settings, "serve", "executor", "--index", str(index),
-                                    log=plane.settings.data_dir / f"agent-{index}.log")
-    online = store_pb2.ListHostsRequest(state=fleet_pb2.HOST_STATE_ONLINE)
-    wait_for(lambda: len(plane.client().store.ListHosts(online).hosts) == len(plane.agents), timeout=60,
-             what="the restarted agent online")
 
 
 def trial(plane, kind: str, at: int, number: int) -> dict:
@@ -115,9 +110,41 @@ def trial(plane, kind: str, at: int, number: int) -> dict:
             "once": repeated == 0 and int(rows[1]) == ITERATIONS}
 
 
+def grow_trial(plane, number: int) -> dict:
+    """Lose a host mid-run, start its agent again: the job shrinks, then grows back."""
+    client = plane.client()
+    spec = job_pb2.JobSpec(name=f"grow-{number}", model=MODEL, global_batch_size=8, iterations=600, seed=number,
+                           checkpoint_every=20)
+    job_id = client.jobs.Submit(services_pb2.SubmitJobRequest(spec=spec)).id
+    wait_for(lambda: any(m.iteration >= 25 for m in client.iteration_metrics(job_id)), timeout=240,
+             what=f"job {job_id} to train")
+    assigned = next(e for e in client.store.ListJobEvents(store_pb2.ListJobEventsRequest(job_id=job_id)).events
+                    if e.type == "ASSIGNED")
+    index, _ = agent_pid(plane, assigned.attributes["hosts"].split(",")[-1])
+    kill_group(plane.agents[index])
+    wait_for(lambda: any(e.type == "MORPHED" for e in client.store.ListJobEvents(
+        store_pb2.ListJobEventsRequest(job_id=job_id)).events), timeout=120, what="the shrink")
+    restart_agent(plane, index)
+    wait_for(lambda: client.jobs.Get(store_pb2.GetRequest(id=job_id)).state in ENDED, timeout=400,
+             what=f"job {job_id} to end")
+    morphs = list(client.store.ListMorphs(store_pb2.ListMorphsRequest(job_id=job_id)).morphs)
+    grown = next((m for m in morphs if m.cause == "grow"), None)
+
+    def throughput(version: int) -> float:
+        rows = sorted(m.throughput_samples_per_s for m in client.iteration_metrics(job_id)
+                      if m.plan_version == version and m.stage_index == 0 and m.replica_index == 0)
+        return rows[len(rows) // 2] if rows else 0.0
+
+    before = throughput(grown.from_plan_version) if grown else 0.0
+    after = throughput(grown.to_plan_version) if grown else 0.0
+    return {"state": S.Name(client.jobs.Get(store_pb2.GetRequest(id=job_id)).state), "grown": grown is not None,
+            "before": before, "after": after, "recovery_s": grown.recovery_s if grown else 0.0}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--grow", type=int, default=3)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     rng = random.Random(args.seed)
@@ -133,6 +160,10 @@ def main() -> None:
                   f"{r['cause'] or 'no morph'} {r['layout']}, {r['lost']} trained again, kill to first resumed "
                   f"iteration {r['kill_to_first_s'] or float('nan'):.2f} s, every iteration once: {r['once']}",
                   flush=True)
+        grows = [grow_trial(plane, n) for n in range(args.grow)]
+        for n, g in enumerate(grows, start=1):
+            print(f"  grow {n}: {g['state']}, grew: {g['grown']}, {g['before']:.1f} samples/s on one device, "
+                  f"{g['after']:.1f} on two after the grow (its morph took {g['recovery_s']:.2f} s)", flush=True)
         live = int(plane.client().store.Query(store_pb2.QueryRequest(
             sql="SELECT count(*) FROM device_leases WHERE ended_at IS NULL")).rows[0][0])
         workers = pids("services.executor.train.worker")
@@ -153,7 +184,9 @@ def main() -> None:
     for r in results:
         if r["state"] != "JOB_STATE_SUCCEEDED":
             print(f"  failed trial: {r}")
-    if ok < len(results) - 1 or median > 10 or not lost_ok or not once_ok or workers or live:
+    grew = all(g["grown"] and g["after"] > g["before"] and g["state"] == "JOB_STATE_SUCCEEDED" for g in grows)
+    print(f"  grow: {sum(g['grown'] for g in grows)}/{len(grows)} jobs grew back, faster after: {grew}")
+    if ok < len(results) - 1 or median > 10 or not lost_ok or not once_ok or workers or live or not grew:
         print("  MISSED a target")
         raise SystemExit(1)
 

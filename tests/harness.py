@@ -189,6 +189,27 @@ def executor_plane(data_dir: Path, queue: str, agents: int = 2, agent_env: dict[
         plane.stop()
 
 
+def restart_agent(plane: Plane, index: int, extra_env: dict[str, str] | None = None) -> None:
+    """Start executor agent `index` again (after a test killed it, or to give it `extra_env`, e.g. a fault
+    hook), as an operator's supervisor would, and wait until every agent is online."""
+    from ballast.v1 import fleet_pb2, store_pb2
+
+    old = plane.agents[index]
+    if old.poll() is None:
+        kill_group(old)
+    gone_at = time.time()
+    plane.agents[index] = spawn_cli(plane.settings, "serve", "executor", "--index", str(index), extra_env=extra_env,
+                                    log=plane.settings.data_dir / f"agent-{index}.log")
+    name = f"-{plane.settings.executor_port + index}"
+
+    def back() -> bool:  # online, heartbeating since the old process died: the new agent, not the old record
+        hosts = plane.client().store.ListHosts(store_pb2.ListHostsRequest()).hosts
+        return any(h.name.endswith(name) and h.state == fleet_pb2.HOST_STATE_ONLINE
+                   and h.last_heartbeat_at.ToMicroseconds() / 1e6 > gone_at for h in hosts)
+
+    wait_for(back, timeout=60, what=f"agent {index} online again")
+
+
 @contextlib.contextmanager
 def torch_threads(count: int) -> Iterator[None]:
     """Intra-op threads for a block (module fixtures cannot use the function-scoped `one_thread`)."""

@@ -361,3 +361,92 @@ def test_the_queued_line_while_following() -> None:
         "queued: position 2 of 2, starting, starts in 42 s"
     assert queue_line(client(entries()), "job-gone") == "queued"
     assert queue_line(client(grpc.RpcError()), "job-1") == "queued"
+
+
+# --- degraded hosts ----------------------------------------------------------------------------------------
+SLOW = "rank 1 computed 2.0x its peers' time over 10 iterations"
+
+
+def degraded_host(host_id: str = "h-1", name: str = "gpu-a", age_s: float = 12) -> fleet_pb2.Host:
+    return fleet_pb2.Host(id=host_id, name=name, degraded_reason=SLOW, degraded_at=ts(NOW - age_s))
+
+
+def test_a_degraded_host_shows_in_the_online_column_and_a_footer() -> None:
+    marked = {"h-1": degraded_host()}
+    rows = cli_fleet.fleet_rows(devices(), NOW, {"t-a": "team-a"}, marked)
+    assert [r[3] for r in rows] == ["degraded", "degraded", "no"]
+    offline = {"h-2": degraded_host("h-2", "h-2")}
+    assert [r[3] for r in cli_fleet.fleet_rows(devices(), NOW, None, offline)] == ["yes", "yes", "no (degraded)"]
+    records = cli_fleet.fleet_records(devices(), NOW, None, marked)
+    assert records[0]["degraded"]["reason"] == SLOW and records[0]["degraded"]["age_s"] == 12.0
+    assert records[2]["degraded"] is None
+    healthy = fleet_pb2.Host(id="h-2", name="h-2")
+    assert cli_fleet.degraded_lines([degraded_host(), healthy], NOW) == [
+        f"gpu-a degraded 12 s ago: {SLOW}; `ballast fleet clear gpu-a --reason ...` gives it back"]
+
+
+def test_clear_resolves_a_host_by_name_or_id() -> None:
+    hosts = [degraded_host(), fleet_pb2.Host(id="h-2", name="gpu-b")]
+    assert cli_fleet.resolve_host(hosts, "gpu-b").id == "h-2"
+    assert cli_fleet.resolve_host(hosts, "h-1").name == "gpu-a"
+    assert cli_fleet.resolve_host(hosts, "gpu-c") == "no host 'gpu-c'; known hosts: gpu-a (h-1), gpu-b (h-2)"
+    assert cli_fleet.resolve_host([], "x") == "no host 'x'; known hosts: none registered yet"
+
+
+def test_fleet_clear_parses_and_needs_a_reason(capsys) -> None:
+    args = parse_args(["fleet", "--data-dir", "/d", "clear", "vm-1", "--reason", "replaced the GPU"])
+    assert (args.action, args.host, args.reason, str(args.data_dir)) == ("clear", "vm-1", "replaced the GPU", "/d")
+    assert parse_args(["fleet", "clear", "vm-1", "--reason", "x", "--data-dir", "/e"]).data_dir == Path("/e")
+    assert parse_args(["fleet"]).action is None
+    with pytest.raises(SystemExit):
+        parse_args(["fleet", "clear", "vm-1"])
+    assert "--reason" in capsys.readouterr().err
+
+
+def test_fleet_shows_and_clears_a_degraded_host_on_a_running_plane(tmp_path, monkeypatch, capsys) -> None:
+    """Store and planner serving: a host marked degraded through the store shows in `ballast fleet`, `ballast
+    fleet clear` gives it back (by name), and an unknown name or a healthy host fail with exit 1."""
+    import json
+    import os
+
+    from tests.harness import make_settings, settings_env, start_plane
+    from tests.store_builders import host
+
+    settings = make_settings(tmp_path / "d")
+    plane = start_plane(settings, ("store", "planner"), send=lambda request_id: None)
+    for key in [k for k in os.environ if k.startswith("BALLAST_")]:
+        monkeypatch.delenv(key)
+    for key, value in {**settings_env(settings), "COLUMNS": "300"}.items():
+        monkeypatch.setenv(key, value)
+
+    def ballast(*argv: str) -> tuple[int, str, str]:
+        code = main(list(argv))
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    try:
+        store = plane.store()
+        vm1 = store.register_host(store_pb2.RegisterHostRequest(host=host("vm-1", ["cpu"] * 2)))
+        store.register_host(store_pb2.RegisterHostRequest(host=host("vm-2", ["cpu"])))
+        store.mark_host_degraded(store_pb2.MarkHostDegradedRequest(id=vm1.id, reason=SLOW,
+                                                                   evidence_json='{"rank": 1, "ratio": 2.0}'))
+        code, out, _ = ballast("fleet")
+        assert code == 0, out
+        assert out.count("degraded") >= 2 and "2 on degraded hosts" in out
+        assert f"vm-1 degraded 0 s ago: {SLOW}; `ballast fleet clear vm-1 --reason ...` gives it back" in out
+        code, _, err = ballast("fleet", "clear", "vm-9", "--reason", "probe passed")
+        assert code == 1 and "no host 'vm-9'; known hosts: vm-1" in err and "vm-2" in err
+
+        code, out, _ = ballast("fleet", "clear", "vm-1", "--reason", "probe passed")
+        assert code == 0 and f"cleared vm-1 ({vm1.id})" in out and SLOW in out
+        assert not store.get_host(store_pb2.GetRequest(id=vm1.id)).HasField("degraded_at")
+        code, out, _ = ballast("fleet")
+        assert code == 0 and "degraded" not in out
+        code, _, err = ballast("fleet", "clear", vm1.id, "--reason", "again")
+        assert code == 1 and "FAILED_PRECONDITION" in err and "not marked degraded" in err
+        code, out, _ = ballast("sql", "--json", "SELECT d.reason, d.evidence, d.cleared_reason, t.name FROM "
+                               "host_degradations d JOIN tenants t ON t.id = d.cleared_by")
+        assert code == 0 and json.loads(out)["rows"] == [[SLOW, '{"rank": 1, "ratio": 2.0}', "probe passed",
+                                                          "admin"]], out
+    finally:
+        plane.stop()

@@ -16,7 +16,7 @@ import pytest
 
 from ballast.v1 import fleet_pb2, job_pb2, model_pb2, services_pb2, store_pb2
 from services.executor.train.reference import train_single
-from tests.harness import executor_plane, job_story, kill_group, wait_for
+from tests.harness import executor_plane, job_story, kill_group, restart_agent, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -162,3 +162,38 @@ def test_a_lost_host_morphs_the_job_onto_the_device_left_to_the_same_losses(plan
                 if m.has_loss and m.iteration >= resumed}
     assert sorted(measured) == list(range(resumed, 40))
     assert [measured[i] for i in sorted(measured)] == pytest.approx(reference, rel=1e-5)
+
+
+def test_a_host_that_comes_back_makes_a_shrunken_job_grow_again(plane):
+    """After the lost-host test: the job loses a host, runs on one device, and grows back onto two when the
+    agent is started again (a morph with cause grow, drained at a boundary: nothing trained again)."""
+    index = next(i for i, a in enumerate(plane.agents) if a.poll() is not None)  # the agent killed above
+    restart_agent(plane, index)
+    big = model_pb2.ModelSpec(name="grow-gpt", family=model_pb2.MODEL_FAMILY_GPT,
+                              transformer=model_pb2.TransformerConfig(num_layers=4, hidden_size=128, num_heads=4,
+                                                                      vocab_size=512, seq_length=64))
+    job_id = submit(plane, job_pb2.JobSpec(name="grow", model=big, global_batch_size=8, iterations=600, seed=3,
+                                           checkpoint_every=20))
+    trained(plane, job_id, 25)
+    assigned = next(e for e in events(plane, job_id) if e.type == "ASSIGNED")
+    victim = assigned.attributes["hosts"].split(",")[-1]
+    hosts = {h.id: h for h in plane.client().store.ListHosts(store_pb2.ListHostsRequest()).hosts}
+    index = int(hosts[victim].name.rsplit("-", 1)[1]) - plane.settings.executor_port
+    kill_group(plane.agents[index])
+    wait_for(lambda: any(e.type == "MORPHED" for e in events(plane, job_id)), timeout=120,
+             what="the job to morph onto one device",
+             story=lambda: job_story(plane.client(), job_id, plane.settings.data_dir))
+    restart_agent(plane, index)
+    done = wait_ended(plane, job_id, timeout=400)
+    assert done.state == S.JOB_STATE_SUCCEEDED, done.message
+
+    shrink, grow = plane.client().store.ListMorphs(store_pb2.ListMorphsRequest(job_id=job_id)).morphs
+    assert shrink.cause == "host_lost" and (shrink.to_stages * shrink.to_replicas) == 1
+    assert grow.cause == "grow" and (grow.to_stages * grow.to_replicas) == 2 and grow.lost_iterations == 0
+    assert_one_lineage(plane, job_id, 600)
+
+    # Both layouts' iterations are stored under their plan versions (the throughput gained is a benchmark
+    # figure, benchmarks/faults.py --grow, not a timing assertion on a loaded machine).
+    versions = {m.plan_version for m in plane.client().iteration_metrics(job_id)}
+    assert {grow.from_plan_version, grow.to_plan_version} <= versions
+

@@ -30,7 +30,8 @@ def test_the_pending_loss_is_the_last_morphing_not_yet_morphed():
 
 
 def test_the_budget_counts_morphs_within_the_window():
-    log = [event("MORPHING", 100), event("MORPHED", 110), event("MORPHING", 4000), event("PREEMPTED", 4100)]
+    log = [event("MORPHING", 100), event("MORPHED", 110), event("MORPHING", 4000), event("PREEMPTED", 4100),
+           event("MORPHING", 4200, cause=morph.GROW)]  # growing back is not a loss
     assert morph.losses_since(log, 0) == 2
     assert morph.losses_since(log, 3600) == 1
     assert morph.losses_since(log, 5000) == 0

@@ -1,4 +1,4 @@
-"""`ballast queue`, `ballast fleet` and `ballast policy show|set`: the shared fleet as its users see it.
+"""`ballast queue`, `ballast fleet [clear]` and `ballast policy show|set`: the shared fleet as its users see it.
 
 The formatting is pure (protos in, rows and text out) so it is tested without servers; the commands only
 fetch, format and print.
@@ -47,6 +47,12 @@ def add_queue_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the devices and the policy as JSON")
+    actions = p.add_subparsers(dest="action", metavar="{clear}")  # optional: plain `ballast fleet` shows it
+    clear = actions.add_parser("clear", help="clear a host's degraded mark, giving its devices back (platform admin)")
+    clear.add_argument("host", help="host name or id (as `ballast fleet` shows it)")
+    clear.add_argument("--reason", required=True, help='why it is healthy again, e.g. "replaced the GPU"')
+    clear.add_argument("--data-dir", type=Path, default=argparse.SUPPRESS,
+                       help="data directory (default $BALLAST_DATA_DIR or ~/.ballast)")
 
 
 def add_policy_arguments(p: argparse.ArgumentParser) -> None:
@@ -136,28 +142,39 @@ def lease_holder(lease: fleet_pb2.DeviceLease, tenants: dict[str, str]) -> str:
 
 
 FLEET_COLUMNS = ("host", "device", "kind", "online", "leased to", "since", "used last hour")
+DEGRADED = "degraded"
 
 
-def fleet_rows(devices: Iterable[services_pb2.FleetDevice], now: float,
-               tenants: dict[str, str] | None = None) -> list[tuple[str, ...]]:
-    """Table rows: host, index, kind, online, leased to (job, tenant), lease age, utilisation over the last hour."""
-    tenants = tenants or {}
+def online_words(online: bool, degraded: bool) -> str:
+    """'yes' / 'no'; a degraded host's devices (which no job is given) say 'degraded' instead of 'yes'."""
+    if degraded:
+        return DEGRADED if online else f"no ({DEGRADED})"
+    return "yes" if online else "no"
+
+
+def fleet_rows(devices: Iterable[services_pb2.FleetDevice], now: float, tenants: dict[str, str] | None = None,
+               degraded: dict[str, fleet_pb2.Host] | None = None) -> list[tuple[str, ...]]:
+    """Table rows: host, index, kind, online (or degraded), leased to (job, tenant), lease age, utilisation over
+    the last hour. `degraded` holds the degraded hosts by id."""
+    tenants, degraded = tenants or {}, degraded or {}
     rows = []
     for d in devices:
         leased = d.HasField("lease") and bool(d.lease.job_id)
         rows.append((d.host_name or d.device.host_id, str(d.device.device_index), d.device_kind,
-                     "yes" if d.online else "no", lease_holder(d.lease, tenants) if leased else "-",
+                     online_words(d.online, d.device.host_id in degraded),
+                     lease_holder(d.lease, tenants) if leased else "-",
                      f"{duration(now - seconds(d.lease.started_at))} ago" if leased else "-",
                      f"{d.utilisation_last_hour * 100:.0f} %"))
     return rows
 
 
-def fleet_records(devices: Iterable[services_pb2.FleetDevice], now: float,
-                  tenants: dict[str, str] | None = None) -> list[dict]:
-    tenants = tenants or {}
+def fleet_records(devices: Iterable[services_pb2.FleetDevice], now: float, tenants: dict[str, str] | None = None,
+                  degraded: dict[str, fleet_pb2.Host] | None = None) -> list[dict]:
+    tenants, degraded = tenants or {}, degraded or {}
     out = []
     for d in devices:
         leased = d.HasField("lease") and bool(d.lease.job_id)
+        mark = degraded.get(d.device.host_id)
         out.append({
             "host_id": d.device.host_id, "host": d.host_name, "index": d.device.device_index,
             "kind": d.device_kind, "online": d.online,
@@ -165,18 +182,37 @@ def fleet_records(devices: Iterable[services_pb2.FleetDevice], now: float,
                       "tenant": tenants.get(d.lease.tenant_id), "started_at": d.lease.started_at.ToJsonString(),
                       "age_s": round(now - seconds(d.lease.started_at), 3)} if leased else None,
             "utilisation_last_hour": d.utilisation_last_hour,
+            "degraded": {"reason": mark.degraded_reason, "since": mark.degraded_at.ToJsonString(),
+                         "age_s": round(now - seconds(mark.degraded_at), 3)} if mark else None,
         })
     return out
 
 
-def fleet_table(devices: Iterable[services_pb2.FleetDevice], now: float,
-                tenants: dict[str, str] | None = None) -> Table:
+def fleet_table(devices: Iterable[services_pb2.FleetDevice], now: float, tenants: dict[str, str] | None = None,
+                degraded: dict[str, fleet_pb2.Host] | None = None) -> Table:
     table = Table(*FLEET_COLUMNS, title="fleet")
-    for row in fleet_rows(devices, now, tenants):
+    for row in fleet_rows(devices, now, tenants, degraded):
         cells = [escape(cell) for cell in row]
-        cells[3] = "[green]yes[/green]" if row[3] == "yes" else "[red]no[/red]"
+        colour = "green" if row[3] == "yes" else "yellow" if row[3] == DEGRADED else "red"
+        cells[3] = f"[{colour}]{cells[3]}[/{colour}]"
         table.add_row(*cells)
     return table
+
+
+def degraded_lines(hosts: Iterable[fleet_pb2.Host], now: float) -> list[str]:
+    """One line per degraded host: since when, why, and the command that gives it back."""
+    return [f"{h.name} degraded {duration(now - seconds(h.degraded_at))} ago: {h.degraded_reason}; "
+            f"`ballast fleet clear {h.name} --reason ...` gives it back" for h in hosts if h.HasField("degraded_at")]
+
+
+def resolve_host(hosts: Iterable[fleet_pb2.Host], text: str) -> fleet_pb2.Host | str:
+    """The host whose id or name is `text`, else the message naming the hosts there are."""
+    hosts = list(hosts)
+    for h in hosts:
+        if text in (h.id, h.name):
+            return h
+    known = ", ".join(f"{h.name} ({h.id})" for h in hosts) or "none registered yet"
+    return f"no host {text!r}; known hosts: {known}"
 
 
 def _num(value: float) -> str:
@@ -279,6 +315,11 @@ def run_queue(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def list_hosts(client: Client) -> list[fleet_pb2.Host]:
+    """Every registered host from the store, with its degraded mark (the planner's fleet view has none)."""
+    return [h for page in pages(client.store.ListHosts, store_pb2.ListHostsRequest()) for h in page.hosts]
+
+
 def tenant_names(client: Client) -> dict[str, str]:
     """Tenant id -> name where the caller may list tenants (the platform admin); else empty (ids are shown)."""
     names: dict[str, str] = {}
@@ -295,9 +336,12 @@ def tenant_names(client: Client) -> dict[str, str]:
 
 
 def run_fleet(settings: Settings, args: argparse.Namespace) -> int:
+    if getattr(args, "action", None) == "clear":
+        return run_fleet_clear(settings, args)
     with _client(settings) as client:
         try:
             reply = client.fleet.GetFleet(services_pb2.GetFleetRequest())
+            degraded = {h.id: h for h in list_hosts(client) if h.HasField("degraded_at")}
         except grpc.RpcError as exc:
             return _failed(exc)
         tenants = tenant_names(client) if any(d.lease.job_id for d in reply.devices) else {}
@@ -305,17 +349,39 @@ def run_fleet(settings: Settings, args: argparse.Namespace) -> int:
     if args.json:
         from google.protobuf.json_format import MessageToDict
 
-        print(json.dumps({"devices": fleet_records(reply.devices, now, tenants),
+        print(json.dumps({"devices": fleet_records(reply.devices, now, tenants, degraded),
                           "policy": MessageToDict(reply.policy, preserving_proto_field_name=True)}))
         return 0
     if reply.devices:
-        console.print(fleet_table(reply.devices, now, tenants))
+        console.print(fleet_table(reply.devices, now, tenants, degraded))
         leased = sum(1 for d in reply.devices if d.lease.job_id)
         online = sum(1 for d in reply.devices if d.online)
-        console.print(f"{len(reply.devices)} device(s), {online} online, {leased} leased")
+        held = sum(1 for d in reply.devices if d.device.host_id in degraded)
+        console.print(f"{len(reply.devices)} device(s), {online} online, {leased} leased"
+                      + (f", {held} on degraded hosts (given to no job)" if held else ""))
     else:
         console.print("no devices registered yet: start executor agents (`ballast up --executors N`)")
+    for line in degraded_lines(sorted(degraded.values(), key=lambda h: h.name), now):
+        console.print(escape(line))
     console.print(escape(policy_summary(reply.policy)))
+    return 0
+
+
+def run_fleet_clear(settings: Settings, args: argparse.Namespace) -> int:
+    """Resolve HOST by name or id, then ClearHostDegraded: only the platform admin may vouch for a host."""
+    with _client(settings) as client:
+        try:
+            found = resolve_host(list_hosts(client), args.host)
+            if isinstance(found, str):
+                err.print(f"[red]error[/red] {escape(found)}")
+                return 1
+            cleared = client.store.ClearHostDegraded(store_pb2.ClearHostDegradedRequest(id=found.id,
+                                                                                        reason=args.reason))
+        except grpc.RpcError as exc:
+            return _failed(exc)
+    was = (f", marked degraded {duration(time.time() - seconds(found.degraded_at))} ago: {found.degraded_reason}"
+           if found.HasField("degraded_at") else "")
+    console.print(escape(f"cleared {cleared.name} ({cleared.id}){was}; its devices can go to jobs again"))
     return 0
 
 

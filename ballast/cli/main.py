@@ -310,7 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("queue", cmd_queue, "the shared fleet's queue in admission order: why each job waits, when it starts")
     add_queue_arguments(p)
-    p = add("fleet", cmd_fleet, "every device: online, which job leases it since when, use over the last hour")
+    p = add("fleet", cmd_fleet, "every device: online or degraded, which job leases it since when, use over the "
+                                "last hour; `fleet clear HOST --reason TEXT` gives a degraded host back (admin)")
     add_fleet_arguments(p)
     p = add("policy", cmd_policy, "the fleet policy: `policy show [--version N]`, `policy set FILE` (admin)")
     add_policy_arguments(p)

@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from ballast.v1 import common_pb2 as ballast_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x62\x61llast/v1/fleet.proto\x12\nballast.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17\x62\x61llast/v1/common.proto\"\\\n\x04Link\x12\"\n\x04kind\x18\x01 \x01(\x0e\x32\x14.ballast.v1.LinkKind\x12\x1d\n\x15\x62\x61ndwidth_bytes_per_s\x18\x02 \x01(\x01\x12\x11\n\tlatency_s\x18\x03 \x01(\x01\"\x8f\x01\n\nDeviceSpec\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x02 \x01(\x04\x12\x12\n\npeak_flops\x18\x03 \x01(\x01\x12$\n\x1cmemory_bandwidth_bytes_per_s\x18\x04 \x01(\x01\x12#\n\thost_link\x18\x05 \x01(\x0b\x32\x10.ballast.v1.Link\"\xd6\x01\n\x05\x46leet\x12\x0c\n\x04name\x18\x01 \x01(\t\x12&\n\x06\x64\x65vice\x18\x02 \x01(\x0b\x32\x16.ballast.v1.DeviceSpec\x12\x18\n\x10\x64\x65vices_per_node\x18\x03 \x01(\r\x12\r\n\x05nodes\x18\x04 \x01(\r\x12$\n\nintra_node\x18\x05 \x01(\x0b\x32\x10.ballast.v1.Link\x12$\n\ninter_node\x18\x06 \x01(\x0b\x32\x10.ballast.v1.Link\x12\"\n\x1ahost_memory_bytes_per_node\x18\x07 \x01(\x04\"K\n\x06\x44\x65vice\x12\r\n\x05index\x18\x01 \x01(\r\x12$\n\x04spec\x18\x02 \x01(\x0b\x32\x16.ballast.v1.DeviceSpec\x12\x0c\n\x04uuid\x18\x03 \x01(\t\"\xa6\x03\n\x04Host\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12#\n\x07\x64\x65vices\x18\x04 \x03(\x0b\x32\x12.ballast.v1.Device\x12\x36\n\x15supported_parallelism\x18\x05 \x03(\x0e\x32\x17.ballast.v1.ParallelDim\x12\x15\n\ragent_version\x18\x06 \x01(\t\x12$\n\x05state\x18\x07 \x01(\x0e\x32\x15.ballast.v1.HostState\x12\x35\n\x11last_heartbeat_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x31\n\rregistered_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x06labels\x18\n \x03(\x0b\x32\x1c.ballast.v1.Host.LabelsEntry\x12\x12\n\nagent_port\x18\x0b \x01(\r\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"2\n\tDeviceRef\x12\x0f\n\x07host_id\x18\x01 \x01(\t\x12\x14\n\x0c\x64\x65vice_index\x18\x02 \x01(\r\"\x86\x02\n\x0b\x44\x65viceLease\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x11\n\ttenant_id\x18\x03 \x01(\t\x12%\n\x06\x64\x65vice\x18\x04 \x01(\x0b\x32\x15.ballast.v1.DeviceRef\x12.\n\nstarted_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nded_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nend_reason\x18\x07 \x01(\x0e\x32\x1a.ballast.v1.LeaseEndReason\x12\x13\n\x0b\x64\x65vice_kind\x18\x08 \x01(\t\"A\n\rPriorityClass\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08priority\x18\x02 \x01(\x05\x12\x10\n\x08preempts\x18\x03 \x01(\x08\"`\n\x0cTenantPolicy\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x14\n\x0c\x64\x65vice_quota\x18\x02 \x01(\r\x12\x0e\n\x06weight\x18\x03 \x01(\x01\x12\x1a\n\x12max_priority_class\x18\x04 \x01(\t\"\xa4\x02\n\x0b\x46leetPolicy\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x33\n\x10priority_classes\x18\x02 \x03(\x0b\x32\x19.ballast.v1.PriorityClass\x12\x1e\n\x16\x64\x65\x66\x61ult_priority_class\x18\x03 \x01(\t\x12)\n\x07tenants\x18\x04 \x03(\x0b\x32\x18.ballast.v1.TenantPolicy\x12\x1e\n\x16\x66\x61ir_share_half_life_s\x18\x05 \x01(\x01\x12 \n\x18max_preemptions_per_hour\x18\x06 \x01(\r\x12.\n\ncreated_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\ncreated_by\x18\x08 \x01(\t*\x9e\x01\n\x08LinkKind\x12\x19\n\x15LINK_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10LINK_KIND_NVLINK\x10\x01\x12\x12\n\x0eLINK_KIND_PCIE\x10\x02\x12\x18\n\x14LINK_KIND_INFINIBAND\x10\x03\x12\x16\n\x12LINK_KIND_ETHERNET\x10\x04\x12\x1b\n\x17LINK_KIND_SHARED_MEMORY\x10\x05*\x84\x01\n\tHostState\x12\x1a\n\x16HOST_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11HOST_STATE_ONLINE\x10\x01\x12\x13\n\x0fHOST_STATE_LOST\x10\x02\x12\x17\n\x13HOST_STATE_DRAINING\x10\x03\x12\x16\n\x12HOST_STATE_OFFLINE\x10\x04*\x8b\x02\n\x0eLeaseEndReason\x12 \n\x1cLEASE_END_REASON_UNSPECIFIED\x10\x00\x12\x1d\n\x19LEASE_END_REASON_FINISHED\x10\x01\x12\x1e\n\x1aLEASE_END_REASON_PREEMPTED\x10\x02\x12\x1e\n\x1aLEASE_END_REASON_HOST_LOST\x10\x03\x12\x1e\n\x1aLEASE_END_REASON_CANCELLED\x10\x04\x12\x1b\n\x17LEASE_END_REASON_FAILED\x10\x05\x12\x1d\n\x19LEASE_END_REASON_RELEASED\x10\x06\x12\x1c\n\x18LEASE_END_REASON_MORPHED\x10\x07\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x62\x61llast/v1/fleet.proto\x12\nballast.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17\x62\x61llast/v1/common.proto\"\\\n\x04Link\x12\"\n\x04kind\x18\x01 \x01(\x0e\x32\x14.ballast.v1.LinkKind\x12\x1d\n\x15\x62\x61ndwidth_bytes_per_s\x18\x02 \x01(\x01\x12\x11\n\tlatency_s\x18\x03 \x01(\x01\"\x8f\x01\n\nDeviceSpec\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x02 \x01(\x04\x12\x12\n\npeak_flops\x18\x03 \x01(\x01\x12$\n\x1cmemory_bandwidth_bytes_per_s\x18\x04 \x01(\x01\x12#\n\thost_link\x18\x05 \x01(\x0b\x32\x10.ballast.v1.Link\"\xd6\x01\n\x05\x46leet\x12\x0c\n\x04name\x18\x01 \x01(\t\x12&\n\x06\x64\x65vice\x18\x02 \x01(\x0b\x32\x16.ballast.v1.DeviceSpec\x12\x18\n\x10\x64\x65vices_per_node\x18\x03 \x01(\r\x12\r\n\x05nodes\x18\x04 \x01(\r\x12$\n\nintra_node\x18\x05 \x01(\x0b\x32\x10.ballast.v1.Link\x12$\n\ninter_node\x18\x06 \x01(\x0b\x32\x10.ballast.v1.Link\x12\"\n\x1ahost_memory_bytes_per_node\x18\x07 \x01(\x04\"K\n\x06\x44\x65vice\x12\r\n\x05index\x18\x01 \x01(\r\x12$\n\x04spec\x18\x02 \x01(\x0b\x32\x16.ballast.v1.DeviceSpec\x12\x0c\n\x04uuid\x18\x03 \x01(\t\"\xf0\x03\n\x04Host\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12#\n\x07\x64\x65vices\x18\x04 \x03(\x0b\x32\x12.ballast.v1.Device\x12\x36\n\x15supported_parallelism\x18\x05 \x03(\x0e\x32\x17.ballast.v1.ParallelDim\x12\x15\n\ragent_version\x18\x06 \x01(\t\x12$\n\x05state\x18\x07 \x01(\x0e\x32\x15.ballast.v1.HostState\x12\x35\n\x11last_heartbeat_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x31\n\rregistered_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x06labels\x18\n \x03(\x0b\x32\x1c.ballast.v1.Host.LabelsEntry\x12\x12\n\nagent_port\x18\x0b \x01(\r\x12\x17\n\x0f\x64\x65graded_reason\x18\x0c \x01(\t\x12/\n\x0b\x64\x65graded_at\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"2\n\tDeviceRef\x12\x0f\n\x07host_id\x18\x01 \x01(\t\x12\x14\n\x0c\x64\x65vice_index\x18\x02 \x01(\r\"\x86\x02\n\x0b\x44\x65viceLease\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x11\n\ttenant_id\x18\x03 \x01(\t\x12%\n\x06\x64\x65vice\x18\x04 \x01(\x0b\x32\x15.ballast.v1.DeviceRef\x12.\n\nstarted_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nded_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nend_reason\x18\x07 \x01(\x0e\x32\x1a.ballast.v1.LeaseEndReason\x12\x13\n\x0b\x64\x65vice_kind\x18\x08 \x01(\t\"A\n\rPriorityClass\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08priority\x18\x02 \x01(\x05\x12\x10\n\x08preempts\x18\x03 \x01(\x08\"`\n\x0cTenantPolicy\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x14\n\x0c\x64\x65vice_quota\x18\x02 \x01(\r\x12\x0e\n\x06weight\x18\x03 \x01(\x01\x12\x1a\n\x12max_priority_class\x18\x04 \x01(\t\"\xa4\x02\n\x0b\x46leetPolicy\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x33\n\x10priority_classes\x18\x02 \x03(\x0b\x32\x19.ballast.v1.PriorityClass\x12\x1e\n\x16\x64\x65\x66\x61ult_priority_class\x18\x03 \x01(\t\x12)\n\x07tenants\x18\x04 \x03(\x0b\x32\x18.ballast.v1.TenantPolicy\x12\x1e\n\x16\x66\x61ir_share_half_life_s\x18\x05 \x01(\x01\x12 \n\x18max_preemptions_per_hour\x18\x06 \x01(\r\x12.\n\ncreated_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\ncreated_by\x18\x08 \x01(\t*\x9e\x01\n\x08LinkKind\x12\x19\n\x15LINK_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10LINK_KIND_NVLINK\x10\x01\x12\x12\n\x0eLINK_KIND_PCIE\x10\x02\x12\x18\n\x14LINK_KIND_INFINIBAND\x10\x03\x12\x16\n\x12LINK_KIND_ETHERNET\x10\x04\x12\x1b\n\x17LINK_KIND_SHARED_MEMORY\x10\x05*\x84\x01\n\tHostState\x12\x1a\n\x16HOST_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11HOST_STATE_ONLINE\x10\x01\x12\x13\n\x0fHOST_STATE_LOST\x10\x02\x12\x17\n\x13HOST_STATE_DRAINING\x10\x03\x12\x16\n\x12HOST_STATE_OFFLINE\x10\x04*\x8b\x02\n\x0eLeaseEndReason\x12 \n\x1cLEASE_END_REASON_UNSPECIFIED\x10\x00\x12\x1d\n\x19LEASE_END_REASON_FINISHED\x10\x01\x12\x1e\n\x1aLEASE_END_REASON_PREEMPTED\x10\x02\x12\x1e\n\x1aLEASE_END_REASON_HOST_LOST\x10\x03\x12\x1e\n\x1aLEASE_END_REASON_CANCELLED\x10\x04\x12\x1b\n\x17LEASE_END_REASON_FAILED\x10\x05\x12\x1d\n\x19LEASE_END_REASON_RELEASED\x10\x06\x12\x1c\n\x18LEASE_END_REASON_MORPHED\x10\x07\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,12 +35,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_HOST_LABELSENTRY']._loaded_options = None
   _globals['_HOST_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_LINKKIND']._serialized_start=1833
-  _globals['_LINKKIND']._serialized_end=1991
-  _globals['_HOSTSTATE']._serialized_start=1994
-  _globals['_HOSTSTATE']._serialized_end=2126
-  _globals['_LEASEENDREASON']._serialized_start=2129
-  _globals['_LEASEENDREASON']._serialized_end=2396
+  _globals['_LINKKIND']._serialized_start=1907
+  _globals['_LINKKIND']._serialized_end=2065
+  _globals['_HOSTSTATE']._serialized_start=2068
+  _globals['_HOSTSTATE']._serialized_end=2200
+  _globals['_LEASEENDREASON']._serialized_start=2203
+  _globals['_LEASEENDREASON']._serialized_end=2470
   _globals['_LINK']._serialized_start=96
   _globals['_LINK']._serialized_end=188
   _globals['_DEVICESPEC']._serialized_start=191
@@ -50,17 +50,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DEVICE']._serialized_start=553
   _globals['_DEVICE']._serialized_end=628
   _globals['_HOST']._serialized_start=631
-  _globals['_HOST']._serialized_end=1053
-  _globals['_HOST_LABELSENTRY']._serialized_start=1008
-  _globals['_HOST_LABELSENTRY']._serialized_end=1053
-  _globals['_DEVICEREF']._serialized_start=1055
-  _globals['_DEVICEREF']._serialized_end=1105
-  _globals['_DEVICELEASE']._serialized_start=1108
-  _globals['_DEVICELEASE']._serialized_end=1370
-  _globals['_PRIORITYCLASS']._serialized_start=1372
-  _globals['_PRIORITYCLASS']._serialized_end=1437
-  _globals['_TENANTPOLICY']._serialized_start=1439
-  _globals['_TENANTPOLICY']._serialized_end=1535
-  _globals['_FLEETPOLICY']._serialized_start=1538
-  _globals['_FLEETPOLICY']._serialized_end=1830
+  _globals['_HOST']._serialized_end=1127
+  _globals['_HOST_LABELSENTRY']._serialized_start=1082
+  _globals['_HOST_LABELSENTRY']._serialized_end=1127
+  _globals['_DEVICEREF']._serialized_start=1129
+  _globals['_DEVICEREF']._serialized_end=1179
+  _globals['_DEVICELEASE']._serialized_start=1182
+  _globals['_DEVICELEASE']._serialized_end=1444
+  _globals['_PRIORITYCLASS']._serialized_start=1446
+  _globals['_PRIORITYCLASS']._serialized_end=1511
+  _globals['_TENANTPOLICY']._serialized_start=1513
+  _globals['_TENANTPOLICY']._serialized_end=1609
+  _globals['_FLEETPOLICY']._serialized_start=1612
+  _globals['_FLEETPOLICY']._serialized_end=1904
 # @@protoc_insertion_point(module_scope)

@@ -542,6 +542,26 @@ class SchemaStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class MarkHostDegradedRequest(_message.Message):
+    __slots__ = ("id", "reason", "evidence_json", "job_id")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_JSON_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    reason: str
+    evidence_json: str
+    job_id: str
+    def __init__(self, id: _Optional[str] = ..., reason: _Optional[str] = ..., evidence_json: _Optional[str] = ..., job_id: _Optional[str] = ...) -> None: ...
+
+class ClearHostDegradedRequest(_message.Message):
+    __slots__ = ("id", "reason")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    reason: str
+    def __init__(self, id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class RecordMorphRequest(_message.Message):
     __slots__ = ("morph",)
     MORPH_FIELD_NUMBER: _ClassVar[int]

@@ -272,6 +272,16 @@ class StoreServiceStub:
                 request_serializer=ballast_dot_v1_dot_store__pb2.SchemaStatusRequest.SerializeToString,
                 response_deserializer=ballast_dot_v1_dot_store__pb2.SchemaStatus.FromString,
                 _registered_method=True)
+        self.MarkHostDegraded = channel.unary_unary(
+                '/ballast.v1.StoreService/MarkHostDegraded',
+                request_serializer=ballast_dot_v1_dot_store__pb2.MarkHostDegradedRequest.SerializeToString,
+                response_deserializer=ballast_dot_v1_dot_fleet__pb2.Host.FromString,
+                _registered_method=True)
+        self.ClearHostDegraded = channel.unary_unary(
+                '/ballast.v1.StoreService/ClearHostDegraded',
+                request_serializer=ballast_dot_v1_dot_store__pb2.ClearHostDegradedRequest.SerializeToString,
+                response_deserializer=ballast_dot_v1_dot_fleet__pb2.Host.FromString,
+                _registered_method=True)
         self.RecordMorph = channel.unary_unary(
                 '/ballast.v1.StoreService/RecordMorph',
                 request_serializer=ballast_dot_v1_dot_store__pb2.RecordMorphRequest.SerializeToString,
@@ -615,6 +625,20 @@ class StoreServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def MarkHostDegraded(self, request, context):
+        """Mark a host degraded with the evidence (admin): its devices go to no job until cleared.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ClearHostDegraded(self, request, context):
+        """Clear a host's degraded mark (admin).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def RecordMorph(self, request, context):
         """Record a morph as its job resumes (admin), dropping the metrics of the iterations trained again.
         """
@@ -868,6 +892,16 @@ def add_StoreServiceServicer_to_server(servicer, server):
                     servicer.GetSchemaStatus,
                     request_deserializer=ballast_dot_v1_dot_store__pb2.SchemaStatusRequest.FromString,
                     response_serializer=ballast_dot_v1_dot_store__pb2.SchemaStatus.SerializeToString,
+            ),
+            'MarkHostDegraded': grpc.unary_unary_rpc_method_handler(
+                    servicer.MarkHostDegraded,
+                    request_deserializer=ballast_dot_v1_dot_store__pb2.MarkHostDegradedRequest.FromString,
+                    response_serializer=ballast_dot_v1_dot_fleet__pb2.Host.SerializeToString,
+            ),
+            'ClearHostDegraded': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClearHostDegraded,
+                    request_deserializer=ballast_dot_v1_dot_store__pb2.ClearHostDegradedRequest.FromString,
+                    response_serializer=ballast_dot_v1_dot_fleet__pb2.Host.SerializeToString,
             ),
             'RecordMorph': grpc.unary_unary_rpc_method_handler(
                     servicer.RecordMorph,
@@ -2128,6 +2162,60 @@ class StoreService:
             '/ballast.v1.StoreService/GetSchemaStatus',
             ballast_dot_v1_dot_store__pb2.SchemaStatusRequest.SerializeToString,
             ballast_dot_v1_dot_store__pb2.SchemaStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MarkHostDegraded(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ballast.v1.StoreService/MarkHostDegraded',
+            ballast_dot_v1_dot_store__pb2.MarkHostDegradedRequest.SerializeToString,
+            ballast_dot_v1_dot_fleet__pb2.Host.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClearHostDegraded(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ballast.v1.StoreService/ClearHostDegraded',
+            ballast_dot_v1_dot_store__pb2.ClearHostDegradedRequest.SerializeToString,
+            ballast_dot_v1_dot_fleet__pb2.Host.FromString,
             options,
             channel_credentials,
             insecure,

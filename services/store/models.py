@@ -163,6 +163,9 @@ class Host(Base):
     labels: Mapped[dict[str, Any]]
     last_heartbeat_at: Mapped[datetime | None]
     registered_at: Mapped[datetime]
+    # The current degraded mark (added by 0008), so a host reads whole without a join; NULL when healthy.
+    degraded_reason: Mapped[str | None] = mapped_column(sa.Text)
+    degraded_at: Mapped[datetime | None]
 
     devices: Mapped[list[Device]] = relationship(order_by="Device.device_index", cascade="all, delete-orphan")
 
@@ -439,3 +442,21 @@ class JobMorph(Base):
     first_iteration_at: Mapped[datetime | None]
     recovery_s: Mapped[float | None]
     created_at: Mapped[datetime]
+
+
+class HostDegradation(Base):
+    """One degraded mark of a host with the measurements behind it (Varuna §4.6 fail-stutter stragglers).
+
+    Kept after the mark is cleared (cleared_at, cleared_reason, cleared_by), so `ballast sql` can tell a host
+    that keeps coming back slow from one that was slow once."""
+
+    __tablename__ = "host_degradations"
+    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    host_id: Mapped[str] = mapped_column(Id, _fk("hosts.id", "CASCADE"), index=True)
+    job_id: Mapped[str | None] = mapped_column(Id, _fk("jobs.id", "SET NULL"))
+    reason: Mapped[str] = mapped_column(sa.Text)
+    evidence: Mapped[dict[str, Any]]
+    marked_at: Mapped[datetime]
+    cleared_at: Mapped[datetime | None]
+    cleared_reason: Mapped[str | None] = mapped_column(sa.Text)
+    cleared_by: Mapped[str | None] = mapped_column(Id, _fk("tenants.id"))

@@ -58,8 +58,10 @@ def pending_loss(events: list[job_pb2.JobEvent]) -> Loss | None:
 
 
 def losses_since(events: list[job_pb2.JobEvent], since: float) -> int:
-    """Morphs the job went through after `since` (epoch seconds): its infrastructure retry budget's use."""
-    return sum(1 for e in events if e.type == "MORPHING" and e.created_at.ToMicroseconds() / 1e6 >= since)
+    """Losses the job morphed through after `since` (epoch seconds): its infrastructure retry budget's use
+    (growing onto devices that came back is no loss)."""
+    return sum(1 for e in events if e.type == "MORPHING" and e.attributes.get("cause") != GROW
+               and e.created_at.ToMicroseconds() / 1e6 >= since)
 
 
 def morphed_message(loss: Loss, stages: int, replicas: int, resume_iteration: int) -> str:

@@ -22,19 +22,26 @@ import random
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from google.protobuf import timestamp_pb2
-
-from ballast.v1 import executor_pb2, fleet_pb2, job_pb2, plan_pb2, store_pb2
+from ballast.v1 import executor_pb2, fleet_pb2, job_pb2, store_pb2
 from services.planner import admission as adm
-from services.planner.jobs import morph
+from services.planner.jobs import morph, stutter
 from services.planner.jobs.admit import HOLDING, Reader, Snapshot, epoch_s
 from services.planner.jobs.assign import backend_for, pipeline_shape, place_on
 from services.planner.jobs.lifecycle import TERMINAL
 from services.planner.jobs.rebalance import Rebalancer
+from services.planner.jobs.recovery import Recovery
+from services.planner.jobs.running import (
+    END_ATTEMPTS,
+    HOST_LOST_S,
+    MAX_MORPHS_PER_HOUR,
+    SYMPTOM_GRACE_S,
+    Running,
+    is_symptom,
+)
 from services.planner.online import OnlineOptions
 from services.runtime.errors import BallastError, FailedPrecondition
 from services.runtime.store_api import Store, every_page
@@ -43,47 +50,7 @@ log = logging.getLogger("ballast.scheduler")
 S = job_pb2.JobState
 LOCAL_ADDRESSES = {"127.0.0.1", "localhost", "::1", ""}
 Send = Callable[[str, executor_pb2.PlannerMessage], None]
-# A worker whose peer died fails in its next collective; the dead peer's own exit (a signal, its error) is the
-# cause the user needs, and it usually arrives within milliseconds of the symptom.
-SYMPTOMS = ("connection closed", "connection reset", "broken pipe", "gloo", "nccl", "timed out", "timeout")
-SYMPTOM_GRACE_S = 2.0
-END_ATTEMPTS = 5
-HOST_LOST_S = 5.0  # an agent away this long has lost its host: its jobs morph (a reconnect within it changes nothing)
-RECONNECT_GRACE_S = 12.0  # after a planner start agents reconnect with a backoff of up to 10 s: none is lost before
-MAX_MORPHS_PER_HOUR = 10  # infrastructure retry budget per job; errors in the model's code are never retried
-
-
-def is_symptom(message: str) -> bool:
-    """Whether a worker's exit message only says a collective or p2p transfer broke."""
-    text = message.lower()
-    return any(word in text for word in SYMPTOMS)
-
-
-@dataclass
-class Running:
-    """What the planner tracks for a job whose workers it started."""
-
-    job: job_pb2.Job
-    plan: plan_pb2.Plan
-    hosts: list[str]  # host ids running its workers
-    world: int
-    finished: set[int] = field(default_factory=set)
-    exited: set[int] = field(default_factory=set)
-    stopping: str = ""  # why Stop was sent ("" while running normally)
-    last_loss: float | None = None
-    parts: dict[int, list[job_pb2.LayerCheckpoint]] = field(default_factory=dict)  # iteration -> layers
-    symptom: str = ""  # the first exit that only reported a broken collective (the cause may follow)
-    preempting: str = ""  # the job it is drained for, while being preempted
-    drained: set[int] = field(default_factory=set)  # ranks that stopped at the agreed boundary, checkpointed
-    ranks: dict[str, list[int]] = field(default_factory=dict)  # host id -> its ranks
-    iteration: int = 0  # iterations completed, as the workers report them
-    loss: morph.Loss | None = None  # set once a worker or host is lost: the job morphs
-    morph_id: str = ""  # the morph it resumed from, until its first iteration is reported
-    stored: set[int] = field(default_factory=set)  # iterations whose complete checkpoint is stored
-    resume_iteration: int = 0
-
-
-class Scheduler:
+class Scheduler(Recovery):
     def __init__(self, store: Store, send: Send, connected: Callable[[], list[str]],
                  checkpoint_root: Path, *, interval_s: float = 0.5,
                  process_group_timeout_s: int = 60, online: OnlineOptions | None = None,
@@ -93,6 +60,7 @@ class Scheduler:
         self._host_lost_s, self._max_morphs = host_lost_s, max_morphs_per_hour
         self._missing: dict[str, float] = {}  # host id -> when its agent was first seen gone (monotonic)
         self._adopted = False  # whether the jobs the store says run were taken back (after a restart)
+        self._recoveries: deque[float] = deque(maxlen=20)  # the fleet's last measured morph times
         self._started = time.monotonic()
         self._root = checkpoint_root
         self._interval, self._pg_timeout = interval_s, process_group_timeout_s
@@ -134,7 +102,9 @@ class Scheduler:
 
     def tick(self) -> None:
         self._watch_hosts()
-        self.admit()
+        snap = self.admit()
+        if snap is not None:
+            self._grow(snap)
         for job in self._jobs(S.JOB_STATE_CANCELLING):
             self._cancel(job)
         self.rebalance()
@@ -157,17 +127,18 @@ class Scheduler:
             draining = {job_id for job_id, r in self._running.items() if r.preempting}
         return self.admission.snapshot(set(self._connected()), draining)
 
-    def admit(self) -> None:
+    def admit(self) -> Snapshot | None:
         """One admission pass: free the leases of jobs no longer running, refuse plans the fleet can never
-        run, then start, preempt for, and queue jobs as the engine decides."""
+        run, then start, preempt for, and queue jobs as the engine decides. Returns the snapshot it decided on
+        when nothing waited (so the devices it saw free are still free), else None."""
         snap = self.snapshot()
         if self._release_stale(snap):
-            return  # the fleet changed under this snapshot: decide on a fresh one next tick
+            return None  # the fleet changed under this snapshot: decide on a fresh one next tick
         for job_id, why in sorted(snap.unrunnable.items()):
             self._transition(snap.jobs[job_id], S.JOB_STATE_FAILED, f"cannot run on this fleet: {why}", "FAILED",
                              {"step": "admission"})
         if not snap.queue:
-            return
+            return snap
         decision = snap.decide()
         for job_id, slots in decision.admit:
             self._start(snap, job_id, slots)
@@ -180,8 +151,9 @@ class Scheduler:
             if job.state == S.JOB_STATE_SCHEDULED:
                 self._transition(job, S.JOB_STATE_QUEUED, f"waiting: {wait.detail}", "QUEUED",
                                  {"reason": wait.reason, "priority_class": snap.classes.get(job_id, "")})
+        return None
 
-    def _replan_for(self, job: job_pb2.Job, devices: int, snap: Snapshot) -> None:
+    def _replan_for(self, job: job_pb2.Job, devices: int, snap: Snapshot | None) -> None:
         """The devices its plan asks for are busy but `devices` are free and the job allows that many:
         plan it again for them (QUEUED -> PLANNING -> SCHEDULED, the next plan version)."""
         if self._replan is None:
@@ -189,7 +161,7 @@ class Scheduler:
         if job.state == S.JOB_STATE_SCHEDULED:
             job = self._transition(job, S.JOB_STATE_QUEUED, f"waiting: re-planning for {devices} device(s)",
                                    "QUEUED", {"reason": adm.REPLANNING}) or job
-        planned = snap.queue and next((d.devices for d in snap.queue if d.job_id == job.id), 0)
+        planned = next((d.devices for d in snap.queue if d.job_id == job.id), 0) if snap else 0
         moved = self._transition(job, S.JOB_STATE_PLANNING,
                                  f"re-planning for the {devices} device(s) free now (the plan asks for {planned}; "
                                  f"the job allows {job.spec.min_devices}-{job.spec.max_devices})",
@@ -247,7 +219,8 @@ class Scheduler:
         rendezvous = f"{placements[0].host.address or '127.0.0.1'}:{_port(placements[0].host.address)}"
         running = Running(job, plan, [p.host.id for p in placements], world,
                           ranks={p.host.id: [w.rank for w in p.workers] for p in placements},
-                          iteration=start_iteration, resume_iteration=start_iteration)
+                          iteration=start_iteration, resume_iteration=start_iteration,
+                          target=self._target(job, stages * replicas))
         with self._lock:
             self._running[job.id] = running
         names = ", ".join(f"{p.host.name} ({len(p.workers)})" for p in placements)  # ids go in the attributes
@@ -432,6 +405,7 @@ class Scheduler:
 
     def _metrics(self, stages) -> None:
         rows = []
+        watched: dict[str, Running] = {}
         for st in stages:
             running = self._tracked(st.job_id)
             plan = self.rebalancer.plan_for(st.job_id, st.plan_version) or (running.plan if running else None)
@@ -440,6 +414,12 @@ class Scheduler:
                 running.last_loss = st.loss
             if running:
                 running.iteration = max(running.iteration, st.iteration + 1)
+                if st.plan_version == running.plan.version:
+                    if st.iteration >= running.resume_iteration + stutter.WARMUP:  # first iterations are noisy
+                        running.watch.observe(st.stage_index, st.replica_index, st.forward_s + st.backward_s)
+                        watched[running.job.id] = running
+                    if st.stage_index == 0 and st.replica_index == 0:
+                        running.recent.append(st.iteration_time_s)
                 if running.morph_id and st.iteration >= running.resume_iteration:
                     self._morph_resumed(running)
             rows.append(job_pb2.IterationMetric(
@@ -449,18 +429,10 @@ class Scheduler:
                 loss=st.loss if st.has_loss else 0.0, has_loss=st.has_loss,
                 throughput_samples_per_s=st.throughput_samples_per_s, predicted_iteration_time_s=predicted))
         self._store.write_iteration_metrics(store_pb2.WriteIterationMetricsRequest(metrics=rows))
-
-    def _morph_resumed(self, running: Running) -> None:
-        """The first iteration after a morph is in: its recovery time is now known."""
-        with self._lock:
-            morph_id, running.morph_id = running.morph_id, ""
-        if morph_id:
-            first = timestamp_pb2.Timestamp()
-            first.GetCurrentTime()
-            try:
-                self._store.morph_resumed(store_pb2.MorphResumedRequest(id=morph_id, first_iteration_at=first))
-            except BallastError:
-                log.exception("could not record the morph's first iteration", extra={"job_id": running.job.id})
+        for running in watched.values():
+            if running.iteration >= running.stutter_next and not running.stopping:
+                running.stutter_next = running.iteration + stutter.WINDOW  # judged again on a fresh window
+                self._check_stutter(running)
 
     def _exited(self, host_id: str, exit_: executor_pb2.WorkerExit) -> None:
         running = self._tracked(exit_.job_id)
@@ -523,126 +495,6 @@ class Scheduler:
                 if self._running.get(running.job.id) is running:
                     self._running.pop(running.job.id)
             self.rebalancer.forget(running.job.id)
-
-    def _lose_after_symptom(self, running: Running) -> None:
-        """No other cause arrived within the grace period: a lost peer is all there is to say."""
-        with self._lock:
-            if running.stopping:
-                return
-        gone = tuple(h for h in running.hosts if h not in set(self._connected()))
-        try:
-            if gone:  # the broken link was a host whose agent is gone with its workers
-                self._lose(running, morph.HOST_LOST, f"host {', '.join(gone)} is gone (its agent disconnected); "
-                           f"{running.symptom}", lost_hosts=gone)
-            else:
-                self._lose(running, morph.WORKER_LOST, running.symptom)
-        except Exception:  # noqa: BLE001 - a timer thread has nobody to raise to; the next exit retries
-            with self._lock:
-                running.symptom = ""
-            log.exception("could not morph the job", extra={"job_id": running.job.id})
-
-    # --- morphing (Varuna §4) -------------------------------------------------------------------------
-    def _lose(self, running: Running, cause: str, detail: str, lost_hosts: tuple[str, ...] = ()) -> None:
-        """A worker or host is lost: MORPHING, the lost devices' leases end (host_lost), the survivors are
-        stopped; once they are gone the job queues to resume from its last checkpoint on what is left."""
-        try:
-            stages, replicas = pipeline_shape(running.plan)
-        except FailedPrecondition:
-            stages, replicas = len(running.plan.stages), 1
-        with self._lock:
-            if running.stopping:
-                return
-            running.loss = morph.Loss(cause, detail, time.time(), stages, replicas,
-                                      running.job.plan_version or running.plan.version, running.iteration,
-                                      tuple(sorted(lost_hosts)))
-            running.stopping = f"morphing after {cause.replace('_', ' ')}"
-        used = morph.losses_since(self.admission.events(running.job.id), time.time() - morph.HOUR_S)
-        if used >= self._max_morphs:
-            with self._lock:
-                running.stopping, running.loss = "", None
-            self._fail(running, f"{detail}; the infrastructure retry budget is spent ({used} morphs in the last "
-                                f"hour, at most {self._max_morphs})")
-            return
-        moved = self._transition(running.job, S.JOB_STATE_MORPHING,
-                                 f"{cause.replace('_', ' ')}: {detail}; stopping the other workers to resume from "
-                                 "the last checkpoint on the devices left", "MORPHING", running.loss.attributes())
-        if moved is None:  # cancelled or ended meanwhile: the survivors are stopped all the same
-            with self._lock:
-                running.loss = None
-        else:
-            running.job = moved
-            self.admission.lost(moved.id, running.loss)
-        for host_id in running.hosts:
-            if host_id in lost_hosts:
-                self._host_gone(running, host_id)
-            else:
-                self._instruct(running, host_id, "stop",
-                               stop=executor_pb2.StopInstruction(reason=running.stopping))
-        self._settle(running)
-
-    def _host_gone(self, running: Running, host_id: str) -> None:
-        """Its ranks will never report: count them gone, and end its devices' leases as lost."""
-        with self._lock:
-            running.exited.update(running.ranks.get(host_id, []))
-        self._store.end_leases(store_pb2.EndLeasesRequest(
-            job_id=running.job.id, reason=fleet_pb2.LEASE_END_REASON_HOST_LOST, host_id=host_id))
-
-    def _requeue_lost(self, running: Running) -> None:
-        """Every survivor is gone: give back their devices and queue the job to resume, re-planned for what
-        is free (admit.py lets a morphing job run on fewer devices)."""
-        self._store.end_leases(store_pb2.EndLeasesRequest(job_id=running.job.id,
-                                                          reason=fleet_pb2.LEASE_END_REASON_MORPHED))
-        resume = self.admission.resume_point(running.job.id)
-        where = f"from iteration {resume.iteration}" if resume else "from the start (no complete checkpoint)"
-        self._transition(running.job, S.JOB_STATE_QUEUED, f"waiting to resume {where} on the devices free",
-                         "QUEUED", {"reason": "morphing", "checkpoint_iteration": str(resume.iteration if resume
-                                                                                       else 0)})
-
-    def _record_morph(self, job: job_pb2.Job, loss: morph.Loss, stages: int, replicas: int,
-                      resume_iteration: int) -> str:
-        """The morph's row, before the new workers start (the store drops the metrics of the iterations they
-        train again). Returns its id ("" if the store refused it: the job runs on regardless)."""
-        row = job_pb2.Morph(job_id=job.id, cause=loss.cause, detail=loss.detail[:1000], from_stages=loss.from_stages,
-                            from_replicas=loss.from_replicas, from_plan_version=loss.from_plan_version,
-                            to_stages=stages, to_replicas=replicas, to_plan_version=job.plan_version,
-                            failed_iteration=max(loss.failed_iteration, resume_iteration),
-                            checkpoint_iteration=resume_iteration)
-        row.detected_at.FromMicroseconds(int(loss.detected_at * 1e6))
-        row.resumed_at.GetCurrentTime()
-        try:
-            return self._store.record_morph(store_pb2.RecordMorphRequest(morph=row)).id
-        except BallastError:
-            log.exception("could not record the morph", extra={"job_id": job.id})
-            return ""
-
-    def _watch_hosts(self) -> None:
-        """A job's host whose agent stays away HOST_LOST_S is lost: the job morphs without it (or, already
-        stopping, stops counting on its ranks). A restarted planner first adopts the jobs the store says run."""
-        if not self._adopted:
-            for state in HOLDING:
-                for job in self._jobs(state):
-                    self._tracked(job.id)
-            self._adopted = True
-        connected, now = set(self._connected()), time.monotonic()
-        self._missing = {h: t for h, t in self._missing.items() if h not in connected}
-        if now - self._started < RECONNECT_GRACE_S:
-            return
-        with self._lock:
-            running = list(self._running.values())
-        for r in running:
-            lost = tuple(h for h in r.hosts if h not in connected
-                         and now - self._missing.setdefault(h, now) >= self._host_lost_s)
-            if not lost:
-                continue
-            names = ", ".join(lost)
-            if not r.stopping:
-                self._lose(r, morph.HOST_LOST, f"host {names} stopped answering for {self._host_lost_s:.0f} s",
-                           lost_hosts=lost)
-                continue
-            for host_id in lost:
-                if not set(r.ranks.get(host_id, [])) <= r.exited:
-                    self._host_gone(r, host_id)
-            self._settle(r)
 
     def _refused(self, host_id: str, ack: executor_pb2.InstructionAck) -> None:
         job_id = ack.instruction_id.split("-assign-")[0] if "-assign-" in ack.instruction_id else ""

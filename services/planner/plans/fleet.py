@@ -12,9 +12,10 @@ from services.runtime.store_api import Store, every_page
 
 
 def online_hosts(store: Store) -> list[fleet_pb2.Host]:
-    """Every executor host the store has ONLINE (all pages)."""
+    """Every executor host the store has ONLINE (all pages) and not marked degraded (a straggler's devices
+    are planned for and given to no job until an operator clears the mark)."""
     request = store_pb2.ListHostsRequest(state=fleet_pb2.HOST_STATE_ONLINE)
-    return [h for page in every_page(store.list_hosts, request) for h in page.hosts]
+    return [h for page in every_page(store.list_hosts, request) for h in page.hosts if not h.degraded_reason]
 
 
 def executor_dims(store: Store) -> tuple[str, ...]:

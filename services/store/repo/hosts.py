@@ -58,7 +58,9 @@ class HostStore(RepositoryBase):
         h = req.host
         check_host(h)
         state = enum_name(fleet_pb2.HostState, h.state or fleet_pb2.HOST_STATE_ONLINE, "host.state")
-        values = shared_fields(h, m.Host, skip=("id", "name", "state"), field="host")
+        # The degraded mark is the store's, cleared only by ClearHostDegraded: an agent re-registering says
+        # nothing about it (its empty degraded_reason would otherwise erase the mark).
+        values = shared_fields(h, m.Host, skip=("id", "name", "state", "degraded_reason"), field="host")
         for attempt in range(2):  # a concurrent first registration of the same name: retry as an update
             try:
                 with self._tx(write=True) as s:

@@ -1,0 +1,292 @@
+"""The scheduler's recovery half (Varuna §4): lost workers and hosts morph a job, a job below its planned size
+grows back onto free devices, a fail-stutter straggler is left out. No grpc imports.
+
+A mixin of Scheduler (scheduler.py), which owns the store, the agents' send, the lock and the running jobs;
+these methods only act through them. What a morph records (events, the job_morphs row) is in morph.py, the
+straggler test in stutter.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from google.protobuf import timestamp_pb2
+
+from ballast.v1 import executor_pb2, fleet_pb2, job_pb2, store_pb2
+from services.planner.jobs import morph, stutter
+from services.planner.jobs.admit import HOLDING, Snapshot
+from services.planner.jobs.assign import pipeline_shape
+from services.planner.jobs.running import (
+    DEFAULT_MORPH_COST_S,
+    GROW_WINDOW,
+    RECONNECT_GRACE_S,
+    Running,
+    devices_of,
+)
+from services.runtime.errors import BallastError, FailedPrecondition
+
+log = logging.getLogger("ballast.scheduler")
+S = job_pb2.JobState
+
+
+class Recovery:
+    """Morph, grow and straggler handling for Scheduler."""
+
+    def _morph_resumed(self, running: Running) -> None:
+        """The first iteration after a morph is in: its recovery time is now known."""
+        with self._lock:
+            morph_id, running.morph_id = running.morph_id, ""
+        if morph_id:
+            first = timestamp_pb2.Timestamp()
+            first.GetCurrentTime()
+            try:
+                done = self._store.morph_resumed(store_pb2.MorphResumedRequest(id=morph_id, first_iteration_at=first))
+                self._recoveries.append(done.recovery_s)
+            except BallastError:
+                log.exception("could not record the morph's first iteration", extra={"job_id": running.job.id})
+
+    def _lose_after_symptom(self, running: Running) -> None:
+        """No other cause arrived within the grace period: a lost peer is all there is to say."""
+        with self._lock:
+            if running.stopping:
+                return
+        gone = tuple(h for h in running.hosts if h not in set(self._connected()))
+        try:
+            if gone:  # the broken link was a host whose agent is gone with its workers
+                self._lose(running, morph.HOST_LOST, f"host {', '.join(gone)} is gone (its agent disconnected); "
+                           f"{running.symptom}", lost_hosts=gone)
+            else:
+                self._lose(running, morph.WORKER_LOST, running.symptom)
+        except Exception:  # noqa: BLE001 - a timer thread has nobody to raise to; the next exit retries
+            with self._lock:
+                running.symptom = ""
+            log.exception("could not morph the job", extra={"job_id": running.job.id})
+
+    # --- morphing (Varuna §4) -------------------------------------------------------------------------
+    def _lose(self, running: Running, cause: str, detail: str, lost_hosts: tuple[str, ...] = ()) -> None:
+        """A worker or host is lost: MORPHING, the lost devices' leases end (host_lost), the survivors are
+        stopped; once they are gone the job queues to resume from its last checkpoint on what is left."""
+        try:
+            stages, replicas = pipeline_shape(running.plan)
+        except FailedPrecondition:
+            stages, replicas = len(running.plan.stages), 1
+        with self._lock:
+            if running.stopping:
+                return
+            running.loss = morph.Loss(cause, detail, time.time(), stages, replicas,
+                                      running.job.plan_version or running.plan.version, running.iteration,
+                                      tuple(sorted(lost_hosts)))
+            running.stopping = f"morphing after {cause.replace('_', ' ')}"
+        used = morph.losses_since(self.admission.events(running.job.id), time.time() - morph.HOUR_S)
+        if used >= self._max_morphs:
+            with self._lock:
+                running.stopping, running.loss = "", None
+            self._fail(running, f"{detail}; the infrastructure retry budget is spent ({used} morphs in the last "
+                                f"hour, at most {self._max_morphs})")
+            return
+        moved = self._transition(running.job, S.JOB_STATE_MORPHING,
+                                 f"{cause.replace('_', ' ')}: {detail}; stopping the other workers to resume from "
+                                 "the last checkpoint on the devices left", "MORPHING", running.loss.attributes())
+        if moved is None:  # cancelled or ended meanwhile: the survivors are stopped all the same
+            with self._lock:
+                running.loss = None
+        else:
+            running.job = moved
+            self.admission.lost(moved.id, running.loss)
+        for host_id in running.hosts:
+            if host_id in lost_hosts:
+                self._host_gone(running, host_id)
+            else:
+                self._instruct(running, host_id, "stop",
+                               stop=executor_pb2.StopInstruction(reason=running.stopping))
+        self._settle(running)
+
+    def _target(self, job: job_pb2.Job, devices: int) -> int:
+        """The devices a job grows back to: --max-devices, else its first plan's count (before any morph)."""
+        if job.spec.max_devices:
+            return job.spec.max_devices
+        plans = self._store.list_plans(store_pb2.ListPlansRequest(job_id=job.id)).plans
+        first = min(plans, key=lambda p: p.version, default=None)
+        if first is None:
+            return devices
+        try:
+            stages, replicas = pipeline_shape(first)
+        except FailedPrecondition:
+            return devices
+        return max(devices, stages * replicas)
+
+    def _grow(self, snap: Snapshot) -> None:
+        """Nothing waits and devices are free: a job below its target grows onto them at its next iteration
+        boundary, if the iterations it has left gain more than a morph costs (Varuna's manager grows the job
+        when machines come back)."""
+        free: dict[str, int] = {}
+        for slot in snap.free:
+            free[slot.kind] = free.get(slot.kind, 0) + 1
+        with self._lock:
+            candidates = [r for r in self._running.values() if not r.stopping and r.target > r.world
+                          and len(r.recent) == GROW_WINDOW and r.job.state == S.JOB_STATE_RUNNING]
+        for r in candidates:
+            kind = r.plan.fleet.device.kind
+            if free.get(kind, 0) < r.target - r.world:
+                continue
+            gain, cost = self._growth_gain(r)
+            if gain > cost:
+                free[kind] -= r.target - r.world
+                self._drain_morph(r, morph.GROW, f"{r.target - r.world} {kind} device(s) free: {r.world} -> "
+                                  f"{r.target} devices gains {gain:.1f} s over the "
+                                  f"{r.job.spec.iterations - r.iteration} iterations left against a morph's "
+                                  f"{cost:.1f} s")
+
+    def _growth_gain(self, r: Running) -> tuple[float, float]:
+        """(seconds the rest of the run saves on the target layout, seconds a morph costs): the target's
+        predicted iteration time corrected by how far the current plan's prediction is from its measurement."""
+        now = sorted(r.recent)[len(r.recent) // 2]
+        plans = self._store.list_plans(store_pb2.ListPlansRequest(job_id=r.job.id)).plans
+        target = next((p for p in sorted(plans, key=lambda p: p.version)
+                       if devices_of(p) == r.target), None)
+        predicted_now = r.plan.prediction.iteration_time_s
+        if target is None or predicted_now <= 0:
+            return 0.0, DEFAULT_MORPH_COST_S
+        then = target.prediction.iteration_time_s * now / predicted_now
+        return (now - then) * (r.job.spec.iterations - r.iteration), self._morph_cost(r.job.id)
+
+    def _drain_morph(self, r: Running, cause: str, detail: str) -> None:
+        """MORPHING with every worker alive (grow, or leaving a straggler out): they drain to a checkpoint at an
+        agreed boundary (nothing is trained again), then the job is re-planned and resumes -- onto its target
+        when it grows, onto the devices free (a degraded host's are not) when it sheds a straggler."""
+        stages, replicas = pipeline_shape(r.plan)
+        with self._lock:
+            if r.stopping:
+                return
+            r.loss = morph.Loss(cause, detail, time.time(), stages, replicas,
+                                r.job.plan_version or r.plan.version, r.iteration)
+            r.stopping = f"morphing: {cause.replace('_', ' ')}"
+        moved = self._transition(r.job, S.JOB_STATE_MORPHING, f"{cause}: {detail}; draining to a checkpoint",
+                                 "MORPHING", r.loss.attributes())
+        if moved is None:
+            with self._lock:
+                r.stopping, r.loss = "", None
+            return
+        r.job = moved
+        self.admission.lost(moved.id, r.loss)
+        for host_id in r.hosts:
+            self._instruct(r, host_id, "stop", stop=executor_pb2.StopInstruction(reason=r.stopping, checkpoint=True))
+
+    def _check_stutter(self, r: Running) -> None:
+        """A persistent straggler is reported (event STRAGGLER, with the evidence); if the job is predicted
+        faster without its device by more than a morph costs over the iterations left, its host is marked
+        degraded (the evidence in host_degradations) and the job morphs without it."""
+        found = r.watch.straggler()
+        if found is None:
+            return
+        replicas = max(1, r.world // max(1, len(r.plan.stages)))
+        rank = found.stage * replicas + found.replica
+        host = next((h for h, ranks in r.ranks.items() if rank in ranks), "")
+        now = sorted(r.recent)[len(r.recent) // 2] if r.recent else 0.0
+        without = stutter.faster_without(now, found, r.world)
+        left = r.job.spec.iterations - r.iteration
+        gain = (now - without) * left if without is not None else 0.0
+        cost = self._morph_cost(r.job.id)
+        leave = bool(host) and without is not None and gain > cost
+        detail = (f"rank {rank} (stage {found.stage}, replica {found.replica}) on host {host} computes "
+                  f"{found.ratio:.2f}x its peers' median over {found.window} iterations")
+        verdict = (f"without it {without:.4f} s/iteration against {now:.4f} s measured: {gain:.1f} s saved over "
+                   f"{left} iterations, a morph costs {cost:.1f} s" if without is not None
+                   else "no device to spare")
+        evidence = {"job_id": r.job.id, "rank": rank, "host_id": host, **found.evidence(),
+                    "iteration_s": round(now, 6), "predicted_without_s": round(without or 0.0, 6),
+                    "gain_s": round(gain, 3), "morph_cost_s": round(cost, 3), "left_out": leave}
+        if leave or not r.stutter_reported:  # once while kept (the verdict is taken again every window)
+            r.stutter_reported = True
+            self._store.append_job_event(store_pb2.AppendJobEventRequest(event=job_pb2.JobEvent(
+                job_id=r.job.id, type="STRAGGLER", message=f"{detail}; {verdict}; "
+                                                           + ("leaving it out" if leave else "keeping it for now"),
+                attributes={k: str(v) for k, v in evidence.items()})))
+        if not leave:
+            return
+        try:
+            self._store.mark_host_degraded(store_pb2.MarkHostDegradedRequest(
+                id=host, reason=detail, evidence_json=json.dumps(evidence), job_id=r.job.id))
+        except BallastError:
+            log.exception("could not mark the host degraded", extra={"host_id": host})
+            return  # without the mark admission would hand the same device back
+        self._drain_morph(r, morph.STRAGGLER, f"{detail}; {verdict}")
+
+    def _morph_cost(self, job_id: str) -> float:
+        """What a morph costs (detection to first resumed iteration): the job's last one, else the median of
+        the fleet's recent ones, else a conservative default until any was measured."""
+        morphs = self._store.list_morphs(store_pb2.ListMorphsRequest(job_id=job_id)).morphs
+        costs = [m.recovery_s for m in morphs if m.recovery_s > 0]
+        if costs:
+            return costs[-1]
+        recent = sorted(self._recoveries)
+        return recent[len(recent) // 2] if recent else DEFAULT_MORPH_COST_S
+
+    def _host_gone(self, running: Running, host_id: str) -> None:
+        """Its ranks will never report: count them gone, and end its devices' leases as lost."""
+        with self._lock:
+            running.exited.update(running.ranks.get(host_id, []))
+        self._store.end_leases(store_pb2.EndLeasesRequest(
+            job_id=running.job.id, reason=fleet_pb2.LEASE_END_REASON_HOST_LOST, host_id=host_id))
+
+    def _requeue_lost(self, running: Running) -> None:
+        """Every survivor is gone: give back their devices and queue the job to resume, re-planned for what
+        is free (admit.py lets a morphing job run on fewer devices)."""
+        self._store.end_leases(store_pb2.EndLeasesRequest(job_id=running.job.id,
+                                                          reason=fleet_pb2.LEASE_END_REASON_MORPHED))
+        resume = self.admission.resume_point(running.job.id)
+        where = f"from iteration {resume.iteration}" if resume else "from the start (no complete checkpoint)"
+        moved = self._transition(running.job, S.JOB_STATE_QUEUED, f"waiting to resume {where} on the devices "
+                                 "free", "QUEUED", {"reason": "morphing",
+                                                    "checkpoint_iteration": str(resume.iteration if resume else 0)})
+        if moved is not None and running.loss is not None and running.loss.cause == morph.GROW:
+            self._replan_for(moved, running.target, None)  # planned for the devices it grows onto
+
+    def _record_morph(self, job: job_pb2.Job, loss: morph.Loss, stages: int, replicas: int,
+                      resume_iteration: int) -> str:
+        """The morph's row, before the new workers start (the store drops the metrics of the iterations they
+        train again). Returns its id ("" if the store refused it: the job runs on regardless)."""
+        row = job_pb2.Morph(job_id=job.id, cause=loss.cause, detail=loss.detail[:1000], from_stages=loss.from_stages,
+                            from_replicas=loss.from_replicas, from_plan_version=loss.from_plan_version,
+                            to_stages=stages, to_replicas=replicas, to_plan_version=job.plan_version,
+                            failed_iteration=max(loss.failed_iteration, resume_iteration),
+                            checkpoint_iteration=resume_iteration)
+        row.detected_at.FromMicroseconds(int(loss.detected_at * 1e6))
+        row.resumed_at.GetCurrentTime()
+        try:
+            return self._store.record_morph(store_pb2.RecordMorphRequest(morph=row)).id
+        except BallastError:
+            log.exception("could not record the morph", extra={"job_id": job.id})
+            return ""
+
+    def _watch_hosts(self) -> None:
+        """A job's host whose agent stays away HOST_LOST_S is lost: the job morphs without it (or, already
+        stopping, stops counting on its ranks). A restarted planner first adopts the jobs the store says run."""
+        if not self._adopted:
+            for state in HOLDING:
+                for job in self._jobs(state):
+                    self._tracked(job.id)
+            self._adopted = True
+        connected, now = set(self._connected()), time.monotonic()
+        self._missing = {h: t for h, t in self._missing.items() if h not in connected}
+        if now - self._started < RECONNECT_GRACE_S:
+            return
+        with self._lock:
+            running = list(self._running.values())
+        for r in running:
+            lost = tuple(h for h in r.hosts if h not in connected
+                         and now - self._missing.setdefault(h, now) >= self._host_lost_s)
+            if not lost:
+                continue
+            names = ", ".join(lost)
+            if not r.stopping:
+                self._lose(r, morph.HOST_LOST, f"host {names} stopped answering for {self._host_lost_s:.0f} s",
+                           lost_hosts=lost)
+                continue
+            for host_id in lost:
+                if not set(r.ranks.get(host_id, [])) <= r.exited:
+                    self._host_gone(r, host_id)
+            self._settle(r)
+
