@@ -39,6 +39,7 @@ class Settings:
     worker_heartbeat_s: float = 5.0
     host_lost_s: float = 5.0  # an executor agent away this long has lost its host: its jobs morph without it
     max_morphs_per_hour: int = 10  # per job, for lost workers and hosts; the model's own errors are never retried
+    checkpoint_max_interval_s: float = 1800.0  # a job left to Ballast's cadence checkpoints at least this often
     log_level: str = "INFO"
     allowed_model_factories: tuple[str, ...] = ()
     fleet_policy: str = ""  # policy YAML the planner stores at start-up when it differs (services/specs/policy.py)

@@ -49,6 +49,9 @@ def test_a_job_trains_to_the_end_and_its_metrics_sit_beside_the_prediction(plane
                                         "ASSIGNED", "SUCCEEDED"]
     plan = client.planner.GetPlan(store_pb2.GetRequest(id=done.plan_id))
     workers = int(events[5].attributes["world_size"])
+    # Left to Ballast, its checkpoint cadence is Young's interval for this fleet (no failure seen: a rare one)
+    every = int(events[5].attributes["checkpoint_every"])
+    assert every >= 1 and "Young's sqrt(2 x" in events[5].message and "0 worker(s) or host(s)" in events[5].message
     assert workers == len(plan.stages) * plan.stages[0].devices
     # It ran on devices leased to it alone, given back when it finished.
     leases = client.store.ListLeases(store_pb2.ListLeasesRequest(job_id=job.id)).leases

@@ -84,6 +84,23 @@ def test_resume_under_another_stage_count(tmp_path, uninterrupted, before, after
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("after, replicas", [([[0, 6]], 2), ([[0, 3], [3, 6]], 1)], ids=["2x2-to-1x2", "2x2-to-2x1"])
+def test_a_2x2_run_morphs_to_1x2_or_2x1_with_the_uninterrupted_losses(tmp_path, uninterrupted, after, replicas):
+    """Varuna's morph at the same global batch: checkpointed on 2 stages x 2 replicas, resumed on half the
+    devices as a shallower or a narrower pipeline; every step's loss is the uninterrupted run's (fp32)."""
+    per_replica = GLOBAL_BATCH // 2  # two micro-batches per replica
+    first = run_local(plan_configs(template(iterations=10, checkpoint_dir=str(tmp_path), checkpoint_every=10,
+                                            micro_batch_size=per_replica // 2), [[0, 3], [3, 6]], 2),
+                      env=STEADY_ALLOCATOR)
+    assert losses(first) == pytest.approx(uninterrupted[:10], rel=1e-5)
+    resumed = run_local(plan_configs(template(resume_from=str(checkpoint_path(tmp_path, 10)),
+                                              micro_batch_size=GLOBAL_BATCH // 2 // replicas), after, replicas),
+                        env=STEADY_ALLOCATOR)
+    assert resumed[0][0]["start_iteration"] == 10 and len(resumed) == len(after) * replicas
+    assert losses(resumed) == pytest.approx(uninterrupted[10:], rel=1e-5)
+
+
+@pytest.mark.slow
 def test_incomplete_or_corrupt_checkpoints_are_refused(tmp_path):
     train_single(SPEC, DATA, SEED, GLOBAL_BATCH, 2, ADAM, checkpoint_dir=str(tmp_path), checkpoint_every=1)
     corrupt = checkpoint_path(tmp_path, 1)

@@ -14,8 +14,8 @@ import time
 
 from google.protobuf import timestamp_pb2
 
-from ballast.v1 import executor_pb2, fleet_pb2, job_pb2, store_pb2
-from services.planner.jobs import morph, stutter
+from ballast.v1 import executor_pb2, fleet_pb2, job_pb2, plan_pb2, store_pb2
+from services.planner.jobs import cadence, morph, stutter
 from services.planner.jobs.admit import HOLDING, Snapshot
 from services.planner.jobs.assign import pipeline_shape
 from services.planner.jobs.running import (
@@ -26,6 +26,7 @@ from services.planner.jobs.running import (
     devices_of,
 )
 from services.runtime.errors import BallastError, FailedPrecondition
+from services.runtime.store_api import every_page
 
 log = logging.getLogger("ballast.scheduler")
 S = job_pb2.JobState
@@ -213,6 +214,48 @@ class Recovery:
             log.exception("could not mark the host degraded", extra={"host_id": host})
             return  # without the mark admission would hand the same device back
         self._drain_morph(r, morph.STRAGGLER, f"{detail}; {verdict}")
+
+    # --- checkpoint cadence ---------------------------------------------------------------------------
+    def _with_cadence(self, job: job_pb2.Job, plan: plan_pb2.Plan, devices: int) -> tuple[job_pb2.JobSpec, str]:
+        """The spec the workers get, and why its cadence: a job that left checkpoint_every to Ballast checkpoints
+        at Young's interval for the fleet's failure rate and its checkpoint cost (shown on its ASSIGNED event)."""
+        if job.spec.checkpoint_every:
+            return job.spec, f"checkpoints every {job.spec.checkpoint_every} iterations (as submitted)"
+        try:
+            profile = self._store.get_profile(store_pb2.GetRequest(id=plan.profile_id))
+            parameter_bytes = sum(layer.parameter_bytes for layer in profile.layers)
+            failures, device_hours = self._fleet_failures()
+            chosen = cadence.young(cadence.checkpoint_cost_s(parameter_bytes, self._checkpoint_s.get(job.id, 0.0)),
+                                   cadence.job_mtbf_s(failures, device_hours, devices),
+                                   plan.prediction.iteration_time_s, max_interval_s=self._checkpoint_max_s)
+        except BallastError:
+            log.exception("could not choose a checkpoint cadence", extra={"job_id": job.id})
+            return job.spec, "no checkpoints (the cadence could not be chosen)"
+        spec = job_pb2.JobSpec()
+        spec.CopyFrom(job.spec)
+        spec.checkpoint_every = chosen.every
+        return spec, (f"checkpoints {chosen.why}; the fleet lost {failures} worker(s) or host(s) in "
+                      f"{device_hours:.1f} device-hours over 7 days")
+
+    def _fleet_failures(self) -> tuple[int, float]:
+        """(lost workers and hosts, leased device-hours) over the last 7 days; read at most every 10 minutes."""
+        read_at, failures, hours = self._failure_rate
+        now = time.time()
+        if now - read_at < 600:
+            return failures, hours
+        week = now - 7 * 24 * 3600.0
+        failures = sum(1 for page in every_page(self._store.list_morphs, store_pb2.ListMorphsRequest())
+                       for m in page.morphs if m.cause in (morph.WORKER_LOST, morph.HOST_LOST)
+                       and m.detected_at.ToMicroseconds() / 1e6 >= week)
+        since = store_pb2.ListLeasesRequest()
+        since.since.FromMicroseconds(int(week * 1e6))
+        hours = 0.0
+        for page in every_page(self._store.list_leases, since):
+            for x in page.leases:
+                end = x.ended_at.ToMicroseconds() / 1e6 if x.HasField("ended_at") else now
+                hours += max(end - max(x.started_at.ToMicroseconds() / 1e6, week), 0.0) / 3600.0
+        self._failure_rate = (now, failures, hours)
+        return failures, hours
 
     def _morph_cost(self, job_id: str) -> float:
         """What a morph costs (detection to first resumed iteration): the job's last one, else the median of

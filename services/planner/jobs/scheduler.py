@@ -55,12 +55,16 @@ class Scheduler(Recovery):
                  checkpoint_root: Path, *, interval_s: float = 0.5,
                  process_group_timeout_s: int = 60, online: OnlineOptions | None = None,
                  replan: Callable[[job_pb2.Job, int], None] | None = None,
-                 host_lost_s: float = HOST_LOST_S, max_morphs_per_hour: int = MAX_MORPHS_PER_HOUR):
+                 host_lost_s: float = HOST_LOST_S, max_morphs_per_hour: int = MAX_MORPHS_PER_HOUR,
+                 checkpoint_max_interval_s: float = 1800.0):
         self._store, self._send, self._connected = store, send, connected
         self._host_lost_s, self._max_morphs = host_lost_s, max_morphs_per_hour
         self._missing: dict[str, float] = {}  # host id -> when its agent was first seen gone (monotonic)
         self._adopted = False  # whether the jobs the store says run were taken back (after a restart)
         self._recoveries: deque[float] = deque(maxlen=20)  # the fleet's last measured morph times
+        self._checkpoint_max_s = checkpoint_max_interval_s
+        self._checkpoint_s: dict[str, float] = {}  # job id -> its last measured checkpoint time (rank 0's)
+        self._failure_rate: tuple[float, int, float] = (0.0, 0, 0.0)  # (read at, failures, device-hours), 7 days
         self._started = time.monotonic()
         self._root = checkpoint_root
         self._interval, self._pg_timeout = interval_s, process_group_timeout_s
@@ -161,11 +165,16 @@ class Scheduler(Recovery):
         if job.state == S.JOB_STATE_SCHEDULED:
             job = self._transition(job, S.JOB_STATE_QUEUED, f"waiting: re-planning for {devices} device(s)",
                                    "QUEUED", {"reason": adm.REPLANNING}) or job
-        planned = next((d.devices for d in snap.queue if d.job_id == job.id), 0) if snap else 0
-        moved = self._transition(job, S.JOB_STATE_PLANNING,
-                                 f"re-planning for the {devices} device(s) free now (the plan asks for {planned}; "
-                                 f"the job allows {job.spec.min_devices}-{job.spec.max_devices})",
-                                 "REPLANNING", {"devices": str(devices), "planned_devices": str(planned)})
+        demand = next((d for d in snap.queue if d.job_id == job.id), None) if snap else None
+        planned = demand.devices if demand else 0
+        if demand is None:  # growing back onto the devices it was first planned for
+            why = f"re-planning for the {devices} device(s) it grows onto"
+        else:
+            allows = (f"the job allows {demand.min_devices}-{demand.max_devices}" if job.spec.max_devices
+                      else f"morphing, it may run on 1-{demand.max_devices}")
+            why = f"re-planning for the {devices} device(s) free now (the plan asks for {planned}; {allows})"
+        moved = self._transition(job, S.JOB_STATE_PLANNING, why, "REPLANNING",
+                                 {"devices": str(devices), "planned_devices": str(planned)})
         if moved is not None:
             try:
                 self._replan(moved, devices)
@@ -224,9 +233,12 @@ class Scheduler(Recovery):
         with self._lock:
             self._running[job.id] = running
         names = ", ".join(f"{p.host.name} ({len(p.workers)})" for p in placements)  # ids go in the attributes
-        moved = self._transition(job, S.JOB_STATE_RUNNING, f"{world} worker(s) on {names}; rendezvous {rendezvous}",
-                                 "ASSIGNED", {"hosts": ",".join(running.hosts), "world_size": str(world),
-                                              "rendezvous": rendezvous, "ranks": _ranks_attribute(running.ranks)})
+        spec, cadence_why = self._with_cadence(job, plan, world)
+        moved = self._transition(job, S.JOB_STATE_RUNNING, f"{world} worker(s) on {names}; rendezvous {rendezvous}; "
+                                 f"{cadence_why}", "ASSIGNED",
+                                 {"hosts": ",".join(running.hosts), "world_size": str(world),
+                                  "rendezvous": rendezvous, "ranks": _ranks_attribute(running.ranks),
+                                  "checkpoint_every": str(spec.checkpoint_every), "checkpoint_cadence": cadence_why})
         if moved is None:
             with self._lock:
                 self._running.pop(job.id, None)
@@ -241,7 +253,7 @@ class Scheduler(Recovery):
         for p in placements:
             assign = executor_pb2.AssignInstruction(
                 plan=plan, rendezvous=rendezvous, world_size=world, workers=p.workers, backend=backend_for(plan),
-                process_group_timeout_s=self._pg_timeout, spec=job.spec,
+                process_group_timeout_s=self._pg_timeout, spec=spec,
                 checkpoint_dir=str(self._root / job.id),
                 start_iteration=resume.iteration if resume else 0,
                 checkpoint_uri=resume.directory if resume else "")
@@ -507,6 +519,8 @@ class Scheduler(Recovery):
         running = self._tracked(ck.job_id)
         if running is None:
             return
+        if ck.complete and written.checkpoint_s > 0:  # rank 0's report: the whole checkpoint's time
+            self._checkpoint_s[ck.job_id] = written.checkpoint_s
         with self._lock:
             if ck.iteration in running.stored:
                 return  # rank 0 vouched for it already: the other ranks' parts add nothing
