@@ -33,9 +33,10 @@ ORDER = [S.JOB_STATE_SUBMITTED, S.JOB_STATE_PROFILING, S.JOB_STATE_PLANNING, S.J
 BAD_END = (S.JOB_STATE_FAILED, S.JOB_STATE_CANCELLED)
 TRAINING = (S.JOB_STATE_RUNNING, S.JOB_STATE_REPARTITIONING)  # the progress bar stays up through migrations
 COLOURS = {S.JOB_STATE_REPARTITIONING: "magenta", S.JOB_STATE_FAILED: "red", S.JOB_STATE_CANCELLED: "yellow",
-           S.JOB_STATE_SUCCEEDED: "green", S.JOB_STATE_QUEUED: "blue"}
+           S.JOB_STATE_SUCCEEDED: "green", S.JOB_STATE_QUEUED: "blue", S.JOB_STATE_MORPHING: "yellow"}
 CLASS_EVENTS = ("QUEUED", "ADMITTED", "RESUMED")  # shared-fleet events whose message leaves out the priority class
-EVENT_COLOURS = {"PREEMPTING": "yellow", "PREEMPTED": "yellow", "ADMITTED": "green", "RESUMED": "green"}
+EVENT_COLOURS = {"PREEMPTING": "yellow", "PREEMPTED": "yellow", "ADMITTED": "green", "RESUMED": "green",
+                 "MORPHING": "yellow", "STRAGGLER": "yellow", "MORPHED": "green"}
 QUEUE_POLL_S = 2.0  # how often the "queued" line asks the planner for the job's place in the queue
 
 
