@@ -180,6 +180,7 @@ class Recovery:
         faster without its device by more than a morph costs over the iterations left, its host is marked
         degraded (the evidence in host_degradations) and the job morphs without it."""
         found = r.watch.straggler()
+        r.stutter_seen = r.stutter_seen + 1 if found is not None else 0
         if found is None:
             return
         replicas = max(1, r.world // max(1, len(r.plan.stages)))
@@ -199,7 +200,8 @@ class Recovery:
         evidence = {"job_id": r.job.id, "rank": rank, "host_id": host, **found.evidence(),
                     "iteration_s": round(now, 6), "predicted_without_s": round(without or 0.0, 6),
                     "gain_s": round(gain, 3), "morph_cost_s": round(cost, 3), "left_out": leave}
-        if leave or not r.stutter_reported:  # once while kept (the verdict is taken again every window)
+        # Leaving it out is always said; keeping it once it persisted two windows (one may be noise on a busy host)
+        if leave or (not r.stutter_reported and r.stutter_seen >= 2):
             r.stutter_reported = True
             self._store.append_job_event(store_pb2.AppendJobEventRequest(event=job_pb2.JobEvent(
                 job_id=r.job.id, type="STRAGGLER", message=f"{detail}; {verdict}; "

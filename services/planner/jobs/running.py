@@ -55,6 +55,7 @@ class Running:
     target: int = 0  # the devices it was first planned for (or --max-devices): what it grows back to
     watch: stutter.StutterWatch = field(default_factory=stutter.StutterWatch)  # fail-stutter: compute per replica
     stutter_next: int = 0  # the iteration count at which the straggler test runs next
+    stutter_seen: int = 0  # consecutive windows that found a straggler
     stutter_reported: bool = False  # a STRAGGLER event was written (once, unless the verdict is to leave it out)
     resume_iteration: int = 0
 
