@@ -42,8 +42,9 @@ def build_server(settings: Settings, address: str | None = None, send: durable.S
     as_caller, as_platform = remote_stores(settings)
     apply_policy_file(as_platform, settings.fleet_policy)  # --policy / BALLAST_FLEET_POLICY; a bad file stops here
     send = send or sender(make_app(settings), settings.queue)
-    def replan(job, devices: int) -> None:  # one request per plan version, so a later re-plan is not deduped
-        durable.submit(as_platform, PREPARE, {"job_id": job.id, "devices": devices, "after": job.plan_version}, send)
+    def replan(job, devices: int, engine: int = 0) -> None:  # one request per plan version: never deduped
+        durable.submit(as_platform, PREPARE, {"job_id": job.id, "devices": devices, "after": job.plan_version,
+                                              "engine": engine}, send)
 
     scheduler = Scheduler(as_platform, lambda host_id, message: registry.send(host_id, message),
                           lambda: registry.connected(), settings.data_dir / "checkpoints", replan=replan,

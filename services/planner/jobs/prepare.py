@@ -10,7 +10,8 @@ state change is a compare-and-set on the state the worker last saw, so a cancel 
 steps wins and the worker finishes it (CANCELLING -> CANCELLED) instead of carrying on.
 
 A payload with "devices" re-plans a QUEUED job (moved to PLANNING by the scheduler) for that many devices:
-the ones free now, within the range the job allows (--min-devices/--max-devices); its new plan is the job's
+the ones free now, within the range the job allows (--min-devices/--max-devices, or any count up to its plan's
+while it morphs after a loss; then "engine" is Varuna's, unless the job chose one); its new plan is the job's
 next plan version, the one it was submitted with stays stored beside it.
 
 Profiles: a fleet of this host's device kind (the local CPU executors) is measured by the profiler;
@@ -113,12 +114,13 @@ def profile_request(job: job_pb2.Job, fleet: fleet_pb2.Fleet) -> services_pb2.Pr
     return request
 
 
-def plan_inputs(job: job_pb2.Job, dims: tuple[str, ...], devices: int = 0):
-    """The search's inputs; a pipeline depth the job asked for is dropped when a re-plan has fewer devices."""
+def plan_inputs(job: job_pb2.Job, dims: tuple[str, ...], devices: int = 0, engine: int = 0):
+    """The search's inputs; a pipeline depth the job asked for is dropped when a re-plan has fewer devices,
+    and `engine` (a morph's re-plan: Varuna's P x D at the same global batch) stands in for an unset one."""
     spec = job.spec
     stages = spec.pipeline_stages if not devices or spec.pipeline_stages <= devices else 0
     return PlanInputs(global_batch_size=spec.global_batch_size, memory_budget_bytes=spec.memory_budget_bytes,
-                      engine=spec.engine, schedule=spec.schedule, runnable_dims=dims,
+                      engine=spec.engine or engine, schedule=spec.schedule, runnable_dims=dims,
                       pipeline_stages=stages,
                       overlap_grad_sync=False)  # the executors allreduce after the last backward
 
@@ -227,7 +229,8 @@ def prepare_job(payload: dict[str, Any], task: durable.Task) -> dict[str, Any]:
                      f"searching a plan for {fleet.nodes * fleet.devices_per_node} {fleet.device.kind} device(s)",
                      event_type="PROFILED", attributes={"profile_id": profile.id, "profile": how})
         plan = make_plan(profile, fleet, plan_inputs(job.job, executor_dims(task.store),
-                                                     int(payload.get("devices") or 0)))
+                                                     int(payload.get("devices") or 0),
+                                                     int(payload.get("engine") or 0)))
         plan.job_id, plan.version = job.job.id, 0  # 0: the store gives the job's next version (a re-plan's 2, 3..)
         if task.lease_lost.is_set():
             raise durable.LeaseLost()

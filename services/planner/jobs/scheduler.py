@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from ballast.v1 import executor_pb2, fleet_pb2, job_pb2, store_pb2
+from ballast.v1 import executor_pb2, fleet_pb2, job_pb2, plan_pb2, store_pb2
 from services.planner import admission as adm
 from services.planner.jobs import morph, stutter
 from services.planner.jobs.admit import HOLDING, Reader, Snapshot, epoch_s
@@ -54,7 +54,7 @@ class Scheduler(Recovery):
     def __init__(self, store: Store, send: Send, connected: Callable[[], list[str]],
                  checkpoint_root: Path, *, interval_s: float = 0.5,
                  process_group_timeout_s: int = 60, online: OnlineOptions | None = None,
-                 replan: Callable[[job_pb2.Job, int], None] | None = None,
+                 replan: Callable[[job_pb2.Job, int, int], None] | None = None,
                  host_lost_s: float = HOST_LOST_S, max_morphs_per_hour: int = MAX_MORPHS_PER_HOUR,
                  checkpoint_max_interval_s: float = 1800.0):
         self._store, self._send, self._connected = store, send, connected
@@ -177,7 +177,8 @@ class Scheduler(Recovery):
                                  {"devices": str(devices), "planned_devices": str(planned)})
         if moved is not None:
             try:
-                self._replan(moved, devices)
+                morphing = self.admission.pending_loss(job.id) is not None  # Varuna re-plans a morph (§4)
+                self._replan(moved, devices, plan_pb2.PLAN_ENGINE_VARUNA if morphing else 0)
             except Exception as exc:  # noqa: BLE001 - the job must not sit in PLANNING with nothing to plan it
                 self._transition(moved, S.JOB_STATE_FAILED, f"could not queue the re-plan: {exc}", "FAILED",
                                  {"step": "replanning"})
