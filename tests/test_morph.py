@@ -16,7 +16,7 @@ import pytest
 
 from ballast.v1 import fleet_pb2, job_pb2, model_pb2, services_pb2, store_pb2
 from services.executor.train.reference import train_single
-from tests.harness import executor_plane, job_story, kill_group, restart_agent, wait_for
+from tests.harness import executor_plane, job_story, kill_group, restart_agent, wait_for, worker_pids
 
 pytestmark = pytest.mark.slow
 
@@ -75,11 +75,10 @@ def trained(plane, job_id: str, iterations: int) -> None:
              story=lambda: job_story(plane.client(), job_id, plane.settings.data_dir))
 
 
-def workers_of(job_id: str, rank: int | None = None) -> list[int]:
-    """Pids of the job's worker processes (their config file names the job and the rank)."""
-    pattern = f"{job_id}/rank-{rank}.json" if rank is not None else f"{job_id}/rank-"
-    found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
-    return [int(p) for p in found]
+def rank_pids(job_id: str, rank: int) -> list[int]:
+    """Pids of one rank's worker process (its config file names the job and the rank)."""
+    found = subprocess.run(["pgrep", "-f", f"{job_id}/rank-{rank}.json"], capture_output=True, text=True).stdout
+    return [int(p) for p in found.split()]
 
 
 def assert_one_lineage(plane, job_id: str, iterations: int) -> None:
@@ -94,7 +93,7 @@ def assert_one_lineage(plane, job_id: str, iterations: int) -> None:
 def test_a_killed_worker_morphs_the_job_and_it_resumes_from_its_checkpoint(plane):
     job_id = submit(plane, spec("kill-a-worker", iterations=40))
     trained(plane, job_id, 2 * EVERY + 1)
-    [pid] = workers_of(job_id, rank=1)
+    [pid] = rank_pids(job_id, 1)
     os.kill(pid, signal.SIGKILL)
     done = wait_ended(plane, job_id)
     assert done.state == S.JOB_STATE_SUCCEEDED, done.message
@@ -114,7 +113,7 @@ def test_a_killed_worker_morphs_the_job_and_it_resumes_from_its_checkpoint(plane
     reasons = {x.end_reason for x in plane.client().fleet.ListLeases(
         store_pb2.ListLeasesRequest(job_id=job_id)).leases}
     assert reasons == {fleet_pb2.LEASE_END_REASON_MORPHED, fleet_pb2.LEASE_END_REASON_FINISHED}
-    assert workers_of(job_id) == []
+    assert worker_pids(job_id) == []
 
 
 def test_a_model_that_raises_fails_at_once_with_its_traceback(plane):
@@ -125,7 +124,7 @@ def test_a_model_that_raises_fails_at_once_with_its_traceback(plane):
     assert "Traceback" in done.message and "before_forward" in done.message
     types = [e.type for e in events(plane, job_id)]
     assert "MORPHING" not in types and types.count("ASSIGNED") == 1  # never retried
-    assert workers_of(job_id) == []
+    assert worker_pids(job_id) == []
 
 
 def test_a_lost_host_morphs_the_job_onto_the_device_left_to_the_same_losses(plane):
@@ -147,7 +146,7 @@ def test_a_lost_host_morphs_the_job_onto_the_device_left_to_the_same_losses(plan
     leases = plane.client().fleet.ListLeases(store_pb2.ListLeasesRequest(job_id=job_id)).leases
     assert {x.end_reason for x in leases if x.device.host_id == victim_id} == {fleet_pb2.LEASE_END_REASON_HOST_LOST}
     assert_one_lineage(plane, job_id, 40)
-    assert workers_of(job_id) == []
+    assert worker_pids(job_id) == []
 
     # After the morph, on one device at the same global batch: the losses of an uninterrupted run from there.
     resumed = row.checkpoint_iteration

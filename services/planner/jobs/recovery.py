@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import statistics
 import time
 
 from google.protobuf import timestamp_pb2
@@ -104,19 +105,14 @@ class Recovery:
                                stop=executor_pb2.StopInstruction(reason=running.stopping))
         self._settle(running)
 
-    def _target(self, job: job_pb2.Job, devices: int) -> int:
-        """The devices a job grows back to: --max-devices, else its first plan's count (before any morph)."""
-        if job.spec.max_devices:
-            return job.spec.max_devices
-        plans = self._store.list_plans(store_pb2.ListPlansRequest(job_id=job.id)).plans
-        first = min(plans, key=lambda p: p.version, default=None)
-        if first is None:
-            return devices
-        try:
-            stages, replicas = pipeline_shape(first)
-        except FailedPrecondition:
-            return devices
-        return max(devices, stages * replicas)
+    def _target(self, job: job_pb2.Job, devices: int) -> tuple[int, float]:
+        """What a job grows back to, read once as it starts: --max-devices, else its first plan's device count
+        (before any morph); and the predicted iteration time of its first plan for that count (0: none)."""
+        plans = sorted(self._store.list_plans(store_pb2.ListPlansRequest(job_id=job.id)).plans,
+                       key=lambda p: p.version)
+        target = job.spec.max_devices or max([devices] + [devices_of(p) for p in plans[:1]])
+        planned = next((p for p in plans if devices_of(p) == target), None)
+        return target, planned.prediction.iteration_time_s if planned else 0.0
 
     def _grow(self, snap: Snapshot) -> None:
         """Nothing waits and devices are free: a job below its target grows onto them at its next iteration
@@ -142,16 +138,14 @@ class Recovery:
 
     def _growth_gain(self, r: Running) -> tuple[float, float]:
         """(seconds the rest of the run saves on the target layout, seconds a morph costs): the target's
-        predicted iteration time corrected by how far the current plan's prediction is from its measurement."""
-        now = sorted(r.recent)[len(r.recent) // 2]
-        plans = self._store.list_plans(store_pb2.ListPlansRequest(job_id=r.job.id)).plans
-        target = next((p for p in sorted(plans, key=lambda p: p.version)
-                       if devices_of(p) == r.target), None)
+        predicted iteration time corrected by how far the current plan's prediction is from its measurement.
+        The cost is only looked up when there is a gain (this runs every tick while devices are free)."""
+        now = statistics.median(r.recent)
         predicted_now = r.plan.prediction.iteration_time_s
-        if target is None or predicted_now <= 0:
+        if r.target_iteration_s <= 0 or predicted_now <= 0:
             return 0.0, DEFAULT_MORPH_COST_S
-        then = target.prediction.iteration_time_s * now / predicted_now
-        return (now - then) * (r.job.spec.iterations - r.iteration), self._morph_cost(r.job.id)
+        gain = (now - r.target_iteration_s * now / predicted_now) * (r.job.spec.iterations - r.iteration)
+        return gain, self._morph_cost(r.job.id) if gain > 0 else DEFAULT_MORPH_COST_S
 
     def _drain_morph(self, r: Running, cause: str, detail: str) -> None:
         """MORPHING with every worker alive (grow, or leaving a straggler out): they drain to a checkpoint at an
@@ -186,7 +180,7 @@ class Recovery:
         replicas = max(1, r.world // max(1, len(r.plan.stages)))
         rank = found.stage * replicas + found.replica
         host = next((h for h, ranks in r.ranks.items() if rank in ranks), "")
-        now = sorted(r.recent)[len(r.recent) // 2] if r.recent else 0.0
+        now = statistics.median(r.recent) if r.recent else 0.0
         without = stutter.faster_without(now, found, r.world)
         left = r.job.spec.iterations - r.iteration
         gain = (now - without) * left if without is not None else 0.0

@@ -53,6 +53,7 @@ class Running:
     stored: set[int] = field(default_factory=set)  # iterations whose complete checkpoint is stored
     recent: deque[float] = field(default_factory=lambda: deque(maxlen=GROW_WINDOW))  # last iteration times
     target: int = 0  # the devices it was first planned for (or --max-devices): what it grows back to
+    target_iteration_s: float = 0.0  # the predicted iteration time of its first plan for `target` devices
     watch: stutter.StutterWatch = field(default_factory=stutter.StutterWatch)  # fail-stutter: compute per replica
     stutter_next: int = 0  # the iteration count at which the straggler test runs next
     stutter_seen: int = 0  # consecutive windows that found a straggler
