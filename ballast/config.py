@@ -39,6 +39,9 @@ class Settings:
     worker_heartbeat_s: float = 5.0
     host_lost_s: float = 5.0  # an executor agent away this long has lost its host: its jobs morph without it
     max_morphs_per_hour: int = 10  # per job, for lost workers and hosts; the model's own errors are never retried
+    # a degraded (straggler) host still online rejoins on trial after this long, doubled each time it is caught
+    # again (at most a day); 0: only `ballast fleet clear` gives it back
+    degraded_parole_s: float = 600.0
     checkpoint_max_interval_s: float = 1800.0  # a job left to Ballast's cadence checkpoints at least this often
     log_level: str = "INFO"
     allowed_model_factories: tuple[str, ...] = ()

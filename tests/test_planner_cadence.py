@@ -29,3 +29,12 @@ def test_mtbf_and_cost_estimates():
     assert cadence.job_mtbf_s(2, 10.0, 1) == pytest.approx(5 * 3600.0)
     assert cadence.checkpoint_cost_s(200_000_000) == pytest.approx(3.0)
     assert cadence.checkpoint_cost_s(200_000_000, measured_s=0.4) == 0.4
+
+
+def test_a_background_write_longer_than_youngs_interval_sets_the_interval():
+    """One write in flight at a time: a checkpoint due while the previous one still writes would stall."""
+    quick = cadence.young(checkpoint_s=0.01, mtbf_s=100.0, iteration_s=0.5)  # sqrt(2) s -> 2 iterations
+    assert quick.every == 2
+    slow = cadence.young(checkpoint_s=0.01, mtbf_s=100.0, iteration_s=0.5, write_s=3.2)
+    assert slow.every == 7 and "no shorter than the 3.2 s background write" in slow.why
+    assert "background write" not in cadence.young(0.01, 100.0, 0.5, write_s=0.4).why

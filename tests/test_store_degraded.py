@@ -192,3 +192,41 @@ def test_migration_0008_adds_and_drops_degraded_hosts(empty_database_url):
         schema.check_schema(engine)
     finally:
         engine.dispose()
+
+
+def test_a_degraded_host_still_online_rejoins_on_trial_after_its_parole(store: Store, tmp_path):
+    """The planner clears the mark once the parole is served (doubling for each earlier catch); the evidence
+    stays in host_degradations and the reason says it was a parole, not a repair."""
+    from services.planner.jobs.running import PAROLE_CHECK_S
+    from services.planner.jobs.scheduler import Scheduler
+
+    online = register(store, "vm-p")
+    admin = store.as_(store.admin)
+    admin.update_host_state(store_pb2.UpdateHostStateRequest(id=online.id, state=fleet_pb2.HOST_STATE_ONLINE))
+    mark(store, online.id)
+    scheduler = Scheduler(admin, lambda host, message: None, lambda: [online.id], tmp_path, degraded_parole_s=60.0)
+    at = get(store, online.id).degraded_at.ToSeconds()
+    scheduler._parole(now=at + 59.0)
+    assert get(store, online.id).degraded_reason == SLOW  # 59 s of a 60 s parole: still out
+    scheduler._parole(now=at + 60.0)  # read again only PAROLE_CHECK_S later
+    assert get(store, online.id).degraded_reason == SLOW
+    scheduler._parole(now=at + 59.0 + PAROLE_CHECK_S)
+    back = get(store, online.id)
+    assert not back.degraded_reason
+    assert rows(store, online.id)[-1]["cleared_reason"].startswith("parole: degraded")
+
+    scheduler._caught[online.id] = 2  # caught a second time: the parole doubles
+    mark(store, online.id)
+    at = get(store, online.id).degraded_at.ToSeconds()
+    scheduler._parole(now=at + 100.0 + PAROLE_CHECK_S)
+    assert get(store, online.id).degraded_reason == SLOW  # 100 s of 120 s
+    scheduler._parole(now=at + 121.0 + 2 * PAROLE_CHECK_S)
+    assert not get(store, online.id).degraded_reason and "caught 2 time(s)" in rows(store, online.id)[-1][
+        "cleared_reason"]
+
+
+def test_parole_doubles_per_catch_up_to_a_day():
+    from services.planner.jobs.running import MAX_PAROLE_S, parole_s
+
+    assert [parole_s(600.0, n) for n in (1, 2, 3)] == [600.0, 1200.0, 2400.0]
+    assert parole_s(600.0, 30) == MAX_PAROLE_S

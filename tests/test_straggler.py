@@ -47,6 +47,9 @@ def test_a_straggler_is_left_out_and_its_host_marked_degraded(plane):
     found = next((e for e in log if e.type == "STRAGGLER" and e.attributes["left_out"] == "True"), None)
     assert found is not None, [e.message for e in log if e.type == "STRAGGLER"]
     assert float(found.attributes["ratio"]) > 1.5, found.message
+    # the verdict came from the simulator's re-plan on the two devices left, and it predicts a gain
+    assert "the simulator predicts" in found.message and "on the 2 device(s) left" in found.message, found.message
+    assert 0 < float(found.attributes["predicted_without_s"]) < float(found.attributes["iteration_s"])
 
     hosts = {h.id: h for h in client.store.ListHosts(store_pb2.ListHostsRequest()).hosts}
     slow_host = found.attributes["host_id"]

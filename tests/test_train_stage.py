@@ -31,7 +31,7 @@ EVENT_KEYS = {
                   "peak_memory_bytes", "bytes_sent", "bytes_received", "allreduce_bytes", "replica_allreduces",
                   "tied_allreduces", "loss", "has_loss", "samples_per_s", "layers", "swapped_bytes", "active_layers"},
     "checkpoint": {"event", "job_id", "rank", "stage", "replica", "iteration", "plan_version", "dir", "manifest",
-                   "layers", "checkpoint_s"},
+                   "layers", "checkpoint_s", "write_s", "background"},
     "done": {"event", "job_id", "rank", "stage", "replica", "iteration", "parameters", "param_sha256", "param_sum",
              "tied_sha256"},
 }

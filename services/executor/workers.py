@@ -300,6 +300,7 @@ class Workers:
                       for x in event.get("every_layer" if complete else "layers", [])]
             self._emit(executor_pb2.AgentMessage(checkpoint_written=executor_pb2.CheckpointWritten(
                 rank=w.assignment.rank, checkpoint_s=float(event.get("checkpoint_s", 0.0)),
+                write_s=float(event.get("write_s", 0.0)), background=event.get("background") is True,
                 checkpoint=job_pb2.Checkpoint(
                     job_id=w.job_id, iteration=int(event.get("iteration", 0)),
                     plan_version=int(event.get("plan_version", 0)), layers=layers, complete=complete))))

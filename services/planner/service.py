@@ -49,7 +49,8 @@ def build_server(settings: Settings, address: str | None = None, send: durable.S
     scheduler = Scheduler(as_platform, lambda host_id, message: registry.send(host_id, message),
                           lambda: registry.connected(), settings.data_dir / "checkpoints", replan=replan,
                           host_lost_s=settings.host_lost_s, max_morphs_per_hour=settings.max_morphs_per_hour,
-                          checkpoint_max_interval_s=settings.checkpoint_max_interval_s)
+                          checkpoint_max_interval_s=settings.checkpoint_max_interval_s,
+                          degraded_parole_s=settings.degraded_parole_s)
     registry = AgentRegistry(as_platform, listener=scheduler.on_message)
     sweeper = durable.Sweeper(as_platform, send, settings.sweep_interval_s, settings.requeue_unclaimed_s)
 

@@ -10,6 +10,11 @@ and `manifest.json`, written last (after every layer is on disk) with "complete"
 its manifest is never resumed from. Every write goes to a temporary name in the same directory, is fsynced,
 then renamed over the final name. The directory must be shared by the ranks (one host, or a network FS).
 No RNG state is saved: samples and dropout seeds derive from (seed, iteration, micro-batch).
+
+Written in the background (Varuna §4.5 overlaps them with compute): `snapshot` copies a rank's layers to host
+memory at the boundary, `write_snapshot` writes them while the next iterations run, and rank 0 writes the
+manifest once every layer's sidecar is on disk (`await_layers`: the shared directory is the barrier, so the
+writer threads never enter a collective beside the training loop's).
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import hashlib
 import io
 import json
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -30,6 +37,8 @@ from services.zoo.graph import Layer
 MANIFEST = "manifest.json"
 FORMAT = 1
 Aliases = dict[tuple[int, str], tuple[int, str]]
+Snapshot = dict[int, tuple[str, dict[str, Tensor]]]  # layer index -> (layer name, its flat tensors)
+POLL_S = 0.02
 
 
 def local_path(location: str | Path) -> Path:
@@ -61,40 +70,76 @@ def atomic_write(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
-def layer_tensors(layer: Layer, aliases: Aliases, optimizer: torch.optim.Optimizer) -> dict[str, Tensor]:
+def layer_tensors(layer: Layer, aliases: Aliases, optimizer: torch.optim.Optimizer,
+                  copy: bool = False) -> dict[str, Tensor]:
+    """`copy`: host copies that the next optimizer steps cannot change (on the CPU `.cpu()` is the same storage)."""
     out: dict[str, Tensor] = {}
     for name, p in layer.module.named_parameters():
         if (layer.index, name) in aliases:
             continue  # saved by the owning (lowest) layer
-        out[f"param/{name}"] = p.detach().cpu()
+        out[f"param/{name}"] = p.detach().to("cpu", copy=copy)
         for key, value in optimizer.state.get(p, {}).items():
             if isinstance(value, Tensor):
-                out[f"state/{key}/{name}"] = value.detach().cpu()
+                out[f"state/{key}/{name}"] = value.detach().to("cpu", copy=copy)
     return out
 
 
-def write_layers(
-    directory: Path, layers: list[Layer], aliases: Aliases, optimizer: torch.optim.Optimizer
-) -> list[dict[str, Any]]:
+def snapshot(layers: list[Layer], aliases: Aliases, optimizer: torch.optim.Optimizer) -> Snapshot:
+    """Copies of these layers' parameters and optimizer state, to write while training goes on."""
+    return {layer.index: (layer.name, layer_tensors(layer, aliases, optimizer, copy=True)) for layer in layers}
+
+
+def write_snapshot(directory: Path, layers: Snapshot) -> list[dict[str, Any]]:
     """Write one file (plus a sidecar naming its hash) per layer; returns the entries for the report."""
     directory.mkdir(parents=True, exist_ok=True)
     entries = []
-    for layer in layers:
+    for index, (name, tensors) in layers.items():
         buffer = io.BytesIO()
-        torch.save(layer_tensors(layer, aliases, optimizer), buffer)
+        torch.save(tensors, buffer)
         data = buffer.getvalue()
-        path = directory / layer_file(layer.index)
+        path = directory / layer_file(index)
         atomic_write(path, data)
-        entry = {"layer_index": layer.index, "name": layer.name, "file": path.name, "uri": path.resolve().as_uri(),
+        entry = {"layer_index": index, "name": name, "file": path.name, "uri": path.resolve().as_uri(),
                  "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
         atomic_write(path.with_suffix(".json"), json.dumps(entry).encode())
         entries.append(entry)
     return entries
 
 
+def write_layers(
+    directory: Path, layers: list[Layer], aliases: Aliases, optimizer: torch.optim.Optimizer
+) -> list[dict[str, Any]]:
+    """Write these layers now (no copy: nothing steps the optimizer meanwhile)."""
+    return write_snapshot(directory, {x.index: (x.name, layer_tensors(x, aliases, optimizer)) for x in layers})
+
+
 def remove_manifest(directory: Path) -> None:
     """Before rewriting a directory: a stale manifest must never vouch for half-replaced layer files."""
     (directory / MANIFEST).unlink(missing_ok=True)
+
+
+def clear_stale(directory: Path) -> None:
+    """The manifest and every sidecar of an earlier write here, so `await_layers` counts only this write's."""
+    remove_manifest(directory)
+    for sidecar in directory.glob("layer-*.json"):
+        sidecar.unlink(missing_ok=True)
+
+
+def await_layers(directory: Path, num_layers: int, cancelled: Callable[[], bool], timeout_s: float) -> bool:
+    """Wait until every layer's sidecar is on disk (written by whichever rank owns it); False when cancelled.
+
+    Raises TimeoutError after `timeout_s` (a peer that never wrote its layers: lost, so infrastructure)."""
+    deadline = time.monotonic() + timeout_s
+    names = [directory / layer_file(i).replace(".pt", ".json") for i in range(num_layers)]
+    while not all(n.exists() for n in names):
+        if cancelled():
+            return False
+        if time.monotonic() > deadline:
+            missing = [i for i, n in enumerate(names) if not n.exists()]
+            raise TimeoutError(f"checkpoint {directory}: layers {missing[:8]} were not written within {timeout_s:g} s "
+                               "(a peer stopped writing); the checkpoint stays incomplete")
+        time.sleep(POLL_S)
+    return True
 
 
 def write_manifest(directory: Path, num_layers: int, meta: dict[str, Any]) -> Path:

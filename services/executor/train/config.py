@@ -58,6 +58,9 @@ class WorkerConfig:
     data: dict[str, Any] = field(default_factory=lambda: {"kind": "synthetic"})
     checkpoint_dir: str = ""
     checkpoint_every: int = 0  # 0 = never
+    # Write cadence checkpoints in the background (the boundary only copies tensors to host memory); drains and
+    # the last iteration's wait are synchronous either way. False: the whole write at the boundary.
+    checkpoint_background: bool = True
     resume_from: str = ""  # "" or a checkpoint directory holding manifest.json
     backend: str = "gloo"
     device: str = "cpu"  # "cpu" with gloo; "cuda:N" with nccl (or gloo)

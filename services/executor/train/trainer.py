@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from services.executor.train import checkpoint as ckpt
+from services.executor.train.background import BackgroundWriter
 from services.executor.train.comms import Comms, Pending
 from services.executor.train.config import WorkerConfig
 from services.executor.train.data import batch_for, dropout_seed, sample_range
@@ -40,6 +41,7 @@ from services.executor.train.schedule import tasks
 from services.executor.train.stage import Stage
 
 LOOKAHEAD = 2  # receives are posted this many tasks ahead of the task that consumes them
+ABANDON_S = 30.0  # on a stop, how long this rank's own checkpoint files may take to finish
 Report = Callable[[dict[str, Any]], None]
 
 
@@ -79,6 +81,7 @@ class Trainer:
         self.plan: Plan = inbox.initial
         self.agreement = Agreement(comms.mesh.control)
         self.faults = Faults.from_env(str(config.model.get("name", "")), config.rank)
+        self.writer = BackgroundWriter()
 
     @property
     def plan_version(self) -> int:
@@ -212,36 +215,56 @@ class Trainer:
             "active_layers": self.stage.active_layers,
         }
 
-    def save(self, done: int) -> dict[str, Any]:
-        """Per-layer checkpoint: layers round-robin over the stage's replicas, manifest by rank 0 last."""
+    def save(self, done: int, head: dict[str, Any], report: Report, background: bool) -> None:
+        """Per-layer checkpoint: layers round-robin over the stage's replicas, manifest by rank 0 last. Only the
+        host copy stalls the boundary; with `background` the files are written while training goes on."""
         c, stage = self.config, self.stage
+        self.writer.wait()  # one write in flight at most; its failure surfaces here, between iterations
         start = time.perf_counter()
         directory = ckpt.checkpoint_path(c.checkpoint_dir, done)
         if c.rank == 0:
             directory.mkdir(parents=True, exist_ok=True)
-            ckpt.remove_manifest(directory)
-        dist.barrier()
+            ckpt.clear_stale(directory)
+        dist.barrier()  # no rank writes a sidecar before rank 0 cleared the stale ones
         mine = [layer for layer in stage.layers if (layer.index - stage.begin) % c.num_replicas == c.replica_index]
-        entries = ckpt.write_layers(directory, mine, stage.aliases, self.optimizer)
-        dist.barrier()
-        manifest, every_layer = "", []
-        if c.rank == 0:
-            meta = {"iterations_done": done, "next_iteration": done, "seed": c.seed, "plan_version": self.plan_version,
-                    "job_id": c.job_id, "model": c.model, "optimizer": c.optimizer["name"], "data": c.data,
-                    "global_batch": c.global_batch}
-            path = ckpt.write_manifest(directory, stage.num_layers, meta)
-            manifest = path.resolve().as_uri()
-            every_layer = list(json.loads(path.read_text())["layers"].values())
-        dist.barrier()  # every rank's event means the checkpoint is complete
-        keys = ("layer_index", "uri", "bytes", "sha256")
-        report = {"event": "checkpoint", "iteration": done, "plan_version": self.plan_version, "dir": str(directory),
-                  "manifest": manifest, "layers": [{k: e[k] for k in keys} for e in entries],
-                  "checkpoint_s": time.perf_counter() - start}
-        if every_layer:  # rank 0 vouches for the whole checkpoint: a lost peer's report is not needed
-            report["every_layer"] = [{k: e[k] for k in keys} for e in every_layer]
-        return report
+        snapshot = ckpt.snapshot(mine, stage.aliases, self.optimizer)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        meta = {"iterations_done": done, "next_iteration": done, "seed": c.seed, "plan_version": self.plan_version,
+                "job_id": c.job_id, "model": c.model, "optimizer": c.optimizer["name"], "data": c.data,
+                "global_batch": c.global_batch}
+        event = {"event": "checkpoint", **head, "iteration": done, "plan_version": self.plan_version,
+                 "dir": str(directory), "manifest": "", "checkpoint_s": time.perf_counter() - start,
+                 "background": background}
+
+        def write() -> None:
+            began = time.perf_counter()
+            entries = ckpt.write_snapshot(directory, snapshot)
+            keys = ("layer_index", "uri", "bytes", "sha256")
+            event["layers"] = [{k: e[k] for k in keys} for e in entries]
+            if c.rank == 0:  # rank 0 vouches for the whole checkpoint: a lost peer's report is not needed
+                if not ckpt.await_layers(directory, stage.num_layers, self.writer.cancelled, c.timeout_s):
+                    return
+                path = ckpt.write_manifest(directory, stage.num_layers, meta)
+                event["manifest"] = path.resolve().as_uri()
+                every = json.loads(path.read_text())["layers"].values()
+                event["every_layer"] = [{k: e[k] for k in keys} for e in every]
+            event["write_s"] = time.perf_counter() - began
+            if not background:  # the boundary waited for the write too
+                event["checkpoint_s"] = time.perf_counter() - start
+            report(event)
+
+        self.writer.start(write)
+        if not background:
+            self.writer.wait()
 
     def train(self, start: int, head: dict[str, Any], report: Report) -> None:
+        try:
+            self._train(start, head, report)
+        finally:  # a stop or error: a peer may be gone, so rank 0 stops waiting for its layers
+            self.writer.abandon(ABANDON_S)
+
+    def _train(self, start: int, head: dict[str, Any], report: Report) -> None:
         config, layers = self.config, self.stage.layer_indices
         parameters = sum(p.numel() for p in self.parameters)
         report({"event": "started", **head, "world_size": config.world_size, "num_stages": config.num_stages,
@@ -271,11 +294,12 @@ class Trainer:
                 self.boundary(version, done, head, report)
             saved = bool(config.checkpoint_every) and done % config.checkpoint_every == 0
             if saved:
-                report({**self.save(done), **head})
+                self.save(done, head, report, background=config.checkpoint_background and not drain)
             if drain:
                 self.drain(done, saved, head, report)
             if self.should_stop():
                 raise Stopped(iteration + 1, between_iterations=True)
+        self.writer.wait()  # the last checkpoint is on disk (and vouched for) before "done"
         report({"event": "done", **head, "iteration": config.iterations,
                 "parameters": sum(p.numel() for p in self.parameters), **self.fingerprint()})
 
@@ -285,7 +309,7 @@ class Trainer:
             if not self.config.checkpoint_dir:  # every rank raises alike, before any collective
                 raise RuntimeError("a drain needs WorkerConfig.checkpoint_dir to write its checkpoint to; it is "
                                    "empty (stop without checkpoint instead, or set checkpoint_dir)")
-            report({**self.save(done), **head})
+            self.save(done, head, report, background=False)
         raise Stopped(done, between_iterations=True, drained=True)
 
     def boundary(self, agreed: int, done: int, head: dict[str, Any], report: Report) -> None:

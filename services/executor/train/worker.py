@@ -24,8 +24,9 @@ goes to stdout, one JSON object per line; every event carries "event", "job_id",
 - "plan_applied" (every rank, after its migrations): plan_version, iteration, stage_bounds, layers (held
   now), checkpoint_layers, swap_layers, apply_s.
 - "checkpoint": iteration, plan_version, dir, manifest (URI on rank 0, else ""), layers
-  [{layer_index, uri, bytes, sha256}] written by this rank, checkpoint_s. Every rank reports after the
-  manifest exists.
+  [{layer_index, uri, bytes, sha256}] written by this rank, checkpoint_s (the boundary's stall: the host
+  copy, plus the write when not in the background), write_s, background. Each rank reports once its files
+  are on disk; rank 0 reports last, once the manifest exists, with every_layer (the manifest's entries).
 - "done": iteration, parameters, param_sha256 / param_sum (this rank's parameters), tied_sha256.
 - "stopped" (exit 143): iteration, message, drained. SIGTERM stops at the next micro-batch task (drained
   false: ranks may stop at different iterations). SIGUSR2 drains: the ranks agree (with the plan version) on

@@ -5,6 +5,10 @@ average; the sum is smallest at tau = sqrt(2 C M) (Young, 1974), with C the time
 mean time between failures the job sees. M is the fleet's observed failure rate (lost workers and hosts per
 device-hour) over the job's devices; C is the job's last measured checkpoint, else its model and optimizer
 state over a nominal write bandwidth. The interval is bounded by configuration. Pure: numbers in, numbers out.
+
+Workers write checkpoints in the background, so C is what a checkpoint stalls training (the copy to host
+memory), and the interval is at least the background write's time: one write is in flight at a time, and a
+checkpoint due while the previous one is still writing would stall until it finished.
 """
 
 from __future__ import annotations
@@ -36,15 +40,17 @@ def job_mtbf_s(failures: int, device_hours: float, devices: int) -> float:
 
 
 def young(checkpoint_s: float, mtbf_s: float, iteration_s: float, *, min_every: int = 1,
-          max_interval_s: float = 1800.0) -> Cadence:
-    """Iterations between checkpoints from Young's interval, at least `min_every` and at most
-    `max_interval_s` of training apart."""
+          max_interval_s: float = 1800.0, write_s: float = 0.0) -> Cadence:
+    """Iterations between checkpoints from Young's interval, at least `min_every`, at least the background
+    write's `write_s`, and at most `max_interval_s` of training apart."""
     if iteration_s <= 0:
         return Cadence(0, "no predicted iteration time: no checkpoints")
     tau = math.sqrt(2.0 * max(checkpoint_s, 1e-6) * mtbf_s)
-    bounded = min(tau, max_interval_s)
-    every = max(min_every, int(bounded / iteration_s))
+    young_every = max(min_every, int(min(tau, max_interval_s) / iteration_s))
+    write_every = math.ceil(write_s / iteration_s)
+    every = max(young_every, write_every)
     why = (f"every {every} iterations ({every * iteration_s:.1f} s): Young's sqrt(2 x {checkpoint_s:.3g} s checkpoint "
            f"x {mtbf_s / 3600:.3g} h between failures) = {tau:.0f} s"
-           + (f", capped at {max_interval_s:.0f} s" if tau > max_interval_s else ""))
+           + (f", capped at {max_interval_s:.0f} s" if tau > max_interval_s else "")
+           + (f", no shorter than the {write_s:.3g} s background write" if write_every > young_every else ""))
     return Cadence(every, why)

@@ -19,13 +19,18 @@ from ballast.v1 import executor_pb2, fleet_pb2, job_pb2, plan_pb2, store_pb2
 from services.planner.jobs import cadence, morph, stutter
 from services.planner.jobs.admit import HOLDING, Snapshot
 from services.planner.jobs.assign import pipeline_shape
+from services.planner.jobs.prepare import plan_inputs, shrink
 from services.planner.jobs.running import (
     DEFAULT_MORPH_COST_S,
     GROW_WINDOW,
+    PAROLE_CHECK_S,
     RECONNECT_GRACE_S,
     Running,
     devices_of,
+    parole_s,
 )
+from services.planner.plans.fleet import executor_dims
+from services.planner.plans.make import make_plan
 from services.runtime.errors import BallastError, FailedPrecondition
 from services.runtime.store_api import every_page
 
@@ -181,16 +186,18 @@ class Recovery:
         rank = found.stage * replicas + found.replica
         host = next((h for h, ranks in r.ranks.items() if rank in ranks), "")
         now = statistics.median(r.recent) if r.recent else 0.0
-        without = stutter.faster_without(now, found, r.world)
+        devices_left = r.world - len(r.ranks.get(host, []))
+        predicted_without, why_not = self._replanned_s(r, devices_left)
+        without = stutter.faster_without(now, found, r.plan.prediction.iteration_time_s, predicted_without)
         left = r.job.spec.iterations - r.iteration
         gain = (now - without) * left if without is not None else 0.0
         cost = self._morph_cost(r.job.id)
         leave = bool(host) and without is not None and gain > cost
         detail = (f"rank {rank} (stage {found.stage}, replica {found.replica}) on host {host} computes "
                   f"{found.ratio:.2f}x its peers' median over {found.window} iterations")
-        verdict = (f"without it {without:.4f} s/iteration against {now:.4f} s measured: {gain:.1f} s saved over "
-                   f"{left} iterations, a morph costs {cost:.1f} s" if without is not None
-                   else "no device to spare")
+        verdict = (f"the simulator predicts {without:.4f} s/iteration re-planned on the {devices_left} device(s) "
+                   f"left against {now:.4f} s measured: {gain:.1f} s saved over {left} iterations, a morph costs "
+                   f"{cost:.1f} s" if without is not None else f"it cannot be left out: {why_not}")
         evidence = {"job_id": r.job.id, "rank": rank, "host_id": host, **found.evidence(),
                     "iteration_s": round(now, 6), "predicted_without_s": round(without or 0.0, 6),
                     "gain_s": round(gain, 3), "morph_cost_s": round(cost, 3), "left_out": leave}
@@ -209,7 +216,52 @@ class Recovery:
         except BallastError:
             log.exception("could not mark the host degraded", extra={"host_id": host})
             return  # without the mark admission would hand the same device back
+        self._caught[host] = self._caught.get(host, 0) + 1
         self._drain_morph(r, morph.STRAGGLER, f"{detail}; {verdict}")
+
+    def _replanned_s(self, r: Running, devices: int) -> tuple[float, str]:
+        """The simulator's iteration time for this job re-planned on `devices` as a morph would (Varuna's P x D
+        at the same global batch unless the job chose an engine); (0, why) when no plan fits. Once per count."""
+        if devices in r.replanned:
+            return r.replanned[devices]
+        if devices < 1:
+            found = (0.0, "no device would be left")
+        else:
+            try:
+                profile = self._store.get_profile(store_pb2.GetRequest(id=r.plan.profile_id))
+                plan = make_plan(profile, shrink(r.plan.fleet, devices),
+                                 plan_inputs(r.job, executor_dims(self._store), devices,
+                                             plan_pb2.PLAN_ENGINE_VARUNA))
+                found = (plan.prediction.iteration_time_s, "")
+            except BallastError as e:
+                found = (0.0, f"no plan fits {devices} device(s): {e}")
+        r.replanned[devices] = found
+        return found
+
+    def _parole(self, now: float | None = None) -> None:
+        """A degraded host that still heartbeats rejoins on trial once its parole is served: degraded_parole_s,
+        doubled for every earlier time it was caught, at most MAX_PAROLE_S. Its next job is the probe: the
+        straggler watch judges it against its peers again and marks it again (a longer parole) if it is still
+        slow. Checked every PAROLE_CHECK_S; a planner restart forgets the earlier catches (the store keeps them)."""
+        now = time.time() if now is None else now
+        if not self._parole_s or now < self._parole_at:
+            return
+        self._parole_at = now + PAROLE_CHECK_S
+        request = store_pb2.ListHostsRequest(state=fleet_pb2.HOST_STATE_ONLINE)
+        for host in [h for page in every_page(self._store.list_hosts, request) for h in page.hosts
+                     if h.degraded_reason]:
+            caught = max(self._caught.get(host.id, 1), 1)
+            served = parole_s(self._parole_s, caught)
+            since = host.degraded_at.ToSeconds() if host.HasField("degraded_at") else now
+            if now - since < served:
+                continue
+            try:
+                self._store.clear_host_degraded(store_pb2.ClearHostDegradedRequest(
+                    id=host.id, reason=f"parole: degraded {now - since:.0f} s (parole {served:.0f} s after being "
+                                       f"caught {caught} time(s)); it rejoins on trial, and a job that finds it "
+                                       f"slow again marks it for {parole_s(self._parole_s, caught + 1):.0f} s"))
+            except BallastError:
+                log.exception("could not clear a degraded host's mark", extra={"host_id": host.id})
 
     # --- checkpoint cadence ---------------------------------------------------------------------------
     def _with_cadence(self, job: job_pb2.Job, plan: plan_pb2.Plan, devices: int) -> tuple[job_pb2.JobSpec, str]:
@@ -221,9 +273,11 @@ class Recovery:
             profile = self._store.get_profile(store_pb2.GetRequest(id=plan.profile_id))
             parameter_bytes = sum(layer.parameter_bytes for layer in profile.layers)
             failures, device_hours = self._fleet_failures()
-            chosen = cadence.young(cadence.checkpoint_cost_s(parameter_bytes, self._checkpoint_s.get(job.id, 0.0)),
+            stall_s, write_s = self._checkpoint_s.get(job.id, (0.0, 0.0))
+            chosen = cadence.young(cadence.checkpoint_cost_s(parameter_bytes, stall_s),
                                    cadence.job_mtbf_s(failures, device_hours, devices),
-                                   plan.prediction.iteration_time_s, max_interval_s=self._checkpoint_max_s)
+                                   plan.prediction.iteration_time_s, max_interval_s=self._checkpoint_max_s,
+                                   write_s=write_s)
         except BallastError:
             log.exception("could not choose a checkpoint cadence", extra={"job_id": job.id})
             return job.spec, "no checkpoints (the cadence could not be chosen)"

@@ -22,6 +22,13 @@ RECONNECT_GRACE_S = 12.0  # after a planner start agents reconnect with a backof
 MAX_MORPHS_PER_HOUR = 10  # infrastructure retry budget per job; errors in the model's code are never retried
 GROW_WINDOW = 8  # iterations measured on its current layout before a job is considered for growing
 DEFAULT_MORPH_COST_S = 10.0  # what a morph is assumed to cost until the job has measured one
+PAROLE_CHECK_S = 5.0  # how often degraded hosts are read for one whose parole is served
+MAX_PAROLE_S = 24 * 3600.0
+
+
+def parole_s(base_s: float, caught: int) -> float:
+    """A degraded host's time out after being caught `caught` times (1 = the first): doubling, at most a day."""
+    return min(base_s * 2.0 ** max(caught - 1, 0), MAX_PAROLE_S)
 
 
 def is_symptom(message: str) -> bool:
@@ -59,6 +66,8 @@ class Running:
     stutter_seen: int = 0  # consecutive windows that found a straggler
     stutter_reported: bool = False  # a STRAGGLER event was written (once, unless the verdict is to leave it out)
     resume_iteration: int = 0
+    # devices -> (the simulator's iteration time for its re-plan on that many, "" or why no plan fits)
+    replanned: dict[int, tuple[float, str]] = field(default_factory=dict)
 
 
 def devices_of(plan: plan_pb2.Plan) -> int:

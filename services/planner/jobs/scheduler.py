@@ -56,14 +56,17 @@ class Scheduler(Recovery):
                  process_group_timeout_s: int = 60, online: OnlineOptions | None = None,
                  replan: Callable[[job_pb2.Job, int, int], None] | None = None,
                  host_lost_s: float = HOST_LOST_S, max_morphs_per_hour: int = MAX_MORPHS_PER_HOUR,
-                 checkpoint_max_interval_s: float = 1800.0):
+                 checkpoint_max_interval_s: float = 1800.0, degraded_parole_s: float = 0.0):
         self._store, self._send, self._connected = store, send, connected
+        self._parole_s, self._parole_at = degraded_parole_s, 0.0
+        self._caught: dict[str, int] = {}  # host id -> times marked degraded since this planner started
         self._host_lost_s, self._max_morphs = host_lost_s, max_morphs_per_hour
         self._missing: dict[str, float] = {}  # host id -> when its agent was first seen gone (monotonic)
         self._adopted = False  # whether the jobs the store says run were taken back (after a restart)
         self._recoveries: deque[float] = deque(maxlen=20)  # the fleet's last measured morph times
         self._checkpoint_max_s = checkpoint_max_interval_s
-        self._checkpoint_s: dict[str, float] = {}  # job id -> its last measured checkpoint time (rank 0's)
+        # job id -> its last checkpoint's (stall, background write) seconds, rank 0's
+        self._checkpoint_s: dict[str, tuple[float, float]] = {}
         self._failure_rate: tuple[float, int, float] = (0.0, 0, 0.0)  # (read at, failures, device-hours), 7 days
         self._started = time.monotonic()
         self._root = checkpoint_root
@@ -106,6 +109,7 @@ class Scheduler(Recovery):
 
     def tick(self) -> None:
         self._watch_hosts()
+        self._parole()
         snap = self.admit()
         if snap is not None:
             self._grow(snap)
@@ -520,8 +524,8 @@ class Scheduler(Recovery):
         running = self._tracked(ck.job_id)
         if running is None:
             return
-        if ck.complete and written.checkpoint_s > 0:  # rank 0's report: the whole checkpoint's time
-            self._checkpoint_s[ck.job_id] = written.checkpoint_s
+        if ck.complete and written.checkpoint_s > 0:  # rank 0's report: the whole checkpoint's times
+            self._checkpoint_s[ck.job_id] = (written.checkpoint_s, written.write_s if written.background else 0.0)
         with self._lock:
             if ck.iteration in running.stored:
                 return  # rank 0 vouched for it already: the other ranks' parts add nothing

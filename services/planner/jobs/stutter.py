@@ -60,14 +60,16 @@ class StutterWatch:
         return worst
 
 
-def faster_without(iteration_s: float, finding: Finding, devices: int) -> float | None:
-    """The iteration time expected without the straggler's device, or None when it cannot be left out.
+def faster_without(iteration_s: float, finding: Finding, predicted_now_s: float,
+                   predicted_without_s: float) -> float | None:
+    """The iteration time expected without the straggler's device, from the simulator's two predictions: the
+    job's current plan, and its re-plan (Varuna's P x D at the same global batch, as the morph would choose) on
+    the devices left. None when either prediction is missing (no plan fits the devices left).
 
     Everyone waits for the straggler, so the healthy iteration is the measured one less the straggler's extra
-    compute. Without its device each of the others computes devices / (devices - 1) of its share (the global
-    batch is kept), so the peers' compute grows by 1 / (devices - 1); the rest of the iteration (communication,
-    the optimizer) is taken to stay as measured."""
-    if devices < 2:
+    compute; how far the current plan's prediction is from that healthy measurement corrects the re-plan's
+    prediction the same way (the simulator's error is taken to carry over to a neighbouring layout)."""
+    if predicted_now_s <= 0 or predicted_without_s <= 0:
         return None
     healthy = max(iteration_s - (finding.own_s - finding.peers_s), 0.0)
-    return healthy + finding.peers_s / (devices - 1)
+    return predicted_without_s * healthy / predicted_now_s

@@ -13,7 +13,7 @@ from services.runtime.store_api import Store, every_page
 
 def online_hosts(store: Store) -> list[fleet_pb2.Host]:
     """Every executor host the store has ONLINE (all pages) and not marked degraded (a straggler's devices
-    are planned for and given to no job until an operator clears the mark)."""
+    are planned for and given to no job until an operator clears the mark or its parole is served)."""
     request = store_pb2.ListHostsRequest(state=fleet_pb2.HOST_STATE_ONLINE)
     return [h for page in every_page(store.list_hosts, request) for h in page.hosts if not h.degraded_reason]
 
