@@ -117,6 +117,17 @@ def test_abandon_cancels_a_rank_0_wait_for_peers_that_are_gone(tmp_path):
     assert outcome == [False] and not writer.busy
 
 
+def test_within_its_grace_rank_0_still_completes_a_checkpoint_whose_peer_wrote_its_layers(tmp_path):
+    """A peer killed after writing its part: the checkpoint in flight completes, so less is trained again."""
+    writer, outcome = BackgroundWriter(), []
+    writer.start(lambda: outcome.append(ckpt.await_layers(tmp_path, 1, writer.cancelled, timeout_s=60)))
+    late = threading.Timer(0.1, (tmp_path / "layer-00000.json").write_text, args=("{}",))
+    late.start()
+    writer.abandon(timeout_s=30, grace_s=20)
+    late.join()
+    assert outcome == [True]
+
+
 def test_snapshot_copies_are_not_changed_by_the_next_step():
     layer = torch.nn.Linear(2, 2)
     graph_layer = type("L", (), {"index": 0, "name": "fc", "module": layer})()

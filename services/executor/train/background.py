@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Callable
 
 WRITER_NICE = 19  # Linux: a thread's own nice value; the write waits for CPU the training leaves idle
@@ -19,14 +20,14 @@ class BackgroundWriter:
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self._cancel = threading.Event()
+        self._cancel_at: float | None = None  # monotonic time after which rank 0 stops waiting for peers
 
     @property
     def busy(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
     def cancelled(self) -> bool:
-        return self._cancel.is_set()
+        return self._cancel_at is not None and time.monotonic() >= self._cancel_at
 
     def start(self, write: Callable[[], None]) -> None:
         """Run `write` in the background; the previous write must have been waited for."""
@@ -53,9 +54,11 @@ class BackgroundWriter:
         if error is not None:
             raise error
 
-    def abandon(self, timeout_s: float) -> None:
-        """On a stop: rank 0 stops waiting for peers that may be gone; this rank's own files get `timeout_s`."""
-        self._cancel.set()
+    def abandon(self, timeout_s: float, grace_s: float = 0.0) -> None:
+        """On a stop or a lost peer: rank 0 waits at most `grace_s` more for its peers' layers (a peer that died
+        after writing them still completes the checkpoint in flight, so less is trained again); this rank's own
+        files get `timeout_s`."""
+        self._cancel_at = time.monotonic() + grace_s
         if self._thread is not None:
             self._thread.join(timeout_s)
         self._error = None

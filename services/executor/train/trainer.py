@@ -42,6 +42,9 @@ from services.executor.train.stage import Stage
 
 LOOKAHEAD = 2  # receives are posted this many tasks ahead of the task that consumes them
 ABANDON_S = 30.0  # on a stop, how long this rank's own checkpoint files may take to finish
+# On a stop, how long rank 0 still waits for its peers' layers of the checkpoint in flight: a peer killed after
+# writing them leaves a complete checkpoint, so a morph trains at most the checkpoint interval again.
+PEER_GRACE_S = 1.0
 Report = Callable[[dict[str, Any]], None]
 
 
@@ -262,7 +265,7 @@ class Trainer:
         try:
             self._train(start, head, report)
         finally:  # a stop or error: a peer may be gone, so rank 0 stops waiting for its layers
-            self.writer.abandon(ABANDON_S)
+            self.writer.abandon(ABANDON_S, PEER_GRACE_S)
 
     def _train(self, start: int, head: dict[str, Any], report: Report) -> None:
         config, layers = self.config, self.stage.layer_indices
