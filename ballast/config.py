@@ -42,7 +42,10 @@ class Settings:
     # a degraded (straggler) host still online rejoins on trial after this long, doubled each time it is caught
     # again (at most a day); 0: only `ballast fleet clear` gives it back
     degraded_parole_s: float = 600.0
-    checkpoint_max_interval_s: float = 1800.0  # a job left to Ballast's cadence checkpoints at least this often
+    checkpoint_max_interval_s: float = 1800.0
+    # a host class's calibration (learnt from runs) is used when planning once fitted on this many iterations;
+    # 0 plans from profiles alone
+    calibration_min_iterations: int = 20  # a job left to Ballast's cadence checkpoints at least this often
     log_level: str = "INFO"
     allowed_model_factories: tuple[str, ...] = ()
     fleet_policy: str = ""  # policy YAML the planner stores at start-up when it differs (services/specs/policy.py)

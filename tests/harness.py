@@ -184,7 +184,7 @@ def executor_plane(data_dir: Path, queue: str, agents: int = 2, agent_env: dict[
         wait_for(lambda: len(client.store.ListHosts(online).hosts) == agents, what=f"{agents} executor agents online")
         yield plane
     finally:
-        for proc in procs:
+        for proc in {id(p): p for p in procs + plane.agents}.values():  # agents restarted meanwhile too
             kill_group(proc)
         plane.stop()
 

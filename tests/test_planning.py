@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -168,3 +169,20 @@ def test_a_pipeline_deeper_than_the_fleet_is_refused(profile, fleet):
     with pytest.raises(InvalidArgument) as caught:
         make_plan(profile, fleet, PlanInputs(global_batch_size=32, pipeline_stages=9))
     assert caught.value.field == "pipeline_stages" and "at most 8" in caught.value.fix
+
+
+def test_a_calibration_for_the_fleets_device_kind_changes_the_prediction_and_is_explained(profile, fleet):
+    from services.planner.cost.calibration import Calibration
+
+    inputs = PlanInputs(global_batch_size=32)
+    plain = make_plan(profile, fleet, inputs)
+    slower = Calibration(host_class=f"{fleet.device.kind}/0c/8w", forward_scale=2.0, backward_scale=2.0,
+                         iteration_fixed_s=0.05, iterations=50)
+    calibrated = make_plan(profile, fleet, replace(inputs, calibration=slower, calibration_note="cal-1 v1"))
+    assert calibrated.prediction.iteration_time_s > 1.5 * plain.prediction.iteration_time_s
+    assert "Calibrated from earlier runs: cal-1 v1 (forward x2.00" in calibrated.explanation
+
+    elsewhere = replace(slower, host_class="cpu/2c/2w")  # never applied to another device kind
+    other = make_plan(profile, fleet, replace(inputs, calibration=elsewhere, calibration_note="cal-2 v1"))
+    assert other.prediction.iteration_time_s == pytest.approx(plain.prediction.iteration_time_s)
+    assert "Not calibrated: cal-2 v1 is for host class cpu/2c/2w" in other.explanation

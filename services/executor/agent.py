@@ -25,7 +25,7 @@ from ballast import __version__
 from ballast.client import open_channel
 from ballast.config import Settings
 from ballast.v1 import executor_pb2, executor_pb2_grpc, fleet_pb2
-from services.executor.inventory import SUPPORTED, devices
+from services.executor.inventory import SUPPORTED, devices, host_labels
 from services.executor.outbox import Outbox
 from services.executor.workers import Workers
 from services.runtime.server import Server, ServerSpec
@@ -48,7 +48,8 @@ class Agent:
 
     def host(self) -> fleet_pb2.Host:
         return fleet_pb2.Host(name=self.name, address=self.settings.advertised_host(), devices=devices(),
-                              supported_parallelism=SUPPORTED, agent_version=__version__, agent_port=self.port)
+                              supported_parallelism=SUPPORTED, agent_version=__version__, agent_port=self.port,
+                              labels=host_labels())
 
     def _outbound(self, interval: list[float], ended: threading.Event | None = None
                   ) -> Iterator[executor_pb2.AgentMessage]:

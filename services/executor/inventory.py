@@ -53,3 +53,13 @@ def devices(cpu_slots: int = 1) -> list[fleet_pb2.Device]:
 
 
 SUPPORTED = [common_pb2.PARALLEL_DIM_DP, common_pb2.PARALLEL_DIM_PP]
+
+
+def host_labels() -> dict[str, str]:
+    """What a calibration's host class needs beyond the devices: the CPU cores this agent's workers share
+    (the scheduler's affinity mask where one is set, so a container's limit counts, not the machine's)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 0
+    return {"cpu_cores": str(cores)}

@@ -17,7 +17,7 @@ from celery import Celery
 from ballast.client import open_channel
 from ballast.config import Settings, load_settings
 from ballast.v1 import queue_pb2, services_pb2_grpc, store_pb2
-from services.planner.jobs import prepare
+from services.planner.jobs import calibrate_job, prepare
 from services.planner.plans import operations
 from services.planner.queue import durable
 from services.runtime.store_client import remote_stores
@@ -32,10 +32,12 @@ PROFILE_TIMEOUT_S = 3600.0  # a job's profile is measured inside the call
 # The planner's queued work: registered here, by the app that runs it, so the queue imports no handler.
 durable.register(operations.KIND, operations.run_plan)
 durable.register(prepare.KIND, prepare.prepare_job)
+durable.register(calibrate_job.KIND, calibrate_job.calibrate_after)
 
 
 def make_app(settings: Settings) -> Celery:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    prepare.CALIBRATION.min_iterations = settings.calibration_min_iterations
     app = Celery("ballast", broker=settings.broker_url, set_as_current=False)
     # kombu's SQLAlchemy transport hands its options to create_engine and never redelivers anyway.
     sqla = settings.broker_url.startswith("sqla+")

@@ -10,6 +10,7 @@ from ballast.v1 import executor_pb2, executor_pb2_grpc, services_pb2, services_p
 from services.planner.celery_app import make_app, sender
 from services.planner.jobs import fleet_view
 from services.planner.jobs import lifecycle as jobs
+from services.planner.jobs.calibrate_job import KIND as CALIBRATE
 from services.planner.jobs.control import AgentRegistry
 from services.planner.jobs.prepare import KIND as PREPARE
 from services.planner.jobs.scheduler import Scheduler
@@ -46,11 +47,14 @@ def build_server(settings: Settings, address: str | None = None, send: durable.S
         durable.submit(as_platform, PREPARE, {"job_id": job.id, "devices": devices, "after": job.plan_version,
                                               "engine": engine}, send)
 
+    def calibrate(job) -> None:  # one request per succeeded job: its run recalibrates its host class
+        durable.submit(as_platform, CALIBRATE, {"job_id": job.id}, send)
+
     scheduler = Scheduler(as_platform, lambda host_id, message: registry.send(host_id, message),
                           lambda: registry.connected(), settings.data_dir / "checkpoints", replan=replan,
                           host_lost_s=settings.host_lost_s, max_morphs_per_hour=settings.max_morphs_per_hour,
                           checkpoint_max_interval_s=settings.checkpoint_max_interval_s,
-                          degraded_parole_s=settings.degraded_parole_s)
+                          degraded_parole_s=settings.degraded_parole_s, calibrate=calibrate)
     registry = AgentRegistry(as_platform, listener=scheduler.on_message)
     sweeper = durable.Sweeper(as_platform, send, settings.sweep_interval_s, settings.requeue_unclaimed_s)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from services.planner.cost.calibration import Calibration
 from services.planner.cost.comm import CommModel, FleetView, as_fleet_view
 from services.planner.cost.strategy import ModelStateFormat, model_state_bytes
 
@@ -65,6 +66,9 @@ class CostOptions:
     colocated_slowdown: float | None = None
     # Overrides of TP_ALLREDUCES_PER_PASS, as (kind, count) pairs.
     tp_allreduces: tuple[tuple[str, int], ...] = ()
+    # Corrections learnt from runs on this fleet's host class (cost/calibration.py); None: the profile alone.
+    # Ignored when its host class names another device kind than the fleet's.
+    calibration: Calibration | None = None
 
     def tp_allreduces_for(self, kind: str) -> int:
         for k, n in self.tp_allreduces:
@@ -105,6 +109,9 @@ class CostContext:
         if self.options.include_profile_non_model_memory:
             baseline += view.non_model_memory_bytes
         self.resident_baseline_bytes = baseline
+        cal = self.options.calibration
+        kind = cal.host_class.split("/")[0] if cal is not None else ""
+        self.calibration = cal if cal is not None and kind == self.fleet.device_kind else None
         self.layer_cache: dict[tuple, object] = {}
         self.transform_cache: dict[tuple, object] = {}
         self.scope_cache: dict[tuple, object] = {}

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from services.planner.cost import calibration
 from services.planner.cost.comm import Scope
 from services.planner.cost.context import CostContext
 from services.planner.cost.layer import LayerCost, ceil_bytes, layer_cost, overlap_time, transform_cost
@@ -112,7 +113,7 @@ def stage_cost(
         transient = max(transient, c.backward_transient_bytes - later)
         later += c.forward_activation_bytes
 
-    return StageCost(
+    return calibration.apply(StageCost(
         forward_s=fwd,
         backward_s=bwd,
         recompute_s=sum(c.recompute_s for c in costs),
@@ -123,4 +124,4 @@ def stage_cost(
         activation_bytes=ceil_bytes(later),
         transient_bytes=ceil_bytes(transient),
         swap_bytes=ceil_bytes(sum(c.swap_bytes for c in costs)),
-    )
+    ), ctx.calibration)

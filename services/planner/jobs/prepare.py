@@ -20,9 +20,11 @@ any other catalog device gets an analytical profile, since nothing here can meas
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ballast.v1 import fleet_pb2, job_pb2, plan_pb2, services_pb2, store_pb2
+from services.planner.plans.calibrate import from_proto, host_class
 from services.planner.plans.fleet import executor_dims, online_hosts
 from services.planner.plans.make import PlanInputs, make_plan
 from services.planner.plans.operations import check_profile
@@ -33,6 +35,16 @@ from services.runtime.store_api import Store
 from services.specs.fleet import FleetFileError, fleet_from_dict
 
 KIND = "jobs.prepare"
+
+
+@dataclass
+class CalibrationUse:
+    """Set by the worker's app from its settings (BALLAST_CALIBRATION_MIN_ITERATIONS); 0 plans uncalibrated."""
+
+    min_iterations: int = 20
+
+
+CALIBRATION = CalibrationUse()
 MEASURED_KINDS = ("cpu",)  # device kinds the profiler measures on (services/profiler/runner.local_device)
 MAX_SWEEP = 64  # largest micro-batch profiled for a job, besides its global batch
 GiB = float(1 << 30)
@@ -123,6 +135,24 @@ def plan_inputs(job: job_pb2.Job, dims: tuple[str, ...], devices: int = 0, engin
                       engine=spec.engine or engine, schedule=spec.schedule, runnable_dims=dims,
                       pipeline_stages=stages,
                       overlap_grad_sync=False)  # the executors allreduce after the last backward
+
+
+def with_calibration(store: Store, inputs: PlanInputs, fleet: fleet_pb2.Fleet, analytical: bool) -> PlanInputs:
+    """The inputs with the latest calibration of the host class the plan will run on, fitted on at least
+    CALIBRATION.min_iterations iterations; unchanged for an analytical profile (no run measured that kind)
+    or when the class has none yet."""
+    if analytical or not CALIBRATION.min_iterations:
+        return inputs
+    cls = host_class(fleet, online_hosts(store), fleet.nodes * fleet.devices_per_node)
+    try:
+        found = store.get_calibration(store_pb2.GetCalibrationRequest(
+            host_class=cls.key, min_iterations=CALIBRATION.min_iterations))
+    except NotFound:
+        return inputs
+    return replace(inputs, calibration=from_proto(found),
+                   calibration_note=f"{found.id} (version {found.version} for {found.host_class}, fitted on "
+                                    f"{found.iterations} iterations of {len(found.job_ids)} run(s); iteration "
+                                    f"error {found.residual_before:.1%} -> {found.residual:.1%})")
 
 
 def plan_summary(plan: plan_pb2.Plan) -> tuple[str, dict[str, str]]:
@@ -228,9 +258,9 @@ def prepare_job(payload: dict[str, Any], task: durable.Task) -> dict[str, Any]:
             job.move(S.JOB_STATE_PLANNING, f"profile {profile.id} ({how}, {len(profile.layers)} layers); "
                      f"searching a plan for {fleet.nodes * fleet.devices_per_node} {fleet.device.kind} device(s)",
                      event_type="PROFILED", attributes={"profile_id": profile.id, "profile": how})
-        plan = make_plan(profile, fleet, plan_inputs(job.job, executor_dims(task.store),
-                                                     int(payload.get("devices") or 0),
-                                                     int(payload.get("engine") or 0)))
+        inputs = plan_inputs(job.job, executor_dims(task.store), int(payload.get("devices") or 0),
+                             int(payload.get("engine") or 0))
+        plan = make_plan(profile, fleet, with_calibration(task.store, inputs, fleet, request.analytical))
         plan.job_id, plan.version = job.job.id, 0  # 0: the store gives the job's next version (a re-plan's 2, 3..)
         if task.lease_lost.is_set():
             raise durable.LeaseLost()

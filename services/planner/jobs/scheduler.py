@@ -56,8 +56,10 @@ class Scheduler(Recovery):
                  process_group_timeout_s: int = 60, online: OnlineOptions | None = None,
                  replan: Callable[[job_pb2.Job, int, int], None] | None = None,
                  host_lost_s: float = HOST_LOST_S, max_morphs_per_hour: int = MAX_MORPHS_PER_HOUR,
-                 checkpoint_max_interval_s: float = 1800.0, degraded_parole_s: float = 0.0):
+                 checkpoint_max_interval_s: float = 1800.0, degraded_parole_s: float = 0.0,
+                 calibrate: Callable[[job_pb2.Job], None] | None = None):
         self._store, self._send, self._connected = store, send, connected
+        self._calibrate = calibrate  # queues a succeeded job's recalibration of its host class
         self._parole_s, self._parole_at = degraded_parole_s, 0.0
         self._caught: dict[str, int] = {}  # host id -> times marked degraded since this planner started
         self._host_lost_s, self._max_morphs = host_lost_s, max_morphs_per_hour
@@ -494,8 +496,13 @@ class Scheduler(Recovery):
             stopping = running.stopping or ("drained" if running.drained else "")
         if all_finished:
             loss = f"; final loss {running.last_loss:.4f}" if running.last_loss is not None else ""
-            self._transition(running.job, S.JOB_STATE_SUCCEEDED,
-                             f"trained {running.job.spec.iterations} iteration(s){loss}", "SUCCEEDED")
+            done = self._transition(running.job, S.JOB_STATE_SUCCEEDED,
+                                    f"trained {running.job.spec.iterations} iteration(s){loss}", "SUCCEEDED")
+            if done is not None and self._calibrate is not None:
+                try:
+                    self._calibrate(done)
+                except Exception:  # noqa: BLE001 - the job succeeded; only the next plans miss its lesson
+                    log.exception("could not queue the job's calibration", extra={"job_id": done.id})
         elif all_gone and stopping:
             job = self._store.get_job(store_pb2.GetRequest(id=running.job.id))
             if job.state == S.JOB_STATE_CANCELLING:

@@ -25,6 +25,7 @@ from services.planner.cost import (
     from_profile,
     stage_layer_costs,
 )
+from services.planner.cost.calibration import Calibration
 from services.planner.search import baselines as baseline_engine
 from services.planner.search import galvatron, varuna
 from services.planner.search.problem import PricedPlan, SearchOptions
@@ -65,6 +66,9 @@ class PlanInputs:
     pipeline_stages: int = 0  # 0: any depth
     max_global_batch_size: int = 512
     top_k: int = 5
+    # Learnt from earlier runs on this fleet's host class (cost/calibration.py); None: the profile alone.
+    calibration: Calibration | None = None
+    calibration_note: str = ""  # which calibration that is, for the explanation
 
 
 @dataclass(frozen=True)
@@ -99,7 +103,8 @@ def make_plan(profile: profile_pb2.Profile, fleet: fleet_pb2.Fleet, inputs: Plan
     devices = fleet.nodes * fleet.devices_per_node
     _check_batch(inputs, devices, len(profile.layers))
     budget = inputs.memory_budget_bytes or fleet.device.memory_bytes
-    ctx = CostContext(from_profile(profile), fleet, CostOptions(overlap_grad_sync=inputs.overlap_grad_sync))
+    ctx = CostContext(from_profile(profile), fleet, CostOptions(overlap_grad_sync=inputs.overlap_grad_sync,
+                                                                calibration=inputs.calibration))
     options = _options(inputs, budget)
     engines = _run_engines(ctx, devices, options, inputs)
     base = baseline_engine.baselines(ctx, devices, options)
@@ -308,6 +313,12 @@ def explain(
     blocked = _not_executable(best, inputs)
     if blocked:
         lines.append(blocked)
+    if ctx.calibration is not None:
+        lines.append(f"Calibrated from earlier runs: {inputs.calibration_note or ctx.calibration.host_class} "
+                     f"({ctx.calibration.describe()}).")
+    elif inputs.calibration is not None:
+        lines.append(f"Not calibrated: {inputs.calibration_note or 'the calibration'} is for host class "
+                     f"{inputs.calibration.host_class}, not {ctx.fleet.device_kind}.")
     return "\n".join(lines)
 
 

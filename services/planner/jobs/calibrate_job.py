@@ -1,0 +1,69 @@
+"""After a job succeeds, recalibrate its host class from it and the runs the class's last calibration used.
+
+The scheduler queues one "jobs.calibrate" request per SUCCEEDED job; a Celery worker runs `calibrate_after`:
+it rebuilds the job's run (the plan version it trained longest under, its metrics under that version, its
+profile), adds up to MAX_RUNS - 1 earlier runs named by the host class's latest calibration (so each version's
+provenance is its job ids), fits (plans/calibrate.py) and stores a new version with the error before and
+after. A run too short to calibrate from is skipped with a reason, never an error: the job already succeeded.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from ballast.v1 import plan_pb2, store_pb2
+from services.planner.plans.calibrate import Run, calibrate, host_class, to_proto
+from services.planner.queue import durable
+from services.runtime.errors import NotFound
+from services.runtime.store_api import Store, every_page
+
+KIND = "jobs.calibrate"
+MAX_RUNS = 8  # runs one calibration is fitted on: the newest, so a changed host is followed within a few jobs
+
+
+def run_of(store: Store, job_id: str) -> Run | None:
+    """The job's longest-trained plan version with its metrics and profile; None without metrics."""
+    request = store_pb2.ListIterationMetricsRequest(job_id=job_id)
+    metrics = [m for page in every_page(store.list_iteration_metrics, request) for m in page.metrics]
+    if not metrics:
+        return None
+    version = Counter(m.plan_version for m in metrics).most_common(1)[0][0]
+    plans = [p for page in every_page(store.list_plans, store_pb2.ListPlansRequest(job_id=job_id))
+             for p in page.plans if p.version == version]
+    if not plans:
+        return None
+    profile = store.get_profile(store_pb2.GetRequest(id=plans[0].profile_id))
+    return Run(job_id, profile, plans[0], [m for m in metrics if m.plan_version == version])
+
+
+def _devices(plan: plan_pb2.Plan) -> int:
+    return sum(max(int(s.devices), 1) for s in plan.stages)
+
+
+def calibrate_after(payload: dict[str, Any], task: durable.Task) -> dict[str, Any]:
+    """Fit and store the host class's next calibration from this job's run and the latest one's runs."""
+    store, job_id = task.store, str(payload.get("job_id", ""))
+    run = run_of(store, job_id)
+    if run is None:
+        return {"job_id": job_id, "calibrated": False, "why": "no metrics under a stored plan"}
+    hosts = {lease.device.host_id for page in every_page(store.list_leases,
+                                                         store_pb2.ListLeasesRequest(job_id=job_id))
+             for lease in page.leases}
+    found = [store.get_host(store_pb2.GetRequest(id=h)) for h in sorted(hosts)]
+    cls = host_class(run.plan.fleet, found, _devices(run.plan))
+    runs = [run]
+    try:
+        latest = store.get_calibration(store_pb2.GetCalibrationRequest(host_class=cls.key))
+        for earlier in latest.job_ids:
+            if earlier != job_id and len(runs) < MAX_RUNS and (other := run_of(store, earlier)) is not None:
+                runs.append(other)
+    except NotFound:
+        pass
+    cal, before, after = calibrate(runs, cls)
+    if cal.iterations == 0:
+        return {"job_id": job_id, "calibrated": False, "why": "too few steady iterations"}
+    stored = store.record_calibration(store_pb2.RecordCalibrationRequest(calibration=to_proto(
+        cal, cls, [r.job_id for r in runs], before, after)))
+    return {"job_id": job_id, "calibrated": True, "calibration_id": stored.id, "version": stored.version}
+

@@ -1,0 +1,146 @@
+"""From stored runs to a fleet calibration (cost/calibration.py), and the host class a plan runs on.
+
+A run is one plan version of a job as it trained: its iteration metrics (per iteration, stage and replica)
+beside the cost model's *uncalibrated* stage costs for that plan (recomputed here, so a plan priced with an
+earlier calibration is not compared with itself). Per stage, the medians over the steady iterations (after
+WARMUP) are what `calibration.fit` reads. After the stage parts are fitted, each run is simulated with them
+and the median of what the measured iteration still exceeds the simulation by becomes the per-iteration
+fixed cost: the part of the iteration no stage part explains. No I/O: protos in, dataclasses out.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from ballast.v1 import fleet_pb2, job_pb2, plan_pb2, profile_pb2
+from services.planner.cost.calibration import Calibration, HostClass, Observation, apply, fit
+from services.planner.cost.context import CostContext, CostOptions
+from services.planner.cost.pipeline import build_pipeline, pipeline_peak_memory
+from services.planner.cost.profile_view import from_profile
+from services.planner.cost.strategy import LayerStrategy
+from services.planner.online.srp import RunningPlan
+from services.planner.sim import Pipeline, SimOptions, simulate
+
+WARMUP = 3  # first iterations of a run left out: allocations, first-touch and the rendezvous make them slow
+CORES_LABEL = "cpu_cores"  # host label the agents report their CPU core count under
+
+
+@dataclass(frozen=True)
+class Run:
+    """One plan of one job with the metrics it reported under that plan."""
+
+    job_id: str
+    profile: profile_pb2.Profile
+    plan: plan_pb2.Plan
+    metrics: Sequence[job_pb2.IterationMetric]
+
+
+def host_class(fleet: fleet_pb2.Fleet, hosts: Sequence[fleet_pb2.Host], devices: int) -> HostClass:
+    """The class of host a plan for `devices` of `fleet` runs on: its device kind, the fewest CPU cores the
+    online hosts of that kind report, and how many of its devices share one machine (agents reporting the
+    same address share it: several CPU agents on one box compete for its cores)."""
+    kind = fleet.device.kind
+    same = [h for h in hosts if any(d.spec.kind == kind for d in h.devices)]
+    cores = [int(h.labels[CORES_LABEL]) for h in same if h.labels.get(CORES_LABEL, "").isdigit()]
+    per_machine: dict[str, int] = defaultdict(int)
+    for h in same:
+        per_machine[h.address or h.id] += sum(1 for d in h.devices if d.spec.kind == kind)
+    biggest = max(per_machine.values(), default=fleet.devices_per_node or 1)
+    return HostClass(kind, min(cores, default=0), max(1, min(devices or biggest, biggest)))
+
+
+def uncalibrated(profile: profile_pb2.Profile, plan: plan_pb2.Plan) -> tuple[Pipeline, RunningPlan]:
+    """The cost model's pipeline for `plan` as the executors run it (gradient sync after the last backward),
+    without any calibration. Raises ValueError for plans the executors do not run (TP, SDP)."""
+    view = from_profile(profile)
+    run = RunningPlan.from_plan(plan, len(view))
+    strategies = [LayerStrategy(checkpoint=c, swap=s) for c, s in zip(run.checkpoint, run.swap, strict=True)]
+    ctx = CostContext(view, plan.fleet, CostOptions(overlap_grad_sync=False))
+    pipe = build_pipeline(view, None, run.bounds, strategies, run.micro_batch_size, run.num_micro_batches,
+                          replicas=run.replicas, context=ctx)
+    return pipe, run
+
+
+def _median(rows: Sequence[job_pb2.IterationMetric], field: str) -> float:
+    return statistics.median(float(getattr(r, field)) for r in rows)
+
+
+def observations(run: Run) -> tuple[list[Observation], float]:
+    """Per stage observations of one run, and its measured median iteration time (0: too few iterations)."""
+    pipe, decoded = uncalibrated(run.profile, run.plan)
+    steady = [m for m in run.metrics if m.plan_version == run.plan.version]
+    first = min((m.iteration for m in steady), default=0)
+    steady = [m for m in steady if m.iteration >= first + WARMUP]
+    if not steady:
+        return [], 0.0
+    peaks = pipeline_peak_memory(pipe, decoded.schedule)
+    out = []
+    for s, stage in enumerate(pipe.stages):
+        rows = [m for m in steady if m.stage_index == s]
+        if not rows:
+            return [], 0.0
+        out.append(Observation(
+            predicted=stage, num_micro_batches=decoded.num_micro_batches,
+            forward_s=_median(rows, "forward_s"), backward_s=_median(rows, "backward_s"),
+            allreduce_s=_median(rows, "allreduce_s"), optimizer_s=_median(rows, "optimizer_s"),
+            overhead_s=_median(rows, "overhead_s"), peak_memory_bytes=int(_median(rows, "peak_memory_bytes")),
+            predicted_peak_memory_bytes=peaks[s], iterations=len({m.iteration for m in rows})))
+    by_iteration: dict[int, float] = defaultdict(float)
+    for m in steady:
+        by_iteration[m.iteration] = max(by_iteration[m.iteration], m.iteration_time_s)
+    return out, statistics.median(by_iteration.values())
+
+
+def simulated_s(profile: profile_pb2.Profile, plan: plan_pb2.Plan, cal: Calibration | None) -> float:
+    """The plan's iteration time with `cal` applied to its stages (None: the profile alone)."""
+    pipe, decoded = uncalibrated(profile, plan)
+    if cal is not None:
+        pipe = replace(pipe, stages=tuple(apply(s, cal) for s in pipe.stages))
+    return simulate(pipe, SimOptions(schedule=decoded.schedule, keep_timeline=False)).iteration_s
+
+
+def calibrate(runs: Sequence[Run], cls: HostClass) -> tuple[Calibration, float, float]:
+    """(the calibration, mean absolute relative error of the iteration time before it, after it) over `runs`."""
+    stage_obs: list[Observation] = []
+    measured: list[tuple[Run, float]] = []
+    for run in runs:
+        found, iteration_s = observations(run)
+        if found and iteration_s > 0:
+            stage_obs.extend(found)
+            measured.append((run, iteration_s))
+    cal = fit(stage_obs, cls)
+    if not measured:
+        return cal, 0.0, 0.0
+    gaps = [m - simulated_s(r.profile, r.plan, cal) for r, m in measured]
+    cal = replace(cal, iteration_fixed_s=max(statistics.median(gaps), 0.0))
+    before = statistics.fmean(abs(simulated_s(r.profile, r.plan, None) - m) / m for r, m in measured)
+    after = statistics.fmean(abs(simulated_s(r.profile, r.plan, cal) - m) / m for r, m in measured)
+    return cal, before, after
+
+
+
+def from_proto(found: plan_pb2.Calibration) -> Calibration:
+    """The cost model's calibration from a stored one."""
+    return Calibration(
+        host_class=found.host_class, forward_scale=found.forward_scale, forward_fixed_s=found.forward_fixed_s,
+        backward_scale=found.backward_scale, backward_fixed_s=found.backward_fixed_s,
+        allreduce_scale=found.allreduce_scale, update_scale=found.update_scale,
+        iteration_fixed_s=found.iteration_fixed_s, memory_scale=found.memory_scale,
+        memory_fixed_bytes=found.memory_fixed_bytes, iterations=found.iterations, residual=found.residual)
+
+
+def to_proto(cal: Calibration, cls: HostClass, job_ids: Sequence[str], before: float,
+             after: float) -> plan_pb2.Calibration:
+    """A stored calibration: `residual` is the iteration time's mean absolute relative error after it over the
+    runs it was fitted on, `residual_before` the uncalibrated one."""
+    return plan_pb2.Calibration(
+        host_class=cls.key, device_kind=cls.device_kind, cores=cls.cores, colocated=cls.colocated,
+        forward_scale=cal.forward_scale, forward_fixed_s=cal.forward_fixed_s, backward_scale=cal.backward_scale,
+        backward_fixed_s=cal.backward_fixed_s, allreduce_scale=cal.allreduce_scale, update_scale=cal.update_scale,
+        iteration_fixed_s=cal.iteration_fixed_s, memory_scale=cal.memory_scale,
+        memory_fixed_bytes=cal.memory_fixed_bytes, iterations=cal.iterations, residual=after,
+        residual_before=before, job_ids=list(job_ids),
+        notes=f"fitted on {len(job_ids)} run(s); iteration time error {before:.1%} -> {after:.1%}")
