@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from services.store import schema
 from services.store.db import create_engine
-from services.store.models import Device, DeviceLease, Host, Job, JobEvent, JobMorph, Model, Tenant
+from services.store.models import Calibration, Device, DeviceLease, Host, Job, JobEvent, JobMorph, Model, Tenant
 from services.store.sql import readonly_url, run_readonly_query
 from tests.conftest import fresh_database
 from tests.harness import ROOT
@@ -32,8 +32,10 @@ DEVICE_HOURS = [["prod", 168.25], ["research", 26.5]]
 QUEUE_WAIT = [["high", 2, 5.0], ["normal", 3, 60.0]]
 # cause -> morphs, iterations trained again, mean recovery in seconds (see _morphs)
 MORPHS = [["host_lost", 1, 4, 9.5], ["worker_lost", 2, 3, 4.0]]
+# host class -> latest version, its iterations, error before and after (see _calibrations)
+CALIBRATIONS = [["cpu/16c/2w", 2, 120, 0.35, 0.05], ["h100/32c/8w", 1, 200, 0.2, 0.125]]
 EXPECTED = {"device-hours": DEVICE_HOURS, "queue-wait": QUEUE_WAIT, "queue-wait-from-events": QUEUE_WAIT,
-            "morphs": MORPHS}
+            "morphs": MORPHS, "calibrations": CALIBRATIONS}
 
 
 def readme_blocks() -> list[tuple[str, set[str], str]]:
@@ -71,6 +73,21 @@ def _seed(engine: sa.Engine, now: datetime) -> None:
         insert(DeviceLease, *_leases(now))
         insert(JobEvent, *_events(now - 2 * DAY))
         insert(JobMorph, *_morphs(now - DAY))
+        insert(Calibration, *_calibrations(now - DAY))
+
+
+def _calibrations(t0: datetime) -> Iterator[dict]:
+    """cpu/16c/2w fitted twice (the second on more iterations, closer), h100/32c/8w once."""
+    for n, (host_class, version, iterations, before, after) in enumerate([
+        ("cpu/16c/2w", 1, 40, 0.4, 0.1), ("h100/32c/8w", 1, 200, 0.2, 0.125), ("cpu/16c/2w", 2, 120, 0.35, 0.05),
+    ]):
+        kind, cores, workers = host_class.split("/")
+        yield {"id": f"cal-{n}", "host_class": host_class, "device_kind": kind, "cores": int(cores[:-1]),
+               "colocated": int(workers[:-1]), "version": version, "forward_scale": 1.2, "forward_fixed_s": 0.0,
+               "backward_scale": 1.1, "backward_fixed_s": 0.0, "allreduce_scale": 1.0, "update_scale": 1.0,
+               "iteration_fixed_s": 0.01, "memory_scale": 1.0, "memory_fixed_bytes": 0, "iterations": iterations,
+               "residual": after, "residual_before": before, "job_ids": ["job-c"], "notes": "",
+               "fitted_at": t0 + timedelta(hours=n)}
 
 
 def _morphs(t0: datetime) -> Iterator[dict]:

@@ -153,3 +153,49 @@ class Plan(_message.Message):
     memory_budget_bytes: int
     created_at: _timestamp_pb2.Timestamp
     def __init__(self, id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., model_id: _Optional[str] = ..., profile_id: _Optional[str] = ..., job_id: _Optional[str] = ..., fleet: _Optional[_Union[_fleet_pb2.Fleet, _Mapping]] = ..., engine: _Optional[_Union[PlanEngine, str]] = ..., version: _Optional[int] = ..., parent_plan_id: _Optional[str] = ..., global_batch_size: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., num_micro_batches: _Optional[int] = ..., schedule: _Optional[_Union[Schedule, str]] = ..., stages: _Optional[_Iterable[_Union[Stage, _Mapping]]] = ..., layers: _Optional[_Iterable[_Union[LayerStrategy, _Mapping]]] = ..., prediction: _Optional[_Union[Prediction, _Mapping]] = ..., alternatives: _Optional[_Iterable[_Union[PlanAlternative, _Mapping]]] = ..., explanation: _Optional[str] = ..., memory_budget_bytes: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class Calibration(_message.Message):
+    __slots__ = ("id", "host_class", "device_kind", "cores", "colocated", "version", "forward_scale", "forward_fixed_s", "backward_scale", "backward_fixed_s", "allreduce_scale", "update_scale", "iteration_fixed_s", "memory_scale", "memory_fixed_bytes", "iterations", "residual", "residual_before", "job_ids", "fitted_at", "notes")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_CLASS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_KIND_FIELD_NUMBER: _ClassVar[int]
+    CORES_FIELD_NUMBER: _ClassVar[int]
+    COLOCATED_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_SCALE_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_FIXED_S_FIELD_NUMBER: _ClassVar[int]
+    BACKWARD_SCALE_FIELD_NUMBER: _ClassVar[int]
+    BACKWARD_FIXED_S_FIELD_NUMBER: _ClassVar[int]
+    ALLREDUCE_SCALE_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_SCALE_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIXED_S_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_SCALE_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIXED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ITERATIONS_FIELD_NUMBER: _ClassVar[int]
+    RESIDUAL_FIELD_NUMBER: _ClassVar[int]
+    RESIDUAL_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    FITTED_AT_FIELD_NUMBER: _ClassVar[int]
+    NOTES_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    host_class: str
+    device_kind: str
+    cores: int
+    colocated: int
+    version: int
+    forward_scale: float
+    forward_fixed_s: float
+    backward_scale: float
+    backward_fixed_s: float
+    allreduce_scale: float
+    update_scale: float
+    iteration_fixed_s: float
+    memory_scale: float
+    memory_fixed_bytes: int
+    iterations: int
+    residual: float
+    residual_before: float
+    job_ids: _containers.RepeatedScalarFieldContainer[str]
+    fitted_at: _timestamp_pb2.Timestamp
+    notes: str
+    def __init__(self, id: _Optional[str] = ..., host_class: _Optional[str] = ..., device_kind: _Optional[str] = ..., cores: _Optional[int] = ..., colocated: _Optional[int] = ..., version: _Optional[int] = ..., forward_scale: _Optional[float] = ..., forward_fixed_s: _Optional[float] = ..., backward_scale: _Optional[float] = ..., backward_fixed_s: _Optional[float] = ..., allreduce_scale: _Optional[float] = ..., update_scale: _Optional[float] = ..., iteration_fixed_s: _Optional[float] = ..., memory_scale: _Optional[float] = ..., memory_fixed_bytes: _Optional[int] = ..., iterations: _Optional[int] = ..., residual: _Optional[float] = ..., residual_before: _Optional[float] = ..., job_ids: _Optional[_Iterable[str]] = ..., fitted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., notes: _Optional[str] = ...) -> None: ...

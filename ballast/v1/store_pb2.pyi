@@ -591,3 +591,33 @@ class ListMorphsResponse(_message.Message):
     morphs: _containers.RepeatedCompositeFieldContainer[_job_pb2.Morph]
     next_page_token: str
     def __init__(self, morphs: _Optional[_Iterable[_Union[_job_pb2.Morph, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class RecordCalibrationRequest(_message.Message):
+    __slots__ = ("calibration",)
+    CALIBRATION_FIELD_NUMBER: _ClassVar[int]
+    calibration: _plan_pb2.Calibration
+    def __init__(self, calibration: _Optional[_Union[_plan_pb2.Calibration, _Mapping]] = ...) -> None: ...
+
+class GetCalibrationRequest(_message.Message):
+    __slots__ = ("host_class", "min_iterations")
+    HOST_CLASS_FIELD_NUMBER: _ClassVar[int]
+    MIN_ITERATIONS_FIELD_NUMBER: _ClassVar[int]
+    host_class: str
+    min_iterations: int
+    def __init__(self, host_class: _Optional[str] = ..., min_iterations: _Optional[int] = ...) -> None: ...
+
+class ListCalibrationsRequest(_message.Message):
+    __slots__ = ("host_class", "page")
+    HOST_CLASS_FIELD_NUMBER: _ClassVar[int]
+    PAGE_FIELD_NUMBER: _ClassVar[int]
+    host_class: str
+    page: _common_pb2.PageRequest
+    def __init__(self, host_class: _Optional[str] = ..., page: _Optional[_Union[_common_pb2.PageRequest, _Mapping]] = ...) -> None: ...
+
+class ListCalibrationsResponse(_message.Message):
+    __slots__ = ("calibrations", "next_page_token")
+    CALIBRATIONS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    calibrations: _containers.RepeatedCompositeFieldContainer[_plan_pb2.Calibration]
+    next_page_token: str
+    def __init__(self, calibrations: _Optional[_Iterable[_Union[_plan_pb2.Calibration, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...

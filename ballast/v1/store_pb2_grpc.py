@@ -297,6 +297,21 @@ class StoreServiceStub:
                 request_serializer=ballast_dot_v1_dot_store__pb2.ListMorphsRequest.SerializeToString,
                 response_deserializer=ballast_dot_v1_dot_store__pb2.ListMorphsResponse.FromString,
                 _registered_method=True)
+        self.RecordCalibration = channel.unary_unary(
+                '/ballast.v1.StoreService/RecordCalibration',
+                request_serializer=ballast_dot_v1_dot_store__pb2.RecordCalibrationRequest.SerializeToString,
+                response_deserializer=ballast_dot_v1_dot_plan__pb2.Calibration.FromString,
+                _registered_method=True)
+        self.GetCalibration = channel.unary_unary(
+                '/ballast.v1.StoreService/GetCalibration',
+                request_serializer=ballast_dot_v1_dot_store__pb2.GetCalibrationRequest.SerializeToString,
+                response_deserializer=ballast_dot_v1_dot_plan__pb2.Calibration.FromString,
+                _registered_method=True)
+        self.ListCalibrations = channel.unary_unary(
+                '/ballast.v1.StoreService/ListCalibrations',
+                request_serializer=ballast_dot_v1_dot_store__pb2.ListCalibrationsRequest.SerializeToString,
+                response_deserializer=ballast_dot_v1_dot_store__pb2.ListCalibrationsResponse.FromString,
+                _registered_method=True)
 
 
 class StoreServiceServicer:
@@ -660,6 +675,27 @@ class StoreServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RecordCalibration(self, request, context):
+        """Store a fitted cost-model calibration as its host class's next version (admin).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetCalibration(self, request, context):
+        """The latest calibration of a host class fitted on enough iterations (admin); NOT_FOUND if none.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListCalibrations(self, request, context):
+        """Calibrations, newest first (admin: their provenance names every tenant's jobs).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StoreServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -917,6 +953,21 @@ def add_StoreServiceServicer_to_server(servicer, server):
                     servicer.ListMorphs,
                     request_deserializer=ballast_dot_v1_dot_store__pb2.ListMorphsRequest.FromString,
                     response_serializer=ballast_dot_v1_dot_store__pb2.ListMorphsResponse.SerializeToString,
+            ),
+            'RecordCalibration': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecordCalibration,
+                    request_deserializer=ballast_dot_v1_dot_store__pb2.RecordCalibrationRequest.FromString,
+                    response_serializer=ballast_dot_v1_dot_plan__pb2.Calibration.SerializeToString,
+            ),
+            'GetCalibration': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCalibration,
+                    request_deserializer=ballast_dot_v1_dot_store__pb2.GetCalibrationRequest.FromString,
+                    response_serializer=ballast_dot_v1_dot_plan__pb2.Calibration.SerializeToString,
+            ),
+            'ListCalibrations': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListCalibrations,
+                    request_deserializer=ballast_dot_v1_dot_store__pb2.ListCalibrationsRequest.FromString,
+                    response_serializer=ballast_dot_v1_dot_store__pb2.ListCalibrationsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -2297,6 +2348,87 @@ class StoreService:
             '/ballast.v1.StoreService/ListMorphs',
             ballast_dot_v1_dot_store__pb2.ListMorphsRequest.SerializeToString,
             ballast_dot_v1_dot_store__pb2.ListMorphsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecordCalibration(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ballast.v1.StoreService/RecordCalibration',
+            ballast_dot_v1_dot_store__pb2.RecordCalibrationRequest.SerializeToString,
+            ballast_dot_v1_dot_plan__pb2.Calibration.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCalibration(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ballast.v1.StoreService/GetCalibration',
+            ballast_dot_v1_dot_store__pb2.GetCalibrationRequest.SerializeToString,
+            ballast_dot_v1_dot_plan__pb2.Calibration.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListCalibrations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ballast.v1.StoreService/ListCalibrations',
+            ballast_dot_v1_dot_store__pb2.ListCalibrationsRequest.SerializeToString,
+            ballast_dot_v1_dot_store__pb2.ListCalibrationsResponse.FromString,
             options,
             channel_credentials,
             insecure,

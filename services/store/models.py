@@ -460,3 +460,34 @@ class HostDegradation(Base):
     cleared_at: Mapped[datetime | None]
     cleared_reason: Mapped[str | None] = mapped_column(sa.Text)
     cleared_by: Mapped[str | None] = mapped_column(Id, _fk("tenants.id"))
+
+
+class Calibration(Base):
+    """One fitted version of the planner's cost-model correction for a host class, with its provenance.
+
+    Plain columns, so `ballast sql` can compare residuals before and after across versions; (host_class,
+    version) is unique, which is what makes concurrent recorders of one class get distinct versions."""
+
+    __tablename__ = "calibrations"
+    __table_args__ = (sa.UniqueConstraint("host_class", "version", name="uq_calibrations_host_class_version"),)
+    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    host_class: Mapped[str] = mapped_column(sa.String(200))
+    device_kind: Mapped[str] = mapped_column(sa.String(100))
+    cores: Mapped[int]
+    colocated: Mapped[int]
+    version: Mapped[int]
+    forward_scale: Mapped[float]
+    forward_fixed_s: Mapped[float]
+    backward_scale: Mapped[float]
+    backward_fixed_s: Mapped[float]
+    allreduce_scale: Mapped[float]
+    update_scale: Mapped[float]
+    iteration_fixed_s: Mapped[float]
+    memory_scale: Mapped[float]
+    memory_fixed_bytes: Mapped[int] = mapped_column(sa.BigInteger)
+    iterations: Mapped[int]
+    residual: Mapped[float]
+    residual_before: Mapped[float]
+    job_ids: Mapped[list[Any]]
+    notes: Mapped[str] = mapped_column(sa.Text, default="")
+    fitted_at: Mapped[datetime] = mapped_column(index=True)

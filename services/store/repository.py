@@ -17,6 +17,7 @@ from services.store.repo.base import (
     new_id,
     utc_now,
 )
+from services.store.repo.calibrations import CalibrationStore
 from services.store.repo.degraded import DegradedStore
 from services.store.repo.hosts import HostStore
 from services.store.repo.jobs import JobStore
@@ -60,7 +61,7 @@ __all__ = [
 
 
 class Repository(
-    TenantStore, JobStore, ModelStore, LeaseStore, MorphStore, DegradedStore, HostStore, PlanStore, ProgressStore,
-    QueueStore, AdminStore, RepositoryBase,
+    TenantStore, JobStore, ModelStore, LeaseStore, MorphStore, DegradedStore, CalibrationStore, HostStore, PlanStore,
+    ProgressStore, QueueStore, AdminStore, RepositoryBase,
 ):
     """The store's data access; methods take the caller's Principal and the RPC's request proto."""
