@@ -1,5 +1,6 @@
-"""The SQL in README.md's "Shared fleet" section, run as `ballast sql` runs it (read-only) on SQLite and on
-PostgreSQL against a database `schema.upgrade` made, with rows whose answers are known.
+"""The SQL in README.md (where an iteration's time went, the shared fleet, morphs), run as `ballast sql` runs
+it (read-only) on SQLite and on PostgreSQL against a database `schema.upgrade` made, with rows whose answers
+are known.
 
 The blocks are found by their markers, `<!-- readme-sql: NAME BACKENDS -->` right before a ```sql fence, so
 an edit to the README is what gets tested, and a block that goes missing fails here.
@@ -16,7 +17,18 @@ import sqlalchemy as sa
 
 from services.store import schema
 from services.store.db import create_engine
-from services.store.models import Calibration, Device, DeviceLease, Host, Job, JobEvent, JobMorph, Model, Tenant
+from services.store.models import (
+    Calibration,
+    Device,
+    DeviceLease,
+    Host,
+    IterationMetric,
+    Job,
+    JobEvent,
+    JobMorph,
+    Model,
+    Tenant,
+)
 from services.store.sql import readonly_url, run_readonly_query
 from tests.conftest import fresh_database
 from tests.harness import ROOT
@@ -34,8 +46,12 @@ QUEUE_WAIT = [["high", 2, 5.0], ["normal", 3, 60.0]]
 MORPHS = [["host_lost", 1, 4, 9.5], ["worker_lost", 2, 3, 4.0]]
 # host class -> latest version, its iterations, error before and after (see _calibrations)
 CALIBRATIONS = [["cpu/16c/2w", 2, 120, 0.35, 0.05], ["h100/32c/8w", 1, 200, 0.2, 0.125]]
+# job, plan version, stage -> measured / predicted iteration s, compute / predicted compute s, recompute, p2p,
+# allreduce, optimizer, overhead s, peak / predicted peak MiB (see _metrics; the row without a breakdown is out)
+BREAKDOWN = [["job-c", 1, 0, 1.0, 0.8, 0.65, 0.5, 0.1, 0.15, 0.1, 0.03, 0.07, 3072, 2560],
+             ["job-c", 1, 1, 1.0, 0.8, 0.8, 0.7, 0.0, 0.05, 0.1, 0.03, 0.02, 4096, 3584]]
 EXPECTED = {"device-hours": DEVICE_HOURS, "queue-wait": QUEUE_WAIT, "queue-wait-from-events": QUEUE_WAIT,
-            "morphs": MORPHS, "calibrations": CALIBRATIONS}
+            "morphs": MORPHS, "calibrations": CALIBRATIONS, "iteration-breakdown": BREAKDOWN}
 
 
 def readme_blocks() -> list[tuple[str, set[str], str]]:
@@ -74,6 +90,7 @@ def _seed(engine: sa.Engine, now: datetime) -> None:
         insert(JobEvent, *_events(now - 2 * DAY))
         insert(JobMorph, *_morphs(now - DAY))
         insert(Calibration, *_calibrations(now - DAY))
+        insert(IterationMetric, *_metrics(now - HOUR))
 
 
 def _calibrations(t0: datetime) -> Iterator[dict]:
@@ -88,6 +105,25 @@ def _calibrations(t0: datetime) -> Iterator[dict]:
                "iteration_fixed_s": 0.01, "memory_scale": 1.0, "memory_fixed_bytes": 0, "iterations": iterations,
                "residual": after, "residual_before": before, "job_ids": ["job-c"], "notes": "",
                "fitted_at": t0 + timedelta(hours=n)}
+
+
+def _metrics(t0: datetime) -> Iterator[dict]:
+    """job-c, 2 stages x 2 replicas x 2 iterations whose parts sum to 1 s; stage 0's replicas wait on p2p for
+    0.2 and 0.1 s (the rest is overhead); one older row without a breakdown."""
+    stages = {0: dict(forward_s=0.25, backward_s=0.4, recompute_s=0.1, allreduce_s=0.1, optimizer_s=0.03,
+                      predicted_stage_compute_s=0.5, peak_memory_bytes=3 << 30, predicted_peak_memory_bytes=2560 << 20),
+              1: dict(forward_s=0.3, backward_s=0.5, recompute_s=0.0, allreduce_s=0.1, optimizer_s=0.03,
+                      predicted_stage_compute_s=0.7, peak_memory_bytes=4 << 30, predicted_peak_memory_bytes=3584 << 20)}
+    waits = {(0, 0): (0.2, 0.02), (0, 1): (0.1, 0.12), (1, 0): (0.05, 0.02), (1, 1): (0.05, 0.02)}
+    base = {"job_id": "job-c", "plan_version": 1, "iteration_time_s": 1.0, "predicted_iteration_time_s": 0.8,
+            "idle_s": 0.0, "loss": None, "throughput_samples_per_s": 8.0, "recorded_at": t0}
+    for (stage, replica), (p2p, overhead) in waits.items():
+        for iteration in (0, 1):
+            yield {**base, **stages[stage], "iteration": iteration, "stage_index": stage, "replica_index": replica,
+                   "p2p_s": p2p, "comm_s": p2p + 0.1, "overhead_s": overhead}
+    unmeasured = dict.fromkeys([*stages[0], "p2p_s", "overhead_s"])
+    yield {**base, **unmeasured, "iteration": 2, "stage_index": 0, "replica_index": 0, "forward_s": 0.5,
+           "backward_s": 0.5, "comm_s": 0.0, "peak_memory_bytes": 1 << 30}
 
 
 def _morphs(t0: datetime) -> Iterator[dict]:

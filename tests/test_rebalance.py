@@ -126,6 +126,11 @@ def test_an_unbalanced_job_gets_a_new_plan_version_in_force_once_every_host_acke
     metrics = client.store.ListIterationMetrics(store_pb2.ListIterationMetricsRequest(
         job_id=job.id, from_iteration=10)).metrics
     assert {m.predicted_iteration_time_s for m in metrics} == {plan2.prediction.iteration_time_s}
+    for m in metrics:  # and beside the new plan's prediction for the row's own stage
+        stage = plan2.stages[m.stage_index]
+        assert m.predicted_peak_memory_bytes == stage.predicted_peak_memory_bytes > 0
+        assert m.predicted_stage_compute_s == pytest.approx(stage.predicted_time_s * plan2.num_micro_batches)
+        assert m.predicted_stage_compute_s > 0
 
 
 

@@ -1,11 +1,18 @@
-"""A job's progress: idempotent metric batches, layer migrations and (complete or partial) checkpoints."""
+"""A job's progress: idempotent metric batches (with the iteration breakdown and the stage's predictions, 0009),
+layer migrations and (complete or partial) checkpoints."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
+import sqlalchemy as sa
 
 from ballast.v1 import job_pb2, store_pb2
 from services.runtime.errors import InvalidArgument, NotFound
+from services.store import models as m
+from services.store import schema
+from services.store.db import create_engine
 from tests.store_builders import page
 from tests.store_fixtures import Store, new_job
 
@@ -91,3 +98,77 @@ def test_layer_migrations_and_checkpoints(store: Store):
         a.create_checkpoint(store_pb2.CreateCheckpointRequest(checkpoint=dup))
     with pytest.raises(NotFound):
         a.get_checkpoint(store_pb2.GetRequest(id="ckp-missing"))
+
+
+BREAKDOWN = {"forward_s": 0.25, "backward_s": 0.5, "recompute_s": 0.125, "p2p_s": 0.375, "allreduce_s": 0.0625,
+             "optimizer_s": 0.03125, "overhead_s": 0.03125}
+PREDICTED = {"predicted_iteration_time_s": 1.0, "predicted_peak_memory_bytes": 6 << 30,
+             "predicted_stage_compute_s": 0.625}
+
+
+def test_iteration_breakdown_and_stage_predictions_round_trip(store: Store):
+    a = store.as_(store.a)
+    job = new_job(store)
+    sent = job_pb2.IterationMetric(job_id=job.id, iteration=0, stage_index=1, plan_version=2, iteration_time_s=1.25,
+                                   comm_s=0.4375, idle_s=0.03125, peak_memory_bytes=5 << 30, **BREAKDOWN, **PREDICTED)
+    assert a.write_iteration_metrics(store_pb2.WriteIterationMetricsRequest(metrics=[sent])).written == 1
+    (got,) = a.list_iteration_metrics(store_pb2.ListIterationMetricsRequest(job_id=job.id)).metrics
+    for name, value in {**BREAKDOWN, **PREDICTED, "peak_memory_bytes": 5 << 30}.items():
+        assert getattr(got, name) == value, name
+    parts = sum(BREAKDOWN[k] for k in BREAKDOWN if k != "recompute_s")  # recompute is inside backward
+    assert parts == got.iteration_time_s and got.comm_s == got.p2p_s + got.allreduce_s
+    with store.engine.connect() as conn:  # plain columns, for `ballast sql`
+        row = conn.execute(sa.text("SELECT p2p_s, predicted_peak_memory_bytes FROM iteration_metrics")).one()
+    assert tuple(row) == (0.375, 6 << 30)
+
+
+def _metric_before_0009(engine: sa.Engine) -> None:
+    """A tenant, model, job and one iteration_metrics row as revision 0008 stores them."""
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    with engine.begin() as conn:
+        conn.execute(sa.insert(m.Tenant.__table__).values(id="t-1", name="a", admin=False, token_hash="x" * 64,
+                                                          created_at=now))
+        conn.execute(sa.insert(m.Model.__table__).values(id="m-1", tenant_id="t-1", name="gpt", family="F",
+                                                         signature="s" * 64, spec={}, created_at=now))
+        conn.execute(sa.insert(m.Job.__table__).values(id="job-1", tenant_id="t-1", model_id="m-1", state="S",
+                                                       spec={}, created_at=now, updated_at=now))
+        conn.execute(sa.insert(m.IterationMetric.__table__).values(
+            job_id="job-1", iteration=0, stage_index=0, replica_index=0, plan_version=1, iteration_time_s=1.5,
+            forward_s=0.5, backward_s=0.75, comm_s=0.1, idle_s=0.15, peak_memory_bytes=2**33, loss=None,
+            throughput_samples_per_s=4.0, predicted_iteration_time_s=1.4, recorded_at=now))
+
+
+def test_migration_0009_adds_and_drops_the_iteration_breakdown(empty_database_url):
+    url = empty_database_url
+    schema.upgrade(url, "0008_degraded_hosts")
+    engine = create_engine(url)
+    added = set(BREAKDOWN) - {"forward_s", "backward_s"} | {"predicted_peak_memory_bytes", "predicted_stage_compute_s"}
+
+    def columns() -> set[str]:
+        return {c["name"] for c in sa.inspect(engine).get_columns("iteration_metrics")}
+
+    def measured() -> tuple:
+        with engine.connect() as conn:
+            return tuple(conn.execute(sa.text("SELECT iteration_time_s, forward_s, peak_memory_bytes "
+                                              "FROM iteration_metrics")).one())
+
+    try:
+        assert not added & columns()
+        _metric_before_0009(engine)
+        engine.dispose()
+        schema.upgrade(url)
+        engine.dispose()
+        assert added <= columns()
+        with engine.connect() as conn:  # an old row: not measured, not zero
+            old = conn.execute(sa.text(f"SELECT {', '.join(sorted(added))} FROM iteration_metrics")).one()
+        assert set(old) == {None} and measured() == (1.5, 0.5, 2**33)
+        schema.downgrade(url, "0008_degraded_hosts")
+        engine.dispose()
+        assert not added & columns() and measured() == (1.5, 0.5, 2**33)  # the rows survive the rebuild
+        inspector = sa.inspect(engine)
+        assert "ix_iteration_metrics_job_iteration" in {ix["name"] for ix in inspector.get_indexes("iteration_metrics")}
+        assert "uq_iteration_metrics_row" in {u["name"] for u in inspector.get_unique_constraints("iteration_metrics")}
+        schema.upgrade(url)
+        schema.check_schema(engine)
+    finally:
+        engine.dispose()

@@ -27,7 +27,8 @@ EVENT_KEYS = {
                 "parameters", "start_iteration", "iterations", "schedule", "global_batch", "plan_version",
                 "predicted_iteration_s", "device", "pid"},
     "iteration": {"event", "job_id", "rank", "stage", "replica", "iteration", "plan_version", "iteration_s",
-                  "forward_s", "backward_s", "recompute_s", "comm_s", "optimizer_s", "idle_s", "memory_bytes",
+                  "forward_s", "backward_s", "recompute_s", "comm_s", "p2p_s", "allreduce_s", "optimizer_s",
+                  "overhead_s", "idle_s", "memory_bytes",
                   "peak_memory_bytes", "bytes_sent", "bytes_received", "allreduce_bytes", "replica_allreduces",
                   "tied_allreduces", "loss", "has_loss", "samples_per_s", "layers", "swapped_bytes", "active_layers"},
     "checkpoint": {"event", "job_id", "rank", "stage", "replica", "iteration", "plan_version", "dir", "manifest",
@@ -82,6 +83,18 @@ def test_chained_stages_equal_the_whole_model():
     assert torch.allclose(tied, model.embed.tokens.weight.grad, atol=1e-7)
 
 
+PARTS = ("forward_s", "backward_s", "p2p_s", "allreduce_s", "optimizer_s", "overhead_s")
+
+
+def assert_parts_sum_to_the_iteration(it: dict) -> None:
+    """The breakdown of an "iteration" event: disjoint parts, none negative, summing to its wall time."""
+    assert all(it[k] >= 0 for k in (*PARTS, "recompute_s")), it
+    assert sum(it[k] for k in PARTS) == pytest.approx(it["iteration_s"], rel=1e-9, abs=1e-9)
+    assert it["recompute_s"] <= it["backward_s"]
+    assert it["comm_s"] == pytest.approx(it["p2p_s"] + it["allreduce_s"], rel=1e-12, abs=1e-15)
+    assert it["idle_s"] == it["overhead_s"]
+
+
 def single_rank(tmp_path, **changes) -> WorkerConfig:
     base = dict(job_id="job-1", model=MessageToDict(GPT, preserving_proto_field_name=True), stage_bounds=[[0, 4]],
                 num_replicas=1, stage_index=0, replica_index=0, rank=0, world_size=1, micro_batch_size=2,
@@ -102,6 +115,8 @@ def test_one_rank_worker_reports_every_event(tmp_path):
     losses = [e["loss"] for e in events if e["event"] == "iteration"]
     assert losses == pytest.approx(reference, rel=1e-5)
     assert [e["iteration"] for e in events if e["event"] == "iteration"] == [1, 2, 3]
+    for it in (e for e in events if e["event"] == "iteration"):
+        assert_parts_sum_to_the_iteration(it)
     assert sorted(entry["layer_index"] for entry in events[4]["layers"]) == [0, 1, 2, 3]
     assert events[4]["manifest"].endswith("iter-00000003/manifest.json")
 

@@ -152,7 +152,7 @@ class JobEvent(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., seq: _Optional[int] = ..., type: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., message: _Optional[str] = ..., attributes: _Optional[_Mapping[str, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class IterationMetric(_message.Message):
-    __slots__ = ("job_id", "iteration", "stage_index", "replica_index", "plan_version", "iteration_time_s", "forward_s", "backward_s", "comm_s", "idle_s", "peak_memory_bytes", "loss", "has_loss", "throughput_samples_per_s", "predicted_iteration_time_s", "recorded_at")
+    __slots__ = ("job_id", "iteration", "stage_index", "replica_index", "plan_version", "iteration_time_s", "forward_s", "backward_s", "comm_s", "idle_s", "peak_memory_bytes", "loss", "has_loss", "throughput_samples_per_s", "predicted_iteration_time_s", "recorded_at", "recompute_s", "p2p_s", "allreduce_s", "optimizer_s", "overhead_s", "predicted_peak_memory_bytes", "predicted_stage_compute_s")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -169,6 +169,13 @@ class IterationMetric(_message.Message):
     THROUGHPUT_SAMPLES_PER_S_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_ITERATION_TIME_S_FIELD_NUMBER: _ClassVar[int]
     RECORDED_AT_FIELD_NUMBER: _ClassVar[int]
+    RECOMPUTE_S_FIELD_NUMBER: _ClassVar[int]
+    P2P_S_FIELD_NUMBER: _ClassVar[int]
+    ALLREDUCE_S_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_S_FIELD_NUMBER: _ClassVar[int]
+    OVERHEAD_S_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_PEAK_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_STAGE_COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     iteration: int
     stage_index: int
@@ -185,7 +192,14 @@ class IterationMetric(_message.Message):
     throughput_samples_per_s: float
     predicted_iteration_time_s: float
     recorded_at: _timestamp_pb2.Timestamp
-    def __init__(self, job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., stage_index: _Optional[int] = ..., replica_index: _Optional[int] = ..., plan_version: _Optional[int] = ..., iteration_time_s: _Optional[float] = ..., forward_s: _Optional[float] = ..., backward_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., idle_s: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., loss: _Optional[float] = ..., has_loss: _Optional[bool] = ..., throughput_samples_per_s: _Optional[float] = ..., predicted_iteration_time_s: _Optional[float] = ..., recorded_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    recompute_s: float
+    p2p_s: float
+    allreduce_s: float
+    optimizer_s: float
+    overhead_s: float
+    predicted_peak_memory_bytes: int
+    predicted_stage_compute_s: float
+    def __init__(self, job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., stage_index: _Optional[int] = ..., replica_index: _Optional[int] = ..., plan_version: _Optional[int] = ..., iteration_time_s: _Optional[float] = ..., forward_s: _Optional[float] = ..., backward_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., idle_s: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., loss: _Optional[float] = ..., has_loss: _Optional[bool] = ..., throughput_samples_per_s: _Optional[float] = ..., predicted_iteration_time_s: _Optional[float] = ..., recorded_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., recompute_s: _Optional[float] = ..., p2p_s: _Optional[float] = ..., allreduce_s: _Optional[float] = ..., optimizer_s: _Optional[float] = ..., overhead_s: _Optional[float] = ..., predicted_peak_memory_bytes: _Optional[int] = ..., predicted_stage_compute_s: _Optional[float] = ...) -> None: ...
 
 class LayerMigration(_message.Message):
     __slots__ = ("id", "job_id", "layer_index", "from_stage", "to_stage", "bytes", "duration_s", "iteration", "plan_version", "created_at")

@@ -97,6 +97,7 @@ def plan_command(message: executor_pb2.PlannerMessage) -> dict:
 
 
 def stage_stats(event: dict, job_id: str) -> executor_pb2.StageStats:
+    """A worker's "iteration" event as StageStats (train/worker.py lists its keys); missing keys read as 0."""
     return executor_pb2.StageStats(
         job_id=job_id, stage_index=int(event.get("stage", 0)), replica_index=int(event.get("replica", 0)),
         iteration=int(event.get("iteration", 0)), plan_version=int(event.get("plan_version", 0)),
@@ -108,7 +109,9 @@ def stage_stats(event: dict, job_id: str) -> executor_pb2.StageStats:
         bytes_sent=int(event.get("bytes_sent", 0)),
         throughput_samples_per_s=float(event.get("samples_per_s", 0.0)), rank=int(event.get("rank", 0)),
         swapped_bytes=int(event.get("swapped_bytes", 0)),
-        active_layers=[int(i) for i in event.get("active_layers", event.get("layers", []))])
+        active_layers=[int(i) for i in event.get("active_layers", event.get("layers", []))],
+        p2p_s=float(event.get("p2p_s", 0.0)), allreduce_s=float(event.get("allreduce_s", 0.0)),
+        optimizer_s=float(event.get("optimizer_s", 0.0)), overhead_s=float(event.get("overhead_s", 0.0)))
 
 
 @dataclass

@@ -312,6 +312,14 @@ class IterationMetric(Base):
     throughput_samples_per_s: Mapped[float]
     predicted_iteration_time_s: Mapped[float]
     recorded_at: Mapped[datetime] = mapped_column(index=True)
+    # The breakdown and per-stage predictions (0009); NULL on rows recorded before it.
+    recompute_s: Mapped[float | None]
+    p2p_s: Mapped[float | None]
+    allreduce_s: Mapped[float | None]
+    optimizer_s: Mapped[float | None]
+    overhead_s: Mapped[float | None]
+    predicted_peak_memory_bytes: Mapped[int | None] = mapped_column(sa.BigInteger)
+    predicted_stage_compute_s: Mapped[float | None]
 
 
 class LayerMigration(Base):

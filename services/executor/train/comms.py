@@ -5,6 +5,11 @@ Activations go forward and gradients backward with isend/irecv (Varuna §3.1, §
 p2p groups, tensor by tensor with shapes known from the plan, so only tensors ever cross the wire; sends
 complete in the background while the stage computes and are drained at iteration end. Gradients are summed
 over the stages holding a tied weight (the mesh's tied groups), then over the stage's replicas (`group("dp")`).
+
+Time blocked in communication is split in two (`Counters`): p2p_s, waiting on pipeline receives and send
+drains (a stage starved by its neighbour, i.e. the pipeline bubble, waits here), and allreduce_s, every
+collective on the tied and replica groups (the gradient sums, and the last stage's two scalar sums of label
+count and loss). comm_s is their sum, as before the split.
 """
 
 from __future__ import annotations
@@ -22,12 +27,18 @@ from services.executor.train.stage import Boundary, Stage
 
 @dataclass
 class Counters:
-    comm_s: float = 0.0  # time blocked on receives, send drains and allreduces
+    p2p_s: float = 0.0  # time blocked on pipeline receives and send drains
+    allreduce_s: float = 0.0  # time in allreduces (tied and replica gradients, the last stage's scalar sums)
     bytes_sent: int = 0  # p2p payload sent
     bytes_received: int = 0
     allreduce_bytes: int = 0
     replica_allreduces: int = 0
     tied_allreduces: int = 0
+
+    @property
+    def comm_s(self) -> float:
+        """All time blocked on communication (the single counter before p2p and allreduce were split)."""
+        return self.p2p_s + self.allreduce_s
 
 
 @dataclass
@@ -77,7 +88,7 @@ class Comms:
         start = time.perf_counter()
         for work in pending.works:
             work.wait()
-        self.counters.comm_s += time.perf_counter() - start
+        self.counters.p2p_s += time.perf_counter() - start
         return pending.tensors
 
     def send(self, micro_batch: int, direction: int, tensors: list[Tensor]) -> None:
@@ -101,12 +112,12 @@ class Comms:
         for _, work in self._sends:
             work.wait()
         self._sends.clear()
-        self.counters.comm_s += time.perf_counter() - start
+        self.counters.p2p_s += time.perf_counter() - start
 
     def allreduce_sum(self, flat: Tensor, group: object) -> None:
         start = time.perf_counter()
         dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
-        self.counters.comm_s += time.perf_counter() - start
+        self.counters.allreduce_s += time.perf_counter() - start
         self.counters.allreduce_bytes += flat.numel() * flat.element_size()
 
     def reduce_gradients(self, parameters: list[torch.nn.Parameter]) -> None:

@@ -1,6 +1,12 @@
 """The training loop of one stage replica: the micro-batch schedule, its sends and receives, the gradient
 reductions, the optimizer step and per-layer checkpoints, with the timings each iteration reports.
 
+The timings split the iteration's wall time into disjoint parts: forward_s + backward_s (recompute_s is
+inside backward_s) + p2p_s + allreduce_s + optimizer_s + overhead_s = iteration_s, where overhead_s is the
+rest (batch building, swap prefetches, the end-of-iteration device sync, Python); idle_s is the same rest under
+its older name. The pipeline bubble is in p2p_s: a stage waiting for its neighbour is blocked on a receive. On
+a GPU kernels run asynchronously, so each span holds the device work the host waited for inside it.
+
 Sync-SGD semantics: every micro-batch's summed loss is divided by the GLOBAL label count of the iteration
 before backward, and gradients are SUMMED over replicas (and over the stages holding a tied weight), so the
 update equals the single-process step on the whole global batch whatever the split.
@@ -205,11 +211,13 @@ class Trainer:
                loss: float) -> dict[str, Any]:
         counters = self.comms.take()
         current, peak = memory(self.device)
-        busy = forward_s + backward_s + counters.comm_s + optimizer_s
+        parts = forward_s + backward_s + counters.p2p_s + counters.allreduce_s + optimizer_s
+        overhead = max(iteration_s - parts, 0.0)  # the timed parts are disjoint spans of the iteration
         return {
             "iteration_s": iteration_s, "forward_s": forward_s, "backward_s": backward_s,
-            "recompute_s": self.stage.recompute_s, "comm_s": counters.comm_s, "optimizer_s": optimizer_s,
-            "idle_s": max(iteration_s - busy, 0.0), "memory_bytes": current, "peak_memory_bytes": peak,
+            "recompute_s": self.stage.recompute_s, "comm_s": counters.comm_s, "p2p_s": counters.p2p_s,
+            "allreduce_s": counters.allreduce_s, "optimizer_s": optimizer_s, "overhead_s": overhead,
+            "idle_s": overhead, "memory_bytes": current, "peak_memory_bytes": peak,
             "bytes_sent": counters.bytes_sent, "bytes_received": counters.bytes_received,
             "allreduce_bytes": counters.allreduce_bytes, "replica_allreduces": counters.replica_allreduces,
             "tied_allreduces": counters.tied_allreduces, "loss": loss, "has_loss": self.stage.is_last,

@@ -7,13 +7,15 @@ goes to stdout, one JSON object per line; every event carries "event", "job_id",
   parameters held), start_iteration, iterations, schedule, global_batch, plan_version,
   predicted_iteration_s, device, pid.
 - "iteration" (after each): iteration (completed count), plan_version, iteration_s, forward_s, backward_s
-  (includes recompute_s), recompute_s, comm_s (blocked on receives, send drains and allreduces),
-  optimizer_s, idle_s (the rest), memory_bytes, peak_memory_bytes (CUDA allocator, or process RSS on the
-  CPU), bytes_sent / bytes_received (p2p), allreduce_bytes, replica_allreduces, tied_allreduces, loss and
-  has_loss (the iteration's global mean loss, on the last stage only), samples_per_s (global batch / s),
-  swapped_bytes (activation bytes moved to host memory this iteration), active_layers (held layers that
-  computed: layer_toggles can make one the identity), layers (held during this iteration; plan_version is
-  the version in force during it).
+  (includes recompute_s), recompute_s, p2p_s (blocked on pipeline receives and send drains), allreduce_s
+  (tied and replica gradient allreduces, the last stage's loss sums), comm_s (p2p_s + allreduce_s),
+  optimizer_s, overhead_s (the rest: forward_s + backward_s + p2p_s + allreduce_s + optimizer_s + overhead_s
+  = iteration_s), idle_s (= overhead_s, its older name), memory_bytes, peak_memory_bytes (CUDA allocator,
+  or process RSS on the CPU), bytes_sent / bytes_received (p2p), allreduce_bytes, replica_allreduces,
+  tied_allreduces, loss and has_loss (the iteration's global mean loss, on the last stage only),
+  samples_per_s (global batch / s), swapped_bytes (activation bytes moved to host memory this iteration),
+  active_layers (held layers that computed: layer_toggles can make one the identity), layers (held during
+  this iteration; plan_version is the version in force during it).
 - "command_rejected" (a warning; training goes on): iteration (completed count when reported), version (the
   command's, 0 if it had none), message
   (names the bad field of a stdin command).

@@ -7,7 +7,8 @@ one AssignInstruction per host) and move to RUNNING; jobs that must wait move to
 victim of preemption is drained (its ranks checkpoint at an agreed iteration boundary and exit) and goes back
 to QUEUED, to resume from that checkpoint when admitted again. CANCELLING jobs get a Stop on every host.
 Agent messages arrive through `on_message`: per-iteration StageStats become iteration metrics
-(with the plan's predicted iteration time beside the measured one, so the estimator's error is a query),
+(metrics.py: the plan's predicted iteration time, and the stage's predicted compute and peak memory, beside
+the measured ones and their breakdown, so the estimator's error is a query),
 worker exits end the job -- SUCCEEDED once every rank finished, FAILED at the first worker that did not,
 after a Stop to the survivors (they would otherwise block in a collective until its timeout), CANCELLED
 once a cancelled job's workers are gone -- and per-rank checkpoint parts become one stored checkpoint
@@ -32,6 +33,7 @@ from services.planner.jobs import morph, stutter
 from services.planner.jobs.admit import HOLDING, Reader, Snapshot, epoch_s
 from services.planner.jobs.assign import backend_for, pipeline_shape, place_on
 from services.planner.jobs.lifecycle import TERMINAL
+from services.planner.jobs.metrics import iteration_metric
 from services.planner.jobs.rebalance import Rebalancer
 from services.planner.jobs.recovery import Recovery
 from services.planner.jobs.running import (
@@ -428,7 +430,6 @@ class Scheduler(Recovery):
         for st in stages:
             running = self._tracked(st.job_id)
             plan = self.rebalancer.plan_for(st.job_id, st.plan_version) or (running.plan if running else None)
-            predicted = plan.prediction.iteration_time_s if plan else 0.0
             if running and st.has_loss:
                 running.last_loss = st.loss
             if running:
@@ -441,12 +442,7 @@ class Scheduler(Recovery):
                         running.recent.append(st.iteration_time_s)
                 if running.morph_id and st.iteration >= running.resume_iteration:
                     self._morph_resumed(running)
-            rows.append(job_pb2.IterationMetric(
-                job_id=st.job_id, iteration=st.iteration, stage_index=st.stage_index, replica_index=st.replica_index,
-                plan_version=st.plan_version, iteration_time_s=st.iteration_time_s, forward_s=st.forward_s,
-                backward_s=st.backward_s, comm_s=st.comm_s, idle_s=st.idle_s, peak_memory_bytes=st.peak_memory_bytes,
-                loss=st.loss if st.has_loss else 0.0, has_loss=st.has_loss,
-                throughput_samples_per_s=st.throughput_samples_per_s, predicted_iteration_time_s=predicted))
+            rows.append(iteration_metric(st, plan))
         self._store.write_iteration_metrics(store_pb2.WriteIterationMetricsRequest(metrics=rows))
         for running in watched.values():
             if running.iteration >= running.stutter_next and not running.stopping:

@@ -1,7 +1,7 @@
 """Calibrations: the planner's cost-model corrections, one row per fitted version of a host class
 
 Revision ID: 0010_calibrations
-Revises: 0008_degraded_hosts
+Revises: 0009_iteration_breakdown
 
 Plain columns for the host class's parts, the model's scales and fixed costs, and the residuals before and
 after, so `ballast sql` can follow a class's fit across versions; the runs a version was fitted from are one
@@ -18,7 +18,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "0010_calibrations"
-down_revision: str | None = "0008_degraded_hosts"
+down_revision: str | None = "0009_iteration_breakdown"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
