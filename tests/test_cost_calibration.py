@@ -26,6 +26,7 @@ def test_a_line_recovers_scale_and_fixed_cost_and_falls_back_to_a_ratio():
     assert line([1.0, 1.05], [2.0, 2.1]) == pytest.approx((2.0, 0.0))  # too alike to separate: the ratio
     assert line([1.0, 2.0], [3.0, 2.0]) == pytest.approx((2.0, 0.0))  # negative slope: the median ratio
     assert line([], []) == (1.0, 0.0)
+    assert line([0.001, 0.00101], [0.02, 0.021]) == pytest.approx((1.0, 0.0195), rel=1e-3)  # ratio ~20: a fixed cost
 
 
 def test_fit_recovers_the_runtime_from_stages_of_different_size():

@@ -116,22 +116,26 @@ def apply(stage: StageCost, cal: Calibration | None) -> StageCost:
 
 
 def line(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
-    """(scale, fixed) of y = scale x + fixed by least squares, fixed >= 0 and scale within SCALE_BOUNDS;
-    predictions too alike to separate the two give (median ratio, 0)."""
+    """(scale, fixed) of y = scale x + fixed by least squares, fixed >= 0 and scale within SCALE_BOUNDS.
+
+    Predictions too alike to separate the two (one balanced run) give the median ratio as the scale, or, when
+    that ratio is beyond SCALE_BOUNDS (sub-millisecond predictions under a runtime's fixed cost), scale 1 and
+    the median difference as the fixed cost."""
     pairs = [(a, b) for a, b in zip(x, y, strict=True) if a > 0 and b >= 0]
     if not pairs:
         return 1.0, 0.0
     xs, ys = [a for a, _ in pairs], [b for _, b in pairs]
     lo, hi = SCALE_BOUNDS
-    ratio = min(max(statistics.median(b / a for a, b in pairs), lo), hi)
+    ratio = statistics.median(b / a for a, b in pairs)
+    fallback = (ratio, 0.0) if lo <= ratio <= hi else (1.0, max(statistics.median(b - a for a, b in pairs), 0.0))
     if len(pairs) < 2 or (max(xs) - min(xs)) < MIN_SPREAD * max(xs):
-        return ratio, 0.0
+        return fallback
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
     sxx = sum((a - mx) ** 2 for a in xs)
     scale = sum((a - mx) * (b - my) for a, b in pairs) / sxx
     fixed = my - scale * mx
-    if fixed < 0 or not lo <= scale <= hi:  # the line says no fixed cost, or nonsense: a ratio is safer
-        return ratio, 0.0
+    if fixed < 0 or not lo <= scale <= hi:  # the line says no fixed cost, or nonsense: the fallback is safer
+        return fallback
     return scale, fixed
 
 
