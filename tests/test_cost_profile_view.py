@@ -33,6 +33,18 @@ def test_extrapolates_linearly_and_never_negative() -> None:
     assert steep.point(1).stashed_bytes == 0.0
 
 
+def test_extrapolates_up_along_the_upper_half_so_one_noisy_top_row_cannot_tilt_it() -> None:
+    """Rows as the profiler stores them: measured at 1, 2, 4, 8, the regression's line in between, the top
+    measured 5% slow. The chord from 4 carries that 5% as 5% of the slope; from 7 it would be 40%."""
+    line = [(m, 0.001 * m, 0.002 * m, 0.0, 0, 0, 0, 0) for m in range(1, 8)]
+    table = LayerTable.from_rows([*line, (8, 0.0084, 0.016, 0.0, 0, 0, 0, 0)])
+    assert table.point(64).forward_s == pytest.approx(0.0084 + 56 * (0.0084 - 0.004) / 4)  # 0.070, not 0.084
+    assert table.point(6).forward_s == pytest.approx(0.006)  # inside: exact at the rows, as before
+    assert table.point(64).backward_s == pytest.approx(0.128)  # linear rows: the same line either way
+    dense = LayerTable.from_rows([(m, 0.001 * m, 0.0, 0.0, 0, 0, 0, 0) for m in (1, 2, 3)])
+    assert dense.point(5).forward_s == pytest.approx(0.005)
+
+
 def test_single_sample_scales_proportionally_and_recompute_falls_back_to_forward() -> None:
     t = LayerTable.from_rows([(4, 0.004, 0.008, 0.0, 40, 400, 40, 0)])
     p = t.point(6)

@@ -143,6 +143,63 @@ def test_memory_cap_stops_the_sweep_where_the_largest_layer_peak_fits():
     assert all(layer.note == "" for layer in prof.layers if layer.max_micro_batch_size > 3)
 
 
+def linear_times(monkeypatch, per_sample_s: float = 1e-3) -> None:
+    """Real measurements with exactly linear times (µs layers are too noisy to test a stopping rule on)."""
+    import dataclasses
+
+    from services.profiler.measure_timing import Summary
+
+    real = driver.measure_layer
+
+    def linear(decomposition, index, args, **kw):
+        m = kw["micro_batch_size"]
+        return dataclasses.replace(real(decomposition, index, args, **kw), forward=Summary(per_sample_s * m, 5, ()),
+                                   backward=Summary(2 * per_sample_s * m, 5, ()))
+
+    monkeypatch.setattr(driver, "measure_layer", linear)
+
+
+def test_default_sweep_stops_when_time_per_sample_stops_improving(monkeypatch):
+    """No cap, no sizes: double from 1; a constant time per sample is no gain at 2 and 4, so it stops at 4."""
+    linear_times(monkeypatch)
+    prof, seen = run(request(skip_memory_trace=True))
+    assert list(prof.measured_micro_batch_sizes) == [1, 2, 4]
+    assert [p.micro_batch_size for p in seen if p.phase == "sweep"] == [1, 2, 4]  # probed as it went, no further
+    for layer in prof.layers:
+        assert [s.micro_batch_size for s in layer.samples] == [1, 2, 3, 4] and layer.max_micro_batch_size == 4
+        assert [s.measured for s in layer.samples] == [True, True, False, True]
+    (swept,) = [p for p in seen if p.phase == "swept"]
+    assert "stopped improving after micro-batch 1" in swept.message
+
+
+def test_default_sweep_within_a_budget_measures_micro_batch_one_at_least():
+    prof, seen = run(services_pb2.ProfileRequest(time_budget_s=1e-9, options=services_pb2.ProfileOptions(
+        repeats=5, intra_op_threads=1, skip_memory_trace=True)))
+    assert list(prof.measured_micro_batch_sizes) == [1]
+    assert all([s.micro_batch_size for s in layer.samples] == [1] for layer in prof.layers)
+    (swept,) = [p for p in seen if p.phase == "swept"]
+    assert swept.message.startswith("measured micro-batch sizes [1]: time budget 1e-09 s: micro-batch 2 would end")
+    fractions = [p.fraction for p in seen]
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0
+
+
+def test_a_budget_bounds_explicit_sizes_too_and_the_regression_fills_the_rest():
+    req = request(micro_batch_sizes=[1, 2, 3, 4], skip_memory_trace=True)
+    req.time_budget_s = 1e-9
+    prof, seen = run(req)
+    assert list(prof.measured_micro_batch_sizes) == [1]
+    for layer in prof.layers:
+        assert [(s.micro_batch_size, s.measured) for s in layer.samples] == [(1, True), (2, False), (3, False),
+                                                                             (4, False)]
+    (swept,) = [p for p in seen if p.phase == "swept"]
+    assert "time budget 1e-09 s: stopped before micro-batch 2" in swept.message
+
+
+def test_a_bad_budget_is_refused_before_anything_runs():
+    with pytest.raises(driver.InvalidArgument, match="time_budget_s"):
+        driver.profile(spec(), services_pb2.ProfileRequest(time_budget_s=-1.0))
+
+
 @pytest.mark.parametrize("sizes", [[], [1, 2]])
 def test_nothing_fits_at_micro_batch_one_gives_notes_not_a_crash(sizes):
     prof, seen = run(request(max_micro_batch_size=0 if sizes else 4, memory_cap_bytes=1024, micro_batch_sizes=sizes))

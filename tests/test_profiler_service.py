@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
+from pathlib import Path
 
 import grpc
 import pytest
@@ -10,7 +12,7 @@ import pytest
 from ballast.v1 import common_pb2, model_pb2, services_pb2, store_pb2
 from services.profiler.runner import Runner
 from services.runtime.errors import Unavailable
-from tests.harness import make_settings, start_plane
+from tests.harness import ROOT, make_settings, settings_env, start_plane
 
 pytestmark = pytest.mark.slow
 
@@ -90,6 +92,8 @@ def test_projection_is_stored_and_marked(plane) -> None:
         (lambda r: setattr(r, "device_kind", "tpu-v9"), grpc.StatusCode.INVALID_ARGUMENT, "device"),
         (lambda r: setattr(r, "device_kind", "H100"), grpc.StatusCode.FAILED_PRECONDITION, "project_to"),
         (lambda r: setattr(r, "project_to", "abacus"), grpc.StatusCode.INVALID_ARGUMENT, "device"),
+        (lambda r: setattr(r, "time_budget_s", -5.0), grpc.StatusCode.INVALID_ARGUMENT, "time_budget_s"),
+        (lambda r: setattr(r, "time_budget_s", float("nan")), grpc.StatusCode.INVALID_ARGUMENT, "time_budget_s"),
     ],
 )
 def test_bad_input_names_the_field_and_stores_nothing(plane, mutate, code, field) -> None:
@@ -174,3 +178,28 @@ def test_the_worker_runs_with_the_steady_allocator(plane) -> None:
     with pytest.raises(InvalidArgument) as info:
         runner.profile(request(tiny_gpt("env-check"), refresh=True))
     assert str(info.value) == STEADY_ALLOCATOR["MALLOC_MMAP_MAX_"]
+
+
+def test_cli_prints_progress_lines_as_the_service_streams_them(plane, tmp_path: Path) -> None:
+    """`ballast profile` with stderr not a terminal: one plain line per update (fraction, elapsed, ETA), arriving
+    while the profile runs, then the table on stdout. The default sweep, bounded by a small budget."""
+    spec = tmp_path / "gpt-cli.yaml"
+    spec.write_text("name: gpt-cli\nfamily: MODEL_FAMILY_GPT\ntransformer: {num_layers: 2, hidden_size: 32, "
+                    "num_heads: 2, vocab_size: 64, seq_length: 16}\n")
+    env = {**settings_env(plane.settings), "COLUMNS": "200"}
+    cli = subprocess.Popen([sys.executable, "-m", "ballast", "profile", str(spec), "--device", "cpu",
+                            "--time-budget-s", "3", "--data-dir", str(plane.settings.data_dir)],
+                           env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = cli.stderr.readline()
+    running = cli.poll() is None  # the first line came while the worker was still measuring, not at the end
+    rest, err = cli.communicate(timeout=300)
+    lines = [first, *err.splitlines()]
+    assert cli.returncode == 0, "".join(lines) + rest
+    assert running and first.startswith("profile   0% queued")
+    progress = [line for line in lines if line.startswith("profile ")]
+    assert len(progress) > 5 and all(" elapsed " in line and " eta " in line for line in progress)
+    assert any(" measure layer " in line and " m=" in line for line in progress)
+    swept = [line for line in progress if " swept " in line]
+    assert len(swept) == 1 and "measured micro-batch sizes [1" in swept[0]
+    assert progress[-1].startswith("profile 100% done") and "profile prf-" in progress[-1]
+    assert "head" in rest and "measured sizes [1" in rest

@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
+import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import grpc
 from google.protobuf.json_format import MessageToDict
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from ballast.cli.options import DTYPES
 from ballast.client import Client
 from ballast.config import Settings
 from ballast.v1 import model_pb2, profile_pb2, services_pb2
+from services.profiler.bounded import DEFAULT_TIME_BUDGET_S
 from services.specs.model import load_model_spec
 
 console = Console()
@@ -34,7 +37,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--project-to", default="", help="also project onto a catalog device, e.g. A100-80GB")
     p.add_argument("--dtype", choices=list(DTYPES), default=None)
     p.add_argument("--micro-batch-sizes", type=int, nargs="+", default=[], help="measure exactly these")
-    p.add_argument("--max-micro-batch", type=int, default=0, help="cap of the micro-batch sweep")
+    p.add_argument("--max-micro-batch", type=int, default=0,
+                   help="sweep every size up to this cap (default: double from 1 until time per sample stops "
+                        "improving, or the time budget)")
+    p.add_argument("--time-budget-s", type=float, default=0.0,
+                   help=f"seconds the sweep may spend (default {DEFAULT_TIME_BUDGET_S:g} for the default sweep, "
+                        "no limit with --max-micro-batch or --micro-batch-sizes)")
     p.add_argument("--memory-cap-mib", type=int, default=0, help="memory cap of the sweep, MiB")
     p.add_argument("--repeats", type=int, default=REPEATS)
     p.add_argument("--stride", type=int, default=0, help="measure every n-th swept size, interpolate the rest")
@@ -50,17 +58,17 @@ def request_from_args(args: argparse.Namespace) -> services_pb2.ProfileRequest:
         load_model_spec(Path(args.spec)), device=args.device, project_to=args.project_to, refresh=args.refresh,
         dtype=DTYPES.get(args.dtype or "", 0), max_micro_batch=args.max_micro_batch,
         memory_cap_bytes=args.memory_cap_mib * MiB, repeats=args.repeats, stride=args.stride, threads=args.threads,
-        micro_batch_sizes=args.micro_batch_sizes, calibrate=args.calibrate)
+        micro_batch_sizes=args.micro_batch_sizes, calibrate=args.calibrate, time_budget_s=args.time_budget_s)
 
 
 def build_request(spec: model_pb2.ModelSpec, *, device: str = DEVICE, project_to: str = "", refresh: bool = False,
                   dtype: int = 0, max_micro_batch: int = 0, memory_cap_bytes: int = 0, repeats: int = REPEATS,
                   stride: int = 0, threads: int = THREADS, micro_batch_sizes: Sequence[int] = (),
-                  calibrate: bool = False) -> services_pb2.ProfileRequest:
+                  calibrate: bool = False, time_budget_s: float = 0.0) -> services_pb2.ProfileRequest:
     """A ProfileRequest from values, not parsed options: `ballast plan` sends one with the same defaults."""
     return services_pb2.ProfileRequest(
         model=spec, device_kind=device, project_to=project_to, refresh=refresh, dtype=dtype,
-        max_micro_batch_size=max_micro_batch, memory_cap_bytes=memory_cap_bytes,
+        max_micro_batch_size=max_micro_batch, memory_cap_bytes=memory_cap_bytes, time_budget_s=time_budget_s,
         options=services_pb2.ProfileOptions(repeats=repeats, stride=stride, intra_op_threads=threads,
                                             micro_batch_sizes=micro_batch_sizes, calibrate=calibrate),
     )
@@ -84,18 +92,84 @@ def layer_table(profile: profile_pb2.Profile) -> Table:
     return table
 
 
+class Eta:
+    """Seconds left at the pace of the progress so far. The pace counts from the first update with progress, so
+    the CLI's start, a wait for the profiler's turn and the worker's start do not count as slowness."""
+
+    def __init__(self) -> None:
+        self.first: tuple[float, float] | None = None  # (time, fraction) of the first update with progress
+
+    def __call__(self, now: float, fraction: float) -> float | None:
+        """None until two updates have shown progress."""
+        if fraction >= 1.0:
+            return 0.0
+        if fraction <= 0.0:
+            return None
+        if self.first is None:
+            self.first = (now, fraction)
+        t0, f0 = self.first
+        if fraction <= f0 or now <= t0:
+            return None
+        return (now - t0) * (1.0 - fraction) / (fraction - f0)
+
+
+def clock(seconds: float | None) -> str:
+    if seconds is None:
+        return "-:--"
+    minutes, secs = divmod(round(max(0.0, seconds)), 60)
+    return f"{minutes}:{secs:02d}"
+
+
+def label(update: services_pb2.ProfileProgress) -> str:
+    text = update.phase
+    if update.phase == "measure" and update.layers_total:
+        text += f" layer {update.layer_index + 1}/{update.layers_total}"
+    return text + (f" m={update.micro_batch_size}" if update.micro_batch_size else "")
+
+
+def progress_line(update: services_pb2.ProfileProgress, elapsed: float, eta: float | None) -> str:
+    """One plain line per update, for a stderr that is not a terminal (CI logs, pipes)."""
+    return (f"profile {update.fraction:4.0%} {label(update)}  elapsed {clock(elapsed)} eta {clock(eta)}  "
+            f"{update.message}").rstrip()
+
+
+class EtaColumn(ProgressColumn):
+    """The ETA of the last update (`Eta`), counting down until the next one."""
+
+    def render(self, task: Task) -> Text:
+        eta, at = task.fields.get("eta"), task.fields.get("at", 0.0)
+        left = None if eta is None else eta - (time.monotonic() - at)
+        return Text(f"eta {clock(left)}", style="progress.remaining")
+
+
 def stream(client: Client, request: services_pb2.ProfileRequest) -> services_pb2.ProfileProgress:
-    """ProfileStream with a progress bar on stderr; the last update (it carries the profile)."""
-    final = None
+    """ProfileStream with progress on stderr: a bar with an ETA on a terminal, plain lines otherwise (the service
+    streams an update per probe and per layer measured). Returns the last update (it carries the profile)."""
+    updates = client.profiler.ProfileStream(request)
+    return _bar(updates) if err.is_terminal else _lines(updates)
+
+
+def _lines(updates: Iterable[services_pb2.ProfileProgress]) -> services_pb2.ProfileProgress:
+    final, t0, eta = None, time.monotonic(), Eta()
+    for update in updates:
+        now = time.monotonic()
+        err.print(progress_line(update, now - t0, eta(now, update.fraction)), markup=False, highlight=False,
+                  soft_wrap=True)
+        final = update
+    return final
+
+
+def _bar(updates: Iterable[services_pb2.ProfileProgress]) -> services_pb2.ProfileProgress:
+    final, eta = None, Eta()
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                  TimeElapsedColumn(), console=err, transient=True) as bar:
-        task = bar.add_task("profiling", total=1.0)
-        for update in client.profiler.ProfileStream(request):
-            label = update.phase + (f" layer {update.layer_index + 1}/{update.layers_total}"
-                                    if update.layers_total else "")
-            if update.micro_batch_size:
-                label += f" m={update.micro_batch_size}"
-            bar.update(task, completed=update.fraction, description=label)
+                  TimeElapsedColumn(), EtaColumn(), console=err, transient=True) as bar:
+        task = bar.add_task("profiling", total=1.0, eta=None, at=0.0)
+        for update in updates:
+            if update.phase == "swept":  # why the sweep stopped: kept above the bar
+                bar.console.print(update.message, markup=False, highlight=False)
+            now = time.monotonic()
+            bar.update(task, completed=update.fraction, description=label(update), eta=eta(now, update.fraction),
+                       at=now)
             final = update
     return final
 

@@ -86,7 +86,7 @@ class CalibrateRequest(_message.Message):
     def __init__(self, group_sizes: _Optional[_Iterable[int]] = ..., sizes_bytes: _Optional[_Iterable[int]] = ..., backend: _Optional[str] = ...) -> None: ...
 
 class ProfileRequest(_message.Message):
-    __slots__ = ("model_id", "device_kind", "max_micro_batch_size", "memory_cap_bytes", "refresh", "model", "dtype", "options", "project_to", "analytical")
+    __slots__ = ("model_id", "device_kind", "max_micro_batch_size", "memory_cap_bytes", "refresh", "model", "dtype", "options", "project_to", "analytical", "time_budget_s")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_KIND_FIELD_NUMBER: _ClassVar[int]
     MAX_MICRO_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -97,6 +97,7 @@ class ProfileRequest(_message.Message):
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     PROJECT_TO_FIELD_NUMBER: _ClassVar[int]
     ANALYTICAL_FIELD_NUMBER: _ClassVar[int]
+    TIME_BUDGET_S_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     device_kind: str
     max_micro_batch_size: int
@@ -107,7 +108,8 @@ class ProfileRequest(_message.Message):
     options: ProfileOptions
     project_to: str
     analytical: bool
-    def __init__(self, model_id: _Optional[str] = ..., device_kind: _Optional[str] = ..., max_micro_batch_size: _Optional[int] = ..., memory_cap_bytes: _Optional[int] = ..., refresh: _Optional[bool] = ..., model: _Optional[_Union[_model_pb2.ModelSpec, _Mapping]] = ..., dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., options: _Optional[_Union[ProfileOptions, _Mapping]] = ..., project_to: _Optional[str] = ..., analytical: _Optional[bool] = ...) -> None: ...
+    time_budget_s: float
+    def __init__(self, model_id: _Optional[str] = ..., device_kind: _Optional[str] = ..., max_micro_batch_size: _Optional[int] = ..., memory_cap_bytes: _Optional[int] = ..., refresh: _Optional[bool] = ..., model: _Optional[_Union[_model_pb2.ModelSpec, _Mapping]] = ..., dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., options: _Optional[_Union[ProfileOptions, _Mapping]] = ..., project_to: _Optional[str] = ..., analytical: _Optional[bool] = ..., time_budget_s: _Optional[float] = ...) -> None: ...
 
 class ProjectProfileRequest(_message.Message):
     __slots__ = ("profile_id", "device")

@@ -4,16 +4,21 @@
    configuration, parameter shapes/dtypes, input tensor shapes/dtypes) cost the same, so only the
    first of them is probed and measured; the others reuse its rows with `measured_as` pointing at it.
    A 48-block model is then measured like a 1-block one.
-2. Sweep. Harmony's slow start (`sweep.sweep`) finds the largest micro-batch m <= the cap such that
-   every layer's forward+backward peak (`measure_layer`'s definition, from one untimed pass) fits the
-   memory cap; a real out-of-memory error counts as a failure. Each layer must run on some device,
-   so the largest per-layer peak decides. With `options.micro_batch_sizes` those sizes are measured
-   instead of the strided ones; without `max_micro_batch_size` they are also the only sizes probed.
+2. Sweep. With `max_micro_batch_size` set, Harmony's slow start (`sweep.sweep`) finds the largest
+   micro-batch m <= that cap such that every layer's forward+backward peak (`measure_layer`'s definition,
+   from one untimed pass) fits the memory cap; a real out-of-memory error counts as a failure. Each layer
+   must run on some device, so the largest per-layer peak decides. With `options.micro_batch_sizes` those
+   sizes are measured instead of the strided ones; without `max_micro_batch_size` they are also the only
+   sizes probed. With neither, the bounded default sweep (`bounded.ladder`) doubles m from 1, probing and
+   measuring each size, until time per sample stops improving (Varuna §4.4), the time budget, a size that
+   does not fit, or 1024. A time budget (`time_budget_s`) also bounds the measuring of the other two.
 3. Measure each group's representative at the chosen sizes (`measure_layer`, one chain forward per
    size provides realistic inputs), fit a line per field (`sweep.fit_fields`) and fill the sizes up to
-   the largest that fits with measured=False rows. Measuring starts only after the sweep: on CPU the
-   allocator's state (glibc raises its mmap threshold once large blocks were freed) changes layer
-   times by ~15%, and after the sweep it is the settled state a training process runs in.
+   the largest that fits with measured=False rows. After a capped sweep, measuring starts only once the
+   sweep has run the largest sizes: on CPU the allocator's state (glibc raises its mmap threshold once large
+   blocks were freed) changed layer times by ~15%, and that is the settled state a training process runs in
+   (the worker's steady allocator settings, `services.runtime.allocator`, remove most of that effect, which
+   lets the bounded sweep measure as it goes).
 4. Trace non-model memory of one warm-up iteration at the largest measured size (PatrickStar §8.1)
    and optionally calibrate links (`calibrate.calibrate`); a calibration failure is recorded in
    `comm.unsupported`, never fatal.
@@ -41,6 +46,15 @@ from torch.utils._pytree import tree_leaves
 from ballast.v1 import fleet_pb2, model_pb2, profile_pb2, services_pb2
 from services.profiler import calibrate as calibration
 from services.profiler import whole
+from services.profiler.bounded import (
+    CEILING,
+    DEFAULT_TIME_BUDGET_S,
+    Ladder,
+    check_budget,
+    expected_end,
+    ladder,
+    predicted_end,
+)
 from services.profiler.measure import (
     _backward,
     _cotangents,
@@ -62,7 +76,6 @@ from services.zoo import Decomposition, build_model, check_spec, example_input
 T = TypeVar("T")
 log = logging.getLogger("ballast.profiler.driver")
 
-DEFAULT_MAX_MICRO_BATCH = 1024  # sweep cap when the request sets none (sweep.sweep's default)
 MIN_REPEATS, MIN_WARMUP = 5, 2
 TRACE_POINTS = 1024
 MEASURE_COST = 8  # a measurement (warmup + repeats of 4 passes) vs one probe pass, for progress only
@@ -294,6 +307,11 @@ class _Session:
                 if m not in g.samples:
                     g.failures.setdefault(m, f"out of memory while measuring: {exc}")
 
+    def seconds(self, m: int) -> float | None:
+        """The model's forward+backward at m, every layer counted (identical ones too); None if a layer failed."""
+        if any(m not in g.samples for g in self.groups):
+            return None
+        return sum(len(g.members) * _total(g.samples[m]) for g in self.groups)
 
     def recheck(self, sizes: Sequence[int]) -> list[tuple[str, int]]:
         """Measure again the size that is the odd one out of the line through the others.
@@ -378,6 +396,7 @@ def check_request(request: services_pb2.ProfileRequest) -> None:
         raise InvalidArgument("sizes must be >= 1", field="options.micro_batch_sizes", fix="drop zeros")
     if any(n < 2 for n in opts.calibrate_group_sizes):
         raise InvalidArgument("group sizes must be >= 2", field="options.calibrate_group_sizes", fix="e.g. [2]")
+    check_budget(request.time_budget_s)
 
 
 def _torch_device(device: str | torch.device) -> torch.device:
@@ -431,10 +450,8 @@ def profile(
     report("building", 0.5, f"built {spec.name or 'model'}: {len(decomposition.layers)} layers")
     session = _Session(spec, decomposition, dev, dt, cap_bytes, allowed, repeats, warmup)
     report("building", 1.0, f"{len(session.groups)} distinct layers of {session.n}")
-    top, to_measure = _sizes(session, request, report)
+    top, to_measure = _sizes(session, request, report, t0)
 
-    layers = [_layer_profile(session, i, top, dt) for i in range(session.n)]
-    measured = sorted({m for g in session.groups for m in g.samples if m <= top})
     layers = [_layer_profile(session, i, top, dt) for i in range(session.n)]
     measured = sorted({m for g in session.groups for m in g.samples if m <= top})
     out = profile_pb2.Profile(
@@ -468,8 +485,55 @@ def profile(
     return out
 
 
-def _sizes(session: _Session, request: services_pb2.ProfileRequest, report: _Reporter) -> tuple[int, list[int]]:
+def _sizes(session: _Session, request: services_pb2.ProfileRequest, report: _Reporter,
+           t0: float) -> tuple[int, list[int]]:
     """Sweep (or probe the explicit sizes), then measure; returns (largest size that fits, sizes measured).
+
+    `t0` is when profiling started: the time budget counts from it.
+    """
+    if request.options.micro_batch_sizes or request.max_micro_batch_size:
+        top, to_measure, why = _capped(session, request, report, t0)
+    else:
+        top, to_measure, why = _bounded(session, request.time_budget_s or DEFAULT_TIME_BUDGET_S, report, t0)
+    session.recheck(to_measure)
+    report("measure", 1.0, f"measured micro-batch sizes {to_measure}: {why}", phase="swept")
+    return top, to_measure
+
+
+def _bounded(session: _Session, budget_s: float, report: _Reporter, t0: float) -> tuple[int, list[int], str]:
+    """The default sweep (`bounded.ladder`), measuring as it doubles. Its length is unknown until it stops, so
+    progress is time spent over the time it should take if time per sample has stopped improving
+    (`bounded.expected_end`, never past the budget): when a size still improves, the estimate grows and the bar
+    waits for it (the reporter never moves it back)."""
+    end = {"s": budget_s}  # until micro-batch 1 is measured, the budget is all that is known
+
+    def at(message: str, m: int, layer: int = 0, phase: str = "measure") -> None:
+        spent = time.perf_counter() - t0
+        report("measure", 0.95 * spent / max(end["s"], spent, 1e-9), message, layer=layer, m=m, phase=phase)
+
+    def step(state: Ladder) -> None:
+        end["s"] = expected_end(time.perf_counter() - t0, budget_s, state.sizes[-1], state.last_step_s, state.stale)
+
+    def fits(m: int) -> bool:
+        at(f"probing micro-batch {m}", m, phase="sweep")
+        return session.fits(m)
+
+    def seconds(m: int) -> float | None:
+        session.measure(m)
+        return session.seconds(m)
+
+    session.on_measure = lambda g, m: at(
+        f"measuring {session.decomposition.layers[g.rep].name} at micro-batch {m}", m, layer=g.rep)
+    result = ladder(fits, seconds, budget_s=budget_s, cap=CEILING, clock=time.perf_counter, start=t0, on_step=step)
+    log.info("bounded sweep: measured %s, best time per sample at %d; %s", result.sizes, result.best, result.reason)
+    top = result.sizes[-1] if result.sizes else 0
+    return top, result.sizes, result.reason + (f"; best time per sample at micro-batch {result.best}"
+                                               if result.best and "improving" not in result.reason else "")
+
+
+def _capped(session: _Session, request: services_pb2.ProfileRequest, report: _Reporter,
+            t0: float) -> tuple[int, list[int], str]:
+    """Harmony's sweep up to max_micro_batch_size, or the explicit sizes; then measure, within the budget if any.
 
     Progress is work done over an estimate of the work (a probe at m costs m units, a measurement
     MEASURE_COST * m), re-estimated once the sweep knows the sizes; the reporter keeps it monotonic.
@@ -477,10 +541,10 @@ def _sizes(session: _Session, request: services_pb2.ProfileRequest, report: _Rep
     opts = request.options
     explicit = sorted(set(opts.micro_batch_sizes))
     sweeping = not explicit or request.max_micro_batch_size > 0
-    cap = request.max_micro_batch_size or (DEFAULT_MAX_MICRO_BATCH if sweeping else explicit[-1])
-    ladder = sum(1 << k for k in range(cap.bit_length())) + cap if sweeping else 0
+    cap = request.max_micro_batch_size or explicit[-1]
+    probes = sum(1 << k for k in range(cap.bit_length())) + cap if sweeping else 0
     planned = [m for m in explicit if m <= cap] if explicit else [*range(1, cap + 1, opts.stride or 1), cap]
-    work = {"done": 0.0, "total": float(ladder + MEASURE_COST * sum(planned))}
+    work = {"done": 0.0, "total": float(probes + MEASURE_COST * sum(planned))}
 
     def on_measure(g: Group, m: int) -> None:
         name = session.decomposition.layers[g.rep].name
@@ -497,7 +561,7 @@ def _sizes(session: _Session, request: services_pb2.ProfileRequest, report: _Rep
     session.on_measure = on_measure
     if sweeping:
         result = sweep(probe, cap=cap, stride=opts.stride or 1)
-        top = result.max_fit
+        top, why = result.max_fit, result.reason
         to_measure = [m for m in explicit if m <= top] if explicit else result.sizes
         log.info("sweep: largest fit %d (%s); measuring %s", top, result.reason, to_measure)
     else:
@@ -507,12 +571,20 @@ def _sizes(session: _Session, request: services_pb2.ProfileRequest, report: _Rep
                 break
             to_measure.append(m)
         top = to_measure[-1] if to_measure else 0
+        why = "the sizes asked for" if to_measure == explicit else f"micro-batch {explicit[len(to_measure)]} failed"
     work["total"] = work["done"] + MEASURE_COST * sum(to_measure) or 1.0
+    measured: list[int] = []
+    last = (0, 0.0)  # (size, seconds its measurement took)
     for m in to_measure:
+        elapsed = time.perf_counter() - t0
+        if request.time_budget_s and last[0] and predicted_end(elapsed, *last, m) > request.time_budget_s:
+            why = (f"time budget {request.time_budget_s:g} s: stopped before micro-batch {m}, rows above "
+                   f"{measured[-1]} are the regression's")
+            break
         session.measure(m)
-    session.recheck(to_measure)
-    report("measure", 1.0, f"measured micro-batch sizes {to_measure}")
-    return top, to_measure
+        last = (m, time.perf_counter() - t0 - elapsed)
+        measured.append(m)
+    return top, measured, why
 
 
 def _layer_profile(session: _Session, index: int, top: int, dtype: torch.dtype) -> profile_pb2.LayerProfile:

@@ -21,6 +21,7 @@ from google.protobuf.json_format import MessageToDict, ParseDict
 
 from ballast.v1 import common_pb2, model_pb2, profile_pb2, services_pb2, store_pb2
 from services.profiler import projection
+from services.profiler.bounded import check_budget
 from services.profiler.versions import software
 from services.runtime.allocator import STEADY_ALLOCATOR
 from services.runtime.errors import FailedPrecondition, InvalidArgument, Unavailable, from_code
@@ -88,6 +89,7 @@ class Runner:
 
     def stream(self, request: services_pb2.ProfileRequest,
                active: Callable[[], bool] = lambda: True) -> Iterator[services_pb2.ProfileProgress]:
+        check_budget(request.time_budget_s)  # before the cache or a worker: a bad budget is the whole answer
         if request.analytical:
             yield self.analytical(request)
             return

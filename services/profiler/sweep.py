@@ -11,6 +11,9 @@ one of 1024 layers, its appendix says), so Harmony:
    sizes that it does not sample" -- "a linear regression" (appendix), so here: least squares
    `value = intercept + slope * m`, reported with R^2 and its largest relative error on the samples.
 
+The profiler runs this sweep when a request sets a cap (max_micro_batch_size); without one it runs the bounded
+sweep of services/profiler/bounded.py, which stops where time per sample stops improving or at a time budget.
+
 A failure is a probe returning False (e.g. peak memory over a cap) or raising an out-of-memory error
 (torch.OutOfMemoryError or a RuntimeError saying "out of memory"); other exceptions propagate. No
 size at or above a failure is ever probed again. Torch is imported only to recognise its OOM type.

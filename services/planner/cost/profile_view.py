@@ -6,8 +6,12 @@ per-device share of a micro-batch split by data parallelism, so every per-sample
 function of m:
 
 * between samples: piecewise-linear interpolation (exact at the samples);
-* outside them: the line through the two nearest samples, clamped at 0 (times keep their fixed
-  per-call cost when extrapolating down; bytes never go negative);
+* below them: the line through the two smallest samples (times keep their fixed per-call cost);
+* above them: the line from the largest sample back to the one at about half its size. A profile's rows
+  are its measured sizes plus the regression's rows in between, and the largest row is measured: a line
+  through its neighbour would turn that one row's noise (a few % on a shared host) into the slope, while
+  the chord over the upper half divides it by half the size (exact either way when the rows are linear);
+* both clamped at 0 (bytes never go negative);
 * one sample only: proportional to m (Galvatron-BMW §V: time = batch size x per-sample time).
 
 A layer with no samples (it did not fit at micro-batch 1) is flagged (`LayerView.fits`,
@@ -22,7 +26,7 @@ times.
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -63,15 +67,20 @@ class LayerPoint:
 
 
 def _interp(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
-    """Piecewise-linear through (xs, ys), linear extrapolation outside, proportional with one point."""
+    """Piecewise-linear through (xs, ys), linear extrapolation outside (above: the chord from the largest
+    sample back to the largest one at or below half its size), proportional with one point."""
     n = len(xs)
     if n == 1:
         return max(0.0, ys[0] * x / xs[0])
     i = bisect_left(xs, x)
     if i < n and xs[i] == x:
         return float(ys[i])
-    j = 0 if i == 0 else (n - 2 if i >= n else i - 1)
-    x0, x1, y0, y1 = xs[j], xs[j + 1], ys[j], ys[j + 1]
+    if i >= n:
+        j, k = min(max(bisect_right(xs, xs[-1] / 2) - 1, 0), n - 2), n - 1
+    else:
+        j = 0 if i == 0 else i - 1
+        k = j + 1
+    x0, x1, y0, y1 = xs[j], xs[k], ys[j], ys[k]
     return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
 
 
