@@ -64,6 +64,10 @@ def test_background_checkpoints_hold_the_boundary_state_and_resume_exactly(tmp_p
     peer = [e for e in bg_events[1] if e["event"] == "checkpoint"]
     assert [e["iteration"] for e in peer] == [2, 4, 6] and all("every_layer" not in e for e in peer)
     assert [e["event"] for e in bg_events[0]][-1] == "done"  # the last write finished before "done"
+    for rank_events in bg_events:  # iteration k + 1 is reported only once checkpoint k is complete
+        order = [(e["event"], e["iteration"]) for e in rank_events if e["event"] in ("iteration", "checkpoint")]
+        for done in (2, 4):
+            assert order.index(("checkpoint", done)) < order.index(("iteration", done + 1)), order
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -1,5 +1,9 @@
 """One checkpoint write in flight beside training (issue 16, Varuna §4.5): the boundary only copies the tensors.
 
+The write of the checkpoint taken at boundary k overlaps iteration k + 1, and that iteration is reported only
+once the checkpoint is complete (trainer.py): a failure then trains at most the checkpoint interval again, as
+with a synchronous write, while the write itself runs beside compute instead of stalling it.
+
 The thread never enters a collective (a rank's writer and its training loop would race on the process group);
 rank 0 learns that its peers are done from the files they wrote. An error in the thread is raised by the next
 `wait()`, at a boundary, where every rank is between iterations.
@@ -21,6 +25,7 @@ class BackgroundWriter:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._cancel_at: float | None = None  # monotonic time after which rank 0 stops waiting for peers
+        self._native_id = 0  # the writer thread's kernel id, for its priority
 
     @property
     def busy(self) -> bool:
@@ -36,14 +41,22 @@ class BackgroundWriter:
 
         def run() -> None:
             try:
+                self._native_id = threading.get_native_id()
                 with contextlib.suppress(OSError, AttributeError):  # training's threads come first for the CPU
-                    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICE)
+                    os.setpriority(os.PRIO_PROCESS, self._native_id, WRITER_NICE)
                 write()
             except BaseException as e:  # kept for wait(): a thread's exception would otherwise only be printed
                 self._error = e
 
         self._thread = threading.Thread(target=run, name="checkpoint-writer", daemon=True)
         self._thread.start()
+
+    def hurry(self) -> None:
+        """Training now waits for the write: give it back a normal priority (where this process may raise it;
+        an unprivileged one keeps the low priority and the write only takes longer)."""
+        if self.busy and self._native_id:
+            with contextlib.suppress(OSError, AttributeError):
+                os.setpriority(os.PRIO_PROCESS, self._native_id, 0)
 
     def wait(self) -> None:
         """Block until the write in flight (if any) finished; raise its error."""

@@ -125,6 +125,19 @@ def clear_stale(directory: Path) -> None:
         sidecar.unlink(missing_ok=True)
 
 
+def await_manifest(directory: Path, cancelled: Callable[[], bool], timeout_s: float) -> bool:
+    """Wait until rank 0 wrote this checkpoint's manifest; False when cancelled; TimeoutError after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not (directory / MANIFEST).exists():
+        if cancelled():
+            return False
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"checkpoint {directory}: no manifest within {timeout_s:g} s (rank 0 stopped "
+                               "writing it); the checkpoint stays incomplete")
+        time.sleep(POLL_S)
+    return True
+
+
 def await_layers(directory: Path, num_layers: int, cancelled: Callable[[], bool], timeout_s: float) -> bool:
     """Wait until every layer's sidecar is on disk (written by whichever rank owns it); False when cancelled.
 

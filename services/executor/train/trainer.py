@@ -91,6 +91,7 @@ class Trainer:
         self.agreement = Agreement(comms.mesh.control)
         self.faults = Faults.from_env(str(config.model.get("name", "")), config.rank)
         self.writer = BackgroundWriter()
+        self.in_flight: Path | None = None  # the checkpoint being written in the background, until settled
 
     @property
     def plan_version(self) -> int:
@@ -266,8 +267,22 @@ class Trainer:
             report(event)
 
         self.writer.start(write)
-        if not background:
+        if background:
+            self.in_flight = directory
+        else:
             self.writer.wait()
+
+    def settle(self, done: int) -> None:
+        """Before iteration `done` is reported, the checkpoint written during it is complete (rank 0 wrote its
+        manifest): no stored iteration is ever more than the checkpoint interval past a complete checkpoint.
+        Rank 0's write waits for every rank's layers; the others wait for its manifest."""
+        directory, self.in_flight = self.in_flight, None
+        if directory is None:
+            return
+        self.writer.hurry()
+        self.writer.wait()
+        if self.config.rank != 0 and not ckpt.await_manifest(directory, self.should_stop, self.config.timeout_s):
+            raise Stopped(done, between_iterations=True)  # stopped meanwhile: this iteration is not reported
 
     def train(self, start: int, head: dict[str, Any], report: Report) -> None:
         try:
@@ -294,6 +309,7 @@ class Trainer:
                 pending.append(self.agreement.launch(ready, self.should_drain()))
 
             stats = self.step(iteration, on_start=launch if done < config.iterations else None)
+            self.settle(done)
             report({"event": "iteration", **head, "iteration": done, "plan_version": self.plan_version,
                     **stats, "layers": self.stage.layer_indices})
             for version, message in self.inbox.take_rejections():

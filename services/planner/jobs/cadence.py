@@ -7,8 +7,8 @@ device-hour) over the job's devices; C is the job's last measured checkpoint, el
 state over a nominal write bandwidth. The interval is bounded by configuration. Pure: numbers in, numbers out.
 
 Workers write checkpoints in the background, so C is what a checkpoint stalls training (the copy to host
-memory), and the interval is at least the background write's time: one write is in flight at a time, and a
-checkpoint due while the previous one is still writing would stall until it finished.
+memory; the iteration after it also waits for whatever of the write did not fit beside it), and the interval
+is at least the background write's time: one write is in flight at a time.
 """
 
 from __future__ import annotations

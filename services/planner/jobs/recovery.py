@@ -22,6 +22,7 @@ from services.planner.jobs.assign import pipeline_shape
 from services.planner.jobs.prepare import plan_inputs, shrink
 from services.planner.jobs.running import (
     DEFAULT_MORPH_COST_S,
+    GROW_WARMUP,
     GROW_WINDOW,
     PAROLE_CHECK_S,
     RECONNECT_GRACE_S,
@@ -110,14 +111,27 @@ class Recovery:
                                stop=executor_pb2.StopInstruction(reason=running.stopping))
         self._settle(running)
 
-    def _target(self, job: job_pb2.Job, devices: int) -> tuple[int, float]:
+    def _target(self, job: job_pb2.Job, devices: int) -> tuple[int, float, float]:
         """What a job grows back to, read once as it starts: --max-devices, else its first plan's device count
-        (before any morph); and the predicted iteration time of its first plan for that count (0: none)."""
+        (before any morph); the predicted iteration time of its first plan for that count (0: none); and the
+        median iteration time the job measured under that plan before it shrank (0: it never ran on it)."""
         plans = sorted(self._store.list_plans(store_pb2.ListPlansRequest(job_id=job.id)).plans,
                        key=lambda p: p.version)
         target = job.spec.max_devices or max([devices] + [devices_of(p) for p in plans[:1]])
         planned = next((p for p in plans if devices_of(p) == target), None)
-        return target, planned.prediction.iteration_time_s if planned else 0.0
+        if planned is None:
+            return target, 0.0, 0.0
+        measured = 0.0
+        if devices < target:  # a shrunken job: how fast it ran on the target layout is known, not predicted
+            request = store_pb2.ListIterationMetricsRequest(job_id=job.id)
+            times: dict[int, float] = {}
+            for page in every_page(self._store.list_iteration_metrics, request):
+                for m in page.metrics:
+                    if m.plan_version == planned.version:
+                        times[m.iteration] = max(times.get(m.iteration, 0.0), m.iteration_time_s)
+            steady = [t for i, t in sorted(times.items())[GROW_WARMUP:]]
+            measured = statistics.median(steady) if steady else 0.0
+        return target, planned.prediction.iteration_time_s, measured
 
     def _grow(self, snap: Snapshot) -> None:
         """Nothing waits and devices are free: a job below its target grows onto them at its next iteration
@@ -142,14 +156,20 @@ class Recovery:
                                   f"{cost:.1f} s")
 
     def _growth_gain(self, r: Running) -> tuple[float, float]:
-        """(seconds the rest of the run saves on the target layout, seconds a morph costs): the target's
-        predicted iteration time corrected by how far the current plan's prediction is from its measurement.
-        The cost is only looked up when there is a gain (this runs every tick while devices are free)."""
+        """(seconds the rest of the run saves on the target layout, seconds a morph costs): the target's iteration
+        time as the job measured it there before it shrank, else its prediction corrected by how far the current
+        plan's prediction is from its measurement (two plans priced under different host-class calibrations
+        compare badly: a measurement beats both). The cost is only looked up when there is a gain (this runs
+        every tick while devices are free)."""
         now = statistics.median(r.recent)
         predicted_now = r.plan.prediction.iteration_time_s
-        if r.target_iteration_s <= 0 or predicted_now <= 0:
+        if r.target_measured_s > 0:
+            target = r.target_measured_s
+        elif r.target_iteration_s > 0 and predicted_now > 0:
+            target = r.target_iteration_s * now / predicted_now
+        else:
             return 0.0, DEFAULT_MORPH_COST_S
-        gain = (now - r.target_iteration_s * now / predicted_now) * (r.job.spec.iterations - r.iteration)
+        gain = (now - target) * (r.job.spec.iterations - r.iteration)
         return gain, self._morph_cost(r.job.id) if gain > 0 else DEFAULT_MORPH_COST_S
 
     def _drain_morph(self, r: Running, cause: str, detail: str) -> None:

@@ -21,6 +21,7 @@ HOST_LOST_S = 5.0  # an agent away this long has lost its host: its jobs morph (
 RECONNECT_GRACE_S = 12.0  # after a planner start agents reconnect with a backoff of up to 10 s: none is lost before
 MAX_MORPHS_PER_HOUR = 10  # infrastructure retry budget per job; errors in the model's code are never retried
 GROW_WINDOW = 8  # iterations measured on its current layout before a job is considered for growing
+GROW_WARMUP = 3  # first iterations on the target layout left out of its measured time
 DEFAULT_MORPH_COST_S = 10.0  # what a morph is assumed to cost until the job has measured one
 PAROLE_CHECK_S = 5.0  # how often degraded hosts are read for one whose parole is served
 MAX_PAROLE_S = 24 * 3600.0
@@ -61,6 +62,7 @@ class Running:
     recent: deque[float] = field(default_factory=lambda: deque(maxlen=GROW_WINDOW))  # last iteration times
     target: int = 0  # the devices it was first planned for (or --max-devices): what it grows back to
     target_iteration_s: float = 0.0  # the predicted iteration time of its first plan for `target` devices
+    target_measured_s: float = 0.0  # its median measured iteration time under that plan, before it shrank
     watch: stutter.StutterWatch = field(default_factory=stutter.StutterWatch)  # fail-stutter: compute per replica
     stutter_next: int = 0  # the iteration count at which the straggler test runs next
     stutter_seen: int = 0  # consecutive windows that found a straggler

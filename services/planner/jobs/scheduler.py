@@ -238,7 +238,7 @@ class Scheduler(Recovery):
         running = Running(job, plan, [p.host.id for p in placements], world,
                           ranks={p.host.id: [w.rank for w in p.workers] for p in placements},
                           iteration=start_iteration, resume_iteration=start_iteration)
-        running.target, running.target_iteration_s = self._target(job, stages * replicas)
+        running.target, running.target_iteration_s, running.target_measured_s = self._target(job, stages * replicas)
         with self._lock:
             self._running[job.id] = running
         names = ", ".join(f"{p.host.name} ({len(p.workers)})" for p in placements)  # ids go in the attributes
