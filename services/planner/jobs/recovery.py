@@ -25,6 +25,7 @@ from services.planner.jobs.running import (
     GROW_WARMUP,
     GROW_WINDOW,
     PAROLE_CHECK_S,
+    PERSIST_WINDOWS,
     RECONNECT_GRACE_S,
     Running,
     devices_of,
@@ -212,7 +213,8 @@ class Recovery:
         left = r.job.spec.iterations - r.iteration
         gain = (now - without) * left if without is not None else 0.0
         cost = self._morph_cost(r.job.id)
-        leave = bool(host) and without is not None and gain > cost
+        # two windows in a row: one slow window is as often a busy neighbour as a slow host
+        leave = bool(host) and without is not None and gain > cost and r.stutter_seen >= PERSIST_WINDOWS
         detail = (f"rank {rank} (stage {found.stage}, replica {found.replica}) on host {host} computes "
                   f"{found.ratio:.2f}x its peers' median over {found.window} iterations")
         verdict = (f"the simulator predicts {without:.4f} s/iteration re-planned on the {devices_left} device(s) "
@@ -222,7 +224,7 @@ class Recovery:
                     "iteration_s": round(now, 6), "predicted_without_s": round(without or 0.0, 6),
                     "gain_s": round(gain, 3), "morph_cost_s": round(cost, 3), "left_out": leave}
         # Leaving it out is always said; keeping it once it persisted two windows (one may be noise on a busy host)
-        if leave or (not r.stutter_reported and r.stutter_seen >= 2):
+        if leave or (not r.stutter_reported and r.stutter_seen >= PERSIST_WINDOWS):
             r.stutter_reported = True
             self._store.append_job_event(store_pb2.AppendJobEventRequest(event=job_pb2.JobEvent(
                 job_id=r.job.id, type="STRAGGLER", message=f"{detail}; {verdict}; "

@@ -21,6 +21,7 @@ HOST_LOST_S = 5.0  # an agent away this long has lost its host: its jobs morph (
 RECONNECT_GRACE_S = 12.0  # after a planner start agents reconnect with a backoff of up to 10 s: none is lost before
 MAX_MORPHS_PER_HOUR = 10  # infrastructure retry budget per job; errors in the model's code are never retried
 GROW_WINDOW = 8  # iterations measured on its current layout before a job is considered for growing
+PERSIST_WINDOWS = 2  # consecutive windows a straggler must be found in before it is reported or left out
 GROW_WARMUP = 3  # first iterations on the target layout left out of its measured time
 DEFAULT_MORPH_COST_S = 10.0  # what a morph is assumed to cost until the job has measured one
 PAROLE_CHECK_S = 5.0  # how often degraded hosts are read for one whose parole is served
