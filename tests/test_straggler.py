@@ -63,7 +63,8 @@ def test_a_straggler_is_left_out_and_its_host_marked_degraded(plane):
     assert row.cause == "straggler" and row.lost_iterations == 0
     assert row.from_stages * row.from_replicas == 3 and row.to_stages * row.to_replicas == 2
     window = int(found.attributes["window"])
-    assert window <= row.failed_iteration <= 2 + 3 * window  # judged every window: out within a few
+    # found two windows in a row (judged every window after 2 warm-up iterations), then drained at a boundary
+    assert 2 * window <= row.failed_iteration <= 2 + 4 * window
     leases = client.fleet.ListLeases(store_pb2.ListLeasesRequest(job_id=job_id)).leases
     after = [x for x in leases if x.end_reason == fleet_pb2.LEASE_END_REASON_FINISHED]
     assert slow_host not in {x.device.host_id for x in after}  # it ran on without the degraded host

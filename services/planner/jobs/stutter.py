@@ -12,7 +12,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass
 
-WINDOW = 8  # iterations each replica is judged over (and how often the verdict is taken again)
+WINDOW = 6  # iterations each replica is judged over (and how often the verdict is taken again)
 WARMUP = 2  # iterations after a (re)start left out: allocations and first-touch make them slow for everyone
 THRESHOLD = 0.25  # slower than its peers' median by more than this: a straggler (Varuna saw outliers ~30% slow)
 
