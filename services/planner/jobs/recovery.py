@@ -31,6 +31,7 @@ from services.planner.jobs.running import (
     devices_of,
     parole_s,
 )
+from services.planner.plans.calibrate import measured_iteration_s
 from services.planner.plans.fleet import executor_dims
 from services.planner.plans.make import make_plan
 from services.runtime.errors import BallastError, FailedPrecondition
@@ -125,13 +126,8 @@ class Recovery:
         measured = 0.0
         if devices < target:  # a shrunken job: how fast it ran on the target layout is known, not predicted
             request = store_pb2.ListIterationMetricsRequest(job_id=job.id)
-            times: dict[int, float] = {}
-            for page in every_page(self._store.list_iteration_metrics, request):
-                for m in page.metrics:
-                    if m.plan_version == planned.version:
-                        times[m.iteration] = max(times.get(m.iteration, 0.0), m.iteration_time_s)
-            steady = [t for i, t in sorted(times.items())[GROW_WARMUP:]]
-            measured = statistics.median(steady) if steady else 0.0
+            rows = (m for page in every_page(self._store.list_iteration_metrics, request) for m in page.metrics)
+            measured = measured_iteration_s(rows, planned.version, GROW_WARMUP)
         return target, planned.prediction.iteration_time_s, measured
 
     def _grow(self, snap: Snapshot) -> None:

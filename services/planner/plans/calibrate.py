@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from ballast.v1 import fleet_pb2, job_pb2, plan_pb2, profile_pb2
@@ -64,6 +64,17 @@ def uncalibrated(profile: profile_pb2.Profile, plan: plan_pb2.Plan) -> tuple[Pip
     return pipe, run
 
 
+def measured_iteration_s(metrics: Iterable[job_pb2.IterationMetric], version: int, warmup: int = 0) -> float:
+    """The median iteration time under plan `version` (an iteration lasts as long as its slowest rank), its
+    first `warmup` iterations left out; 0 when none is left."""
+    by_iteration: dict[int, float] = defaultdict(float)
+    for m in metrics:
+        if m.plan_version == version:
+            by_iteration[m.iteration] = max(by_iteration[m.iteration], m.iteration_time_s)
+    steady = [t for _, t in sorted(by_iteration.items())[warmup:]]
+    return statistics.median(steady) if steady else 0.0
+
+
 def _median(rows: Sequence[job_pb2.IterationMetric], field: str) -> float:
     return statistics.median(float(getattr(r, field)) for r in rows)
 
@@ -88,10 +99,7 @@ def observations(run: Run) -> tuple[list[Observation], float]:
             allreduce_s=_median(rows, "allreduce_s"), optimizer_s=_median(rows, "optimizer_s"),
             overhead_s=_median(rows, "overhead_s"), peak_memory_bytes=int(_median(rows, "peak_memory_bytes")),
             predicted_peak_memory_bytes=peaks[s], iterations=len({m.iteration for m in rows})))
-    by_iteration: dict[int, float] = defaultdict(float)
-    for m in steady:
-        by_iteration[m.iteration] = max(by_iteration[m.iteration], m.iteration_time_s)
-    return out, statistics.median(by_iteration.values())
+    return out, measured_iteration_s(steady, run.plan.version)
 
 
 def simulated_s(profile: profile_pb2.Profile, plan: plan_pb2.Plan, cal: Calibration | None) -> float:
