@@ -138,7 +138,31 @@ def grow_trial(plane, number: int) -> dict:
     before = throughput(grown.from_plan_version) if grown else 0.0
     after = throughput(grown.to_plan_version) if grown else 0.0
     return {"state": S.Name(client.jobs.Get(store_pb2.GetRequest(id=job_id)).state), "grown": grown is not None,
-            "before": before, "after": after, "recovery_s": grown.recovery_s if grown else 0.0}
+            "before": before, "after": after, "recovery_s": grown.recovery_s if grown else 0.0,
+            "stragglers": stragglers(client, job_id)}
+
+
+def stragglers(client, job_id: str) -> str:
+    """The job's STRAGGLER events in short: the ratio, left out or kept, and whether measured or simulated."""
+    events = client.store.ListJobEvents(store_pb2.ListJobEventsRequest(job_id=job_id)).events
+    return "; ".join(f"{e.attributes.get('ratio')}x {'left out' if e.attributes.get('left_out') == 'True' else 'kept'}"
+                     f" ({e.attributes.get('without_from')})" for e in events if e.type == "STRAGGLER")
+
+
+def guarded(run, plane, number: int) -> dict:
+    """A grow trial that times out is a missed target with its reason, not the end of the benchmark: the leak
+    check after it still runs."""
+    try:
+        return run(plane, number)
+    except (TimeoutError, AssertionError, StopIteration) as e:
+        client = plane.client()
+        for job in client.store.ListJobs(store_pb2.ListJobsRequest()).jobs:  # its job stops: leaks are counted
+            if job.spec.name == f"grow-{number}" and job.state not in ENDED:
+                client.jobs.Cancel(services_pb2.CancelJobRequest(job_id=job.id, reason="grow trial failed"))
+                wait_for(lambda j=job.id: client.jobs.Get(store_pb2.GetRequest(id=j)).state in ENDED, timeout=120,
+                         what=f"job {job.id} to cancel")
+        return {"state": f"ERROR: {str(e)[:300]}", "grown": False, "before": 0.0, "after": 0.0, "recovery_s": 0.0,
+                "stragglers": ""}
 
 
 def main() -> None:
@@ -160,10 +184,11 @@ def main() -> None:
                   f"{r['cause'] or 'no morph'} {r['layout']}, {r['lost']} trained again, kill to first resumed "
                   f"iteration {r['kill_to_first_s'] or float('nan'):.2f} s, every iteration once: {r['once']}",
                   flush=True)
-        grows = [grow_trial(plane, n) for n in range(args.grow)]
+        grows = [guarded(grow_trial, plane, n) for n in range(args.grow)]
         for n, g in enumerate(grows, start=1):
             print(f"  grow {n}: {g['state']}, grew: {g['grown']}, {g['before']:.1f} samples/s on one device, "
-                  f"{g['after']:.1f} on two after the grow (its morph took {g['recovery_s']:.2f} s)", flush=True)
+                  f"{g['after']:.1f} on two after the grow (its morph took {g['recovery_s']:.2f} s); "
+                  f"straggler events: {g['stragglers'] or 'none'}", flush=True)
         live = int(plane.client().store.Query(store_pb2.QueryRequest(
             sql="SELECT count(*) FROM device_leases WHERE ended_at IS NULL")).rows[0][0])
         workers = pids("services.executor.train.worker")

@@ -46,3 +46,57 @@ def test_the_simulators_re_plan_corrected_by_its_error_on_the_healthy_layout_dec
     assert faster_without(0.22, slow, 0.10, 0.20) == pytest.approx(0.24)  # the rest too few: no better
     assert faster_without(0.22, slow, 0.10, 0.0) is None  # no plan fits the devices left
     assert faster_without(0.22, slow, 0.0, 0.14) is None
+
+
+class _Store:
+    """A job's plans and iteration rows, as the store lists them (one page)."""
+
+    def __init__(self, plans: list, metrics: list):
+        self.plans, self.metrics = plans, metrics
+
+    def list_plans(self, request):
+        from ballast.v1 import store_pb2
+        return store_pb2.ListPlansResponse(plans=self.plans)
+
+    def list_iteration_metrics(self, request):
+        from ballast.v1 import store_pb2
+        return store_pb2.ListIterationMetricsResponse(metrics=self.metrics)
+
+
+def _plan(version: int, replicas: int):
+    from ballast.v1 import plan_pb2
+    return plan_pb2.Plan(id=f"pln-{version}", version=version, micro_batch_size=replicas,
+                         stages=[plan_pb2.Stage(devices=replicas)],
+                         layers=[plan_pb2.LayerStrategy(layer_index=0, dp=replicas)])
+
+
+def _rows(version: int, seconds: float, count: int = 10) -> list:
+    from ballast.v1 import job_pb2
+    return [job_pb2.IterationMetric(plan_version=version, iteration=i, iteration_time_s=seconds) for i in range(count)]
+
+
+def test_a_layout_the_job_already_ran_is_judged_by_its_measurement_not_the_simulator():
+    """A job that grew from one device to two has measured itself on one: a co-located worker that reads slow
+    is kept when the job ran slower on one device than it does now (no grow, shrink, grow loop)."""
+    from ballast.v1 import job_pb2
+    from services.planner.jobs.recovery import Recovery
+    from services.planner.jobs.running import Running
+
+    class Probe(Recovery):
+        def __init__(self, store):
+            self._store = store
+
+        def _replanned_s(self, r, devices):
+            raise AssertionError("a measured layout needs no re-plan")
+
+    one, two = _plan(1, 1), _plan(2, 2)
+    store = _Store([one, two], _rows(1, 0.30) + _rows(2, 0.20))
+    running = Running(job=job_pb2.Job(id="job-1"), plan=two, hosts=["a", "b"], world=2)
+    slow = Finding(stage=0, replica=1, ratio=1.4, own_s=0.14, peers_s=0.10, window=6)
+    without, source, _ = Probe(store)._time_without(running, slow, 1, now=0.20)
+    assert without == pytest.approx(0.30)  # slower than the 0.20 s now: keeping the worker is faster
+    assert "measured" in source and "plan v1" in source
+    store.metrics = []  # cached per device count: the rows are read once
+    assert Probe(store)._measured_on(running, 1) == (pytest.approx(0.30), 1)
+    assert Probe(_Store([one, two], _rows(2, 0.2)))._measured_on(Running(
+        job=job_pb2.Job(id="job-1"), plan=two, hosts=["a", "b"], world=2), 1) == (0.0, 0)  # never ran on one

@@ -123,12 +123,32 @@ class Recovery:
         planned = next((p for p in plans if devices_of(p) == target), None)
         if planned is None:
             return target, 0.0, 0.0
-        measured = 0.0
-        if devices < target:  # a shrunken job: how fast it ran on the target layout is known, not predicted
-            request = store_pb2.ListIterationMetricsRequest(job_id=job.id)
-            rows = (m for page in every_page(self._store.list_iteration_metrics, request) for m in page.metrics)
-            measured = measured_iteration_s(rows, planned.version, GROW_WARMUP)
+        # a shrunken job: how fast it ran on the target layout is known, not predicted
+        measured = self._measured_s(job.id, planned.version) if devices < target else 0.0
         return target, planned.prediction.iteration_time_s, measured
+
+    def _measured_s(self, job_id: str, version: int) -> float:
+        """The job's median measured iteration time under plan `version` (0: it never ran steadily on it)."""
+        request = store_pb2.ListIterationMetricsRequest(job_id=job_id)
+        rows = (m for page in every_page(self._store.list_iteration_metrics, request) for m in page.metrics)
+        return measured_iteration_s(rows, version, GROW_WARMUP)
+
+    def _measured_on(self, r: Running, devices: int) -> tuple[float, int]:
+        """(median iteration time, plan version) of the newest earlier plan of this job on `devices` devices
+        that it ran steadily, (0, 0) if none: a job that grew onto a host, or shrank off one, has measured how
+        fast it is without it, and a measurement beats the simulator (on CPU hosts that share a machine's cores,
+        one worker can read well slower than its peer only because the OS schedules it less). Once per count."""
+        if devices not in r.measured_on:
+            plans = self._store.list_plans(store_pb2.ListPlansRequest(job_id=r.job.id)).plans
+            found = (0.0, 0)
+            for p in sorted(plans, key=lambda p: -p.version):
+                if p.version != r.plan.version and devices_of(p) == devices:
+                    seconds = self._measured_s(r.job.id, p.version)
+                    if seconds > 0:
+                        found = (seconds, p.version)
+                        break
+            r.measured_on[devices] = found
+        return r.measured_on[devices]
 
     def _grow(self, snap: Snapshot) -> None:
         """Nothing waits and devices are free: a job below its target grows onto them at its next iteration
@@ -204,8 +224,7 @@ class Recovery:
         host = next((h for h, ranks in r.ranks.items() if rank in ranks), "")
         now = statistics.median(r.recent) if r.recent else 0.0
         devices_left = r.world - len(r.ranks.get(host, []))
-        predicted_without, why_not = self._replanned_s(r, devices_left)
-        without = stutter.faster_without(now, found, r.plan.prediction.iteration_time_s, predicted_without)
+        without, source, why_not = self._time_without(r, found, devices_left, now)
         left = r.job.spec.iterations - r.iteration
         gain = (now - without) * left if without is not None else 0.0
         cost = self._morph_cost(r.job.id)
@@ -213,11 +232,11 @@ class Recovery:
         leave = bool(host) and without is not None and gain > cost and r.stutter_seen >= PERSIST_WINDOWS
         detail = (f"rank {rank} (stage {found.stage}, replica {found.replica}) on host {host} computes "
                   f"{found.ratio:.2f}x its peers' median over {found.window} iterations")
-        verdict = (f"the simulator predicts {without:.4f} s/iteration re-planned on the {devices_left} device(s) "
-                   f"left against {now:.4f} s measured: {gain:.1f} s saved over {left} iterations, a morph costs "
-                   f"{cost:.1f} s" if without is not None else f"it cannot be left out: {why_not}")
+        verdict = (f"{source} against {now:.4f} s measured now: {gain:.1f} s saved over {left} iterations, a "
+                   f"morph costs {cost:.1f} s" if without is not None else f"it cannot be left out: {why_not}")
         evidence = {"job_id": r.job.id, "rank": rank, "host_id": host, **found.evidence(),
                     "iteration_s": round(now, 6), "predicted_without_s": round(without or 0.0, 6),
+                    "without_from": "measured" if source.startswith("the job measured") else "simulator",
                     "gain_s": round(gain, 3), "morph_cost_s": round(cost, 3), "left_out": leave}
         # Leaving it out is always said; keeping it once it persisted two windows (one may be noise on a busy host)
         if leave or (not r.stutter_reported and r.stutter_seen >= PERSIST_WINDOWS):
@@ -236,6 +255,19 @@ class Recovery:
             return  # without the mark admission would hand the same device back
         self._caught[host] = self._caught.get(host, 0) + 1
         self._drain_morph(r, morph.STRAGGLER, f"{detail}; {verdict}")
+
+    def _time_without(self, r: Running, found: stutter.Finding, devices: int,
+                      now: float) -> tuple[float | None, str, str]:
+        """(iteration time expected on the `devices` left without the straggler, where that figure comes from,
+        why there is none): the job's own measurement on that many devices if it has one, else the simulator's
+        re-plan corrected by the current plan's error (stutter.faster_without)."""
+        measured, version = self._measured_on(r, devices) if devices > 0 else (0.0, 0)
+        if measured > 0:
+            return measured, f"the job measured {measured:.4f} s/iteration on {devices} device(s) (plan v{version})", ""
+        predicted, why_not = self._replanned_s(r, devices)
+        without = stutter.faster_without(now, found, r.plan.prediction.iteration_time_s, predicted)
+        return without, (f"the simulator predicts {without or 0.0:.4f} s/iteration re-planned on the {devices} "
+                         f"device(s) left"), why_not
 
     def _replanned_s(self, r: Running, devices: int) -> tuple[float, str]:
         """The simulator's iteration time for this job re-planned on `devices` as a morph would (Varuna's P x D

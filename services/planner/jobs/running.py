@@ -71,6 +71,8 @@ class Running:
     resume_iteration: int = 0
     # devices -> (the simulator's iteration time for its re-plan on that many, "" or why no plan fits)
     replanned: dict[int, tuple[float, str]] = field(default_factory=dict)
+    # devices -> (its median measured iteration time on an earlier plan with that many, that plan's version)
+    measured_on: dict[int, tuple[float, int]] = field(default_factory=dict)
 
 
 def devices_of(plan: plan_pb2.Plan) -> int:
