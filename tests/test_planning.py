@@ -171,6 +171,24 @@ def test_a_pipeline_deeper_than_the_fleet_is_refused(profile, fleet):
     assert caught.value.field == "pipeline_stages" and "at most 8" in caught.value.fix
 
 
+@pytest.mark.parametrize(("stages", "micro_batches"), [(1, 2), (2, 8), (2, 2)])
+def test_a_pinned_micro_batch_count_is_planned_by_varuna(profile, fleet, stages, micro_batches):
+    plan = make_plan(profile, fleet, PlanInputs(global_batch_size=32, pipeline_stages=stages,
+                                                micro_batches=micro_batches, runnable_dims=("dp",), top_k=1))
+    assert len(plan.stages) == stages and plan.num_micro_batches == micro_batches
+    assert plan.micro_batch_size * micro_batches == 32  # a micro-batch's samples over all replicas
+    assert plan.engine == plan_pb2.PLAN_ENGINE_VARUNA
+
+
+def test_a_micro_batch_count_that_splits_nothing_or_lacks_a_batch_is_refused(profile, fleet):
+    with pytest.raises(InvalidArgument) as caught:  # 32 / D is at most 32 samples: 64 micro-batches never split
+        make_plan(profile, fleet, PlanInputs(global_batch_size=32, micro_batches=64, runnable_dims=("dp",)))
+    assert caught.value.field == "micro_batches" and "divides" in caught.value.fix
+    with pytest.raises(InvalidArgument) as caught:
+        make_plan(profile, fleet, PlanInputs(micro_batches=4))
+    assert caught.value.field == "micro_batches" and "global_batch_size" in caught.value.fix
+
+
 def test_a_calibration_for_the_fleets_device_kind_changes_the_prediction_and_is_explained(profile, fleet):
     from services.planner.cost.calibration import Calibration
 

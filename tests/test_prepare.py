@@ -55,13 +55,13 @@ def store(plane) -> Store:
     return plane.store()
 
 
-def new_job(client, vocab: int, global_batch_size: int = 8) -> job_pb2.Job:
+def new_job(client, vocab: int, global_batch_size: int = 8, **spec_fields) -> job_pb2.Job:
     model = model_pb2.ModelSpec(
         name=f"gpt-{vocab}", family=model_pb2.MODEL_FAMILY_GPT,
         transformer=model_pb2.TransformerConfig(num_layers=2, hidden_size=64, num_heads=2, vocab_size=vocab,
                                                 seq_length=32))
     spec = job_pb2.JobSpec(name=f"job-{vocab}", global_batch_size=global_batch_size, iterations=3, fleet=FLEET,
-                           model=model)
+                           model=model, **spec_fields)
     return client.store.CreateJob(store_pb2.CreateJobRequest(spec=spec))
 
 
@@ -95,6 +95,16 @@ def test_a_transient_failure_leaves_the_job_to_resume_where_it_stood(client, sto
     again = prepare_job({"job_id": job.id}, task(store, job, Profiler(client.store), attempts=3))
     assert again["plan_id"] == done.plan_id
     assert len(client.store.ListPlans(store_pb2.ListPlansRequest(job_id=job.id)).plans) == 1
+
+
+def test_the_first_plan_keeps_to_max_devices_and_a_pinned_micro_batch_count(client, store):
+    """Eight devices in the fleet, at most two for the job, four micro-batches asked: that is what it gets."""
+    job = new_job(client, 352, global_batch_size=16, min_devices=1, max_devices=2, pipeline_stages=1,
+                  micro_batches=4)
+    result = prepare_job({"job_id": job.id}, task(store, job, Profiler(client.store)))
+    plan = client.store.GetPlan(store_pb2.GetRequest(id=result["plan_id"]))
+    assert [s.devices for s in plan.stages] == [2] and plan.num_micro_batches == 4
+    assert plan.micro_batch_size * plan.num_micro_batches == 16
 
 
 def test_the_last_attempt_fails_the_job_with_the_reason(client, store):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ballast.v1 import fleet_pb2, job_pb2, model_pb2
+from ballast.v1 import fleet_pb2, job_pb2, model_pb2, plan_pb2
 from services.runtime.errors import InvalidArgument
 from services.specs.model import load_model_spec, model_signature, validate_job_spec, validate_model_spec
 
@@ -101,6 +101,7 @@ def test_job_spec_rules_use_job_paths():
         return job_pb2.JobSpec(**({"model": transformer(), "global_batch_size": 8, "iterations": 3} | kw))
 
     validate_job_spec(job())
+    validate_job_spec(job(micro_batches=4))
     validate_job_spec(job(layer_toggles=[job_pb2.LayerToggle(layer_index=2, iteration=0),
                                          job_pb2.LayerToggle(layer_index=2, iteration=2, active=True)]))
     cases = [
@@ -118,6 +119,8 @@ def test_job_spec_rules_use_job_paths():
         (job(layer_toggles=[job_pb2.LayerToggle(layer_index=2, iteration=3)]), "spec.layer_toggles[0].iteration"),
         (job(layer_toggles=[job_pb2.LayerToggle(layer_index=2, iteration=1),
                             job_pb2.LayerToggle(layer_index=2, iteration=1, active=True)]), "spec.layer_toggles[1]"),
+        (job(micro_batches=3), "spec.micro_batches"),  # 3 does not divide the global batch of 8
+        (job(micro_batches=4, engine=plan_pb2.PLAN_ENGINE_GALVATRON), "spec.micro_batches"),
     ]
     for spec, field in cases:
         with pytest.raises(InvalidArgument) as err:

@@ -43,7 +43,10 @@ def add_submit_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --max-devices: the job may be re-planned for any device count in the range to start "
                         "sooner (default: exactly the devices its plan needs)")
     p.add_argument("--max-devices", type=device_count("--max-devices"), default=None, metavar="N",
-                   help="upper end of the device range (see --min-devices)")
+                   help="upper end of the device range (see --min-devices); the first plan uses at most N devices")
+    p.add_argument("--micro-batches", type=device_count("--micro-batches", 0, "micro-batches"), default=0, metavar="NM",
+                   help="micro-batches per iteration per pipeline replica, planned by the Varuna engine (default 0: "
+                        "the planner chooses)")
     p.add_argument("--checkpoint-every", type=device_count("--checkpoint-every", 0, "iterations"), default=0,
                    metavar="N",
                    help="write a per-layer checkpoint every N iterations: a job that loses a worker or host resumes "
@@ -109,6 +112,7 @@ def job_spec(args: argparse.Namespace) -> job_pb2.JobSpec:
                            priority_class=getattr(args, "priority", "") or "",
                            min_devices=getattr(args, "min_devices", None) or 0,
                            max_devices=getattr(args, "max_devices", None) or 0,
+                           micro_batches=getattr(args, "micro_batches", 0) or 0,
                            checkpoint_every=getattr(args, "checkpoint_every", 0) or 0)
     if args.fleet:
         spec.fleet.CopyFrom(load_fleet(args.fleet, dtype=model.dtype or None))

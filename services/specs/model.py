@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 from google.protobuf.json_format import ParseDict
 
-from ballast.v1 import job_pb2, model_pb2
+from ballast.v1 import job_pb2, model_pb2, plan_pb2
 from services.runtime.errors import InvalidArgument
 
 F = model_pb2.ModelFamily
@@ -164,6 +164,13 @@ def validate_job_spec(spec: job_pb2.JobSpec, allowed_factories: Iterable[str] = 
             )
         _positive(fleet, ("devices_per_node", "nodes"), "spec.fleet")
     _device_range(spec)
+    if spec.micro_batches and spec.global_batch_size % spec.micro_batches:
+        raise InvalidArgument(f"{spec.micro_batches} micro-batches do not split a global batch of "
+                              f"{spec.global_batch_size}", field="spec.micro_batches",
+                              fix="use a divisor of the global batch, or 0 to let the planner choose")
+    if spec.micro_batches and spec.engine == plan_pb2.PLAN_ENGINE_GALVATRON:
+        raise InvalidArgument("a pinned micro-batch count is planned by the Varuna engine", field="spec.micro_batches",
+                              fix="leave the engine unset or VARUNA, or set micro_batches to 0")
     seen: set[tuple[int, int]] = set()
     for i, toggle in enumerate(spec.layer_toggles):
         if toggle.iteration >= spec.iterations:

@@ -128,12 +128,13 @@ def profile_request(job: job_pb2.Job, fleet: fleet_pb2.Fleet) -> services_pb2.Pr
 
 def plan_inputs(job: job_pb2.Job, dims: tuple[str, ...], devices: int = 0, engine: int = 0):
     """The search's inputs; a pipeline depth the job asked for is dropped when a re-plan has fewer devices,
-    and `engine` (a morph's re-plan: Varuna's P x D at the same global batch) stands in for an unset one."""
+    a pinned micro-batch count on any re-plan (the width changes, the global batch stays), and `engine` (a
+    morph's re-plan: Varuna's P x D at the same global batch) stands in for an unset one."""
     spec = job.spec
     stages = spec.pipeline_stages if not devices or spec.pipeline_stages <= devices else 0
     return PlanInputs(global_batch_size=spec.global_batch_size, memory_budget_bytes=spec.memory_budget_bytes,
                       engine=spec.engine or engine, schedule=spec.schedule, runnable_dims=dims,
-                      pipeline_stages=stages,
+                      pipeline_stages=stages, micro_batches=0 if devices else spec.micro_batches,
                       overlap_grad_sync=False)  # the executors allreduce after the last backward
 
 
@@ -242,7 +243,7 @@ def prepare_job(payload: dict[str, Any], task: durable.Task) -> dict[str, Any]:
         spec = job.job.spec
         fleet = spec.fleet if spec.HasField("fleet") else fleet_of_hosts(online_hosts(task.store),
                                                                           spec.model.dtype)
-        fleet = shrink(fleet, int(payload.get("devices") or 0))
+        fleet = shrink(fleet, int(payload.get("devices") or 0) or spec.max_devices)
         request = profile_request(job.job, fleet)
         how = "analytical" if request.analytical else "measured"
         step = "profiling"

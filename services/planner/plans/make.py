@@ -64,6 +64,7 @@ class PlanInputs:
     # allreduce after the last micro-batch (Varuna §4.4), so plans for them are priced that way (jobs pass False).
     overlap_grad_sync: bool = True
     pipeline_stages: int = 0  # 0: any depth
+    micro_batches: int = 0  # Varuna's Nm pinned (the Varuna engine alone plans it); 0: the search chooses
     max_global_batch_size: int = 512
     top_k: int = 5
     # Learnt from earlier runs on this fleet's host class (cost/calibration.py); None: the profile alone.
@@ -110,7 +111,8 @@ def make_plan(profile: profile_pb2.Profile, fleet: fleet_pb2.Fleet, inputs: Plan
     base = baseline_engine.baselines(ctx, devices, options)
     # Baselines are priced whatever they need (the table compares them); only runnable ones may be chosen.
     feasible = sorted((p for p in [*engines, *base] if not p.out_of_memory and _runs_on(p, options.dims)
-                       and options.pipeline_stages in (0, len(p.stage_bounds))), key=lambda p: -p.throughput)
+                       and options.pipeline_stages in (0, len(p.stage_bounds))
+                       and options.micro_batches in (0, p.num_micro_batches)), key=lambda p: -p.throughput)
     if not feasible:
         raise FailedPrecondition(_nothing_fits(ctx, fleet, options), field="memory_budget_bytes",
                                  fix="raise the budget, add devices, or plan for a larger device")
@@ -159,6 +161,10 @@ def _check(profile: profile_pb2.Profile, fleet: fleet_pb2.Fleet, inputs: PlanInp
         raise InvalidArgument(f"{inputs.pipeline_stages} pipeline stages asked for {devices} device(s) and "
                               f"{len(profile.layers)} layers", field="pipeline_stages",
                               fix=f"use at most {min(devices, len(profile.layers))}, or 0 to let the search choose")
+    if inputs.micro_batches and (not inputs.global_batch_size or inputs.engine == plan_pb2.PLAN_ENGINE_GALVATRON):
+        raise InvalidArgument("a pinned micro-batch count is planned by the Varuna engine at a fixed global batch",
+                              field="micro_batches", fix="set global_batch_size and leave the engine unset or "
+                              "VARUNA, or set micro_batches to 0")
     if inputs.schedule == plan_pb2.SCHEDULE_HARMONY_WRAP:
         raise InvalidArgument("Harmony's wrap-around schedule is priced by the simulator but not yet searched",
                               field="schedule", fix="GPIPE, 1F1B or VARUNA")
@@ -190,14 +196,15 @@ def _options(inputs: PlanInputs, budget: int) -> SearchOptions:
         dims=ALL_DIMS if inputs.what_if else inputs.runnable_dims,
         top_k=inputs.top_k,
         pipeline_stages=inputs.pipeline_stages,
+        micro_batches=inputs.micro_batches,
     )
 
 
 def _run_engines(ctx: CostContext, devices: int, options: SearchOptions, inputs: PlanInputs) -> list[PricedPlan]:
     want = inputs.engine
     plans: list[PricedPlan] = []
-    if want in (plan_pb2.PLAN_ENGINE_UNSPECIFIED, plan_pb2.PLAN_ENGINE_GALVATRON):
-        plans += galvatron.search(ctx, devices, options)
+    if want in (plan_pb2.PLAN_ENGINE_UNSPECIFIED, plan_pb2.PLAN_ENGINE_GALVATRON) and not options.micro_batches:
+        plans += galvatron.search(ctx, devices, options)  # a pinned Nm is Varuna's to plan
     if want in (plan_pb2.PLAN_ENGINE_UNSPECIFIED, plan_pb2.PLAN_ENGINE_VARUNA):
         batch = options.global_batch_size or next((p.global_batch_size for p in plans if not p.out_of_memory), 0)
         if batch:

@@ -43,6 +43,8 @@ class SearchOptions:
     top_k: int = 5
     # Only plans with this many pipeline stages (0: any depth).
     pipeline_stages: int = 0
+    # Only plans with this many micro-batches per replica (0: any; the Varuna engine plans it).
+    micro_batches: int = 0
     cost: CostOptions = field(default_factory=CostOptions)
 
 

@@ -113,6 +113,12 @@ def _configure_depth(
 ) -> tuple[PricedPlan | None, PricedPlan | None]:
     """(best fitting plan, least-memory OOM plan) for depth p."""
     per_replica = batch // d
+    if options.micro_batches:  # pinned Nm: one micro-batch size, or none at this width
+        if per_replica % options.micro_batches:
+            return None, None
+        plan = _price_depth(ctx, p, d, per_replica // options.micro_batches, batch, options, schedule, ckpt,
+                            "Nm pinned")
+        return (None, plan) if plan.out_of_memory else (plan, None)
     knee = knee_micro_batch_size(ctx.view, per_replica)
     sizes = [m for m in _divisors(per_replica) if m <= knee][::-1]
     oom: PricedPlan | None = None
@@ -179,7 +185,11 @@ def configure(
             least = oom
     if fitting:
         return sorted(fitting, key=lambda plan: (-plan.throughput, len(plan.stage_bounds)))
-    assert least is not None
+    if least is None:  # only a pinned Nm leaves every width without a micro-batch size
+        raise InvalidArgument(
+            f"{options.micro_batches} micro-batches split no replica's share of the global batch {batch} (P x D "
+            f"on {g} devices, D in {widths})", field="micro_batches",
+            fix="use a count that divides B / D for some D, or 0 to let the search choose")
     return [dataclasses.replace(least, reason=f"no P x D configuration fits the memory budget; least memory: "
                                               f"{least.reason}")]
 
