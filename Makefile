@@ -24,8 +24,9 @@ $(STAMP): $(PY) pyproject.toml
 
 install: $(STAMP)
 
+# The data dir persists: a second `make demo` is planned with the calibration the first run fitted.
 demo: install
-	$(VENV)/bin/ballast demo
+	$(VENV)/bin/ballast demo --data-dir .ballast-demo
 
 # `make test` is the everyday suite (ruff + every test not marked slow, under 10 minutes on 2 cores);
 # `make test-slow` runs the slower end-to-end tests; CI (.ci/run) runs both, `make test-all` does too.

@@ -42,10 +42,14 @@ class Settings:
     # a degraded (straggler) host still online rejoins on trial after this long, doubled each time it is caught
     # again (at most a day); 0: only `ballast fleet clear` gives it back
     degraded_parole_s: float = 600.0
+    # a worker computing this much slower than its data-parallel peers is a straggler (Varuna saw ~30%) ...
+    straggler_threshold: float = 0.25
+    # ... or this much where CPU workers share one machine's cores (the OS scheduler alone skews them ~40%)
+    straggler_shared_cpu_threshold: float = 0.5
     checkpoint_max_interval_s: float = 1800.0
     # a host class's calibration (learnt from runs) is used when planning once fitted on this many iterations;
     # 0 plans from profiles alone
-    calibration_min_iterations: int = 20  # a job left to Ballast's cadence checkpoints at least this often
+    calibration_min_iterations: int = 20
     log_level: str = "INFO"
     allowed_model_factories: tuple[str, ...] = ()
     fleet_policy: str = ""  # policy YAML the planner stores at start-up when it differs (services/specs/policy.py)

@@ -156,6 +156,7 @@ def test_demo(tmp_path: Path) -> None:
     assert demo.returncode == 0, demo.stdout + demo.stderr
     out = demo.stdout
     for words in ("PLAN_CHOSEN", "ASSIGNED", "SUCCEEDED", "trained 8 iteration(s)", "iteration time: predicted",
+                  "prediction: uncalibrated", "calibration cal-",
                   "loss curve", "live rebalancing", "REPARTITION ", "MIGRATION", "REPARTITIONED",
                   "FROM layer_migrations", "stopped 6 processes"):
         assert words in out, out

@@ -100,3 +100,24 @@ def test_a_layout_the_job_already_ran_is_judged_by_its_measurement_not_the_simul
     assert Probe(store)._measured_on(running, 1) == (pytest.approx(0.30), 1)
     assert Probe(_Store([one, two], _rows(2, 0.2)))._measured_on(Running(
         job=job_pb2.Job(id="job-1"), plan=two, hosts=["a", "b"], world=2), 1) == (0.0, 0)  # never ran on one
+
+
+def test_cpu_workers_sharing_a_machine_are_judged_with_the_wider_threshold():
+    """Two CPU agents on one box compete for its cores: a 40% skew there is the OS scheduler, not a slow host;
+    a 2x slow worker is still found. GPUs, or CPU workers each on a machine of their own, keep 25%."""
+    from ballast.v1 import fleet_pb2, plan_pb2
+    from services.planner.jobs.recovery import Recovery
+
+    class Probe(Recovery):
+        _stutter_thresholds = (0.25, 0.5)
+
+    def plan(kind: str):
+        return plan_pb2.Plan(fleet=fleet_pb2.Fleet(device=fleet_pb2.DeviceSpec(kind=kind)))
+
+    shared = Probe()._stutter_watch(plan("cpu"), ["127.0.0.1", "127.0.0.1"])
+    apart = Probe()._stutter_watch(plan("cpu"), ["10.0.0.1", "10.0.0.2"])
+    gpus = Probe()._stutter_watch(plan("h100"), ["10.0.0.1", "10.0.0.1"])
+    assert (shared.threshold, apart.threshold, gpus.threshold) == (0.5, 0.25, 0.25)
+    for watch, skew, found in ((shared, 0.14, False), (shared, 0.20, True), (apart, 0.14, True)):
+        fill(watch, {(0, 0): 0.10, (0, 1): skew}, watch.window)
+        assert (watch.straggler() is not None) is found, (watch.threshold, skew)

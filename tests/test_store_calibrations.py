@@ -10,7 +10,7 @@ from datetime import datetime
 import pytest
 import sqlalchemy as sa
 
-from ballast.v1 import plan_pb2, store_pb2
+from ballast.v1 import job_pb2, plan_pb2, store_pb2
 from services.runtime.errors import InvalidArgument, NotFound, PermissionDenied, Unavailable
 from services.store import models as m
 from services.store import schema
@@ -18,7 +18,7 @@ from services.store.convert import shared_fields
 from services.store.db import create_engine
 from services.store.repo.calibrations import SET_BY_STORE, VERSION_ATTEMPTS
 from tests.store_builders import page
-from tests.store_fixtures import Store
+from tests.store_fixtures import Store, new_job
 
 CPU = "cpu/16c/2w"
 GPU = "h100/32c/8w"
@@ -237,3 +237,17 @@ def test_migration_0010_adds_and_drops_calibrations(empty_database_url):
         schema.check_schema(engine)
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize("fields", [{"online_repartition": True},
+                                    {"layer_toggles": [job_pb2.LayerToggle(layer_index=1, iteration=2)]}])
+def test_a_run_whose_layers_moved_or_switched_calibrates_nothing(store: Store, fields: dict):
+    """Its measured iterations are not its plan's: a calibration from them would mislead the next plans."""
+    from types import SimpleNamespace
+
+    from services.planner.jobs.calibrate_job import calibrate_after
+
+    job = new_job(store, name="moving", **fields)
+    result = calibrate_after({"job_id": job.id}, SimpleNamespace(store=store.as_(store.admin)))
+    assert result["calibrated"] is False and "migrated live" in result["why"]
+    assert store.count("calibrations") == 0

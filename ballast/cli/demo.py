@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 from rich.console import Console
@@ -18,10 +19,10 @@ from ballast.cli.follow import follow
 from ballast.client import Client
 from ballast.config import Settings, load_settings
 from ballast.v1 import job_pb2, model_pb2, plan_pb2, services_pb2, store_pb2
+from services.planner.plans.calibrate import WARMUP, measured_iteration_s
 from services.specs.model import load_model_spec
 
 console = Console()
-WARM_UP = 2  # iterations left out of the measured median (allocator and thread-pool warm-up)
 
 
 def default_model_path() -> Path:
@@ -60,6 +61,7 @@ def run_demo(settings: Settings, args: argparse.Namespace) -> int:
                 return 1
             console.rule("3. report")
             code = report(client, job.id, settings.data_dir / "loss.png")
+            await_calibration(client, job.id)
             if code == 0 and args.executors >= 2 and spec.HasField("transformer"):
                 console.rule("4. live rebalancing (vPipe): an unbalanced 2-stage pipeline, layers migrated live")
                 code = rebalance_live(client, spec, args)
@@ -114,14 +116,13 @@ def report(client: Client, job_id: str, png: Path) -> int:
     console.print(f"  plan {plan.id}: {len(plan.stages)} stage(s) x {replicas} replica(s), "
                   f"{plan.num_micro_batches} micro-batch(es) of {plan.micro_batch_size}, "
                   f"{plan_pb2.Schedule.Name(plan.schedule).removeprefix('SCHEDULE_')}")
-    per_iteration: dict[int, float] = {}
-    for m in rows:  # an iteration takes as long as its slowest worker
-        per_iteration[m.iteration] = max(per_iteration.get(m.iteration, 0.0), m.iteration_time_s)
-    steady = [t for i, t in sorted(per_iteration.items()) if i >= WARM_UP] or list(per_iteration.values())
-    measured = statistics.median(steady)
+    measured = measured_iteration_s(rows, plan.version, WARMUP)  # as the calibration measures it
     predicted = plan.prediction.iteration_time_s
     console.print(f"  iteration time: predicted {predicted * 1e3:.1f} ms, measured {measured * 1e3:.1f} ms "
-                  f"(median after {WARM_UP} warm-up iterations), error {(predicted - measured) / measured:+.0%}")
+                  f"(median after {WARMUP} warm-up iterations), error {(predicted - measured) / measured:+.1%}")
+    used = next((line.strip() for line in plan.explanation.splitlines() if "Calibrated from" in line), "")
+    console.print(f"  prediction: {used}" if used else "  prediction: uncalibrated (the profile alone): no "
+                  "calibration of this host class fitted on enough iterations yet (BALLAST_CALIBRATION_MIN_ITERATIONS)")
     losses = sorted((m.iteration, m.loss) for m in rows if m.has_loss and m.replica_index == 0)
     console.print(f"  loss: {losses[0][1]:.3f} at iteration 0 -> {losses[-1][1]:.3f} at iteration {losses[-1][0]}")
     save_curve(losses, png, job_id)
@@ -129,6 +130,25 @@ def report(client: Client, job_id: str, png: Path) -> int:
     console.print(f"  SQL: ballast sql \"SELECT iteration, stage_index, replica_index, iteration_time_s, "
                   f"predicted_iteration_time_s, loss FROM iteration_metrics WHERE job_id = '{job_id}'\"")
     return 0 if losses[-1][1] < losses[0][1] else 1
+
+
+def await_calibration(client: Client, job_id: str, timeout_s: float = 90.0) -> None:
+    """The run just finished recalibrates its host class (a Celery job); wait for it before shutting down, so
+    a second `make demo` in the same data dir is planned with it."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = [c for c in client.store.ListCalibrations(store_pb2.ListCalibrationsRequest()).calibrations
+                 if job_id in c.job_ids]
+        if found:
+            c = found[0]
+            console.print(f"  calibration {c.id} (version {c.version} for {c.host_class}) fitted from "
+                          f"{len(c.job_ids)} run(s): iteration error {c.residual_before:.1%} uncalibrated, "
+                          f"{c.residual:.1%} calibrated; run the demo again with the same --data-dir to be planned "
+                          "with it")
+            return
+        time.sleep(0.5)
+    console.print(f"[yellow]  no calibration from {job_id} within {timeout_s:.0f} s (see `ballast sql \"SELECT * "
+                  "FROM calibrations\"`)[/yellow]")
 
 
 def save_curve(losses: list[tuple[int, float]], png: Path, title: str) -> None:

@@ -54,7 +54,9 @@ def build_server(settings: Settings, address: str | None = None, send: durable.S
                           lambda: registry.connected(), settings.data_dir / "checkpoints", replan=replan,
                           host_lost_s=settings.host_lost_s, max_morphs_per_hour=settings.max_morphs_per_hour,
                           checkpoint_max_interval_s=settings.checkpoint_max_interval_s,
-                          degraded_parole_s=settings.degraded_parole_s, calibrate=calibrate)
+                          degraded_parole_s=settings.degraded_parole_s, calibrate=calibrate,
+                          straggler_thresholds=(settings.straggler_threshold,
+                                                settings.straggler_shared_cpu_threshold))
     registry = AgentRegistry(as_platform, listener=scheduler.on_message)
     sweeper = durable.Sweeper(as_platform, send, settings.sweep_interval_s, settings.requeue_unclaimed_s)
 

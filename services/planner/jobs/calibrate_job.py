@@ -44,6 +44,10 @@ def _devices(plan: plan_pb2.Plan) -> int:
 def calibrate_after(payload: dict[str, Any], task: durable.Task) -> dict[str, Any]:
     """Fit and store the host class's next calibration from this job's run and the latest one's runs."""
     store, job_id = task.store, str(payload.get("job_id", ""))
+    spec = store.get_job(store_pb2.GetRequest(id=job_id)).spec
+    if spec.layer_toggles or spec.online_repartition:  # its layers were switched or moved: not the plan it measured
+        return {"job_id": job_id, "calibrated": False,
+                "why": "layers switched on or off, or migrated live: the run does not measure its plan"}
     run = run_of(store, job_id)
     if run is None:
         return {"job_id": job_id, "calibrated": False, "why": "no metrics under a stored plan"}

@@ -256,6 +256,24 @@ class Recovery:
         self._caught[host] = self._caught.get(host, 0) + 1
         self._drain_morph(r, morph.STRAGGLER, f"{detail}; {verdict}")
 
+    def _stutter_watch(self, plan: plan_pb2.Plan, machines: list[str]) -> stutter.StutterWatch:
+        """The job's straggler test; `machines` has each worker's machine (agents on one address share it). CPU
+        workers sharing a machine's cores get the wider threshold: there the OS scheduler alone makes one read
+        up to ~40% slower than its peer (faults.py), which is not a slow host."""
+        shared = plan.fleet.device.kind == "cpu" and len(set(machines)) < len(machines)
+        return stutter.StutterWatch(threshold=self._stutter_thresholds[1 if shared else 0])
+
+    def _machines(self, ranks: dict[str, list[int]]) -> list[str]:
+        """Each worker's machine address (a host gone from the store counts as a machine of its own)."""
+        out = []
+        for host_id, workers in ranks.items():
+            try:
+                address = self._store.get_host(store_pb2.GetRequest(id=host_id)).address or host_id
+            except BallastError:
+                address = host_id
+            out += [address] * len(workers)
+        return out
+
     def _time_without(self, r: Running, found: stutter.Finding, devices: int,
                       now: float) -> tuple[float | None, str, str]:
         """(iteration time expected on the `devices` left without the straggler, where that figure comes from,

@@ -45,7 +45,7 @@ from services.planner.jobs.running import (
     is_symptom,
 )
 from services.planner.online import OnlineOptions
-from services.runtime.errors import BallastError, FailedPrecondition
+from services.runtime.errors import BallastError, FailedPrecondition, InvalidArgument
 from services.runtime.store_api import Store, every_page
 
 log = logging.getLogger("ballast.scheduler")
@@ -59,8 +59,13 @@ class Scheduler(Recovery):
                  replan: Callable[[job_pb2.Job, int, int], None] | None = None,
                  host_lost_s: float = HOST_LOST_S, max_morphs_per_hour: int = MAX_MORPHS_PER_HOUR,
                  checkpoint_max_interval_s: float = 1800.0, degraded_parole_s: float = 0.0,
-                 calibrate: Callable[[job_pb2.Job], None] | None = None):
+                 calibrate: Callable[[job_pb2.Job], None] | None = None,
+                 straggler_thresholds: tuple[float, float] = (stutter.THRESHOLD, stutter.SHARED_CPU_THRESHOLD)):
         self._store, self._send, self._connected = store, send, connected
+        if min(straggler_thresholds) <= 0:
+            raise InvalidArgument(f"straggler thresholds {straggler_thresholds} must be positive",
+                                  field="straggler_threshold", fix="use e.g. 0.25 (25% slower than its peers)")
+        self._stutter_thresholds = straggler_thresholds  # (distinct machines, CPU workers sharing one)
         self._calibrate = calibrate  # queues a succeeded job's recalibration of its host class
         self._parole_s, self._parole_at = degraded_parole_s, 0.0
         self._caught: dict[str, int] = {}  # host id -> times marked degraded since this planner started
@@ -237,7 +242,9 @@ class Scheduler(Recovery):
         rendezvous = f"{placements[0].host.address or '127.0.0.1'}:{_port(placements[0].host.address)}"
         running = Running(job, plan, [p.host.id for p in placements], world,
                           ranks={p.host.id: [w.rank for w in p.workers] for p in placements},
-                          iteration=start_iteration, resume_iteration=start_iteration)
+                          iteration=start_iteration, resume_iteration=start_iteration,
+                          watch=self._stutter_watch(plan, [p.host.address or p.host.id for p in placements
+                                                           for _ in p.workers]))
         running.target, running.target_iteration_s, running.target_measured_s = self._target(job, stages * replicas)
         with self._lock:
             self._running[job.id] = running
@@ -322,9 +329,10 @@ class Scheduler(Recovery):
         if assigned is None:
             return None
         plan = self._store.get_plan(store_pb2.GetRequest(id=job.plan_id))
+        ranks = _parse_ranks(assigned.attributes.get("ranks", ""))
         running = Running(job, plan, [h for h in assigned.attributes.get("hosts", "").split(",") if h],
-                          int(assigned.attributes.get("world_size", "0")),
-                          ranks=_parse_ranks(assigned.attributes.get("ranks", "")))
+                          int(assigned.attributes.get("world_size", "0")), ranks=ranks,
+                          watch=self._stutter_watch(plan, self._machines(ranks)))
         if job.state == S.JOB_STATE_MORPHING:  # the morph goes on: the survivors' exits (replayed) requeue it
             running.loss = self.admission.pending_loss(job_id)
             running.stopping = "morphing"

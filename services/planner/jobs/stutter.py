@@ -15,6 +15,7 @@ from dataclasses import dataclass
 WINDOW = 6  # iterations each replica is judged over (and how often the verdict is taken again)
 WARMUP = 2  # iterations after a (re)start left out: allocations and first-touch make them slow for everyone
 THRESHOLD = 0.25  # slower than its peers' median by more than this: a straggler (Varuna saw outliers ~30% slow)
+SHARED_CPU_THRESHOLD = 0.5  # the same where CPU workers share one machine's cores (scheduler skew reads ~40%)
 
 
 @dataclass(frozen=True)
