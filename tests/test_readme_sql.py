@@ -1,6 +1,6 @@
-"""The SQL in README.md (where an iteration's time went, the shared fleet, morphs), run as `ballast sql` runs
-it (read-only) on SQLite and on PostgreSQL against a database `schema.upgrade` made, with rows whose answers
-are known.
+"""The SQL in README.md (where an iteration's time went, fidelity, the shared fleet, morphs, calibrations), run
+as `ballast sql` runs it (read-only) on SQLite and on PostgreSQL against a database `schema.upgrade` made, with
+rows whose answers are known.
 
 The blocks are found by their markers, `<!-- readme-sql: NAME BACKENDS -->` right before a ```sql fence, so
 an edit to the README is what gets tested, and a block that goes missing fails here.
@@ -27,6 +27,7 @@ from services.store.models import (
     JobEvent,
     JobMorph,
     Model,
+    Plan,
     Tenant,
 )
 from services.store.sql import readonly_url, run_readonly_query
@@ -50,8 +51,14 @@ CALIBRATIONS = [["cpu/16c/2w", 2, 120, 0.35, 0.05], ["h100/32c/8w", 1, 200, 0.2,
 # allreduce, optimizer, overhead s, peak / predicted peak MiB (see _metrics; the row without a breakdown is out)
 BREAKDOWN = [["job-c", 1, 0, 1.0, 0.8, 0.65, 0.5, 0.1, 0.15, 0.1, 0.03, 0.07, 3072, 2560],
              ["job-c", 1, 1, 1.0, 0.8, 0.8, 0.7, 0.0, 0.05, 0.1, 0.03, 0.02, 4096, 3584]]
+# model, stages, replicas, micro-batches, host class -> runs, calibrated runs, steady iterations, predicted /
+# measured s, error %, predicted / measured peak MiB, memory error % (see _fidelity_metrics)
+FIDELITY = [["bert", 2, 1, 2, "cpu/0c/2w", 1, 0, 2, 0.26, 0.325, -20.0, None, None, None],
+            ["gpt", 1, 1, 8, "h100/0c/1w", 1, 0, 1, 0.4, 0.5, -20.0, 40960.0, 51200.0, -20.0],
+            ["gpt", 1, 2, 4, "cpu/8c/2w", 2, 1, 5, 1.0, 0.9, 11.1, 1024.0, 896.0, 14.3],
+            ["gpt", 3, 1, 6, "cpu/8c/3w", 1, 0, 2, 2.0, 2.3, -13.0, 512.0, 640.0, -20.0]]
 EXPECTED = {"device-hours": DEVICE_HOURS, "queue-wait": QUEUE_WAIT, "queue-wait-from-events": QUEUE_WAIT,
-            "morphs": MORPHS, "calibrations": CALIBRATIONS, "iteration-breakdown": BREAKDOWN}
+            "morphs": MORPHS, "calibrations": CALIBRATIONS, "iteration-breakdown": BREAKDOWN, "fidelity": FIDELITY}
 
 
 def readme_blocks() -> list[tuple[str, set[str], str]]:
@@ -75,22 +82,33 @@ def _seed(engine: sa.Engine, now: datetime) -> None:
 
         insert(Tenant, *({"id": f"t-{name}", "name": name, "admin": name == "admin", "token_hash": name.ljust(64, "x"),
                           "created_at": now - 30 * DAY} for name in ("admin", "research", "prod", "idle")))
-        insert(Model, {"id": "m-1", "tenant_id": "t-research", "name": "gpt", "family": "MODEL_FAMILY_GPT",
-                       "signature": "s" * 64, "spec": {}, "created_at": now - 30 * DAY})
-        insert(Host, {"id": "h-1", "name": "gpu-a", "state": "HOST_STATE_ONLINE", "supported_parallelism": [],
-                      "labels": {}, "registered_at": now - 30 * DAY})
-        insert(Device, *({"host_id": "h-1", "device_index": i, "kind": "h100", "memory_bytes": 80 << 30,
-                          "peak_flops": 1e15, "spec": {}} for i in range(4)))
+        insert(Model, *({"id": f"m-{n}", "tenant_id": "t-research", "name": name, "family": "MODEL_FAMILY_GPT",
+                          "signature": str(n) * 64, "spec": {}, "created_at": now - 30 * DAY}
+                         for n, name in ((1, "gpt"), (2, "bert"))))
+        # gpu-a: 4 h100 and no core count; cpu-a and cpu-b: two agents on one machine (10.0.0.5), 3 cpu devices
+        insert(Host, *({"id": f"h-{n}", "name": name, "address": address, "state": "HOST_STATE_ONLINE",
+                        "supported_parallelism": [], "labels": labels, "registered_at": now - 30 * DAY}
+                       for n, name, address, labels in ((1, "gpu-a", "", {}),
+                                                        (2, "cpu-a", "10.0.0.5", {"cpu_cores": "16"}),
+                                                        (3, "cpu-b", "10.0.0.5", {"cpu_cores": "8"}))))
+        insert(Device, *({"host_id": host, "device_index": i, "kind": kind, "memory_bytes": 80 << 30,
+                          "peak_flops": 1e15, "spec": {}}
+                         for host, kind, count in (("h-1", "h100", 4), ("h-2", "cpu", 2), ("h-3", "cpu", 1))
+                         for i in range(count)))
         jobs = {"job-a": ("high", "t-prod"), "job-b": ("high", "t-prod"), "job-c": ("normal", "t-research"),
-                "job-d": ("normal", "t-research"), "job-e": ("low", "t-research")}
-        insert(Job, *({"id": job_id, "tenant_id": tenant, "model_id": "m-1", "state": "JOB_STATE_RUNNING", "spec": {},
-                       "created_at": now - 20 * DAY, "updated_at": now, "priority_class": cls}
+                "job-d": ("normal", "t-research"), "job-e": ("low", "t-research"), "job-f": ("normal", "t-research"),
+                "job-g": ("normal", "t-research"), "job-h": ("normal", "t-research")}
+        insert(Job, *({"id": job_id, "tenant_id": tenant, "model_id": "m-2" if job_id == "job-f" else "m-1",
+                       "state": "JOB_STATE_RUNNING", "spec": {}, "created_at": now - 20 * DAY, "updated_at": now,
+                       "priority_class": cls}
                       for job_id, (cls, tenant) in jobs.items()))
         insert(DeviceLease, *_leases(now))
+        insert(Plan, *_plans(now - 20 * DAY))
         insert(JobEvent, *_events(now - 2 * DAY))
         insert(JobMorph, *_morphs(now - DAY))
         insert(Calibration, *_calibrations(now - DAY))
         insert(IterationMetric, *_metrics(now - HOUR))
+        insert(IterationMetric, *_fidelity_metrics(now - 2 * HOUR))
 
 
 def _calibrations(t0: datetime) -> Iterator[dict]:
@@ -126,6 +144,56 @@ def _metrics(t0: datetime) -> Iterator[dict]:
            "backward_s": 0.5, "comm_s": 0.0, "peak_memory_bytes": 1 << 30}
 
 
+def _plans(t0: datetime) -> Iterator[dict]:
+    """The plans the fidelity runs trained under; job-h's was priced with a calibration."""
+    for job, model, version, kind, per_node, micro_batches in [
+        ("job-d", "m-1", 1, "h100", 4, 8), ("job-f", "m-2", 1, "cpu", 2, 2),
+        ("job-g", "m-1", 1, "cpu", 2, 4), ("job-g", "m-1", 2, "cpu", 2, 6), ("job-h", "m-1", 1, "cpu", 2, 4),
+    ]:
+        calibrated = "Calibrated from earlier runs: cal-1 (version 1 for cpu/8c/2w)" if job == "job-h" else ""
+        yield {"id": f"pln-{job}-{version}", "tenant_id": "t-research", "model_id": model, "job_id": job,
+               "engine": "PLAN_ENGINE_GALVATRON", "version": version, "global_batch_size": 8, "micro_batch_size": 1,
+               "num_micro_batches": micro_batches, "schedule": "SCHEDULE_1F1B", "pipeline_degree": 1,
+               "iteration_time_s": 1.0, "throughput_samples_per_s": 8.0, "peak_memory_bytes": 1 << 30,
+               "out_of_memory": False, "memory_budget_bytes": 8 << 30,
+               "fleet": {"device": {"kind": kind}, "devices_per_node": per_node}, "stages": [], "prediction": {},
+               "explanation": f"Predicted 1 s per iteration.\n{calibrated}", "created_at": t0}
+
+
+def _fidelity_metrics(t0: datetime) -> Iterator[dict]:
+    """Runs whose first 3 iterations (per plan version) take 5 s, left out as warm-up. Without a breakdown, so
+    the breakdown's answer stays job-c's. Slowest rank per steady iteration, mean over them:
+    job-g v1 (1 stage x 2): 1.2, 1.0, 1.1 -> 1.1 s (predicted 1.0); job-h v1 (1 x 2, calibrated): 0.7 s (1.0);
+    job-g v2 after a morph (3 x 1, from iteration 6): 2.2, 2.4 -> 2.3 s (2.0); job-d (h100, 1 x 1): 0.5 s
+    (0.4); job-f (bert, 2 x 1, no peak predicted, no lease): 0.35, 0.3 -> 0.325 s (0.26).
+    Steady peaks, predicted -> measured MiB: job-g v1 1024 -> 1280, job-h 1024 -> 512; job-g v2 512 each -> 600,
+    640, 680; job-d 40960 -> 51200 (the warm-up's 4096 MiB are left out too)."""
+    runs = {  # (job, version) -> predicted s, first iteration, {steady iteration: [(stage, replica, s)]}, peaks
+        ("job-g", 1): (1.0, 0, {3: [(0, 0, 1.0), (0, 1, 1.2)], 4: [(0, 0, 1.0), (0, 1, 1.0)],
+                                5: [(0, 0, 1.1), (0, 1, 0.8)]}, {0: (1024, 1280)}),
+        ("job-h", 1): (1.0, 10, {13: [(0, 0, 0.7), (0, 1, 0.7)], 14: [(0, 0, 0.7), (0, 1, 0.7)]}, {0: (1024, 512)}),
+        ("job-g", 2): (2.0, 6, {9: [(0, 0, 2.0), (1, 0, 2.2), (2, 0, 2.1)], 10: [(0, 0, 2.0), (1, 0, 2.0),
+                                                                                 (2, 0, 2.4)]},
+                       {0: (512, 600), 1: (512, 640), 2: (512, 680)}),
+        ("job-d", 1): (0.4, 0, {3: [(0, 0, 0.5)]}, {0: (40960, 51200)}),
+        ("job-f", 1): (0.26, 0, {3: [(0, 0, 0.3), (1, 0, 0.35)], 4: [(0, 0, 0.3), (1, 0, 0.25)]}, {}),
+    }
+    for (job, version), (predicted, first, steady, peaks) in runs.items():
+        ranks = steady[min(steady)]
+        warmup = {first + i: [(stage, replica, 5.0) for stage, replica, _ in ranks] for i in range(3)}
+        for iteration, rows in {**warmup, **steady}.items():
+            for stage, replica, seconds in rows:
+                predicted_peak, peak = peaks.get(stage, (None, 256))
+                # the largest peak in one steady iteration, smaller ones elsewhere; the warm-up's are left out
+                peak_mib = peak if iteration == max(steady) and replica == 0 else min(peak, 256)
+                peak_mib = 4096 if iteration in warmup else peak_mib
+                yield {"job_id": job, "plan_version": version, "iteration": iteration, "stage_index": stage,
+                       "replica_index": replica, "iteration_time_s": seconds, "predicted_iteration_time_s": predicted,
+                       "forward_s": 0.0, "backward_s": 0.0, "comm_s": 0.0, "idle_s": 0.0, "loss": None,
+                       "throughput_samples_per_s": 8.0, "recorded_at": t0, "peak_memory_bytes": peak_mib << 20,
+                       "predicted_peak_memory_bytes": None if predicted_peak is None else predicted_peak << 20}
+
+
 def _morphs(t0: datetime) -> Iterator[dict]:
     """worker_lost twice (1 and 2 iterations again, recovered in 3 and 5 s), host_lost once (4, 9.5 s)."""
     s = timedelta(seconds=1)
@@ -143,17 +211,21 @@ def _morphs(t0: datetime) -> Iterator[dict]:
 
 def _leases(now: datetime) -> Iterator[dict]:
     """research: 2 h closed + 0.5 h live + 24 h of a lease that began before the window; one lease ended
-    before it (nothing). prod: a live lease older than the window (7 d = 168 h) + 0.25 h closed."""
-    for n, (job, tenant, device, start, end) in enumerate([
-        ("job-c", "t-research", 0, now - 3 * HOUR, now - HOUR),
-        ("job-c", "t-research", 1, now - 0.5 * HOUR, None),
-        ("job-d", "t-research", 2, now - 8 * DAY, now - 6 * DAY),
-        ("job-d", "t-research", 2, now - 12 * DAY, now - 10 * DAY),
-        ("job-a", "t-prod", 3, now - 9 * DAY, None),
-        ("job-b", "t-prod", 1, now - 2 * HOUR, now - 1.75 * HOUR),
+    before it (nothing). prod: a live lease older than the window (7 d = 168 h) + 0.25 h closed. job-g and job-h
+    leased cpu devices of the machine 10.0.0.5 before the window (nothing)."""
+    for n, (job, tenant, host, device, start, end) in enumerate([
+        ("job-c", "t-research", "h-1", 0, now - 3 * HOUR, now - HOUR),
+        ("job-c", "t-research", "h-1", 1, now - 0.5 * HOUR, None),
+        ("job-d", "t-research", "h-1", 2, now - 8 * DAY, now - 6 * DAY),
+        ("job-d", "t-research", "h-1", 2, now - 12 * DAY, now - 10 * DAY),
+        ("job-a", "t-prod", "h-1", 3, now - 9 * DAY, None),
+        ("job-b", "t-prod", "h-1", 1, now - 2 * HOUR, now - 1.75 * HOUR),
+        *(("job-g", "t-research", host, device, now - 9 * DAY, now - 8 * DAY)
+          for host, device in (("h-2", 0), ("h-2", 1), ("h-3", 0))),
+        *(("job-h", "t-research", host, 0, now - 14 * DAY, now - 13 * DAY) for host in ("h-2", "h-3")),
     ]):
-        yield {"id": f"lse-{n}", "job_id": job, "tenant_id": tenant, "host_id": "h-1", "device_index": device,
-               "device_kind": "h100", "started_at": start, "ended_at": end,
+        yield {"id": f"lse-{n}", "job_id": job, "tenant_id": tenant, "host_id": host, "device_index": device,
+               "device_kind": "h100" if host == "h-1" else "cpu", "started_at": start, "ended_at": end,
                "end_reason": "LEASE_END_REASON_FINISHED" if end else None}
 
 

@@ -241,6 +241,12 @@ def cmd_policy(args: argparse.Namespace) -> int:
     return run_policy(_settings(args), args)
 
 
+def cmd_fidelity(args: argparse.Namespace) -> int:
+    from ballast.cli.fidelity import run
+
+    return run(_settings(args), args)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from ballast.cli.demo import run_demo
 
@@ -315,6 +321,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_fleet_arguments(p)
     p = add("policy", cmd_policy, "the fleet policy: `policy show [--version N]`, `policy set FILE` (admin)")
     add_policy_arguments(p)
+    p = add("fidelity", cmd_fidelity, "predicted against measured iteration time and peak memory over the stored "
+                                      "runs, by model, layout and host class (optionally a PNG plot)")
+    from ballast.cli.fidelity import add_arguments as add_fidelity_arguments
+
+    add_fidelity_arguments(p)
     p = add("demo", cmd_demo, "up, train examples/gpt-tiny.yaml on local CPU executors, report, shut down")
     p.add_argument("--model", type=Path, default=None)
     p.add_argument("--executors", type=int, default=2)
