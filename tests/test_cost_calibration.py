@@ -27,6 +27,9 @@ def test_a_line_recovers_scale_and_fixed_cost_and_falls_back_to_a_ratio():
     assert line([1.0, 2.0], [3.0, 2.0]) == pytest.approx((2.0, 0.0))  # negative slope: the median ratio
     assert line([], []) == (1.0, 0.0)
     assert line([0.001, 0.00101], [0.02, 0.021]) == pytest.approx((1.0, 0.0195), rel=1e-3)  # ratio ~20: a fixed cost
+    # memory: one run's gap is the runtime's own (RSS of the interpreter and libraries), a fixed amount
+    assert line([100.0], [300.0], offset=True) == pytest.approx((1.0, 200.0))
+    assert line([25.0, 53.0], [363.0, 421.0], offset=True) == pytest.approx((58 / 28, 363 - 25 * 58 / 28))
 
 
 def test_fit_recovers_the_runtime_from_stages_of_different_size():

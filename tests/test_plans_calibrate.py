@@ -59,9 +59,9 @@ def measured(profile, plan, iterations: int = 20) -> list[job_pb2.IterationMetri
     """What the workers would report if the runtime were TRUTH applied to the cost model, plus EXTRA_S."""
     pipe, run = uncalibrated(profile, plan)
     nm, iteration_s = run.num_micro_batches, simulated_s(profile, plan, TRUTH) + EXTRA_S
-    from services.planner.cost.pipeline import pipeline_peak_memory
+    from services.planner.sim import SimOptions, simulate
 
-    peaks = pipeline_peak_memory(pipe, run.schedule)
+    peaks = simulate(pipe, SimOptions(schedule=run.schedule, keep_timeline=False)).peak_memory_bytes  # as planned
     rows = []
     for i in range(iterations):
         for s, stage in enumerate(pipe.stages):

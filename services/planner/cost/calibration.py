@@ -115,19 +115,20 @@ def apply(stage: StageCost, cal: Calibration | None) -> StageCost:
     )
 
 
-def line(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+def line(x: Sequence[float], y: Sequence[float], offset: bool = False) -> tuple[float, float]:
     """(scale, fixed) of y = scale x + fixed by least squares, fixed >= 0 and scale within SCALE_BOUNDS.
 
     Predictions too alike to separate the two (one balanced run) give the median ratio as the scale, or, when
-    that ratio is beyond SCALE_BOUNDS (sub-millisecond predictions under a runtime's fixed cost), scale 1 and
-    the median difference as the fixed cost."""
+    that ratio is beyond SCALE_BOUNDS (sub-millisecond predictions under a runtime's fixed cost) or `offset`
+    says the gap is a fixed amount (memory: the runtime's own), scale 1 and the median difference."""
     pairs = [(a, b) for a, b in zip(x, y, strict=True) if a > 0 and b >= 0]
     if not pairs:
         return 1.0, 0.0
     xs, ys = [a for a, _ in pairs], [b for _, b in pairs]
     lo, hi = SCALE_BOUNDS
     ratio = statistics.median(b / a for a, b in pairs)
-    fallback = (ratio, 0.0) if lo <= ratio <= hi else (1.0, max(statistics.median(b - a for a, b in pairs), 0.0))
+    fallback = ((ratio, 0.0) if lo <= ratio <= hi and not offset
+                else (1.0, max(statistics.median(b - a for a, b in pairs), 0.0)))
     if len(pairs) < 2 or (max(xs) - min(xs)) < MIN_SPREAD * max(xs):
         return fallback
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
@@ -153,8 +154,10 @@ def fit(observations: Sequence[Observation], host_class: HostClass) -> Calibrati
     allreduce = statistics.median(o.allreduce_s / o.predicted.allreduce_s for o in synced) if synced else 1.0
     stepped = [o for o in observations if o.predicted.update_s > 0 and o.optimizer_s > 0]
     update = statistics.median(o.optimizer_s / o.predicted.update_s for o in stepped) if stepped else 1.0
+    # a process's memory is its runtime (interpreter, libraries, allocator pools: ~300 MB of RSS on a CPU) plus
+    # what the plan holds: without two distinct predictions the gap is that runtime, not a ratio
     mem = line([float(o.predicted_peak_memory_bytes) for o in observations],
-               [float(o.peak_memory_bytes) for o in observations])
+               [float(o.peak_memory_bytes) for o in observations], offset=True)
     cal = Calibration(
         host_class=host_class.key, forward_scale=fwd[0], forward_fixed_s=fwd[1], backward_scale=bwd[0],
         backward_fixed_s=bwd[1], allreduce_scale=allreduce, update_scale=update,

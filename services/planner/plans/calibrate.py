@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from ballast.v1 import fleet_pb2, job_pb2, plan_pb2, profile_pb2
 from services.planner.cost.calibration import Calibration, HostClass, Observation, apply, fit
 from services.planner.cost.context import CostContext, CostOptions
-from services.planner.cost.pipeline import build_pipeline, pipeline_peak_memory
+from services.planner.cost.pipeline import build_pipeline
 from services.planner.cost.profile_view import from_profile
 from services.planner.cost.strategy import LayerStrategy
 from services.planner.online.srp import RunningPlan
@@ -87,7 +87,9 @@ def observations(run: Run) -> tuple[list[Observation], float]:
     steady = [m for m in steady if m.iteration >= first + WARMUP]
     if not steady:
         return [], 0.0
-    peaks = pipeline_peak_memory(pipe, decoded.schedule)
+    # the simulator's peaks, as the plan predicted them (the static rule assumes Varuna's worst case, every
+    # micro-batch in flight, where a one-stage pipeline frees each after its backward)
+    peaks = simulate(pipe, SimOptions(schedule=decoded.schedule, keep_timeline=False)).peak_memory_bytes
     out = []
     for s, stage in enumerate(pipe.stages):
         rows = [m for m in steady if m.stage_index == s]
