@@ -10,7 +10,7 @@ from datetime import datetime
 import pytest
 import sqlalchemy as sa
 
-from ballast.v1 import job_pb2, plan_pb2, store_pb2
+from ballast.v1 import fleet_pb2, job_pb2, plan_pb2, store_pb2
 from services.runtime.errors import InvalidArgument, NotFound, PermissionDenied, Unavailable
 from services.store import models as m
 from services.store import schema
@@ -251,3 +251,30 @@ def test_a_run_whose_layers_moved_or_switched_calibrates_nothing(store: Store, f
     result = calibrate_after({"job_id": job.id}, SimpleNamespace(store=store.as_(store.admin)))
     assert result["calibrated"] is False and "migrated live" in result["why"]
     assert store.count("calibrations") == 0
+
+
+def test_planning_takes_only_its_own_host_classes_calibration_with_enough_iterations(store: Store, monkeypatch):
+    """One 2-core machine with two CPU devices: a 2-device plan is cpu/2c/2w, a 1-device plan cpu/2c/1w. Each
+    gets its own class's calibration or none: never another class's (another core count, another co-location),
+    and never one fitted on fewer iterations than the planner's minimum."""
+    from services.planner.jobs import prepare
+    from services.planner.plans.make import PlanInputs
+    from tests.store_builders import host
+
+    monkeypatch.setattr(prepare.CALIBRATION, "min_iterations", 20)
+    box = host("box", ["cpu", "cpu"])
+    box.labels["cpu_cores"] = "2"
+    store.as_(store.admin).register_host(store_pb2.RegisterHostRequest(host=box))
+    shared = record(store, calibration("cpu/2c/2w", forward_scale=1.5))
+    record(store, calibration("cpu/2c/1w", forward_scale=1.7, iterations=19))  # too few to plan with
+    record(store, calibration("cpu/16c/1w", forward_scale=1.9))  # a bigger machine's
+    record(store, calibration("h100/2c/2w", device_kind="h100", forward_scale=2.1))  # another device kind's
+    fleet = fleet_pb2.Fleet(name="box", nodes=1, devices_per_node=2,
+                            device=fleet_pb2.DeviceSpec(kind="cpu", memory_bytes=1 << 34))
+    admin = store.as_(store.admin)
+    two = prepare.with_calibration(admin, PlanInputs(), fleet, analytical=False)
+    assert two.calibration.forward_scale == 1.5 and two.calibration.host_class == "cpu/2c/2w"
+    assert two.calibration_note.startswith(f"{shared.id} (version 1 for cpu/2c/2w")
+    one = prepare.with_calibration(admin, PlanInputs(), prepare.shrink(fleet, 1), analytical=False)
+    assert one.calibration is None and one.calibration_note == ""
+    assert prepare.with_calibration(admin, PlanInputs(), fleet, analytical=True).calibration is None
