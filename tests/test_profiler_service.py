@@ -154,9 +154,11 @@ def test_calibrate_rpc_measures_real_gloo_collectives(plane) -> None:
         comm = client.profiler.Calibrate(
             services_pb2.CalibrateRequest(group_sizes=[2], sizes_bytes=[64 * 1024, 256 * 1024, 1024 * 1024]),
             timeout=180)
-        with pytest.raises(grpc.RpcError) as info:
-            client.profiler.Calibrate(services_pb2.CalibrateRequest(group_sizes=[1]), timeout=60)
-        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        for bad, field in (({"group_sizes": [1]}, "group_sizes"), ({"group_sizes": [2**31]}, "group_sizes"),
+                           ({"backend": "../../x"}, "backend"), ({"sizes_bytes": [2**40]}, "sizes_bytes")):
+            with pytest.raises(grpc.RpcError) as info:  # refused before any rank starts
+                client.profiler.Calibrate(services_pb2.CalibrateRequest(**bad), timeout=60)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in info.value.details()
     assert {s.collective for s in comm.collectives} >= {"allreduce", "allgather"}
     assert all(s.seconds > 0 and s.group_size == 2 for s in comm.collectives)
     assert comm.links and all(s.seconds > 0 for s in comm.links)

@@ -176,6 +176,7 @@ class Runner:
         # Imported on first use: calibration imports torch, which the server process otherwise never needs.
         from services.profiler import calibrate as cal
 
+        check_calibrate(request)
         kwargs = {"group_sizes": tuple(request.group_sizes) or (2,), "backend": request.backend or None}
         if request.sizes_bytes:
             kwargs["sizes_bytes"] = tuple(request.sizes_bytes)
@@ -184,6 +185,31 @@ class Runner:
                 return cal.to_proto(cal.calibrate(**kwargs))
             except ValueError as exc:
                 raise InvalidArgument(str(exc), field="group_sizes") from None
+            except cal.CalibrationError as exc:  # a rank failed or timed out: this host cannot run it now
+                raise FailedPrecondition(str(exc), field="group_sizes",
+                                         fix="the profiler log has each rank's output; retry with fewer ranks"
+                                         ) from None
+
+
+MAX_CALIBRATE_RANKS = 16  # every rank of a link calibration is a process on this host
+MAX_CALIBRATE_BYTES = 1 << 30  # per-rank buffer: each rank allocates it
+MAX_CALIBRATE_SIZES = 32
+BACKENDS = ("gloo", "nccl")
+
+
+def check_calibrate(request: services_pb2.CalibrateRequest) -> None:
+    """Refuse a link calibration this host cannot run before any process starts: every rank is a local
+    process and allocates each buffer size, so counts and sizes are bounded."""
+    if request.backend and request.backend not in BACKENDS:
+        raise InvalidArgument(f"unknown backend {request.backend[:40]!r}", field="backend",
+                              fix="gloo, nccl, or empty for the host's default")
+    if any(not 2 <= g <= MAX_CALIBRATE_RANKS for g in request.group_sizes):
+        raise InvalidArgument(f"group sizes must be 2..{MAX_CALIBRATE_RANKS} ranks on this host",
+                              field="group_sizes", fix=f"use sizes between 2 and {MAX_CALIBRATE_RANKS}")
+    if len(request.sizes_bytes) > MAX_CALIBRATE_SIZES or any(
+            not 4 <= s <= MAX_CALIBRATE_BYTES for s in request.sizes_bytes):
+        raise InvalidArgument(f"at most {MAX_CALIBRATE_SIZES} sizes, each 4 B .. {MAX_CALIBRATE_BYTES >> 20} MiB",
+                              field="sizes_bytes", fix="measure fewer or smaller buffers")
 
 
 def analytical_sizes(request: services_pb2.ProfileRequest) -> list[int]:
