@@ -2,11 +2,12 @@
 
 Target: >= 300 cases for every RPC the store, planner and profiler serve; every answer a clean status (OK, or
 a refusal such as INVALID_ARGUMENT that names the field); 0 INTERNAL/UNKNOWN, 0 calls past the 10 s deadline,
-0 dead servers. A link calibration (ProfilerService/Calibrate) measures real collectives between processes
-it starts, so its deadline is 120 s (tests/fuzzing.py LONG_S). The cases come from the descriptors
-(tests/fuzzing.py); the plane is the tests' harness (real gRPC servers on loopback, SQLite), called as the
-platform admin, who reaches every code path. The executor agents' ExecutorControl is left out: an agent
-serves it to the planner alone. Run from the repository root:
+0 dead servers; the store consistent afterwards (nothing half-written: tests/fuzzing.py CONSISTENCY). A link
+calibration (ProfilerService/Calibrate) measures real collectives between processes it starts, so its
+deadline is 120 s (tests/fuzzing.py LONG_S). The cases come from the descriptors (tests/fuzzing.py); the
+plane is the tests' harness (real gRPC servers on loopback, SQLite), called as the platform admin, who reaches
+every code path. The executor agents' ExecutorControl is left out: an agent serves it to the planner alone.
+Run from the repository root:
 `.venv/bin/python benchmarks/fuzz.py [--cases 300] [--seed 1] [--only StoreService]`. Exits 1 on a finding.
 """
 
@@ -24,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ballast.client import open_channel  # noqa: E402
-from tests.fuzzing import call, cases, methods  # noqa: E402
+from tests.fuzzing import call, cases, inconsistencies, methods  # noqa: E402
 from tests.harness import make_settings, start_plane  # noqa: E402
 
 
@@ -55,15 +56,17 @@ def main() -> None:
         verdicts = fuzz(plane, args.cases, args.seed, args.only)
     finally:
         plane.stop()
+    broken = {rule: n for rule, n in inconsistencies(plane.settings.database_url).items() if n}
     findings = [v for v in verdicts if not v.clean]
     rpcs = len({v.method for v in verdicts})
     codes = collections.Counter(v.code.name for v in verdicts)
     print(f"fuzz: {len(verdicts)} cases over {rpcs} RPCs ({args.cases} each, seed {args.seed}), "
           f"{platform.machine()} ({os.cpu_count()} cores); statuses: {dict(codes.most_common())}")
     print(f"  clean: {len(verdicts) - len(findings)}/{len(verdicts)}; findings: {len(findings)}")
+    print(f"  store afterwards: {'consistent' if not broken else broken}")
     for v in findings[:40]:
         print(f"  FINDING {v.method} case {v.case}: {v.why}: {v.detail[:200]}")
-    if findings:
+    if findings or broken:
         raise SystemExit(1)
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from ballast.client import open_channel
 from ballast.v1 import job_pb2, model_pb2
-from tests.fuzzing import BASES, Method, call, cases, methods
+from tests.fuzzing import BASES, Method, call, cases, inconsistencies, methods
 from tests.harness import make_settings, start_plane
 
 CASES = 8
@@ -34,6 +34,7 @@ def test_every_rpc_answers_hostile_requests_with_a_clean_status(plane):
     assert not findings, "\n".join(f"{v.method} case {v.case}: {v.why}: {v.detail[:200]}" for v in findings)
     served = {m.path for m in methods() if not m.service.endswith("ExecutorControl")}
     assert seen == served  # every RPC in the protos but the agents' own was fuzzed
+    assert not any(inconsistencies(plane.settings.database_url).values())  # nothing half-written
 
 
 def test_cases_are_the_same_for_a_seed_and_start_with_the_empty_request():

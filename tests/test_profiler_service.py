@@ -11,7 +11,7 @@ import pytest
 
 from ballast.v1 import common_pb2, model_pb2, services_pb2, store_pb2
 from services.profiler.runner import Runner
-from services.runtime.errors import Unavailable
+from services.runtime.errors import ERROR_FIELD, Unavailable
 from tests.harness import ROOT, make_settings, settings_env, start_plane
 
 pytestmark = pytest.mark.slow
@@ -94,6 +94,9 @@ def test_projection_is_stored_and_marked(plane) -> None:
         (lambda r: setattr(r, "project_to", "abacus"), grpc.StatusCode.INVALID_ARGUMENT, "device"),
         (lambda r: setattr(r, "time_budget_s", -5.0), grpc.StatusCode.INVALID_ARGUMENT, "time_budget_s"),
         (lambda r: setattr(r, "time_budget_s", float("nan")), grpc.StatusCode.INVALID_ARGUMENT, "time_budget_s"),
+        # refused inside the profiling worker process: its answer still carries the field (fuzz finding)
+        (lambda r: r.options.micro_batch_sizes.append(0), grpc.StatusCode.INVALID_ARGUMENT,
+         "options.micro_batch_sizes"),
     ],
 )
 def test_bad_input_names_the_field_and_stores_nothing(plane, mutate, code, field) -> None:
@@ -105,6 +108,7 @@ def test_bad_input_names_the_field_and_stores_nothing(plane, mutate, code, field
             list(client.profiler.ProfileStream(bad, timeout=120))
         assert info.value.code() == code
         assert field in info.value.details()
+        assert dict(info.value.trailing_metadata()).get(ERROR_FIELD)  # the field, for a client to show
         after = client.store.Query(store_pb2.QueryRequest(sql="SELECT count(*) FROM profiles")).rows[0][0]
         assert after == before
 

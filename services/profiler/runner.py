@@ -259,7 +259,8 @@ def run_worker(request: services_pb2.ProfileRequest, spec: model_pb2.ModelSpec, 
         tail = stderr.read()[-2000:].decode(errors="replace")
         stderr.close()
     if error:
-        raise from_code(error.get("code", ""), error.get("message", "profiling failed"))
+        raise from_code(error.get("code", ""), error.get("message", "profiling failed"),
+                        field=error.get("field") or None, fix=error.get("fix") or None)
     if code != 0:
         log.error("profiling worker died", extra={"exit": code, "stderr": tail})
         raise Unavailable(f"the profiling worker died (exit status {code}); nothing was stored",

@@ -6,7 +6,7 @@ only this process, and nothing half-done is stored. Protocol, JSON only (never p
 * stdin: one JSON object {"request": ProfileRequest, "spec": ModelSpec, "allowed_factories": [...],
   "device": "cpu"}, messages as `MessageToDict` writes them.
 * stdout: JSON lines, {"progress": ProfileProgress} while measuring, then exactly one of
-  {"profile": Profile} (exit 0) or {"error": {"code": "INVALID_ARGUMENT" | ..., "message": ...}} (exit 1).
+  {"profile": Profile} (exit 0) or {"error": {"code": "INVALID_ARGUMENT" | ..., "message", "field", "fix"}} (exit 1).
   Codes are BallastError codes; any other exception is INTERNAL, named by its type.
 * stderr: logs. Anything else that writes to sys.stdout while profiling is diverted there, so stdout
   carries nothing but the protocol.
@@ -70,7 +70,8 @@ def run(stdin: TextIO, out: TextIO) -> int:
         )
     except BallastError as exc:
         log.info("profiling refused: %s", exc)
-        _emit(out, {"error": {"code": exc.code, "message": str(exc)}})
+        # its parts, so the RPC's answer names the field and the fix as an in-process error would
+        _emit(out, {"error": {"code": exc.code, "message": exc.message, "field": exc.field, "fix": exc.fix}})
         return 1
     except Exception as exc:
         log.exception("profiling failed")
