@@ -138,7 +138,12 @@ def queue_table(entries: Iterable[services_pb2.QueueEntry], now: float) -> Table
 
 
 def lease_holder(lease: fleet_pb2.DeviceLease, tenants: dict[str, str]) -> str:
+    if not lease.job_id:  # another tenant's lease: the planner shows the device busy, not whose
+        return OTHER_TENANT
     return f"{lease.job_id} ({tenants.get(lease.tenant_id, lease.tenant_id)})"
+
+
+OTHER_TENANT = "another tenant"
 
 
 FLEET_COLUMNS = ("host", "device", "kind", "online", "leased to", "since", "used last hour")
@@ -159,7 +164,7 @@ def fleet_rows(devices: Iterable[services_pb2.FleetDevice], now: float, tenants:
     tenants, degraded = tenants or {}, degraded or {}
     rows = []
     for d in devices:
-        leased = d.HasField("lease") and bool(d.lease.job_id)
+        leased = d.HasField("lease")
         rows.append((d.host_name or d.device.host_id, str(d.device.device_index), d.device_kind,
                      online_words(d.online, d.device.host_id in degraded),
                      lease_holder(d.lease, tenants) if leased else "-",
@@ -173,12 +178,13 @@ def fleet_records(devices: Iterable[services_pb2.FleetDevice], now: float, tenan
     tenants, degraded = tenants or {}, degraded or {}
     out = []
     for d in devices:
-        leased = d.HasField("lease") and bool(d.lease.job_id)
+        leased = d.HasField("lease")
         mark = degraded.get(d.device.host_id)
         out.append({
             "host_id": d.device.host_id, "host": d.host_name, "index": d.device.device_index,
             "kind": d.device_kind, "online": d.online,
-            "lease": {"id": d.lease.id, "job_id": d.lease.job_id, "tenant_id": d.lease.tenant_id,
+            "lease": {"id": d.lease.id or None, "job_id": d.lease.job_id or None,
+                      "tenant_id": d.lease.tenant_id or None,
                       "tenant": tenants.get(d.lease.tenant_id), "started_at": d.lease.started_at.ToJsonString(),
                       "age_s": round(now - seconds(d.lease.started_at), 3)} if leased else None,
             "utilisation_last_hour": d.utilisation_last_hour,
@@ -344,7 +350,7 @@ def run_fleet(settings: Settings, args: argparse.Namespace) -> int:
             degraded = {h.id: h for h in list_hosts(client) if h.HasField("degraded_at")}
         except grpc.RpcError as exc:
             return _failed(exc)
-        tenants = tenant_names(client) if any(d.lease.job_id for d in reply.devices) else {}
+        tenants = tenant_names(client) if any(d.lease.tenant_id for d in reply.devices) else {}
     now = time.time()
     if args.json:
         from google.protobuf.json_format import MessageToDict
@@ -354,7 +360,7 @@ def run_fleet(settings: Settings, args: argparse.Namespace) -> int:
         return 0
     if reply.devices:
         console.print(fleet_table(reply.devices, now, tenants, degraded))
-        leased = sum(1 for d in reply.devices if d.lease.job_id)
+        leased = sum(1 for d in reply.devices if d.HasField("lease"))
         online = sum(1 for d in reply.devices if d.online)
         held = sum(1 for d in reply.devices if d.device.host_id in degraded)
         console.print(f"{len(reply.devices)} device(s), {online} online, {leased} leased"

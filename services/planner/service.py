@@ -100,7 +100,8 @@ def build_server(settings: Settings, address: str | None = None, send: durable.S
         None,
         overrides={
             "ListQueue": lambda request, ctx: fleet_view.list_queue(scheduler.snapshot(), current_principal()),
-            "GetFleet": lambda request, ctx: fleet_view.get_fleet(scheduler.snapshot(), as_platform),
+            "GetFleet": lambda request, ctx: fleet_view.get_fleet(scheduler.snapshot(), as_platform,
+                                                                   current_principal()),
             "ListLeases": lambda request, ctx: as_caller.list_leases(request),
             "GetPolicy": lambda request, ctx: as_caller.get_fleet_policy(request),
             "SetPolicy": lambda request, ctx: as_caller.set_fleet_policy(request),

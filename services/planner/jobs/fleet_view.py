@@ -48,8 +48,17 @@ def list_queue(snap: Snapshot, caller: Principal) -> services_pb2.ListQueueRespo
     return out
 
 
-def get_fleet(snap: Snapshot, store: Store) -> services_pb2.GetFleetResponse:
-    """Every registered device, its live lease, and the fraction of the last hour it was leased."""
+def visible_lease(lease: fleet_pb2.DeviceLease, caller: Principal) -> fleet_pb2.DeviceLease:
+    """The lease as `caller` may see it: another tenant's shows the device busy (kind, since when) but not
+    its id, job or tenant, so the fleet view reveals no other tenant's jobs."""
+    if caller.admin or caller.tenant_id == lease.tenant_id:
+        return lease
+    return fleet_pb2.DeviceLease(device=lease.device, started_at=lease.started_at, device_kind=lease.device_kind)
+
+
+def get_fleet(snap: Snapshot, store: Store, caller: Principal) -> services_pb2.GetFleetResponse:
+    """Every registered device, its live lease (as `caller` may see it), and the fraction of the last hour it
+    was leased."""
     since = store_pb2.ListLeasesRequest()
     since.since.FromMicroseconds(int((snap.now - HOUR_S) * 1e6))
     busy: dict[tuple[str, int], float] = {}
@@ -70,6 +79,6 @@ def get_fleet(snap: Snapshot, store: Store) -> services_pb2.GetFleetResponse:
                 device_kind=d.spec.kind, online=host.id in online or host.state == fleet_pb2.HOST_STATE_ONLINE,
                 utilisation_last_hour=min(busy.get(key, 0.0) / HOUR_S, 1.0))
             if key in live:
-                device.lease.CopyFrom(live[key])
+                device.lease.CopyFrom(visible_lease(live[key], caller))
             out.devices.append(device)
     return out

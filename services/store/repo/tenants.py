@@ -64,8 +64,13 @@ class TenantStore(RepositoryBase):
             return store_pb2.ListTenantsResponse(tenants=[tenant_pb(r) for r in rows], next_page_token=token)
 
     def authenticate(self, p: Principal, req: store_pb2.AuthenticateRequest) -> common_pb2.Principal:
-        """The Authenticate RPC: other services' auth hooks resolve their callers' tokens here."""
+        """The Authenticate RPC: other services' auth hooks resolve their callers' tokens here.
+
+        A tenant may only ask about its own token: another tenant's answers exactly like an unknown one,
+        so the RPC is no oracle for who holds which token. The admin (the services) may ask about any."""
         found = self.principal_for_token(req.token)
+        if not p.admin and found.tenant_id != p.tenant_id:
+            raise Unauthenticated("unknown bearer token", fix=UNAUTHENTICATED_FIX)
         return common_pb2.Principal(tenant_id=found.tenant_id, tenant_name=found.tenant_name, admin=found.admin)
 
     def principal_for_token(self, token: str) -> Principal:
