@@ -24,7 +24,14 @@ from services.profiler import projection
 from services.profiler.bounded import check_budget
 from services.profiler.versions import software
 from services.runtime.allocator import STEADY_ALLOCATOR
-from services.runtime.errors import FailedPrecondition, InvalidArgument, Unavailable, from_code
+from services.runtime.auth import Principal
+from services.runtime.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    PermissionDenied,
+    Unavailable,
+    from_code,
+)
 from services.runtime.store_api import Store, every_page
 from services.specs import catalog
 from services.specs.model import model_signature, validate_model_spec
@@ -171,8 +178,14 @@ class Runner:
     def get_profile(self, request: store_pb2.GetRequest) -> profile_pb2.Profile:
         return self._store.get_profile(request)
 
-    def calibrate(self, request: services_pb2.CalibrateRequest) -> profile_pb2.CommCalibration:
-        """Link calibration on this host, in its own process group, taking the profiler's turn."""
+    def calibrate(self, request: services_pb2.CalibrateRequest, caller: Principal) -> profile_pb2.CommCalibration:
+        """Link calibration on this host, in its own process group, taking the profiler's turn: an operator's
+        measurement of the fleet's host (platform admin), never a tenant's (a job's profile calibrates its
+        links itself, through Profile)."""
+        if not caller.admin:
+            raise PermissionDenied("link calibration measures this host for the whole fleet: platform admin only",
+                                   field="token", fix="ask the platform operator, or profile with "
+                                   "options.calibrate for your model")
         # Imported on first use: calibration imports torch, which the server process otherwise never needs.
         from services.profiler import calibrate as cal
 

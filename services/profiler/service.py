@@ -5,6 +5,7 @@ from __future__ import annotations
 from ballast.config import Settings
 from ballast.v1 import services_pb2, services_pb2_grpc
 from services.profiler.runner import Runner, list_device_kinds
+from services.runtime.context import current_principal
 from services.runtime.server import Server, ServerSpec
 from services.runtime.servicer import delegate
 from services.runtime.store_client import StoreAuthenticator, anonymous_store, remote_stores
@@ -24,7 +25,7 @@ def build_server(settings: Settings, address: str | None = None) -> Server:
             "GetProfile": lambda request, ctx: runner.get_profile(request),
             "ProjectProfile": lambda request, ctx: runner.project(request),
             "ListDeviceKinds": lambda request, ctx: list_device_kinds(),
-            "Calibrate": lambda request, ctx: runner.calibrate(request),
+            "Calibrate": lambda request, ctx: runner.calibrate(request, current_principal()),
         },
     )()
     return Server(
