@@ -27,8 +27,7 @@ def _settings(args: argparse.Namespace) -> Settings:
 def _client(settings: Settings):
     from ballast.client import Client
 
-    return Client(store=settings.address("store"), planner=settings.address("planner"),
-                  profiler=settings.address("profiler"), token=settings.resolved_token())
+    return Client.of(settings)
 
 
 def _rpc_failed(exc: grpc.RpcError) -> int:
@@ -187,8 +186,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_health(args: argparse.Namespace) -> int:
     from ballast.health import check
+    from ballast.transport import client_transport
 
-    status = check(args.address, args.service, args.timeout)
+    status = check(args.address, args.service, args.timeout, client_transport(_settings(args)))
     print(status)
     return 0 if status == "SERVING" else 1
 
