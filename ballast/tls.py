@@ -106,6 +106,28 @@ def agent_identity(settings: Settings, name: str) -> Identity:
     return identity
 
 
+def init_bundle(ca_dir: Path, out: Path, names: list[str], agents: list[str]) -> list[Path]:
+    """`ballast tls init`: a CA in `ca_dir` (its key stays there) and, in `out`, ca.crt, a server certificate for
+    `names` and one certificate per agent (CN = its host name); what exists is kept. Returns what was written."""
+    import shutil
+
+    written: list[Path] = []
+    with _locked(ca_dir):
+        ca = ensure_ca(ca_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if not (out / "ca.crt").exists():
+        shutil.copyfile(ca.cert, out / "ca.crt")
+        written.append(out / "ca.crt")
+    server = Identity(out / "server.crt", out / "server.key")
+    if not server.cert.exists():
+        written.append(issue(ca, server, "ballast-server", [*names, *LOOPBACK_NAMES], server=True, client=False).cert)
+    for agent in agents:
+        identity = Identity(out / "agents" / f"{agent}.crt", out / "agents" / f"{agent}.key")
+        if not identity.cert.exists():
+            written.append(issue(ca, identity, agent, [agent, *LOOPBACK_NAMES], server=True, client=True).cert)
+    return written
+
+
 def common_name(cert: Path) -> str:
     """The subject CN of a PEM certificate (an agent's host name)."""
     loaded = x509.load_pem_x509_certificate(cert.read_bytes())
