@@ -14,6 +14,8 @@ from typing import Any
 
 import grpc
 
+from ballast.config import Settings
+from ballast.transport import PLAINTEXT, ClientTransport, client_transport
 from ballast.v1 import common_pb2, executor_pb2_grpc, job_pb2, services_pb2_grpc, store_pb2, store_pb2_grpc
 
 TokenSource = str | Callable[[], str]
@@ -95,18 +97,22 @@ def open_channel(
     *,
     timeout: float | None = DEFAULT_TIMEOUT_S,
     deadline_source: Callable[[], float | None] = lambda: None,
+    transport: ClientTransport = PLAINTEXT,
 ) -> grpc.Channel:
-    """An insecure channel (loopback / inside the cluster network) with auth, retries and limits."""
-    channel = grpc.insecure_channel(
-        address,
-        options=[
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.keepalive_time_ms", 30_000),
-            ("grpc.enable_retries", 1),
-            ("grpc.service_config", RETRY_SERVICE_CONFIG),
-        ],
-    )
+    """A channel with auth, retries and limits: TLS when `transport` has a CA (`client_transport(settings)`),
+    else plaintext, which a TLS server refuses."""
+    options = [
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.enable_retries", 1),
+        ("grpc.service_config", RETRY_SERVICE_CONFIG),
+    ]
+    credentials = transport.credentials()
+    if credentials is None:
+        channel = grpc.insecure_channel(address, options=options)
+    else:
+        channel = grpc.secure_channel(address, credentials, options=options)
     return grpc.intercept_channel(channel, _CallInterceptor(token, timeout, deadline_source))
 
 
@@ -121,16 +127,17 @@ def pages(list_call: Callable[[Any], Any], request: Any) -> Iterator[Any]:
 
 
 class Client:
-    """Stubs for the services at the given addresses (any may be omitted)."""
+    """Stubs for the services at the given addresses (any may be omitted); `Client.of(settings)` for the
+    configured ones with their transport security."""
 
     def __init__(self, *, store: str = "", planner: str = "", profiler: str = "", token: TokenSource = "",
-                 deadline_source: Callable[[], float | None] = lambda: None):
+                 deadline_source: Callable[[], float | None] = lambda: None, transport: ClientTransport = PLAINTEXT):
         self._channels: list[grpc.Channel] = []
 
         def channel(address: str) -> grpc.Channel | None:
             if not address:
                 return None
-            ch = open_channel(address, token, deadline_source=deadline_source)
+            ch = open_channel(address, token, deadline_source=deadline_source, transport=transport)
             self._channels.append(ch)
             return ch
 
@@ -141,6 +148,13 @@ class Client:
         self.fleet = services_pb2_grpc.FleetServiceStub(planner_ch) if planner_ch else None
         self.executor_control = executor_pb2_grpc.ExecutorControlStub(planner_ch) if planner_ch else None
         self.profiler = services_pb2_grpc.ProfilerServiceStub(profiler_ch) if profiler_ch else None
+
+    @classmethod
+    def of(cls, settings: Settings, services: tuple[str, ...] = ("store", "planner", "profiler"),
+           token: TokenSource | None = None) -> Client:
+        """A client of the configured `services`, TLS-verified with the configured CA (or plaintext)."""
+        return cls(**{name: settings.address(name) for name in services},
+                   token=settings.resolved_token() if token is None else token, transport=client_transport(settings))
 
     def iteration_metrics(self, job_id: str, **filters: int) -> list[job_pb2.IterationMetric]:
         """Every iteration metric of a job (all pages), by (iteration, stage, replica)."""

@@ -11,7 +11,7 @@ import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-DEFAULT_PORTS = {"store": 50051, "profiler": 50052, "planner": 50053, "executor": 50060}
+DEFAULT_PORTS = {"store": 50051, "profiler": 50052, "planner": 50053, "planner_agent": 50054, "executor": 50060}
 
 
 @dataclass(frozen=True)
@@ -26,10 +26,19 @@ class Settings:
     store_port: int = DEFAULT_PORTS["store"]
     profiler_port: int = DEFAULT_PORTS["profiler"]
     planner_port: int = DEFAULT_PORTS["planner"]
+    # executor agents connect here, with a client certificate (mutual TLS) that names their host
+    planner_agent_port: int = DEFAULT_PORTS["planner_agent"]
     executor_port: int = DEFAULT_PORTS["executor"]
     store_address: str = ""
     profiler_address: str = ""
     planner_address: str = ""
+    planner_agent_address: str = ""
+    # Transport security (README "Transport security"): PEM paths; all empty = the data dir's local CA
+    # (<data_dir>/tls, created on first start). plaintext turns TLS off and then only loopback binds are allowed.
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    plaintext: bool = False
     token: str = ""
     queue: str = "planner"
     lease_seconds: float = 60.0
@@ -88,6 +97,8 @@ def _coerce(name: str, value: object) -> object:
         return Path(str(value)).expanduser()
     if kind == "int":
         return int(value)  # type: ignore[arg-type]
+    if kind == "bool":
+        return _bool(name, value)
     if kind == "float":
         return float(value)  # type: ignore[arg-type]
     if kind.startswith("tuple"):
@@ -95,6 +106,17 @@ def _coerce(name: str, value: object) -> object:
             return tuple(v.strip() for v in value.split(",") if v.strip())
         return tuple(value)  # type: ignore[arg-type]
     return str(value)
+
+
+def _bool(name: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name}: {value!r} is not a boolean; use 1/true/yes or 0/false/no (BALLAST_{name.upper()})")
 
 
 def load_settings(env: dict[str, str] | None = None, **overrides: object) -> Settings:

@@ -14,9 +14,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
+
 from ballast.cli.control_plane import ensure_token
 from ballast.client import Client, open_channel
 from ballast.config import Settings, load_settings
+from ballast.transport import agent_transport, client_transport
+from ballast.v1 import executor_pb2_grpc
 from services.runtime.server import Server
 from services.runtime.store_client import RemoteStore
 from services.store import schema
@@ -32,7 +36,7 @@ def free_port() -> int:
 
 
 def make_settings(data_dir: Path, **overrides: object) -> Settings:
-    ports = {f"{name}_port": free_port() for name in ("store", "profiler", "planner")}
+    ports = {f"{name}_port": free_port() for name in ("store", "profiler", "planner", "planner_agent")}
     # Executor agents take executor_port + i: leave a gap so they never collide with the services.
     ports["executor_port"] = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("BALLAST_")}
@@ -43,8 +47,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
     """Environment that makes a subprocess see the same settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("BALLAST_")}
     for name in ("data_dir", "database_url", "broker_url", "host", "store_port", "profiler_port", "planner_port",
-                 "executor_port", "queue", "lease_seconds", "sweep_interval_s", "requeue_unclaimed_s",
-                 "visibility_timeout_s",
+                 "planner_agent_port", "executor_port", "tls_ca", "tls_cert", "tls_key", "plaintext", "queue",
+                 "lease_seconds", "sweep_interval_s", "requeue_unclaimed_s", "visibility_timeout_s",
                  "worker_heartbeat_s"):
         env[f"BALLAST_{name.upper()}"] = str(getattr(settings, name))
     env["PYTHONUNBUFFERED"] = "1"
@@ -62,12 +66,27 @@ class Plane:
         return self.settings.resolved_token()
 
     def client(self, token: str | None = None) -> Client:
-        return Client(store=self.settings.address("store"), planner=self.settings.address("planner"),
-                      profiler=self.settings.address("profiler"), token=self.token if token is None else token)
+        return Client.of(self.settings, token=token)
 
     def store(self, token: str | None = None) -> RemoteStore:
         """The store as the services reach it (the Store interface), as the admin unless `token` is given."""
-        return RemoteStore(open_channel(self.settings.address("store"), self.token if token is None else token))
+        return RemoteStore(open_channel(self.settings.address("store"), self.token if token is None else token,
+                                        transport=client_transport(self.settings)))
+
+    @contextlib.contextmanager
+    def agent_control(self, host: str) -> Iterator[executor_pb2_grpc.ExecutorControlStub]:
+        """ExecutorControl as an executor agent reaches it: the planner's agent port, with the client certificate
+        the local CA issues for `host` (mutual TLS) and the admin token."""
+        channel = open_channel(self.settings.address("planner_agent"), self.token, timeout=None,
+                               transport=agent_transport(self.settings, host))
+        try:
+            yield executor_pb2_grpc.ExecutorControlStub(channel)
+        finally:
+            channel.close()
+
+    def tls_channel(self, service: str) -> grpc.Channel:
+        """A plain grpcio channel (no token, no retries) verified with the data dir's CA."""
+        return grpc.secure_channel(self.settings.address(service), client_transport(self.settings).credentials())
 
     def stop(self) -> None:
         for server in reversed(list(self.servers.values())):

@@ -22,6 +22,7 @@ import sqlalchemy as sa
 
 from ballast.client import open_channel
 from ballast.config import Settings, load_settings
+from ballast.transport import client_transport
 from ballast.v1 import job_pb2, queue_pb2, store_pb2
 from services.runtime.auth import Principal
 from services.runtime.store_api import Store as StoreAPI
@@ -129,7 +130,8 @@ def _served(
     channels: list[grpc.Channel] = []
 
     def connect(who: Principal) -> StoreAPI:
-        channels.append(open_channel(f"127.0.0.1:{server.port}", lambda: tokens[who.tenant_id]))
+        channels.append(open_channel(f"127.0.0.1:{server.port}", lambda: tokens[who.tenant_id],
+                                     transport=client_transport(settings)))
         return RemoteStore(channels[-1])
 
     try:

@@ -331,7 +331,7 @@ def test_a_bad_policy_file_stops_the_planner_with_the_error(tmp_path) -> None:
         good.write_text(POLICY)
         for _ in range(2):  # two planner starts with one file
             planner = build_server(replace(settings, fleet_policy=str(good)), address="127.0.0.1:0",
-                                   send=lambda request_id: None)
+                                   send=lambda request_id: None, agent_address="127.0.0.1:0")
             planner.server.stop(0)
         with plane.client() as admin:
             current = admin.store.GetFleetPolicy(store_pb2.GetFleetPolicyRequest())

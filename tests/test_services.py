@@ -12,6 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from ballast.health import check
+from ballast.transport import client_transport
 from ballast.v1 import executor_pb2, fleet_pb2, job_pb2, model_pb2, services_pb2, store_pb2
 from tests.harness import make_settings, start_plane, wait_for
 
@@ -51,9 +52,9 @@ def tenants(plane):
     return a.token, b.token
 
 
-def list_services(address: str) -> set[str]:
+def list_services(plane, service: str) -> set[str]:
     """Only server reflection, with a plain grpcio channel and no token."""
-    with grpc.insecure_channel(address) as channel:
+    with plane.tls_channel(service) as channel:
         stub = reflection_pb2_grpc.ServerReflectionStub(channel)
         replies = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
         return {s.name for reply in replies for s in reply.list_services_response.service}
@@ -62,7 +63,7 @@ def list_services(address: str) -> set[str]:
 def test_reflection_lists_every_ballast_service(plane) -> None:
     found = set()
     for name, expected in SERVICES.items():
-        services = list_services(plane.settings.address(name))
+        services = list_services(plane, name)
         assert expected <= services
         assert "grpc.health.v1.Health" in services
         found |= {s for s in services if s.startswith("ballast.v1.")}
@@ -70,10 +71,11 @@ def test_reflection_lists_every_ballast_service(plane) -> None:
 
 
 def test_health_is_serving_without_a_token(plane) -> None:
+    transport = client_transport(plane.settings)
     for name in SERVICES:
-        assert check(plane.settings.address(name)) == "SERVING"
+        assert check(plane.settings.address(name), transport=transport) == "SERVING"
         for service in SERVICES[name]:
-            assert check(plane.settings.address(name), service) == "SERVING"
+            assert check(plane.settings.address(name), service, transport=transport) == "SERVING"
 
 
 @pytest.mark.parametrize("service", ["store", "planner", "profiler"])
@@ -154,7 +156,7 @@ def test_watch_replays_and_follows_until_terminal(plane) -> None:
 def test_open_streams_never_starve_unary_calls_or_lock_out_agents(plane, tenants) -> None:
     token_a, token_b = tenants
     per_tenant = plane.servers["planner"].spec.streams_per_tenant
-    with plane.client(token=token_a) as a, plane.client(token=token_b) as b, plane.client() as admin:
+    with plane.client(token=token_a) as a, plane.client(token=token_b) as b:
         job = a.jobs.Submit(services_pb2.SubmitJobRequest(spec=job_spec("many-watchers")))
         streams = [a.jobs.Watch(services_pb2.WatchJobRequest(job_id=job.id), timeout=60) for _ in range(per_tenant)]
         try:
@@ -173,17 +175,17 @@ def test_open_streams_never_starve_unary_calls_or_lock_out_agents(plane, tenants
             watch_b.cancel()
             hello = executor_pb2.AgentMessage(register=executor_pb2.RegisterAgent(
                 host=fleet_pb2.Host(name="agent-under-load")))
-            connect = admin.executor_control.Connect(iter([hello]), timeout=10)
-            assert next(connect).WhichOneof("body") == "registered"
-            connect.cancel()
+            with plane.agent_control("agent-under-load") as control:
+                connect = control.Connect(iter([hello]), timeout=10)
+                assert next(connect).WhichOneof("body") == "registered"
+                connect.cancel()
         finally:
             for s in streams:
                 s.cancel()
 
 
 def test_health_watchers_hold_no_threads(plane) -> None:
-    address = plane.settings.address("store")
-    channel = grpc.insecure_channel(address)
+    channel = plane.tls_channel("store")
     watchers = [health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(), timeout=30)
                 for _ in range(plane.servers["store"].spec.max_workers + 8)]
     try:
@@ -257,12 +259,12 @@ def test_store_refuses_a_schema_newer_than_the_build(tmp_path: Path) -> None:
 
 def test_reconnecting_agent_keeps_its_host_online(plane) -> None:
     hello = executor_pb2.AgentMessage(register=executor_pb2.RegisterAgent(host=fleet_pb2.Host(name="flappy")))
-    with plane.client() as admin:
-        first = admin.executor_control.Connect(iter([hello]), timeout=20)
+    with plane.client() as admin, plane.agent_control("flappy") as control:
+        first = control.Connect(iter([hello]), timeout=20)
         host_id = next(first).registered.host_id
         second_inbound: queue.Queue = queue.Queue()
         second_inbound.put(hello)
-        second = admin.executor_control.Connect(iter(second_inbound.get, None), timeout=20)
+        second = control.Connect(iter(second_inbound.get, None), timeout=20)
         assert next(second).registered.host_id == host_id
         assert list(first) == []  # the planner ended the replaced stream
         host = admin.store.GetHost(store_pb2.GetRequest(id=host_id))

@@ -14,6 +14,7 @@ import pytest
 from google.protobuf import message_factory
 
 from ballast.client import open_channel
+from ballast.transport import client_transport
 from ballast.v1 import common_pb2, job_pb2, store_pb2
 from services.runtime import store_client
 from services.runtime.errors import NotFound, PermissionDenied, Unauthenticated, Unavailable
@@ -161,9 +162,10 @@ def test_remote_store_against_a_served_repository(tmp_path, repo: Repository) ->
     try:
         assert server.port > 0
         address = f"127.0.0.1:{server.port}"
-        admin = RemoteStore(open_channel(address, ADMIN_TOKEN))
+        transport = client_transport(settings)
+        admin = RemoteStore(open_channel(address, ADMIN_TOKEN, transport=transport))
         created = admin.create_tenant(store_pb2.CreateTenantRequest(name="team-a"))
-        team = RemoteStore(open_channel(address, created.token))
+        team = RemoteStore(open_channel(address, created.token, transport=transport))
         with pytest.raises(PermissionDenied, match="SQL queries are for the platform admin"):
             team.query(store_pb2.QueryRequest(sql="SELECT 1"))
         with pytest.raises(NotFound, match="tenant 'tnt-x' not found"):

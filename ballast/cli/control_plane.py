@@ -17,6 +17,8 @@ from pathlib import Path
 
 from ballast.config import Settings
 from ballast.health import check
+from ballast.tls import TlsError, ensure_server_files
+from ballast.transport import client_transport
 
 SERVICES = ("store", "profiler", "planner")
 
@@ -118,7 +120,7 @@ def worker_names(settings: Settings) -> list[str]:
     from ballast.client import Client
     from ballast.v1 import store_pb2
 
-    with Client(store=settings.address("store"), token=settings.resolved_token()) as client:
+    with Client.of(settings, ("store",)) as client:
         reply = client.store.ListWorkers(store_pb2.ListWorkersRequest(seen_within_s=max(15.0,
                                          3 * settings.worker_heartbeat_s)), timeout=3)
     return [w.name for w in reply.workers]
@@ -128,6 +130,7 @@ def statuses(settings: Settings, state: State) -> list[tuple[str, str, str]]:
     """(name, address, status) for every child; status is SERVING when healthy."""
     rows = []
     workers: list[str] | None = None
+    transport = client_transport(settings)
     for child in state.children:
         if not alive(child.pid):
             rows.append((child.name, child.address, "EXITED"))
@@ -142,7 +145,7 @@ def statuses(settings: Settings, state: State) -> list[tuple[str, str, str]]:
             mine = [w for w in workers if w.endswith(f"-{child.pid}")]
             rows.append((child.name, mine[0] if mine else "", "SERVING" if mine else "NO HEARTBEAT"))
         else:
-            rows.append((child.name, child.address, check(child.address)))
+            rows.append((child.name, child.address, check(child.address, transport=transport)))
     return rows
 
 
@@ -193,6 +196,11 @@ def bring_up(settings: Settings, executors: int, timeout_s: float) -> tuple[bool
     if existing and any(alive(c.pid) for c in existing.children):
         return False, [], f"already up in {settings.data_dir}; run `ballast down --data-dir {settings.data_dir}` first"
     ensure_token(settings)
+    if not settings.plaintext:
+        try:
+            ensure_server_files(settings)  # the local CA and certificates, once, before the children race for them
+        except (TlsError, ValueError, OSError) as exc:
+            return False, [], f"transport security: {exc}"
     try:
         schema.upgrade(settings.database_url)
     except Exception as exc:  # noqa: BLE001 - reported to the user, nothing was started yet

@@ -47,8 +47,7 @@ def run_demo(settings: Settings, args: argparse.Namespace) -> int:
         return 1
     state = cp.State.load(settings)
     try:
-        with Client(store=settings.address("store"), planner=settings.address("planner"),
-                    token=settings.resolved_token()) as client:
+        with Client.of(settings, ("store", "planner")) as client:
             console.rule(f"2. submit {spec.name}: profile, plan, train {args.iterations} iterations")
             job_spec = job_pb2.JobSpec(name=f"demo-{spec.name}", model=spec, global_batch_size=args.batch,
                                        iterations=args.iterations, seed=1,

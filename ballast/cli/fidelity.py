@@ -150,7 +150,7 @@ def plot(runs: list[Run], rep: Report, path: Path) -> None:
 def run(settings: Settings, args: argparse.Namespace) -> int:
     from services.planner.plans.fidelity import report
 
-    with Client(store=settings.address("store"), token=settings.resolved_token()) as client:
+    with Client.of(settings, ("store",)) as client:
         try:
             runs = fetch_runs(client, args.model)
         except grpc.RpcError as exc:

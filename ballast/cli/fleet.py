@@ -288,8 +288,7 @@ def policy_yaml(policy: fleet_pb2.FleetPolicy) -> str:
 
 # --- commands -----------------------------------------------------------------------------------------------
 def _client(settings: Settings) -> Client:
-    return Client(store=settings.address("store"), planner=settings.address("planner"),
-                  token=settings.resolved_token())
+    return Client.of(settings, ("store", "planner"))
 
 
 def _failed(exc: grpc.RpcError) -> int:

@@ -147,5 +147,4 @@ def run_watch(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _client(settings: Settings) -> Client:
-    return Client(store=settings.address("store"), planner=settings.address("planner"),
-                  token=settings.resolved_token())
+    return Client.of(settings, ("store", "planner"))

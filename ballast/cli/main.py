@@ -27,8 +27,7 @@ def _settings(args: argparse.Namespace) -> Settings:
 def _client(settings: Settings):
     from ballast.client import Client
 
-    return Client(store=settings.address("store"), planner=settings.address("planner"),
-                  profiler=settings.address("profiler"), token=settings.resolved_token())
+    return Client.of(settings)
 
 
 def _rpc_failed(exc: grpc.RpcError) -> int:
@@ -187,10 +186,21 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_health(args: argparse.Namespace) -> int:
     from ballast.health import check
+    from ballast.transport import client_transport
 
-    status = check(args.address, args.service, args.timeout)
+    status = check(args.address, args.service, args.timeout, client_transport(_settings(args)))
     print(status)
     return 0 if status == "SERVING" else 1
+
+
+def cmd_tls(args: argparse.Namespace) -> int:
+    from ballast.tls import init_bundle
+
+    written = init_bundle(args.ca_dir, args.out, args.server_name, args.agent)
+    for path in written:
+        console.print(f"wrote {path}")
+    console.print(f"certificates in {args.out} ({len(written)} new); the CA key stays in {args.ca_dir}")
+    return 0
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -296,6 +306,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("address")
     p.add_argument("--service", default="")
     p.add_argument("--timeout", type=float, default=2.0)
+    p = add("tls", cmd_tls, "issue a CA, a server certificate and agent certificates (compose, production)")
+    p.add_argument("action", choices=["init"])
+    p.add_argument("--ca-dir", type=Path, required=True, help="where the CA certificate and key live (kept private)")
+    p.add_argument("--out", type=Path, required=True, help="where ca.crt, server.crt/key and agents/NAME.crt/key go")
+    p.add_argument("--server-name", action="append", default=[], metavar="NAME",
+                   help="a name or IP clients dial the servers by (repeatable; localhost is always included)")
+    p.add_argument("--agent", action="append", default=[], metavar="HOST",
+                   help="an executor agent's host name: its certificate's CN, which it registers as (repeatable)")
     p = add("profile", cmd_profile, "profile a model layer by layer (per-layer table, optional projection)")
     from ballast.cli.profile import add_arguments
 
@@ -354,9 +372,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # noqa: BLE001 - a CLI prints the reason, not a traceback
+        from ballast.tls import TlsError
         from services.runtime.errors import BallastError
 
-        if isinstance(exc, BallastError):
+        if isinstance(exc, BallastError | TlsError):
             err.print(f"[red]error[/red] {escape(str(exc))}")
             return 2
         raise

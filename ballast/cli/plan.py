@@ -113,8 +113,7 @@ def run_plan(settings: Settings, args: argparse.Namespace) -> int:
     except ValueError as exc:
         err.print(f"[red]error[/red] --memory: {escape(str(exc))}")
         return 2
-    with Client(store=settings.address("store"), planner=settings.address("planner"),
-                profiler=settings.address("profiler"), token=settings.resolved_token()) as client:
+    with Client.of(settings) as client:
         try:
             profiled = stream(client, profile_request(spec, args.micro_batch_sizes, kind, fleet.device.kind, dtype))
             profile = profiled.profile
@@ -175,7 +174,7 @@ def state_name(op: services_pb2.PlanOperation) -> str:
 
 
 def run_explain(settings: Settings, args: argparse.Namespace) -> int:
-    with Client(planner=settings.address("planner"), token=settings.resolved_token()) as client:
+    with Client.of(settings, ("planner",)) as client:
         try:
             plan = client.planner.GetPlan(store_pb2.GetRequest(id=args.plan_id))
         except grpc.RpcError as exc:

@@ -176,7 +176,7 @@ def _bar(updates: Iterable[services_pb2.ProfileProgress]) -> services_pb2.Profil
 
 def run(settings: Settings, args: argparse.Namespace) -> int:
     request = request_from_args(args)
-    with Client(profiler=settings.address("profiler"), token=settings.resolved_token()) as client:
+    with Client.of(settings, ("profiler",)) as client:
         try:
             final = stream(client, request)
         except grpc.RpcError as exc:

@@ -24,6 +24,8 @@ import grpc
 from ballast import __version__
 from ballast.client import open_channel
 from ballast.config import Settings
+from ballast.tls import common_name, tls_files
+from ballast.transport import agent_transport, server_credentials
 from ballast.v1 import executor_pb2, executor_pb2_grpc, fleet_pb2
 from services.executor.inventory import SUPPORTED, devices, host_labels
 from services.executor.outbox import Outbox
@@ -40,7 +42,9 @@ class Agent:
         self.name = name
         self.port = port
         self.server = Server(ServerSpec(name=f"executor-{name}", address=f"{settings.host}:{port}",
-                                        register=lambda s: None, services=[], on_stop=[self.stop]))
+                                        register=lambda s: None, services=[], on_stop=[self.stop],
+                                        credentials=server_credentials(settings)))
+        self.transport = agent_transport(settings, name)
         self._stop = threading.Event()
         self.host_id = ""
         self.outbox = Outbox()
@@ -98,7 +102,8 @@ class Agent:
 
     def session(self) -> None:
         """One Connect stream: returns when the stream ends."""
-        channel = open_channel(self.settings.address("planner"), self.settings.resolved_token(), timeout=None)
+        channel = open_channel(self.settings.address("planner_agent"), self.settings.resolved_token(), timeout=None,
+                               transport=self.transport)
         stub = executor_pb2_grpc.ExecutorControlStub(channel)
         interval, ended = [2.0], threading.Event()
         try:
@@ -161,7 +166,16 @@ class Agent:
         self.workers.stop_all("the executor agent is shutting down")
 
 
+def agent_name(settings: Settings, port: int) -> str:
+    """The host name this agent registers: the CN of its configured certificate (what the planner checks it
+    against), else `<hostname>-<port>` (embedded: the local CA issues a certificate for that name)."""
+    files = tls_files(settings)
+    if not settings.plaintext and not files.local and files.identity.cert.exists():
+        return common_name(files.identity.cert)
+    return f"{socket.gethostname()}-{port}"
+
+
 def main(settings: Settings, index: int = 0) -> int:
     port = settings.executor_port + index
-    Agent(settings, f"{socket.gethostname()}-{port}", port).run()
+    Agent(settings, agent_name(settings, port), port).run()
     return 0

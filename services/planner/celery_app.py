@@ -16,6 +16,7 @@ from celery import Celery
 
 from ballast.client import open_channel
 from ballast.config import Settings, load_settings
+from ballast.transport import client_transport
 from ballast.v1 import queue_pb2, services_pb2_grpc, store_pb2
 from services.planner.jobs import calibrate_job, prepare
 from services.planner.plans import operations
@@ -71,7 +72,8 @@ def configure_worker(settings: Settings) -> None:
     """The settings tasks in this process use (`ballast worker --data-dir D` must mean D, not the env)."""
     _, platform = remote_stores(settings)
     profiler = services_pb2_grpc.ProfilerServiceStub(
-        open_channel(settings.address("profiler"), settings.resolved_token(), timeout=PROFILE_TIMEOUT_S))
+        open_channel(settings.address("profiler"), settings.resolved_token(), timeout=PROFILE_TIMEOUT_S,
+                     transport=client_transport(settings)))
     _WORKER.update(settings=settings, store=platform, profiler=profiler,
                    name=f"{socket.gethostname()}:{os.getpid()}")
 

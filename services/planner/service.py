@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ballast.config import Settings
+from ballast.transport import peer_common_name, server_credentials
 from ballast.v1 import executor_pb2, executor_pb2_grpc, services_pb2, services_pb2_grpc
 from services.planner.celery_app import make_app, sender
 from services.planner.jobs import fleet_view
@@ -38,8 +39,10 @@ class PlannerServer:
     sweeper: durable.Sweeper
 
 
-def build_server(settings: Settings, address: str | None = None, send: durable.Send | None = None) -> PlannerServer:
-    """Build the server; the scheduler and the lease sweeper start now, the server on `.server.start()`."""
+def build_server(settings: Settings, address: str | None = None, send: durable.Send | None = None,
+                 agent_address: str | None = None) -> PlannerServer:
+    """Build the server; the scheduler and the lease sweeper start now, the server on `.server.start()`.
+    Agents connect on the second, mutual-TLS port (`agent_address`, default the planner_agent_port)."""
     as_caller, as_platform = remote_stores(settings)
     apply_policy_file(as_platform, settings.fleet_policy)  # --policy / BALLAST_FLEET_POLICY; a bad file stops here
     send = send or sender(make_app(settings), settings.queue)
@@ -92,7 +95,8 @@ def build_server(settings: Settings, address: str | None = None, send: durable.S
     control = delegate(
         CONTROL,
         None,
-        overrides={"Connect": lambda inbound, ctx: registry.connect(current_principal(), inbound, ctx.is_active)},
+        overrides={"Connect": lambda inbound, ctx: registry.connect(
+            current_principal(), inbound, ctx.is_active, None if settings.plaintext else peer_common_name(ctx))},
     )()
 
     fleet_service = delegate(
@@ -127,6 +131,9 @@ def build_server(settings: Settings, address: str | None = None, send: durable.S
             max_streams=32,
             streams_per_tenant=8,
             reserved_streams={f"/{CONTROL.full_name}/Connect": 96},
+            credentials=server_credentials(settings),
+            agent_address=agent_address or f"{settings.host}:{settings.planner_agent_port}",
+            agent_credentials=server_credentials(settings, require_client_auth=True),
         )
     )
     sweeper.start()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ballast.config import Settings
+from ballast.transport import server_credentials
 from ballast.v1 import services_pb2, services_pb2_grpc
 from services.profiler.runner import Runner, list_device_kinds
 from services.runtime.context import current_principal
@@ -35,6 +36,7 @@ def build_server(settings: Settings, address: str | None = None) -> Server:
             register=lambda s: services_pb2_grpc.add_ProfilerServiceServicer_to_server(servicer, s),
             services=[PROFILER.full_name],
             authenticate=StoreAuthenticator(anonymous_store(settings)),
+            credentials=server_credentials(settings),
         )
     )
 

@@ -3,10 +3,15 @@
 Every server gets: message-size limits, keepalive, the interceptor chain, the standard health
 service, server reflection, and graceful shutdown on SIGTERM/SIGINT (health flips to NOT_SERVING
 first so load balancers stop routing, then in-flight calls get `grace_s` to finish).
+
+Transport: `credentials` (TLS) on `address`; without them (the explicit plaintext opt-out) only a loopback
+address may be bound, so plaintext never leaves the machine. `agent_address`, if given, is a second port on
+the same server whose credentials require a client certificate (the planner's mutual-TLS port for agents).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import signal
 import threading
@@ -52,6 +57,33 @@ class ServerSpec:
     reserved_streams: dict[str, int] = field(default_factory=dict)
     grace_s: float = 5.0
     on_stop: list[Callable[[], None]] = field(default_factory=list)
+    credentials: grpc.ServerCredentials | None = None  # None: plaintext, loopback only
+    agent_address: str = ""
+    agent_credentials: grpc.ServerCredentials | None = None
+
+
+def is_loopback(address: str) -> bool:
+    """True for localhost / 127.x / ::1 host:port addresses (a wildcard or a name of this host is not)."""
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def bind(server: grpc.Server, name: str, address: str, credentials: grpc.ServerCredentials | None) -> int:
+    """Listen on `address` (TLS with `credentials`, else plaintext on loopback only); returns the port."""
+    if credentials is None and not is_loopback(address):
+        raise ValueError(f"{name}: refusing to serve plaintext on {address}: with plaintext (BALLAST_PLAINTEXT) "
+                         "set, bind a loopback host (BALLAST_HOST=127.0.0.1), or unset plaintext to use TLS")
+    try:
+        if credentials is None:
+            return server.add_insecure_port(address)
+        return server.add_secure_port(address, credentials)
+    except RuntimeError as exc:
+        raise OSError(f"{name}: cannot listen on {address} (port in use?)") from exc
 
 
 class Server:
@@ -75,10 +107,11 @@ class Server:
         reflection.enable_server_reflection(
             [*self.services, health.SERVICE_NAME, reflection.SERVICE_NAME], self._grpc
         )
-        try:
-            self.port = self._grpc.add_insecure_port(spec.address)
-        except RuntimeError as exc:
-            raise OSError(f"{spec.name}: cannot listen on {spec.address} (port in use?)") from exc
+        self.port = bind(self._grpc, spec.name, spec.address, spec.credentials)
+        self.agent_port = 0
+        if spec.agent_address:
+            self.agent_port = bind(self._grpc, f"{spec.name} (agent port)", spec.agent_address,
+                                   spec.agent_credentials)
         self._stopped = threading.Event()
 
     def start(self, serving: bool = True) -> Server:

@@ -13,6 +13,7 @@ from google.protobuf.message import Message
 
 from ballast.client import open_channel
 from ballast.config import Settings
+from ballast.transport import client_transport
 from ballast.v1 import common_pb2, store_pb2, store_pb2_grpc
 from services.runtime import context
 from services.runtime.auth import Principal, hash_token
@@ -72,15 +73,17 @@ def remote_stores(settings: Settings) -> tuple[RemoteStore, RemoteStore]:
     uses the service's own token (background work such as the lease sweeper)."""
     address = settings.address("store")
     service_token = settings.resolved_token()
+    transport = client_transport(settings)
     as_caller = open_channel(
-        address, lambda: context.caller_token() or service_token, deadline_source=context.remaining_time
+        address, lambda: context.caller_token() or service_token, deadline_source=context.remaining_time,
+        transport=transport,
     )
-    return RemoteStore(as_caller), RemoteStore(open_channel(address, service_token))
+    return RemoteStore(as_caller), RemoteStore(open_channel(address, service_token, transport=transport))
 
 
 def anonymous_store(settings: Settings) -> RemoteStore:
     """The store for StoreAuthenticator: each Authenticate call carries only the token it checks."""
-    return _TokenChecker(open_channel(settings.address("store")))
+    return _TokenChecker(open_channel(settings.address("store"), transport=client_transport(settings)))
 
 
 class StoreAuthenticator:

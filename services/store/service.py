@@ -9,6 +9,7 @@ import sys
 import sqlalchemy as sa
 
 from ballast.config import Settings
+from ballast.transport import server_credentials
 from ballast.v1 import store_pb2, store_pb2_grpc
 from services.runtime.errors import FailedPrecondition, SchemaOutOfDate
 from services.runtime.server import Server, ServerSpec
@@ -53,6 +54,7 @@ def build_server(
             services=[SERVICE.full_name],
             authenticate=repo.principal_for_token,
             on_stop=[engine.dispose, repo.sql_engine.dispose],
+            credentials=server_credentials(settings),
         )
     )
 

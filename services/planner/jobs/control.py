@@ -20,6 +20,7 @@ from services.runtime.errors import (
     NotFound,
     PermissionDenied,
     ResourceExhausted,
+    Unauthenticated,
     Unavailable,
 )
 from services.runtime.store_api import Store
@@ -35,6 +36,14 @@ Listener = Callable[[str, executor_pb2.AgentMessage], None]
 # always fails must not make its agent reconnect in a loop.
 REPLAYED = frozenset({"worker_exit"})
 TRANSIENT = (Unavailable, DeadlineExceeded, ResourceExhausted, Cancelled)
+
+
+def check_certified(certified_host: str | None) -> None:
+    """A token alone no longer registers a host: over TLS the agent must present a client certificate."""
+    if certified_host == "":
+        raise Unauthenticated("executor agents must prove their host with a client certificate",
+                              fix="connect to the planner's agent port (planner_agent_port) with the agent's "
+                                  "certificate (tls_cert / tls_key, or the data dir's local CA)")
 
 
 class AgentRegistry:
@@ -66,13 +75,20 @@ class AgentRegistry:
         session.send(message)
 
     def connect(self, principal: Principal, inbound: Iterator[executor_pb2.AgentMessage],
-                active: Callable[[], bool]) -> Iterator[executor_pb2.PlannerMessage]:
+                active: Callable[[], bool], certified_host: str | None = None) -> Iterator[executor_pb2.PlannerMessage]:
+        """One agent's stream. `certified_host` is the CN of the client certificate the agent presented ("" for
+        none); None only on a plaintext control plane, where the token alone is trusted."""
         if not principal.admin:
             raise PermissionDenied("executor agents must use a platform token", fix="use the admin token")
+        check_certified(certified_host)
         first = next(inbound, None)
         if first is None or first.WhichOneof("body") != "register":
             raise InvalidArgument("the first message must be register", field="body")
         name = first.register.host.name
+        if certified_host is not None and name != certified_host:
+            raise PermissionDenied(f"host {name!r} registered with a certificate for {certified_host!r}",
+                                   field="register.host.name",
+                                   fix="register under the name the agent's certificate (tls_cert) was issued to")
         # One agent's registration and its old stream's farewell are serialized: a farewell landing after a
         # reconnect's registration would otherwise mark a connected host OFFLINE.
         with self._host_lock(name):
