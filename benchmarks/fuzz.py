@@ -24,7 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ballast.client import open_channel  # noqa: E402
+from ballast.client import open_channel
+from ballast.transport import client_transport  # noqa: E402
 from tests.fuzzing import call, cases, inconsistencies, methods  # noqa: E402
 from tests.harness import make_settings, start_plane  # noqa: E402
 
@@ -34,7 +35,8 @@ def fuzz(plane, count: int, seed: int, only: str = "") -> list:
     verdicts = []
     for server_name, server in plane.servers.items():
         served = {s for s in server.services if not only or s.endswith(only)}
-        channel = open_channel(plane.settings.address(server_name), plane.token, timeout=None)
+        channel = open_channel(plane.settings.address(server_name), plane.token, timeout=None,
+                           transport=client_transport(plane.settings))
         for method in methods(served):
             started = time.monotonic()
             for n, request in enumerate(cases(method, count, seed)):

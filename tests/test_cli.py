@@ -38,7 +38,7 @@ def test_up_status_sql_down(tmp_path: Path) -> None:
 
         services = set()
         for name in ("store", "profiler", "planner"):
-            services |= list_services(settings.address(name))
+            services |= list_services(settings, name)
         assert {"ballast.v1.StoreService", "ballast.v1.ProfilerService", "ballast.v1.PlannerService",
                 "ballast.v1.JobService", "ballast.v1.ExecutorControl"} <= services
 

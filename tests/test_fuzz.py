@@ -8,6 +8,7 @@ import grpc
 import pytest
 
 from ballast.client import open_channel
+from ballast.transport import client_transport
 from ballast.v1 import job_pb2, model_pb2
 from tests.fuzzing import BASES, Method, call, cases, inconsistencies, methods
 from tests.harness import make_settings, start_plane
@@ -25,7 +26,8 @@ def plane(tmp_path_factory):
 def test_every_rpc_answers_hostile_requests_with_a_clean_status(plane):
     findings, seen = [], set()
     for name, server in plane.servers.items():
-        channel = open_channel(plane.settings.address(name), plane.token, timeout=None)
+        channel = open_channel(plane.settings.address(name), plane.token, timeout=None,
+                               transport=client_transport(plane.settings))
         for method in methods(set(server.services)):
             seen.add(method.path)
             verdicts = [call(channel, method, request, n) for n, request in enumerate(cases(method, CASES, seed=7))]
@@ -48,7 +50,8 @@ def test_cases_are_the_same_for_a_seed_and_start_with_the_empty_request():
 
 def test_an_internal_error_or_a_nameless_invalid_argument_is_a_finding(plane):
     """The verdict itself: an RPC path no server has is UNIMPLEMENTED, which is not clean."""
-    channel = open_channel(plane.settings.address("store"), plane.token, timeout=None)
+    channel = open_channel(plane.settings.address("store"), plane.token, timeout=None,
+                           transport=client_transport(plane.settings))
     ghost = Method("ballast.v1.StoreService", "NoSuchCall", job_pb2.JobSpec, job_pb2.JobSpec, False)
     verdict = call(channel, ghost, job_pb2.JobSpec(), 0)
     channel.close()

@@ -21,6 +21,7 @@ from google.protobuf import message_factory, text_format
 from google.protobuf.message import Message
 
 import ballast.v1
+from ballast.transport import agent_transport
 from ballast.v1 import executor_pb2, fleet_pb2, job_pb2, queue_pb2, services_pb2, store_pb2
 from tests.harness import Plane, make_settings, start_plane
 from tests.store_builders import gpt, host, job_spec, plan_msg, profile_msg
@@ -35,7 +36,7 @@ SERVER_OF = {
     "ballast.v1.PlannerService": "planner",
     "ballast.v1.JobService": "planner",
     "ballast.v1.FleetService": "planner",
-    "ballast.v1.ExecutorControl": "planner",
+    "ballast.v1.ExecutorControl": "planner_agent",  # the planner's mutual-TLS port for agents
 }
 
 
@@ -326,7 +327,10 @@ def world(plane) -> World:
 
 @pytest.fixture(scope="module")
 def channels(plane) -> Iterator[dict[str, grpc.Channel]]:
-    opened = {name: grpc.insecure_channel(plane.settings.address(name)) for name in ("store", "profiler", "planner")}
+    opened = {name: plane.tls_channel(name) for name in ("store", "profiler", "planner")}
+    # an agent's channel: the client certificate the local CA issues for the host it registers (iso-agent)
+    opened["planner_agent"] = grpc.secure_channel(plane.settings.address("planner_agent"),
+                                                  agent_transport(plane.settings, "iso-agent").credentials())
     yield opened
     for channel in opened.values():
         channel.close()

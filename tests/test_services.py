@@ -52,9 +52,9 @@ def tenants(plane):
     return a.token, b.token
 
 
-def list_services(plane, service: str) -> set[str]:
-    """Only server reflection, with a plain grpcio channel and no token."""
-    with plane.tls_channel(service) as channel:
+def list_services(settings, service: str) -> set[str]:
+    """Only server reflection, with a plain grpcio channel (TLS, the data dir's CA) and no token."""
+    with grpc.secure_channel(settings.address(service), client_transport(settings).credentials()) as channel:
         stub = reflection_pb2_grpc.ServerReflectionStub(channel)
         replies = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
         return {s.name for reply in replies for s in reply.list_services_response.service}
@@ -63,7 +63,7 @@ def list_services(plane, service: str) -> set[str]:
 def test_reflection_lists_every_ballast_service(plane) -> None:
     found = set()
     for name, expected in SERVICES.items():
-        services = list_services(plane, name)
+        services = list_services(plane.settings, name)
         assert expected <= services
         assert "grpc.health.v1.Health" in services
         found |= {s for s in services if s.startswith("ballast.v1.")}
