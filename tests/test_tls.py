@@ -12,8 +12,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ballast.client import open_channel
 from ballast.config import load_settings
 from ballast.tls import common_name, ensure_server_files, tls_files
-from ballast.transport import client_transport
-from ballast.v1 import executor_pb2, fleet_pb2, store_pb2, store_pb2_grpc
+from ballast.transport import ClientTransport, client_transport
+from ballast.v1 import executor_pb2, executor_pb2_grpc, fleet_pb2, store_pb2, store_pb2_grpc
 from services.runtime.server import Server, ServerSpec, is_loopback
 from tests.harness import make_settings, start_plane
 
@@ -83,6 +83,21 @@ def test_a_certificate_for_another_host_cannot_register_this_one(plane) -> None:
             next(stream)
     assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert "host-b" in info.value.details()
+
+
+def test_the_servers_own_certificate_does_not_pass_for_an_agent(plane) -> None:
+    """Every service's host holds the server certificate the CA signed; it is not issued for client use
+    (extended key usage serverAuth only), so the handshake on the agent port refuses it: it registers nothing."""
+    files = ensure_server_files(plane.settings)
+    server = ClientTransport(ca=files.ca.read_bytes(), cert=files.identity.cert.read_bytes(),
+                             key=files.identity.key.read_bytes())
+    channel = open_channel(plane.settings.address("planner_agent"), plane.token, timeout=10, transport=server)
+    stream = executor_pb2_grpc.ExecutorControlStub(channel).Connect(
+        iter([hello(common_name(files.identity.cert))]), timeout=10)
+    with pytest.raises(grpc.RpcError) as info:
+        next(stream)
+    channel.close()
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE, info.value  # "unsupported certificate purpose"
 
 
 def test_the_agent_port_refuses_a_client_without_a_certificate(plane) -> None:
