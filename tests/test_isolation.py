@@ -128,6 +128,8 @@ CASES: dict[str, Case] = {
     # --- store: tenants and auth
     f"{S}/CreateTenant": Case(ADMIN, lambda w: store_pb2.CreateTenantRequest(name="iso-probe")),
     f"{S}/GetTenant": Case(TENANT, get("tenant"), owner_reads=True),
+    # B may not rotate (revoke) A's token; A's own rotation is tested in test_store_tenants (it would end A's)
+    f"{S}/RotateTenantToken": Case(TENANT, lambda w: store_pb2.RotateTenantTokenRequest(tenant_id=w.tenant)),
     f"{S}/ListTenants": Case(ADMIN, lambda w: store_pb2.ListTenantsRequest()),
     # Asking about another tenant's token answers exactly like an unknown token: no oracle.
     f"{S}/Authenticate": Case(TENANT, lambda w: store_pb2.AuthenticateRequest(token=w.token_a),
@@ -439,3 +441,22 @@ def test_the_fleet_view_hides_another_tenants_lease() -> None:
     hidden = visible_lease(lease, Principal("tnt-b", "team-b"))
     assert (hidden.id, hidden.job_id, hidden.tenant_id) == ("", "", "")
     assert (hidden.device, hidden.device_kind, hidden.started_at.seconds) == (lease.device, "cpu", 100)
+
+
+def test_a_rotated_token_is_refused_by_every_service_within_seconds(plane, channels) -> None:
+    """Revocation: the store forgets the old token at once, the planner and profiler once their token cache
+    (5 s) lapses; the new token works everywhere."""
+    import time
+
+    admin = plane.client()
+    created = admin.store.CreateTenant(store_pb2.CreateTenantRequest(name="iso-rotating"))
+    probes = {f"{S}/ListJobs": store_pb2.ListJobsRequest(), f"{J}/List": store_pb2.ListJobsRequest(),
+              f"{R}/ListDeviceKinds": services_pb2.ListDeviceKindsRequest()}
+    assert all(call(plane, channels, rpc, req, created.token).code == Code.OK for rpc, req in probes.items())
+    fresh = admin.store.RotateTenantToken(store_pb2.RotateTenantTokenRequest(tenant_id=created.tenant.id))
+    rotated = time.monotonic()
+    for rpc, req in probes.items():
+        while call(plane, channels, rpc, req, created.token).code != Code.UNAUTHENTICATED:
+            assert time.monotonic() - rotated < 15, f"{rpc} still takes the revoked token"
+            time.sleep(0.2)
+        assert call(plane, channels, rpc, req, fresh.token).code == Code.OK, rpc

@@ -60,6 +60,30 @@ def test_authentication_and_tenants(store: Store):
     assert names == ["admin", "team-a", "team-b", "team-c"] and rest.next_page_token == ""
 
 
+def test_a_rotated_token_stops_authenticating_and_only_its_tenant_or_the_admin_rotates_it(store: Store):
+    from services.runtime.errors import FailedPrecondition
+
+    admin, a, b = store.as_(store.admin), store.as_(store.a), store.as_(store.b)
+    old = store.tokens[store.a.tenant_id]
+    fresh = a.rotate_tenant_token(store_pb2.RotateTenantTokenRequest(tenant_id=store.a.tenant_id))
+    assert fresh.tenant.id == store.a.tenant_id and fresh.token and fresh.token != old
+    assert store.repo.principal_for_token(fresh.token) == store.a
+    with pytest.raises(Unauthenticated):  # revoked at once on the store
+        store.repo.principal_for_token(old)
+    store.rekey(store.a, fresh.token)
+    with pytest.raises(NotFound) as err:  # another tenant's token: as if that tenant did not exist
+        b.rotate_tenant_token(store_pb2.RotateTenantTokenRequest(tenant_id=store.a.tenant_id))
+    assert err.value.field == "tenant_id"
+    again = admin.rotate_tenant_token(store_pb2.RotateTenantTokenRequest(tenant_id=store.a.tenant_id))
+    assert store.repo.principal_for_token(again.token) == store.a
+    with pytest.raises(FailedPrecondition) as err:  # the admin's is BALLAST_TOKEN, which the services use
+        admin.rotate_tenant_token(store_pb2.RotateTenantTokenRequest(tenant_id=store.admin.tenant_id))
+    assert "BALLAST_TOKEN" in str(err.value)
+    with pytest.raises(InvalidArgument):
+        admin.rotate_tenant_token(store_pb2.RotateTenantTokenRequest())
+    store.rekey(store.a, again.token)
+
+
 def test_tenant_isolation_and_admin_visibility(store: Store):
     a, b, admin = store.as_(store.a), store.as_(store.b), store.as_(store.admin)
     model = a.create_model(store_pb2.CreateModelRequest(spec=gpt()))

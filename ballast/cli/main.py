@@ -145,7 +145,10 @@ def cmd_tenant(args: argparse.Namespace) -> int:
     settings = _settings(args)
     with _client(settings) as client:
         try:
-            reply = client.store.CreateTenant(store_pb2.CreateTenantRequest(name=args.name, admin=args.admin))
+            if args.action == "rotate":  # the old token stops working (within the services' 5 s cache)
+                reply = client.store.RotateTenantToken(store_pb2.RotateTenantTokenRequest(tenant_id=args.name))
+            else:
+                reply = client.store.CreateTenant(store_pb2.CreateTenantRequest(name=args.name, admin=args.admin))
         except grpc.RpcError as exc:
             return _rpc_failed(exc)
     console.print(f"tenant {reply.tenant.name} ({reply.tenant.id}); token (shown once):")
@@ -291,9 +294,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--limit", type=int, default=0, help="row limit (default 1000)")
     p.add_argument("--timeout", type=float, default=0, help="statement timeout in seconds (default 10)")
-    p = add("tenant", cmd_tenant, "create a tenant and print its token")
-    p.add_argument("action", choices=["create"])
-    p.add_argument("name")
+    p = add("tenant", cmd_tenant, "create a tenant, or rotate its token (the old one is revoked); print the new token")
+    p.add_argument("action", choices=["create", "rotate"])
+    p.add_argument("name", help="the new tenant's name (create), or the tenant's id (rotate)")
     p.add_argument("--admin", action="store_true")
     p = add("serve", cmd_serve, "run one service in the foreground")
     p.add_argument("service", choices=["store", "profiler", "planner", "executor"])

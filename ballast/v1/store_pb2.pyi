@@ -39,6 +39,12 @@ class CreateTenantResponse(_message.Message):
     token: str
     def __init__(self, tenant: _Optional[_Union[_common_pb2.Tenant, _Mapping]] = ..., token: _Optional[str] = ...) -> None: ...
 
+class RotateTenantTokenRequest(_message.Message):
+    __slots__ = ("tenant_id",)
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    tenant_id: str
+    def __init__(self, tenant_id: _Optional[str] = ...) -> None: ...
+
 class ListTenantsRequest(_message.Message):
     __slots__ = ("page",)
     PAGE_FIELD_NUMBER: _ClassVar[int]

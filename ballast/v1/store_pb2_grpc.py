@@ -62,6 +62,11 @@ class StoreServiceStub:
                 request_serializer=ballast_dot_v1_dot_store__pb2.AuthenticateRequest.SerializeToString,
                 response_deserializer=ballast_dot_v1_dot_common__pb2.Principal.FromString,
                 _registered_method=True)
+        self.RotateTenantToken = channel.unary_unary(
+                '/ballast.v1.StoreService/RotateTenantToken',
+                request_serializer=ballast_dot_v1_dot_store__pb2.RotateTenantTokenRequest.SerializeToString,
+                response_deserializer=ballast_dot_v1_dot_store__pb2.CreateTenantResponse.FromString,
+                _registered_method=True)
         self.CreateModel = channel.unary_unary(
                 '/ballast.v1.StoreService/CreateModel',
                 request_serializer=ballast_dot_v1_dot_store__pb2.CreateModelRequest.SerializeToString,
@@ -341,6 +346,13 @@ class StoreServiceServicer:
 
     def Authenticate(self, request, context):
         """Resolve a bearer token to a principal (UNAUTHENTICATED if unknown).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RotateTenantToken(self, request, context):
+        """Give a tenant a new token and revoke its old one; the reply shows the new token once.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -719,6 +731,11 @@ def add_StoreServiceServicer_to_server(servicer, server):
                     request_deserializer=ballast_dot_v1_dot_store__pb2.AuthenticateRequest.FromString,
                     response_serializer=ballast_dot_v1_dot_common__pb2.Principal.SerializeToString,
             ),
+            'RotateTenantToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.RotateTenantToken,
+                    request_deserializer=ballast_dot_v1_dot_store__pb2.RotateTenantTokenRequest.FromString,
+                    response_serializer=ballast_dot_v1_dot_store__pb2.CreateTenantResponse.SerializeToString,
+            ),
             'CreateModel': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateModel,
                     request_deserializer=ballast_dot_v1_dot_store__pb2.CreateModelRequest.FromString,
@@ -1079,6 +1096,33 @@ class StoreService:
             '/ballast.v1.StoreService/Authenticate',
             ballast_dot_v1_dot_store__pb2.AuthenticateRequest.SerializeToString,
             ballast_dot_v1_dot_common__pb2.Principal.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RotateTenantToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ballast.v1.StoreService/RotateTenantToken',
+            ballast_dot_v1_dot_store__pb2.RotateTenantTokenRequest.SerializeToString,
+            ballast_dot_v1_dot_store__pb2.CreateTenantResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -89,7 +89,7 @@ def anonymous_store(settings: Settings) -> RemoteStore:
 class StoreAuthenticator:
     """Resolves bearer tokens through Store.authenticate, caching hits for `ttl_s` seconds."""
 
-    def __init__(self, store: Store, ttl_s: float = 30.0):
+    def __init__(self, store: Store, ttl_s: float = 5.0):  # a rotated token stops working within it
         self._store = store
         self._ttl = ttl_s
         self._cache: dict[str, tuple[float, Principal]] = {}

@@ -73,6 +73,23 @@ class TenantStore(RepositoryBase):
             raise Unauthenticated("unknown bearer token", fix=UNAUTHENTICATED_FIX)
         return common_pb2.Principal(tenant_id=found.tenant_id, tenant_name=found.tenant_name, admin=found.admin)
 
+    def rotate_tenant_token(self, p: Principal,
+                            req: store_pb2.RotateTenantTokenRequest) -> store_pb2.CreateTenantResponse:
+        """A new token for the tenant; the old one's hash is overwritten, so it stops authenticating here now
+        (the other services' caches keep it at most their TTL). Another tenant's id is NOT_FOUND, as for GetTenant."""
+        if not req.tenant_id:
+            raise InvalidArgument("required", field="tenant_id", fix="name the tenant whose token to rotate")
+        if not p.admin and req.tenant_id != p.tenant_id:
+            raise NotFound(f"tenant {quote(req.tenant_id)} not found", field="tenant_id")
+        token = new_token()
+        with self._tx(write=True) as s:
+            row = self._one(s, m.Tenant, req.tenant_id, None, what="tenant")
+            if row.admin:
+                raise FailedPrecondition("the platform admin's token is BALLAST_TOKEN, which every service uses",
+                                         field="tenant_id", fix="change BALLAST_TOKEN and restart the services")
+            row.token_hash = hash_token(token)
+            return store_pb2.CreateTenantResponse(tenant=tenant_pb(row), token=token)
+
     def principal_for_token(self, token: str) -> Principal:
         """Resolve a bearer token; only its hash is compared, the token itself is never stored."""
         if not token:
