@@ -43,6 +43,24 @@ def make_settings(data_dir: Path, **overrides: object) -> Settings:
     return load_settings(env, data_dir=data_dir, **{**ports, **overrides})
 
 
+def in_process_cli(settings: Settings, monkeypatch, capsys) -> Callable[..., tuple[int, str, str]]:
+    """`ballast ...` run in this process against `settings` (only its BALLAST_* environment, a wide console):
+    returns a function giving (exit code, stdout, stderr) for argv."""
+    from ballast.cli.main import main
+
+    for key in [k for k in os.environ if k.startswith("BALLAST_")]:
+        monkeypatch.delenv(key)
+    for key, value in {**settings_env(settings), "COLUMNS": "300"}.items():
+        monkeypatch.setenv(key, value)
+
+    def ballast(*argv: str) -> tuple[int, str, str]:
+        code = main(list(argv))
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    return ballast
+
+
 def settings_env(settings: Settings) -> dict[str, str]:
     """Environment that makes a subprocess see the same settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("BALLAST_")}

@@ -5,15 +5,13 @@ numbers through `ballast sql`."""
 from __future__ import annotations
 
 import json
-import os
 import struct
 
 import pytest
 
-from ballast.cli.main import main
 from ballast.v1 import fleet_pb2, job_pb2, store_pb2
 from services.planner.plans.fidelity import CALIBRATED
-from tests.harness import make_settings, settings_env, start_plane
+from tests.harness import in_process_cli, make_settings, start_plane
 from tests.store_builders import gpt, host, job_spec, plan_msg
 from tests.test_readme_sql import readme_blocks
 
@@ -89,15 +87,7 @@ def check_groups(got: list[dict], want: list[dict], places: int = 9) -> None:
 def test_fidelity_reports_predicted_against_measured_from_the_store(tmp_path, monkeypatch, capsys) -> None:
     settings = make_settings(tmp_path / "d")
     plane = start_plane(settings, ("store",))
-    for key in [k for k in os.environ if k.startswith("BALLAST_")]:
-        monkeypatch.delenv(key)
-    for key, value in {**settings_env(settings), "COLUMNS": "300"}.items():
-        monkeypatch.setenv(key, value)
-
-    def ballast(*argv: str) -> tuple[int, str, str]:
-        code = main(list(argv))
-        out = capsys.readouterr()
-        return code, out.out, out.err
+    ballast = in_process_cli(settings, monkeypatch, capsys)
 
     try:
         code, out, err = ballast("fidelity")

@@ -407,22 +407,13 @@ def test_fleet_shows_and_clears_a_degraded_host_on_a_running_plane(tmp_path, mon
     """Store and planner serving: a host marked degraded through the store shows in `ballast fleet`, `ballast
     fleet clear` gives it back (by name), and an unknown name or a healthy host fail with exit 1."""
     import json
-    import os
 
-    from tests.harness import make_settings, settings_env, start_plane
+    from tests.harness import in_process_cli, make_settings, start_plane
     from tests.store_builders import host
 
     settings = make_settings(tmp_path / "d")
     plane = start_plane(settings, ("store", "planner"), send=lambda request_id: None)
-    for key in [k for k in os.environ if k.startswith("BALLAST_")]:
-        monkeypatch.delenv(key)
-    for key, value in {**settings_env(settings), "COLUMNS": "300"}.items():
-        monkeypatch.setenv(key, value)
-
-    def ballast(*argv: str) -> tuple[int, str, str]:
-        code = main(list(argv))
-        out = capsys.readouterr()
-        return code, out.out, out.err
+    ballast = in_process_cli(settings, monkeypatch, capsys)
 
     try:
         store = plane.store()

@@ -236,7 +236,7 @@ class Recovery:
                    f"morph costs {cost:.1f} s" if without is not None else f"it cannot be left out: {why_not}")
         evidence = {"job_id": r.job.id, "rank": rank, "host_id": host, **found.evidence(),
                     "iteration_s": round(now, 6), "predicted_without_s": round(without or 0.0, 6),
-                    "without_from": "measured" if source.startswith("the job measured") else "simulator",
+                    "without_from": "measured" if r.measured_on.get(devices_left, (0.0, 0))[0] > 0 else "simulator",
                     "gain_s": round(gain, 3), "morph_cost_s": round(cost, 3), "left_out": leave}
         # Leaving it out is always said; keeping it once it persisted two windows (one may be noise on a busy host)
         if leave or (not r.stutter_reported and r.stutter_seen >= PERSIST_WINDOWS):
