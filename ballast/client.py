@@ -1,8 +1,9 @@
 """Client SDK: authenticated channels with retries, and typed stubs for every Ballast service.
 
 Calls that fail with UNAVAILABLE (a service restarting, the database down) are retried with
-exponential backoff by gRPC's own retry policy. Services calling services pass
-`deadline_source` so a downstream call never outlives the incoming call's deadline.
+exponential backoff by gRPC's own retry policy; a unary call throttled by a tenant's rate limit waits the
+delay the server advises and is tried again, a bounded number of times (ballast/throttle.py). Services calling
+services pass `deadline_source` so a downstream call never outlives the incoming call's deadline.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import grpc
 
 from ballast.config import Settings
+from ballast.throttle import ThrottleRetry
 from ballast.transport import PLAINTEXT, ClientTransport, client_transport
 from ballast.v1 import common_pb2, executor_pb2_grpc, job_pb2, services_pb2_grpc, store_pb2, store_pb2_grpc
 
@@ -48,13 +50,15 @@ class _CallInterceptor(
 ):
     """Adds the bearer token and caps the timeout by the propagated deadline."""
 
-    def __init__(self, token: TokenSource, default_timeout: float | None, deadline_source: Callable[[], float | None]):
+    def __init__(self, token: TokenSource, default_timeout: float | None, deadline_source: Callable[[], float | None],
+                 metadata: tuple[tuple[str, str], ...] = ()):
         self.token = token
         self.default_timeout = default_timeout
         self.deadline_source = deadline_source
+        self.metadata = metadata
 
     def _details(self, details: grpc.ClientCallDetails, streaming: bool) -> grpc.ClientCallDetails:
-        metadata = list(details.metadata or [])
+        metadata = [*(details.metadata or []), *self.metadata]
         token = self.token() if callable(self.token) else self.token
         if token:
             metadata.append(("authorization", f"Bearer {token}"))
@@ -98,9 +102,10 @@ def open_channel(
     timeout: float | None = DEFAULT_TIMEOUT_S,
     deadline_source: Callable[[], float | None] = lambda: None,
     transport: ClientTransport = PLAINTEXT,
+    metadata: tuple[tuple[str, str], ...] = (),
 ) -> grpc.Channel:
     """A channel with auth, retries and limits: TLS when `transport` has a CA (`client_transport(settings)`),
-    else plaintext, which a TLS server refuses."""
+    else plaintext, which a TLS server refuses. `metadata` goes out with every call."""
     options = [
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -113,7 +118,8 @@ def open_channel(
         channel = grpc.insecure_channel(address, options=options)
     else:
         channel = grpc.secure_channel(address, credentials, options=options)
-    return grpc.intercept_channel(channel, _CallInterceptor(token, timeout, deadline_source))
+    # The throttle retry is outermost, so each attempt gets a fresh token and the deadline left
+    return grpc.intercept_channel(channel, ThrottleRetry(), _CallInterceptor(token, timeout, deadline_source, metadata))
 
 
 def pages(list_call: Callable[[Any], Any], request: Any) -> Iterator[Any]:

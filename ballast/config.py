@@ -59,6 +59,11 @@ class Settings:
     # a host class's calibration (learnt from runs) is used when planning once fitted on this many iterations;
     # 0 plans from profiles alone
     calibration_min_iterations: int = 20
+    # Per-tenant rate limits (README "Rate limits"): a token bucket per (tenant, gRPC service) on each server,
+    # refilled at rate_limit_rps calls/s up to rate_limit_burst; the platform admin and calls a service forwards
+    # for a tenant are not counted. 0 turns the limits off.
+    rate_limit_rps: float = 100.0
+    rate_limit_burst: int = 200
     log_level: str = "INFO"
     allowed_model_factories: tuple[str, ...] = ()
     fleet_policy: str = ""  # policy YAML the planner stores at start-up when it differs (services/specs/policy.py)

@@ -19,6 +19,7 @@ from services.planner.plans import operations as plans
 from services.planner.policy_file import apply_policy_file
 from services.planner.queue import durable
 from services.runtime.context import current_principal, remaining_time
+from services.runtime.ratelimit import RateLimiter
 from services.runtime.server import Server, ServerSpec
 from services.runtime.servicer import delegate
 from services.runtime.store_client import StoreAuthenticator, anonymous_store, remote_stores
@@ -134,6 +135,7 @@ def build_server(settings: Settings, address: str | None = None, send: durable.S
             credentials=server_credentials(settings),
             agent_address=agent_address or f"{settings.host}:{settings.planner_agent_port}",
             agent_credentials=server_credentials(settings, require_client_auth=True),
+            rate_limit=RateLimiter.of(settings),
         )
     )
     sweeper.start()

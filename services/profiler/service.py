@@ -7,6 +7,7 @@ from ballast.transport import server_credentials
 from ballast.v1 import services_pb2, services_pb2_grpc
 from services.profiler.runner import Runner, list_device_kinds
 from services.runtime.context import current_principal
+from services.runtime.ratelimit import RateLimiter
 from services.runtime.server import Server, ServerSpec
 from services.runtime.servicer import delegate
 from services.runtime.store_client import StoreAuthenticator, anonymous_store, remote_stores
@@ -37,6 +38,7 @@ def build_server(settings: Settings, address: str | None = None) -> Server:
             services=[PROFILER.full_name],
             authenticate=StoreAuthenticator(anonymous_store(settings)),
             credentials=server_credentials(settings),
+            rate_limit=RateLimiter.of(settings),
         )
     )
 

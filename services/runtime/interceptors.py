@@ -18,6 +18,7 @@ import sqlalchemy.exc
 from services.runtime import context
 from services.runtime.auth import Principal
 from services.runtime.errors import ERROR_FIELD, ERROR_FIX, ERROR_MESSAGE, BallastError, Unauthenticated
+from services.runtime.ratelimit import RateLimiter
 
 log = logging.getLogger("ballast.rpc")
 
@@ -47,11 +48,11 @@ def _wrap(handler: grpc.RpcMethodHandler, wrap: Callable[[Behavior, bool], Behav
     return handler
 
 
-def error_metadata(exc: BallastError) -> tuple[tuple[str, bytes], ...]:
+def error_metadata(exc: BallastError) -> tuple[tuple[str, str | bytes], ...]:
     """The error's parts as trailing metadata, so a Ballast caller rebuilds it with its field and fix
     (services/runtime/remote.domain_error); other clients read the status message, which has all three."""
     parts = ((ERROR_MESSAGE, exc.message), (ERROR_FIELD, exc.field), (ERROR_FIX, exc.fix))
-    return tuple((key, value.encode()) for key, value in parts if value)
+    return tuple((key, value.encode()) for key, value in parts if value) + getattr(exc, "trailing", ())
 
 
 def abort_for(exc: BaseException, ctx: grpc.ServicerContext) -> None:
@@ -115,9 +116,11 @@ class CallInterceptor(grpc.ServerInterceptor):
     need no token, and the health servicer's Watch is non-blocking (it holds no pool thread).
     """
 
-    def __init__(self, authenticate: Callable[[str], Principal] | None, budget: StreamBudget):
+    def __init__(self, authenticate: Callable[[str], Principal] | None, budget: StreamBudget,
+                 limiter: RateLimiter | None = None):
         self._authenticate = authenticate
         self.budget = budget
+        self.limiter = limiter or RateLimiter(0, 0)  # per-tenant rate limits; off by default
 
     def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
         handler = continuation(details)
@@ -129,6 +132,7 @@ class CallInterceptor(grpc.ServerInterceptor):
             def begin(ctx: grpc.ServicerContext) -> tuple[Principal, float | None, str]:
                 token = _bearer(ctx)
                 principal = self._authenticate(token)
+                self.limiter.admit(principal, method, ctx.invocation_metadata())  # raises Throttled
                 remaining = ctx.time_remaining()
                 deadline = time.monotonic() + remaining if remaining is not None and remaining < 1e9 else None
                 context.set_call(principal, deadline, token)

@@ -25,6 +25,7 @@ from grpc_reflection.v1alpha import reflection
 
 from services.runtime.auth import Principal
 from services.runtime.interceptors import CallInterceptor, StreamBudget
+from services.runtime.ratelimit import RateLimiter
 
 log = logging.getLogger("ballast.server")
 
@@ -60,6 +61,7 @@ class ServerSpec:
     credentials: grpc.ServerCredentials | None = None  # None: plaintext, loopback only
     agent_address: str = ""
     agent_credentials: grpc.ServerCredentials | None = None
+    rate_limit: RateLimiter | None = None  # per-tenant token buckets (RateLimiter.of(settings)); None: no limits
 
 
 def is_loopback(address: str) -> bool:
@@ -97,7 +99,7 @@ class Server:
         self.health = health.HealthServicer(experimental_non_blocking=True)
         self._grpc = grpc.server(
             futures.ThreadPoolExecutor(max_workers=spec.max_workers, thread_name_prefix=spec.name),
-            interceptors=[CallInterceptor(spec.authenticate, budget)],
+            interceptors=[CallInterceptor(spec.authenticate, budget, spec.rate_limit)],
             options=[*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)],
             maximum_concurrent_rpcs=spec.max_workers * 4,
         )

@@ -18,6 +18,7 @@ from ballast.v1 import common_pb2, store_pb2, store_pb2_grpc
 from services.runtime import context
 from services.runtime.auth import Principal, hash_token
 from services.runtime.errors import BallastError, Unauthenticated, Unavailable
+from services.runtime.ratelimit import FORWARDED_BY
 from services.runtime.remote import domain_error
 from services.runtime.store_api import SERVICE, Store, implement
 
@@ -68,6 +69,13 @@ class _TokenChecker(RemoteStore):
         return self._call("Authenticate", request, RETRY_DELAYS_S, metadata=bearer)
 
 
+def forwarded(settings: Settings) -> tuple[tuple[str, str], ...]:
+    """The header that tells the store a call is forwarded for a tenant whose own call this service already
+    admitted, so the store's rate limit does not count it again (services/runtime/ratelimit.py)."""
+    token = settings.resolved_token()
+    return ((FORWARDED_BY, token),) if token else ()
+
+
 def remote_stores(settings: Settings) -> tuple[RemoteStore, RemoteStore]:
     """(as_caller, as_platform): the first forwards the incoming call's token and deadline, the second
     uses the service's own token (background work such as the lease sweeper)."""
@@ -76,14 +84,15 @@ def remote_stores(settings: Settings) -> tuple[RemoteStore, RemoteStore]:
     transport = client_transport(settings)
     as_caller = open_channel(
         address, lambda: context.caller_token() or service_token, deadline_source=context.remaining_time,
-        transport=transport,
+        transport=transport, metadata=forwarded(settings),
     )
     return RemoteStore(as_caller), RemoteStore(open_channel(address, service_token, transport=transport))
 
 
 def anonymous_store(settings: Settings) -> RemoteStore:
     """The store for StoreAuthenticator: each Authenticate call carries only the token it checks."""
-    return _TokenChecker(open_channel(settings.address("store"), transport=client_transport(settings)))
+    return _TokenChecker(open_channel(settings.address("store"), transport=client_transport(settings),
+                                      metadata=forwarded(settings)))
 
 
 class StoreAuthenticator:

@@ -12,6 +12,7 @@ from ballast.config import Settings
 from ballast.transport import server_credentials
 from ballast.v1 import store_pb2, store_pb2_grpc
 from services.runtime.errors import FailedPrecondition, SchemaOutOfDate
+from services.runtime.ratelimit import RateLimiter
 from services.runtime.server import Server, ServerSpec
 from services.runtime.servicer import delegate
 from services.store import schema, sql
@@ -55,6 +56,7 @@ def build_server(
             authenticate=repo.principal_for_token,
             on_stop=[engine.dispose, repo.sql_engine.dispose],
             credentials=server_credentials(settings),
+            rate_limit=RateLimiter.of(settings),
         )
     )
 
