@@ -143,6 +143,35 @@ def test_a_cancel_during_profiling_ends_cancelled_without_a_plan(client, store):
     assert not client.store.ListPlans(store_pb2.ListPlansRequest(job_id=job.id)).plans
 
 
+class MovedUnderfoot:
+    """The store, where a worker moves the job right after each of the first `times` reads of it: the race a
+    cancel meets under load (the scheduler queueing the job, a worker starting to profile it)."""
+
+    def __init__(self, store: Store, client, moves: list[int]):
+        self._store, self._client, self._moves = store, client, list(moves)
+
+    def get_job(self, request):
+        job = self._store.get_job(request)
+        if self._moves:
+            self._client.store.TransitionJob(store_pb2.TransitionJobRequest(id=job.id, state=self._moves.pop(0)))
+        return job
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+
+def test_a_cancel_racing_a_worker_reads_the_job_again(client, store):
+    job = new_job(client, 384)
+    racing = MovedUnderfoot(store, client, [S.JOB_STATE_PROFILING, S.JOB_STATE_PLANNING])
+    cancelled = jobs.cancel(racing, services_pb2.CancelJobRequest(job_id=job.id, reason="changed my mind"))
+    assert cancelled.state == S.JOB_STATE_CANCELLING  # decided on PLANNING, the state it finally read
+    assert [t for t, _ in states(client, job.id)].count("CANCEL_REQUESTED") == 1
+    endless = new_job(client, 392)
+    with pytest.raises(FailedPrecondition, match="re-read the job"):  # bounded: a job that never settles
+        jobs.cancel(MovedUnderfoot(store, client, [S.JOB_STATE_PROFILING, S.JOB_STATE_PLANNING]),
+                    services_pb2.CancelJobRequest(job_id=endless.id), attempts=2)
+
+
 def test_another_tenants_request_cannot_prepare_the_job(client, store):
     job = new_job(client, 512)
     other = client.store.CreateTenant(store_pb2.CreateTenantRequest(name="someone-else")).tenant

@@ -12,6 +12,7 @@ from services.runtime.errors import FailedPrecondition, InvalidArgument
 from services.runtime.store_api import Store, every_page
 
 TERMINAL = {job_pb2.JOB_STATE_SUCCEEDED, job_pb2.JOB_STATE_FAILED, job_pb2.JOB_STATE_CANCELLED}
+CANCEL_ATTEMPTS = 5  # a job a worker keeps moving (profiling, planning, queued) settles within a few reads
 
 
 def submit(store: Store, request: services_pb2.SubmitJobRequest,
@@ -82,16 +83,23 @@ def watch(store: Store, job_id: str, after_seq: int,
         time.sleep(poll_s)
 
 
-def cancel(store: Store, request: services_pb2.CancelJobRequest) -> job_pb2.Job:
+def cancel(store: Store, request: services_pb2.CancelJobRequest, attempts: int = CANCEL_ATTEMPTS) -> job_pb2.Job:
     """A job nobody runs (submitted, or queued for devices) is cancelled at once; a running one goes to
-    CANCELLING for its executors."""
-    job = store.get_job(store_pb2.GetRequest(id=request.job_id))
-    if job.state in TERMINAL:
-        raise FailedPrecondition(
-            f"job is already {job_pb2.JobState.Name(job.state)}", field="job_id", fix="nothing to cancel"
-        )
-    nothing_runs = job.state in (job_pb2.JOB_STATE_SUBMITTED, job_pb2.JOB_STATE_QUEUED)
-    target = job_pb2.JOB_STATE_CANCELLED if nothing_runs else job_pb2.JOB_STATE_CANCELLING
-    return store.transition_job(store_pb2.TransitionJobRequest(
-        id=job.id, state=target, expected_state=job.state, message=request.reason or "cancelled by user",
-        event_type="CANCEL_REQUESTED"))
+    CANCELLING for its executors. The move is a compare-and-set on the state just read: when a worker or
+    the scheduler moved the job in between, the job is read again and the cancel decided again."""
+    for attempt in range(attempts):
+        job = store.get_job(store_pb2.GetRequest(id=request.job_id))
+        if job.state in TERMINAL:
+            raise FailedPrecondition(
+                f"job is already {job_pb2.JobState.Name(job.state)}", field="job_id", fix="nothing to cancel"
+            )
+        nothing_runs = job.state in (job_pb2.JOB_STATE_SUBMITTED, job_pb2.JOB_STATE_QUEUED)
+        target = job_pb2.JOB_STATE_CANCELLED if nothing_runs else job_pb2.JOB_STATE_CANCELLING
+        try:
+            return store.transition_job(store_pb2.TransitionJobRequest(
+                id=job.id, state=target, expected_state=job.state, message=request.reason or "cancelled by user",
+                event_type="CANCEL_REQUESTED"))
+        except FailedPrecondition as exc:
+            if exc.field != "expected_state" or attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
