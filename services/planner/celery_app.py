@@ -10,8 +10,10 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sqlite3
 import threading
 
+import sqlalchemy as sa
 from celery import Celery
 
 from ballast.client import open_channel
@@ -38,6 +40,7 @@ durable.register(calibrate_job.KIND, calibrate_job.calibrate_after)
 
 def make_app(settings: Settings) -> Celery:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    sqlite_broker_wal(settings.broker_url)
     prepare.CALIBRATION.min_iterations = settings.calibration_min_iterations
     app = Celery("ballast", broker=settings.broker_url, set_as_current=False)
     # kombu's SQLAlchemy transport hands its options to create_engine and never redelivers anyway.
@@ -86,9 +89,38 @@ def _run_request(request_id: str) -> None:
                       float(os.environ.get(HOLD_AFTER_ENV, "0")), profiler=_WORKER["profiler"])
 
 
+def sqlite_broker_wal(broker_url: str) -> None:
+    """Put the embedded broker's SQLite file in WAL mode (it stays so): the worker's polls then never hold
+    off a publish's commit, as they do in SQLite's default rollback journal."""
+    if not broker_url.startswith("sqla+sqlite:"):
+        return
+    path = sa.engine.make_url(broker_url.removeprefix("sqla+")).database
+    if not path or path == ":memory:":
+        return
+    try:
+        conn = sqlite3.connect(path, timeout=5.0)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+        finally:
+            conn.close()
+    except sqlite3.OperationalError as exc:  # another process holds it now: the next start switches it
+        log.warning("could not put the broker in WAL mode: %s", exc)
+
+
 def sender(app: Celery, queue_name: str):
-    """A `send(request_id)` that puts a request id on the planner queue."""
-    return lambda request_id: app.send_task(TASK, args=[request_id], queue=queue_name)
+    """A `send(request_id)` that puts a request id on the planner queue. On the embedded SQLite broker this
+    process's sends go one at a time: concurrent writers would each wait in SQLite's busy handler, which
+    sleeps in growing steps (up to 100 ms) however soon the lock frees."""
+    gate = threading.Lock() if app.conf.broker_url.startswith("sqla+sqlite:") else None
+
+    def send(request_id: str) -> None:
+        if gate is None:
+            app.send_task(TASK, args=[request_id], queue=queue_name)
+            return
+        with gate:
+            app.send_task(TASK, args=[request_id], queue=queue_name)
+
+    return send
 
 
 class WorkerHeartbeat(threading.Thread):

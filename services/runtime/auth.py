@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -22,3 +25,43 @@ def new_token() -> str:
 def hash_token(token: str) -> str:
     """Only the SHA-256 of a token is stored, so a leaked database leaks no credentials."""
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+class PrincipalCache:
+    """Resolved tokens, trusted for `ttl_s` seconds without asking again (a database read on the store, a
+    round trip to it elsewhere, on every call otherwise); keyed by the token's hash, thread-safe.
+
+    `forget` drops a tenant's entries (a rotated token) or all; a resolution that began before a forget is
+    not cached (`stamp` then `put`), so a reader racing a rotation cannot bring the old token back."""
+
+    def __init__(self, ttl_s: float = 5.0, max_entries: int = 10_000, clock: Callable[[], float] = time.monotonic):
+        self.ttl_s, self.max_entries, self.clock = ttl_s, max_entries, clock
+        self._entries: dict[str, tuple[float, Principal]] = {}
+        self._generation = 0
+        self._lock = threading.Lock()
+
+    def get(self, token: str) -> Principal | None:
+        with self._lock:
+            hit = self._entries.get(hash_token(token))
+        return hit[1] if hit is not None and hit[0] > self.clock() else None
+
+    def stamp(self) -> int:
+        with self._lock:
+            return self._generation
+
+    def put(self, token: str, principal: Principal, stamp: int) -> None:
+        now = self.clock()
+        with self._lock:
+            if stamp != self._generation:
+                return
+            if len(self._entries) >= self.max_entries:
+                self._entries = {k: v for k, v in self._entries.items() if v[0] > now}
+                if len(self._entries) >= self.max_entries:
+                    self._entries.clear()
+            self._entries[hash_token(token)] = (now + self.ttl_s, principal)
+
+    def forget(self, tenant_id: str | None = None) -> None:
+        with self._lock:
+            self._generation += 1
+            self._entries = {k: v for k, v in self._entries.items()
+                             if tenant_id is not None and v[1].tenant_id != tenant_id}

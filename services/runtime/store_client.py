@@ -3,7 +3,6 @@ as the platform (background work), or anonymously to resolve bearer tokens."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -16,7 +15,7 @@ from ballast.config import Settings
 from ballast.transport import client_transport
 from ballast.v1 import common_pb2, store_pb2, store_pb2_grpc
 from services.runtime import context
-from services.runtime.auth import Principal, hash_token
+from services.runtime.auth import Principal, PrincipalCache
 from services.runtime.errors import BallastError, Unauthenticated, Unavailable
 from services.runtime.ratelimit import FORWARDED_BY
 from services.runtime.remote import domain_error
@@ -100,16 +99,13 @@ class StoreAuthenticator:
 
     def __init__(self, store: Store, ttl_s: float = 5.0):  # a rotated token stops working within it
         self._store = store
-        self._ttl = ttl_s
-        self._cache: dict[str, tuple[float, Principal]] = {}
-        self._lock = threading.Lock()
+        self._cache = PrincipalCache(ttl_s)
 
     def __call__(self, token: str) -> Principal:
-        key = hash_token(token)
-        with self._lock:
-            hit = self._cache.get(key)
-        if hit and hit[0] > time.monotonic():
-            return hit[1]
+        hit = self._cache.get(token)
+        if hit is not None:
+            return hit
+        stamp = self._cache.stamp()
         try:
             reply = self._store.authenticate(store_pb2.AuthenticateRequest(token=token))
         except Unauthenticated:
@@ -117,6 +113,5 @@ class StoreAuthenticator:
         except BallastError as exc:
             raise Unavailable(f"cannot reach the store to check the token: {exc.code}") from None
         principal = Principal(reply.tenant_id, reply.tenant_name, reply.admin)
-        with self._lock:
-            self._cache[key] = (time.monotonic() + self._ttl, principal)
+        self._cache.put(token, principal, stamp)
         return principal

@@ -12,9 +12,10 @@ import base64
 import binascii
 import json
 import math
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -24,7 +25,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from ballast.v1 import common_pb2
-from services.runtime.auth import Principal
+from services.runtime.auth import Principal, PrincipalCache
 from services.runtime.errors import (
     BallastError,
     InvalidArgument,
@@ -126,6 +127,12 @@ class RepositoryBase:
         self.allowed_factories = tuple(allowed_factories)
         self._writes = session_factory(engine)
         self._reads = session_factory(engine, read_only=True)
+        # SQLite has one writer at a time, and a writer waiting in its busy handler sleeps in growing steps
+        # (1, 2, 5, 10 ... 100 ms) however soon the lock frees: this process's writers queue on a lock
+        # instead, woken the moment the last one commits. Other processes still meet the busy timeout.
+        self._write_gate: AbstractContextManager = (threading.Lock() if engine.dialect.name == "sqlite"
+                                                    else nullcontext())
+        self.principals = PrincipalCache()  # bearer tokens resolved lately (services/store/repo/tenants.py)
 
     @contextmanager
     def _tx(self, *, write: bool) -> Iterator[Session]:
@@ -135,7 +142,8 @@ class RepositoryBase:
         behind other writers), while a read takes none and sees its snapshot beside a writer.
         """
         try:
-            with (self._writes if write else self._reads)() as session, session.begin():
+            with self._write_gate if write else nullcontext(), \
+                    (self._writes if write else self._reads)() as session, session.begin():
                 yield session
         except (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DisconnectionError) as err:
             if "no such table" in str(err.orig if isinstance(err, sa_exc.DBAPIError) else err):

@@ -88,17 +88,26 @@ class TenantStore(RepositoryBase):
                 raise FailedPrecondition("the platform admin's token is BALLAST_TOKEN, which every service uses",
                                          field="tenant_id", fix="change BALLAST_TOKEN and restart the services")
             row.token_hash = hash_token(token)
-            return store_pb2.CreateTenantResponse(tenant=tenant_pb(row), token=token)
+            reply = store_pb2.CreateTenantResponse(tenant=tenant_pb(row), token=token)
+        self.principals.forget(req.tenant_id)  # committed: the old token stops here now
+        return reply
 
     def principal_for_token(self, token: str) -> Principal:
-        """Resolve a bearer token; only its hash is compared, the token itself is never stored."""
+        """Resolve a bearer token; only its hash is compared, the token itself is never stored. Every call
+        to the store begins here, so a resolved token is cached for a few seconds (rotation forgets it)."""
         if not token:
             raise Unauthenticated("no bearer token", fix=UNAUTHENTICATED_FIX)
+        hit = self.principals.get(token)
+        if hit is not None:
+            return hit
+        stamp = self.principals.stamp()
         with self._tx(write=False) as s:
             row = s.scalars(sa.select(m.Tenant).where(m.Tenant.token_hash == hash_token(token))).first()
         if row is None:
             raise Unauthenticated("unknown bearer token", fix=UNAUTHENTICATED_FIX)
-        return Principal(tenant_id=row.id, tenant_name=row.name, admin=row.admin)
+        principal = Principal(tenant_id=row.id, tenant_name=row.name, admin=row.admin)
+        self.principals.put(token, principal, stamp)
+        return principal
 
     def ensure_admin(self, token: str, name: str = "admin") -> Principal:
         """Create (or re-key) the platform-admin tenant so `token` authenticates as admin; idempotent."""
@@ -108,6 +117,7 @@ class TenantStore(RepositoryBase):
             try:
                 with self._tx(write=True) as s:
                     row = self._admin_row(s, hash_token(token), name)
+                self.principals.forget()  # a re-keyed admin: its old token stops here now
                 return Principal(tenant_id=row.id, tenant_name=row.name, admin=True)
             except sa_exc.IntegrityError:
                 if attempt:
