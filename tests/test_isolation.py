@@ -155,6 +155,8 @@ CASES: dict[str, Case] = {
     f"{S}/ClearHostDegraded": Case(ADMIN, lambda w: store_pb2.ClearHostDegradedRequest(id="hst-none", reason="x")),
     # --- jobs, events, progress
     f"{S}/CreateJob": Case(OWN, lambda w: store_pb2.CreateJobRequest(spec=job_spec("iso-b"))),
+    f"{S}/CreateQueuedJob": Case(OWN, lambda w: store_pb2.CreateQueuedJobRequest(spec=job_spec("iso-b"),
+                                                                               kind="iso.probe")),
     f"{S}/GetJob": Case(TENANT, get("job"), owner_reads=True),
     f"{S}/ListJobs": Case(LIST, lambda w: store_pb2.ListJobsRequest(), shows="job"),
     f"{S}/TransitionJob": Case(TENANT, lambda w: store_pb2.TransitionJobRequest(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -52,6 +53,26 @@ def test_create_job_with_clashing_model_name_writes_nothing(store: Store):
         new_job(store, model=gpt("gpt-tiny", layers=4))
     assert err.value.field == "spec.model.name"
     assert store.count("jobs") == 0 and store.count("job_events") == 0 and store.count("models") == 1
+
+
+def test_a_queued_job_is_stored_with_its_request_or_not_at_all(store: Store):
+    """CreateQueuedJob (JobService.Submit): the job, its event and the request that prepares it in one
+    transaction; a refusal, of the spec or of the request, stores none of them."""
+    a = store.as_(store.a)
+    made = a.create_queued_job(store_pb2.CreateQueuedJobRequest(spec=job_spec("queued"), kind="jobs.prepare"))
+    assert made.job.state == JS.JOB_STATE_SUBMITTED and made.job.spec == job_spec("queued")
+    assert (made.request.kind, json.loads(made.request.payload_json)) == ("jobs.prepare", {"job_id": made.job.id})
+    assert (made.request.tenant_id, made.request.max_attempts) == (made.job.tenant_id, 3)
+    assert a.get_queued_request(store_pb2.GetRequest(id=made.request.id)) == made.request
+    assert [e.type for e in events(store, made.job.id)] == ["SUBMITTED"]
+    bad = job_spec()
+    bad.iterations = 0
+    for request, field in ((store_pb2.CreateQueuedJobRequest(spec=bad, kind="jobs.prepare"), "spec.iterations"),
+                           (store_pb2.CreateQueuedJobRequest(spec=job_spec()), "kind")):
+        with pytest.raises(InvalidArgument) as err:
+            a.create_queued_job(request)
+        assert err.value.field == field
+    assert (store.count("jobs"), store.count("job_events"), store.count("queued_requests")) == (1, 1, 1)
 
 
 def test_job_state_machine_events_and_compare_and_set(store: Store):

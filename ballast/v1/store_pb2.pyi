@@ -191,6 +191,24 @@ class CreateJobRequest(_message.Message):
     spec: _job_pb2.JobSpec
     def __init__(self, spec: _Optional[_Union[_job_pb2.JobSpec, _Mapping]] = ...) -> None: ...
 
+class CreateQueuedJobRequest(_message.Message):
+    __slots__ = ("spec", "kind", "max_attempts")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    spec: _job_pb2.JobSpec
+    kind: str
+    max_attempts: int
+    def __init__(self, spec: _Optional[_Union[_job_pb2.JobSpec, _Mapping]] = ..., kind: _Optional[str] = ..., max_attempts: _Optional[int] = ...) -> None: ...
+
+class CreateQueuedJobResponse(_message.Message):
+    __slots__ = ("job", "request")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    job: _job_pb2.Job
+    request: _queue_pb2.QueuedRequest
+    def __init__(self, job: _Optional[_Union[_job_pb2.Job, _Mapping]] = ..., request: _Optional[_Union[_queue_pb2.QueuedRequest, _Mapping]] = ...) -> None: ...
+
 class TransitionJobRequest(_message.Message):
     __slots__ = ("id", "state", "expected_state", "message", "event_type", "attributes", "plan_id")
     class AttributesEntry(_message.Message):

@@ -137,6 +137,11 @@ class StoreServiceStub:
                 request_serializer=ballast_dot_v1_dot_store__pb2.CreateJobRequest.SerializeToString,
                 response_deserializer=ballast_dot_v1_dot_job__pb2.Job.FromString,
                 _registered_method=True)
+        self.CreateQueuedJob = channel.unary_unary(
+                '/ballast.v1.StoreService/CreateQueuedJob',
+                request_serializer=ballast_dot_v1_dot_store__pb2.CreateQueuedJobRequest.SerializeToString,
+                response_deserializer=ballast_dot_v1_dot_store__pb2.CreateQueuedJobResponse.FromString,
+                _registered_method=True)
         self.GetJob = channel.unary_unary(
                 '/ballast.v1.StoreService/GetJob',
                 request_serializer=ballast_dot_v1_dot_store__pb2.GetRequest.SerializeToString,
@@ -451,6 +456,13 @@ class StoreServiceServicer:
 
     def CreateJob(self, request, context):
         """Store a job and its SUBMITTED event.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateQueuedJob(self, request, context):
+        """Store a job and its SUBMITTED event, and queue the request that prepares it, in one transaction.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -805,6 +817,11 @@ def add_StoreServiceServicer_to_server(servicer, server):
                     servicer.CreateJob,
                     request_deserializer=ballast_dot_v1_dot_store__pb2.CreateJobRequest.FromString,
                     response_serializer=ballast_dot_v1_dot_job__pb2.Job.SerializeToString,
+            ),
+            'CreateQueuedJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateQueuedJob,
+                    request_deserializer=ballast_dot_v1_dot_store__pb2.CreateQueuedJobRequest.FromString,
+                    response_serializer=ballast_dot_v1_dot_store__pb2.CreateQueuedJobResponse.SerializeToString,
             ),
             'GetJob': grpc.unary_unary_rpc_method_handler(
                     servicer.GetJob,
@@ -1501,6 +1518,33 @@ class StoreService:
             '/ballast.v1.StoreService/CreateJob',
             ballast_dot_v1_dot_store__pb2.CreateJobRequest.SerializeToString,
             ballast_dot_v1_dot_job__pb2.Job.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateQueuedJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ballast.v1.StoreService/CreateQueuedJob',
+            ballast_dot_v1_dot_store__pb2.CreateQueuedJobRequest.SerializeToString,
+            ballast_dot_v1_dot_store__pb2.CreateQueuedJobResponse.FromString,
             options,
             channel_credentials,
             insecure,

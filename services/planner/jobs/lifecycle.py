@@ -17,17 +17,19 @@ CANCEL_ATTEMPTS = 5  # a job a worker keeps moving (profiling, planning, queued)
 
 def submit(store: Store, request: services_pb2.SubmitJobRequest,
            send: durable.Send) -> job_pb2.Job:
-    """Store the job, its model and its SUBMITTED event in one store transaction (validated there), then
-    queue its preparation (profile and plan, services/planner/jobs/prepare.py) as the caller. A job whose
-    preparation could not be queued is failed with the reason rather than left waiting for nothing."""
+    """Store the job, its model, its SUBMITTED event and the request that prepares it (profile and plan,
+    services/planner/jobs/prepare.py) in one store transaction (validated there), as the caller, then put the
+    request on the broker. A job whose preparation could not be sent is failed with the reason rather than
+    left waiting for nothing."""
     if not request.HasField("spec"):
         raise InvalidArgument("required", field="spec", fix="send a JobSpec with model, global_batch_size, iterations")
     if request.spec.HasField("fleet"):
         hosts = [h for page in every_page(store.list_hosts, store_pb2.ListHostsRequest()) for h in page.hosts]
         check_offered(request.spec, hosts)
-    job = store.create_job(store_pb2.CreateJobRequest(spec=request.spec))
+    stored = store.create_queued_job(store_pb2.CreateQueuedJobRequest(spec=request.spec, kind=PREPARE))
+    job = stored.job
     try:
-        durable.submit(store, PREPARE, {"job_id": job.id}, send)
+        send(stored.request.id)
     except Exception as exc:
         store.transition_job(store_pb2.TransitionJobRequest(
             id=job.id, state=job_pb2.JOB_STATE_FAILED, expected_state=job_pb2.JOB_STATE_SUBMITTED,

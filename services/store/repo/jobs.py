@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
@@ -17,6 +21,7 @@ from services.store.convert import enum_name, from_json, shared_fields, to_json
 from services.store.repo.base import decode_token, encode_token, fit, int64, new_id, page_size
 from services.store.repo.leases import LeaseStore
 from services.store.repo.profiles import ModelStore
+from services.store.repo.queue import QueueStore, request_pb
 
 
 def job_pb(row: m.Job) -> job_pb2.Job:
@@ -36,9 +41,10 @@ LEASE_ENDS = {
 }
 
 
-class JobStore(ModelStore, LeaseStore):
+class JobStore(ModelStore, LeaseStore, QueueStore):
     """Job RPCs. A ModelStore because a job's spec carries its model, stored on first use; a LeaseStore
-    because a job's end ends its device leases in the same transaction."""
+    because a job's end ends its device leases in the same transaction; a QueueStore because a submitted job
+    is stored with the request that prepares it."""
 
     def _append_event(self, s: Session, job: m.Job, type_: str, message: str, attributes: dict[str, str]) -> m.JobEvent:
         """Next gapless seq; the caller holds the job row's lock."""
@@ -56,41 +62,67 @@ class JobStore(ModelStore, LeaseStore):
         return event
 
     def create_job(self, p: Principal, req: store_pb2.CreateJobRequest) -> job_pb2.Job:
-        validate_job_spec(req.spec, self.allowed_factories)
-        fit(m.Job.name, req.spec.name, "spec.name")
-        try:
+        self._check_spec(req.spec)
+        with self._model_race():
             with self._tx(write=True) as s:
-                priority = fleet_policy.class_for(self.current_policy(s), p.tenant_name, req.spec.priority_class)
-                model = self._resolve_model(s, p.tenant_id, req.spec.model, "spec.model")
-                now = self.now()
-                job = m.Job(
-                    id=new_id("job"),
-                    tenant_id=p.tenant_id,
-                    model_id=model.id,
-                    name=req.spec.name,
-                    state=job_states.SUBMITTED,
-                    plan_id=None,
-                    plan_version=0,
-                    message="",
-                    iteration=0,
-                    last_event_seq=0,
-                    spec=to_json(req.spec),
-                    created_at=now,
-                    updated_at=now,
-                    priority_class=priority.name,
-                )
-                s.add(job)
-                s.flush()
-                self._append_event(s, job, "SUBMITTED", "job submitted",
-                                   {"model_id": model.id, "priority_class": priority.name})
-                s.flush()
-                return job_pb(job)
+                job = self._add_job(s, p, req.spec)
+            return job_pb(job)
+
+    def create_queued_job(self, p: Principal,
+                          req: store_pb2.CreateQueuedJobRequest) -> store_pb2.CreateQueuedJobResponse:
+        """CreateJob and the request that prepares the job, in one transaction: a job is never stored without
+        it, and JobService.Submit takes one round trip to the store instead of two."""
+        self._check_spec(req.spec)
+        max_attempts = self._check_request(req.kind, req.max_attempts)
+        with self._model_race():
+            with self._tx(write=True) as s:
+                job = self._add_job(s, p, req.spec)
+                row, _ = self._queue(s, p, req.kind, json.dumps({"job_id": job.id}, sort_keys=True), max_attempts)
+            return store_pb2.CreateQueuedJobResponse(job=job_pb(job), request=request_pb(row))
+
+    def _check_spec(self, spec: job_pb2.JobSpec) -> None:
+        validate_job_spec(spec, self.allowed_factories)
+        fit(m.Job.name, spec.name, "spec.name")
+
+    @staticmethod
+    @contextmanager
+    def _model_race() -> Iterator[None]:
+        try:
+            yield
         except sa_exc.IntegrityError:
             raise AlreadyExists(
                 "a model with this name was stored concurrently",
                 field="spec.model.name",
                 fix="retry the submission",
             ) from None
+
+    def _add_job(self, s: Session, p: Principal, spec: job_pb2.JobSpec) -> m.Job:
+        """A SUBMITTED job and its event in transaction `s`, its model stored or matched by signature."""
+        priority = fleet_policy.class_for(self.current_policy(s), p.tenant_name, spec.priority_class)
+        model = self._resolve_model(s, p.tenant_id, spec.model, "spec.model")
+        now = self.now()
+        job = m.Job(
+            id=new_id("job"),
+            tenant_id=p.tenant_id,
+            model_id=model.id,
+            name=spec.name,
+            state=job_states.SUBMITTED,
+            plan_id=None,
+            plan_version=0,
+            message="",
+            iteration=0,
+            last_event_seq=0,
+            spec=to_json(spec),
+            created_at=now,
+            updated_at=now,
+            priority_class=priority.name,
+        )
+        s.add(job)
+        s.flush()
+        self._append_event(s, job, "SUBMITTED", "job submitted",
+                           {"model_id": model.id, "priority_class": priority.name})
+        s.flush()
+        return job
 
     def get_job(self, p: Principal, req: store_pb2.GetRequest) -> job_pb2.Job:
         with self._tx(write=False) as s:

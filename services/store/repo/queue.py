@@ -64,38 +64,50 @@ class QueueStore(RepositoryBase):
     def enqueue_request(self, p: Principal, req: store_pb2.EnqueueRequestRequest) -> store_pb2.EnqueueRequestResponse:
         """Store a request once per (tenant, kind, payload); a duplicate returns the stored row unless it
         FAILED (failing releases the key), so identical work can be retried by enqueuing it again."""
-        if not req.kind:
-            raise InvalidArgument("kind is not set", field="kind", fix='e.g. "planner.search"')
-        fit(m.QueuedRequest.kind, req.kind, "kind")
+        max_attempts = self._check_request(req.kind, req.max_attempts)
         fit(m.QueuedRequest.payload_json, req.payload_json, "payload_json")
-        key = dedupe_key(p.tenant_id, req.kind, req.payload_json)
-        max_attempts = fit(m.QueuedRequest.max_attempts, req.max_attempts or DEFAULT_MAX_ATTEMPTS, "max_attempts")
         try:
             with self._tx(write=True) as s:
-                existing = s.scalars(sa.select(m.QueuedRequest).where(m.QueuedRequest.dedupe_key == key)).first()
-                if existing is not None:
-                    return store_pb2.EnqueueRequestResponse(request=request_pb(existing), created=False)
-                now = self.now()
-                row = m.QueuedRequest(
-                    id=new_id("req"),
-                    tenant_id=p.tenant_id,
-                    kind=req.kind,
-                    payload_json=req.payload_json,
-                    dedupe_key=key,
-                    state=QUEUED,
-                    attempts=0,
-                    max_attempts=max_attempts,
-                    requeues=0,
-                    created_at=now,
-                    updated_at=now,
-                )
-                s.add(row)
-                s.flush()
-                return store_pb2.EnqueueRequestResponse(request=request_pb(row), created=True)
+                row, created = self._queue(s, p, req.kind, req.payload_json, max_attempts)
+                return store_pb2.EnqueueRequestResponse(request=request_pb(row), created=created)
         except sa_exc.IntegrityError:  # lost a race with an identical enqueue: theirs is the request
+            key = dedupe_key(p.tenant_id, req.kind, req.payload_json)
             with self._tx(write=False) as s:
                 existing = s.scalars(sa.select(m.QueuedRequest).where(m.QueuedRequest.dedupe_key == key)).one()
                 return store_pb2.EnqueueRequestResponse(request=request_pb(existing), created=False)
+
+    @staticmethod
+    def _check_request(kind: str, max_attempts: int) -> int:
+        """A request's kind and attempts checked before any transaction; returns max_attempts (0: the default)."""
+        if not kind:
+            raise InvalidArgument("kind is not set", field="kind", fix='e.g. "planner.search"')
+        fit(m.QueuedRequest.kind, kind, "kind")
+        return fit(m.QueuedRequest.max_attempts, max_attempts or DEFAULT_MAX_ATTEMPTS, "max_attempts")
+
+    def _queue(self, s: Session, p: Principal, kind: str, payload_json: str,
+               max_attempts: int) -> tuple[m.QueuedRequest, bool]:
+        """The request in transaction `s`: (the stored one with the same content, False), or (a new one, True)."""
+        key = dedupe_key(p.tenant_id, kind, payload_json)
+        existing = s.scalars(sa.select(m.QueuedRequest).where(m.QueuedRequest.dedupe_key == key)).first()
+        if existing is not None:
+            return existing, False
+        now = self.now()
+        row = m.QueuedRequest(
+            id=new_id("req"),
+            tenant_id=p.tenant_id,
+            kind=kind,
+            payload_json=payload_json,
+            dedupe_key=key,
+            state=QUEUED,
+            attempts=0,
+            max_attempts=max_attempts,
+            requeues=0,
+            created_at=now,
+            updated_at=now,
+        )
+        s.add(row)
+        s.flush()
+        return row, True
 
     def get_queued_request(self, p: Principal, req: store_pb2.GetRequest) -> queue_pb2.QueuedRequest:
         with self._tx(write=False) as s:
