@@ -6,7 +6,9 @@ lease, the planner's sweeper re-enqueues the request, another worker completes i
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sqlite3
 import time
 import uuid
 from pathlib import Path
@@ -70,6 +72,15 @@ def test_celery_config_is_json_only_and_late_ack(tmp_path: Path) -> None:
     _, content_type, encoding, body = (None, *dumps({"x": 1}, serializer="pickle"))
     with pytest.raises(ContentDisallowed):
         loads(body, content_type, encoding, accept=conf.accept_content)
+
+
+def test_the_embedded_broker_runs_in_wal_mode(tmp_path: Path) -> None:
+    """Its worker's polls must not hold off the planner's publishes (rollback journal: they do)."""
+    settings = make_settings(tmp_path)
+    make_app(settings)
+    path = settings.data_dir / "broker.db"
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
 def test_echo_round_trip_through_a_real_worker(plane, tmp_path: Path) -> None:
