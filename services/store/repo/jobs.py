@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -24,8 +26,37 @@ from services.store.repo.profiles import ModelStore
 from services.store.repo.queue import QueueStore, request_pb
 
 
+class SpecCache:
+    """Parsed job specs by job id, as serialized protos (least recently used out first). A job's spec never
+    changes once stored, and parsing its JSON (json_format, pure Python) was the store's costliest step under
+    load: every ListJobs page and every scheduler pass parses every job it returns."""
+
+    def __init__(self, size: int = 8192):
+        self.size = size
+        self._items: OrderedDict[str, bytes] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def spec(self, row: m.Job) -> job_pb2.JobSpec:
+        with self._lock:
+            data = self._items.get(row.id)
+            if data is not None:
+                self._items.move_to_end(row.id)
+        if data is None:
+            parsed = from_json(row.spec, job_pb2.JobSpec)
+            data = parsed.SerializeToString()
+            with self._lock:
+                self._items[row.id] = data
+                if len(self._items) > self.size:
+                    self._items.popitem(last=False)
+            return parsed
+        return job_pb2.JobSpec.FromString(data)
+
+
+SPECS = SpecCache()
+
+
 def job_pb(row: m.Job) -> job_pb2.Job:
-    return job_pb2.Job(**shared_fields(row, job_pb2.Job), spec=from_json(row.spec, job_pb2.JobSpec))
+    return job_pb2.Job(**shared_fields(row, job_pb2.Job), spec=SPECS.spec(row))
 
 
 def event_pb(row: m.JobEvent) -> job_pb2.JobEvent:
