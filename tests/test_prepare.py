@@ -246,3 +246,29 @@ def test_a_fleet_no_registered_executor_offers_is_refused_at_submit(fleet, min_d
     with pytest.raises(FailedPrecondition, match=refused) as err:
         jobs.check_offered(spec, registered)
     assert err.value.field == "spec.fleet" and "the registered executors offer" in str(err.value)
+
+
+def test_submit_reads_the_hosts_at_most_every_ttl_and_afresh_before_refusing(client, store):
+    """HostsView: Submit's check of a job's fleet costs no store round trip within the TTL; a refusal is
+    decided on a fresh read, so a host registered a moment ago is never refused for."""
+    from services.specs.fleet import fleet_from_dict
+
+    now = [0.0]
+    view = jobs.HostsView(store, ttl_s=1.0, clock=lambda: now[0])
+    client.store.RegisterHost(store_pb2.RegisterHostRequest(host=host("view-a", "10.9.9.9", 2)))
+    assert "view-a" in [h.name for h in view.get()]
+    client.store.RegisterHost(store_pb2.RegisterHostRequest(host=host("view-b", "10.9.9.8", 2)))
+    assert "view-b" not in [h.name for h in view.get()]  # within the TTL: the view as it was
+    sent = []
+    model = model_pb2.ModelSpec(name="gpt-view", family=model_pb2.MODEL_FAMILY_GPT,
+                                transformer=model_pb2.TransformerConfig(num_layers=2, hidden_size=64, num_heads=2,
+                                                                        vocab_size=320, seq_length=32))
+    four = job_pb2.JobSpec(name="four-cpus", model=model, global_batch_size=8, iterations=3,
+                           fleet=fleet_from_dict({"device": "cpu", "nodes": 1, "devices_per_node": 4}))
+    job = jobs.submit(store, services_pb2.SubmitJobRequest(spec=four), send=sent.append, hosts=view)
+    assert job.state == S.JOB_STATE_SUBMITTED and len(sent) == 1  # 2 cpus in the view, 4 after a fresh read
+    assert "view-b" in [h.name for h in view.get()]  # and the view kept the fresh read
+    eight = job_pb2.JobSpec(name="eight-titans", model=model, global_batch_size=8, iterations=3, fleet=FLEET)
+    with pytest.raises(FailedPrecondition, match="the registered executors offer"):
+        jobs.submit(store, services_pb2.SubmitJobRequest(spec=eight), send=sent.append, hosts=view)
+    assert len(sent) == 1

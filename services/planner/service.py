@@ -65,6 +65,7 @@ def build_server(settings: Settings, address: str | None = None, send: durable.S
     sweeper = durable.Sweeper(as_platform, send, settings.sweep_interval_s, settings.requeue_unclaimed_s)
 
     what_if = plans.WhatIf()
+    hosts = jobs.HostsView(as_platform)  # what Submit checks a job's fleet against (platform data)
 
     def echo(request: services_pb2.EchoRequest, ctx):
         return durable.submit(as_caller, "diagnostic.echo", {"text": request.text}, send)
@@ -86,7 +87,7 @@ def build_server(settings: Settings, address: str | None = None, send: durable.S
         JOBS,
         None,
         overrides={
-            "Submit": lambda request, ctx: jobs.submit(as_caller, request, send),
+            "Submit": lambda request, ctx: jobs.submit(as_caller, request, send, hosts),
             "Get": lambda request, ctx: as_caller.get_job(request),
             "List": lambda request, ctx: as_caller.list_jobs(request),
             "Watch": lambda request, ctx: jobs.watch(as_caller, request.job_id, request.after_seq, ctx.is_active),

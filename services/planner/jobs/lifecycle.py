@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -15,8 +16,31 @@ TERMINAL = {job_pb2.JOB_STATE_SUCCEEDED, job_pb2.JOB_STATE_FAILED, job_pb2.JOB_S
 CANCEL_ATTEMPTS = 5  # a job a worker keeps moving (profiling, planning, queued) settles within a few reads
 
 
+class HostsView:
+    """The registered executor hosts, read from the store at most every `ttl_s`: Submit checks a job's fleet
+    against them on every call, and a store round trip each time was a third of its store traffic. Only a
+    refusal is decided on a fresh read (`fresh`), so a stale view can delay a refusal, never cause one."""
+
+    def __init__(self, store: Store, ttl_s: float = 1.0, clock: Callable[[], float] = time.monotonic):
+        self.store, self.ttl_s, self.clock = store, ttl_s, clock
+        self._hosts: list[fleet_pb2.Host] = []
+        self._read_at: float | None = None
+        self._lock = threading.Lock()
+
+    def get(self, fresh: bool = False) -> list[fleet_pb2.Host]:
+        with self._lock:
+            if not fresh and self._read_at is not None and self.clock() - self._read_at < self.ttl_s:
+                return self._hosts
+        read_at = self.clock()
+        hosts = [h for page in every_page(self.store.list_hosts, store_pb2.ListHostsRequest()) for h in page.hosts]
+        with self._lock:
+            if self._read_at is None or read_at >= self._read_at:
+                self._hosts, self._read_at = hosts, read_at
+        return hosts
+
+
 def submit(store: Store, request: services_pb2.SubmitJobRequest,
-           send: durable.Send) -> job_pb2.Job:
+           send: durable.Send, hosts: HostsView | None = None) -> job_pb2.Job:
     """Store the job, its model, its SUBMITTED event and the request that prepares it (profile and plan,
     services/planner/jobs/prepare.py) in one store transaction (validated there), as the caller, then put the
     request on the broker. A job whose preparation could not be sent is failed with the reason rather than
@@ -24,8 +48,11 @@ def submit(store: Store, request: services_pb2.SubmitJobRequest,
     if not request.HasField("spec"):
         raise InvalidArgument("required", field="spec", fix="send a JobSpec with model, global_batch_size, iterations")
     if request.spec.HasField("fleet"):
-        hosts = [h for page in every_page(store.list_hosts, store_pb2.ListHostsRequest()) for h in page.hosts]
-        check_offered(request.spec, hosts)
+        view = hosts or HostsView(store, ttl_s=0.0)
+        try:
+            check_offered(request.spec, view.get())
+        except FailedPrecondition:
+            check_offered(request.spec, view.get(fresh=True))
     stored = store.create_queued_job(store_pb2.CreateQueuedJobRequest(spec=request.spec, kind=PREPARE))
     job = stored.job
     try:
