@@ -6,6 +6,7 @@ writer, and the gRPC hop would only blur the timing this test is about.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 from collections.abc import Callable
@@ -14,6 +15,8 @@ from typing import Any
 import pytest
 
 from ballast.v1 import job_pb2, queue_pb2, store_pb2
+from services.store.db import checkpoint_in_background, create_engine
+from tests.harness import wait_for
 from tests.store_builders import plan_msg
 from tests.store_fixtures import ADMIN_TOKEN, JS, Store, claim, enqueue, events, move, new_job
 
@@ -97,3 +100,29 @@ def test_sqlite_reads_run_beside_a_writer_and_writes_queue_behind_it(store: Stor
 
 
 # --- bad input: INVALID_ARGUMENT on both backends ------------------------------------------------
+
+
+def test_the_store_checkpoints_its_wal_beside_the_writers(tmp_path):
+    """Commits no longer checkpoint (the one crossing 1000 pages would hold up every writer behind it):
+    a thread does, and what was committed reaches the database file itself."""
+    path = tmp_path / "wal.db"
+    engine = create_engine(f"sqlite:///{path}")
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE t (x INTEGER)")
+    checkpointer = checkpoint_in_background(engine, interval_s=0.05)
+    try:
+        with engine.begin() as conn:
+            assert conn.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar() == 0
+            conn.exec_driver_sql("INSERT INTO t VALUES (1)")
+
+        def in_the_database_file() -> bool:  # immutable: the file alone, the WAL not read
+            try:
+                with contextlib.closing(sqlite3.connect(f"file:{path}?immutable=1", uri=True)) as raw:
+                    return raw.execute("SELECT count(*) FROM t").fetchone()[0] == 1
+            except sqlite3.OperationalError:  # the table itself is still only in the WAL
+                return False
+
+        wait_for(in_the_database_file, timeout=30, what="the WAL checkpointed into the database file")
+    finally:
+        checkpointer.stop()
+        engine.dispose()

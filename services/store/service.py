@@ -16,7 +16,7 @@ from services.runtime.ratelimit import RateLimiter
 from services.runtime.server import Server, ServerSpec
 from services.runtime.servicer import delegate
 from services.store import schema, sql
-from services.store.db import create_engine
+from services.store.db import checkpoint_in_background, create_engine
 from services.store.repository import Repository
 
 log = logging.getLogger("ballast.store")
@@ -47,6 +47,7 @@ def build_server(
     if token:
         repo.ensure_admin(token)
     servicer = delegate(SERVICE, repo)()
+    checkpointer = checkpoint_in_background(engine)
     return Server(
         ServerSpec(
             name="store",
@@ -54,7 +55,7 @@ def build_server(
             register=lambda s: store_pb2_grpc.add_StoreServiceServicer_to_server(servicer, s),
             services=[SERVICE.full_name],
             authenticate=repo.principal_for_token,
-            on_stop=[engine.dispose, repo.sql_engine.dispose],
+            on_stop=[*([checkpointer.stop] if checkpointer else []), engine.dispose, repo.sql_engine.dispose],
             credentials=server_credentials(settings),
             rate_limit=RateLimiter.of(settings),
         )
