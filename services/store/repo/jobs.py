@@ -51,6 +51,13 @@ class SpecCache:
             return parsed
         return job_pb2.JobSpec.FromString(data)
 
+    def put(self, job_id: str, spec: job_pb2.JobSpec) -> None:
+        """A job just stored: its spec is the one it was created from, no need to parse it back."""
+        with self._lock:
+            self._items[job_id] = spec.SerializeToString()
+            if len(self._items) > self.size:
+                self._items.popitem(last=False)
+
 
 SPECS = SpecCache()
 
@@ -97,6 +104,7 @@ class JobStore(ModelStore, LeaseStore, QueueStore):
         with self._model_race():
             with self._tx(write=True) as s:
                 job = self._add_job(s, p, req.spec)
+            SPECS.put(job.id, req.spec)
             return job_pb(job)
 
     def create_queued_job(self, p: Principal,
@@ -108,7 +116,9 @@ class JobStore(ModelStore, LeaseStore, QueueStore):
         with self._model_race():
             with self._tx(write=True) as s:
                 job = self._add_job(s, p, req.spec)
-                row, _ = self._queue(s, p, req.kind, json.dumps({"job_id": job.id}, sort_keys=True), max_attempts)
+                row, _ = self._queue(s, p, req.kind, json.dumps({"job_id": job.id}, sort_keys=True), max_attempts,
+                                     new=True)
+            SPECS.put(job.id, req.spec)
             return store_pb2.CreateQueuedJobResponse(job=job_pb(job), request=request_pb(row))
 
     def _check_spec(self, spec: job_pb2.JobSpec) -> None:

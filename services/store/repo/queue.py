@@ -84,11 +84,13 @@ class QueueStore(RepositoryBase):
         fit(m.QueuedRequest.kind, kind, "kind")
         return fit(m.QueuedRequest.max_attempts, max_attempts or DEFAULT_MAX_ATTEMPTS, "max_attempts")
 
-    def _queue(self, s: Session, p: Principal, kind: str, payload_json: str,
-               max_attempts: int) -> tuple[m.QueuedRequest, bool]:
-        """The request in transaction `s`: (the stored one with the same content, False), or (a new one, True)."""
+    def _queue(self, s: Session, p: Principal, kind: str, payload_json: str, max_attempts: int,
+               new: bool = False) -> tuple[m.QueuedRequest, bool]:
+        """The request in transaction `s`: (the stored one with the same content, False), or (a new one, True).
+        `new`: the payload names a row made in this transaction, so no stored request can have it."""
         key = dedupe_key(p.tenant_id, kind, payload_json)
-        existing = s.scalars(sa.select(m.QueuedRequest).where(m.QueuedRequest.dedupe_key == key)).first()
+        existing = None if new else s.scalars(
+            sa.select(m.QueuedRequest).where(m.QueuedRequest.dedupe_key == key)).first()
         if existing is not None:
             return existing, False
         now = self.now()
