@@ -187,6 +187,33 @@ def cpu_seconds(settings) -> dict[str, float]:
     return used
 
 
+class MachineLoad(threading.Thread):
+    """The whole machine's CPU use each second (/proc/stat), so a run on a busy machine says so."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.busy: list[tuple[float, float]] = []  # (time, fraction of all cores busy over the second before)
+        self._stop = threading.Event()
+
+    @staticmethod
+    def _read() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = fields[3] + fields[4]  # idle + iowait
+        return sum(fields) - idle, sum(fields)
+
+    def run(self) -> None:
+        busy, total = self._read()
+        while not self._stop.wait(1.0):
+            now_busy, now_total = self._read()
+            self.busy.append((time.time(), (now_busy - busy) / max(1, now_total - total)))
+            busy, total = now_busy, now_total
+
+    def stop(self, start: float, end: float) -> list[float]:
+        """The samples taken within [start, end]."""
+        self._stop.set()
+        return [frac for at, frac in self.busy if start + 1 <= at <= end]
+
+
 def warm_up(settings, tenants: list[dict]) -> None:
     """One job per tenant, prepared (profiled, planned) before the clock starts: the profile is cached."""
     jobs = []
@@ -322,12 +349,16 @@ def main() -> None:
         outs = [settings.data_dir / f"load-{i}.json" for i in range(procs)]
         cpu_before = cpu_seconds(settings)
         clients_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        machine = MachineLoad()
+        machine.start()
         children = [subprocess.Popen([sys.executable, __file__, "--child", str(plan), "--index", str(i),
                                       "--out", str(out)], env=env, cwd=ROOT) for i, out in enumerate(outs)]
         if any(c.wait() for c in children):
             raise SystemExit("a client process failed")
         cpu = {name: used - cpu_before.get(name, 0.0) for name, used in cpu_seconds(settings).items()}
         clients_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        start_at = json.loads(plan.read_text())["start"]
+        busy = machine.stop(start_at, start_at + args.seconds)
         cpu["clients"] = (clients_after.ru_utime + clients_after.ru_stime - clients_before.ru_utime
                           - clients_before.ru_stime)
         prepared = prepared_jobs(settings.database_url)
@@ -340,6 +371,9 @@ def main() -> None:
     met = report(args, sessions, throttled)
     print(f"  CPU seconds over the run: {', '.join(f'{n} {s:.1f}' for n, s in cpu.items())}; the worker prepared "
           f"{prepared} job(s) (profiled from its cache, planned) by the end")
+    print(f"  machine CPU busy while the clients ran (all processes, 1-s samples): mean "
+          f"{100 * sum(busy) / max(1, len(busy)):.0f}%, max {100 * max(busy, default=0):.0f}% of {os.cpu_count()} "
+          f"cores")
     broken = {rule: n for rule, n in check_store(settings.database_url, sessions, tenants).items() if n}
     if left:
         broken["jobs still CANCELLING after 180 s"] = left
