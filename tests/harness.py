@@ -29,6 +29,23 @@ from services.store.db import create_engine
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def proto_rpcs() -> dict[str, object]:
+    """'Service/Method' -> MethodDescriptor for every RPC of every ballast.v1 module."""
+    import importlib
+    import pkgutil
+
+    import ballast.v1
+
+    found = {}
+    for info in pkgutil.iter_modules(ballast.v1.__path__):
+        if info.name.endswith("_pb2"):
+            module = importlib.import_module(f"ballast.v1.{info.name}")
+            for service in module.DESCRIPTOR.services_by_name.values():
+                for method in service.methods:
+                    found[f"{service.full_name}/{method.name}"] = method
+    return found
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

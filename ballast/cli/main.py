@@ -140,7 +140,7 @@ def _plain(value: object) -> object:
 
 
 def cmd_tenant(args: argparse.Namespace) -> int:
-    from ballast.v1 import store_pb2
+    from ballast.v1 import common_pb2, store_pb2
 
     settings = _settings(args)
     with _client(settings) as client:
@@ -148,10 +148,14 @@ def cmd_tenant(args: argparse.Namespace) -> int:
             if args.action == "rotate":  # the old token stops working (within the services' 5 s cache)
                 reply = client.store.RotateTenantToken(store_pb2.RotateTenantTokenRequest(tenant_id=args.name))
             else:
-                reply = client.store.CreateTenant(store_pb2.CreateTenantRequest(name=args.name, admin=args.admin))
+                from ballast.cli.audit import ROLES
+
+                role = ROLES["admin" if args.admin else args.role]
+                reply = client.store.CreateTenant(store_pb2.CreateTenantRequest(name=args.name, role=role))
         except grpc.RpcError as exc:
             return _rpc_failed(exc)
-    console.print(f"tenant {reply.tenant.name} ({reply.tenant.id}); token (shown once):")
+    role = common_pb2.TenantRole.Name(reply.tenant.role).removeprefix("TENANT_ROLE_").lower()
+    console.print(f"tenant {reply.tenant.name} ({reply.tenant.id}, {role}); token (shown once):")
     print(reply.token)
     return 0
 
@@ -254,6 +258,12 @@ def cmd_policy(args: argparse.Namespace) -> int:
     return run_policy(_settings(args), args)
 
 
+def cmd_audit(args: argparse.Namespace) -> int:
+    from ballast.cli.audit import run
+
+    return run(_settings(args), args)
+
+
 def cmd_fidelity(args: argparse.Namespace) -> int:
     from ballast.cli.fidelity import run
 
@@ -297,7 +307,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("tenant", cmd_tenant, "create a tenant, or rotate its token (the old one is revoked); print the new token")
     p.add_argument("action", choices=["create", "rotate"])
     p.add_argument("name", help="the new tenant's name (create), or the tenant's id (rotate)")
-    p.add_argument("--admin", action="store_true")
+    p.add_argument("--role", choices=["member", "viewer", "admin"], default="member",
+                   help="create: member (its own jobs), viewer (reads every tenant's, changes nothing: dashboards) "
+                        "or admin")
+    p.add_argument("--admin", action="store_true", help="the same as --role admin")
+    p = add("audit", cmd_audit, "the audit log: who changed what, when, and the result (newest first)")
+    from ballast.cli.audit import add_arguments as add_audit_arguments
+
+    add_audit_arguments(p)
     p = add("serve", cmd_serve, "run one service in the foreground")
     p.add_argument("service", choices=["store", "profiler", "planner", "executor"])
     p.add_argument("--index", type=int, default=0, help="executor agent index (port = executor port + index)")

@@ -18,6 +18,7 @@ from services.planner.jobs.scheduler import Scheduler
 from services.planner.plans import operations as plans
 from services.planner.policy_file import apply_policy_file
 from services.planner.queue import durable
+from services.runtime.audit import audit_to
 from services.runtime.context import current_principal, remaining_time
 from services.runtime.server import Server, ServerSpec
 from services.runtime.servicer import delegate
@@ -134,6 +135,7 @@ def build_server(settings: Settings, address: str | None = None, send: durable.S
             credentials=server_credentials(settings),
             agent_address=agent_address or f"{settings.host}:{settings.planner_agent_port}",
             agent_credentials=server_credentials(settings, require_client_auth=True),
+            audit=audit_to(as_platform, "planner"),
         )
     )
     sweeper.start()

@@ -23,6 +23,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from services.runtime.audit import AuditLog
 from services.runtime.auth import Principal
 from services.runtime.interceptors import CallInterceptor, StreamBudget
 
@@ -60,6 +61,7 @@ class ServerSpec:
     credentials: grpc.ServerCredentials | None = None  # None: plaintext, loopback only
     agent_address: str = ""
     agent_credentials: grpc.ServerCredentials | None = None
+    audit: AuditLog | None = None  # where state-changing calls are recorded (None: not at all)
 
 
 def is_loopback(address: str) -> bool:
@@ -97,7 +99,7 @@ class Server:
         self.health = health.HealthServicer(experimental_non_blocking=True)
         self._grpc = grpc.server(
             futures.ThreadPoolExecutor(max_workers=spec.max_workers, thread_name_prefix=spec.name),
-            interceptors=[CallInterceptor(spec.authenticate, budget)],
+            interceptors=[CallInterceptor(spec.authenticate, budget, spec.audit)],
             options=[*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)],
             maximum_concurrent_rpcs=spec.max_workers * 4,
         )
@@ -137,6 +139,8 @@ class Server:
             except Exception:  # noqa: BLE001 - shutdown must go on
                 log.exception("stop hook failed")
         self._grpc.stop(self.spec.grace_s if grace_s is None else grace_s).wait()
+        if self.spec.audit is not None:
+            self.spec.audit.close()  # the calls that just finished are recorded too
         log.info("stopped", extra={"server": self.spec.name})
 
     def wait(self) -> None:

@@ -11,6 +11,8 @@ import sqlalchemy as sa
 from ballast.config import Settings
 from ballast.transport import server_credentials
 from ballast.v1 import store_pb2, store_pb2_grpc
+from services.runtime.audit import AuditLog
+from services.runtime.auth import Principal
 from services.runtime.errors import FailedPrecondition, SchemaOutOfDate
 from services.runtime.server import Server, ServerSpec
 from services.runtime.servicer import delegate
@@ -20,6 +22,7 @@ from services.store.repository import Repository
 
 log = logging.getLogger("ballast.store")
 SERVICE = store_pb2.DESCRIPTOR.services_by_name["StoreService"]
+PLATFORM = Principal("", "store", admin=True)  # the store's own writes (its audit records)
 
 
 def query_engine(settings: Settings, engine: sa.Engine) -> sa.Engine:
@@ -55,6 +58,8 @@ def build_server(
             authenticate=repo.principal_for_token,
             on_stop=[engine.dispose, repo.sql_engine.dispose],
             credentials=server_credentials(settings),
+            audit=AuditLog(lambda records: repo.record_audit(
+                PLATFORM, store_pb2.RecordAuditRequest(records=records)), "store"),
         )
     )
 

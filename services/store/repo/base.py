@@ -164,8 +164,14 @@ class RepositoryBase:
             raise PermissionDenied(f"{what} is for the platform admin", fix=ADMIN_FIX)
 
     @staticmethod
+    def _require_reader(p: Principal, what: str) -> None:
+        """Reads of every tenant's data: the admin's, and viewers' (who change nothing)."""
+        if not p.reads_all:
+            raise PermissionDenied(f"{what} is for the platform admin or a viewer", fix=ADMIN_FIX)
+
+    @staticmethod
     def _scoped(stmt: sa.Select, tenant_col: Any, p: Principal) -> sa.Select:
-        return stmt if p.admin else stmt.where(tenant_col == p.tenant_id)
+        return stmt if p.reads_all else stmt.where(tenant_col == p.tenant_id)
 
     def _one(
         self,
