@@ -45,6 +45,9 @@ def test_platform_telemetry_is_audited_only_when_someone_else_writes_it() -> Non
     assert not rpcs.audited("WriteIterationMetrics", admin) and rpcs.audited("WriteIterationMetrics", member)
     assert rpcs.audited("Submit", admin) and rpcs.audited("Submit", None)  # a refused caller too
     assert not rpcs.audited("ListJobs", member)
+    beat = store_pb2.UpdateHostStateRequest(id="hst-1", heartbeat=True)
+    assert not rpcs.audited("UpdateHostState", admin, beat) and rpcs.audited("UpdateHostState", member, beat)
+    assert rpcs.audited("UpdateHostState", admin, store_pb2.UpdateHostStateRequest(id="hst-1", state=2))
 
 
 def rec(n: int) -> store_pb2.AuditRecord:
@@ -183,4 +186,4 @@ def test_the_cli_creates_a_viewer_and_reads_the_audit_log(plane: Plane, monkeypa
     records = [json.loads(line) for line in out.splitlines()]
     assert code == 0 and records and all(r["method"] == "CreateTenant" for r in records)
     code, out, _ = ballast("audit", "--method", "CreateTenant", "--since", "10")
-    assert code == 0 and "StoreService/CreateTenant" in out and "admin" in out
+    assert code == 0 and "CreateTenant" in out and "admin" in out and "store" in out

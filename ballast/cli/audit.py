@@ -43,18 +43,22 @@ def request(args: argparse.Namespace) -> store_pb2.ListAuditRequest:
     return req
 
 
-def when(record: store_pb2.AuditRecord) -> str:
-    return datetime.fromtimestamp(record.at.ToSeconds(), UTC).strftime("%Y-%m-%d %H:%M:%S")
+def when(record: store_pb2.AuditRecord, today: str) -> str:
+    """The time; the date too when it is not today (UTC)."""
+    at = datetime.fromtimestamp(record.at.ToSeconds(), UTC)
+    return at.strftime("%H:%M:%S" if at.strftime("%Y-%m-%d") == today else "%m-%d %H:%M")
 
 
 def table(records: list[store_pb2.AuditRecord]) -> Table:
-    out = Table("when (UTC)", "who", "role", "call", "target", "result", "ms", "server")
+    """One line a record (the error text is in --json): the server column says which service answered."""
+    out = Table()
+    for name in ("UTC", "who", "role", "call", "target", "result", "ms", "server"):
+        out.add_column(name, no_wrap=True, overflow="ellipsis", min_width=21 if name == "target" else None)
+    today = datetime.now(UTC).strftime("%Y-%m-%d")
     for r in records:
         role = common_pb2.TenantRole.Name(r.role).removeprefix("TENANT_ROLE_").lower() if r.role else "-"
-        result = r.code if r.code == "OK" else f"{r.code}: {r.message}"
-        out.add_row(when(r), escape(r.tenant_name or "(refused)"), role,
-                    f"{r.service.removeprefix('ballast.v1.')}/{r.method}", escape(r.target or "-"),
-                    escape(result), f"{r.duration_ms:.1f}", r.server)
+        out.add_row(when(r, today), escape(r.tenant_name or "(refused)"), role, r.method, escape(r.target or "-"),
+                    r.code, f"{r.duration_ms:.0f}", r.server)
     return out
 
 

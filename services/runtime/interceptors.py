@@ -135,7 +135,7 @@ class CallInterceptor(grpc.ServerInterceptor):
                ctx: grpc.ServicerContext, start: float) -> None:
         """The finished call as an audit row, if it changed (or tried to change) state; never fails the call."""
         service, name = rpcs.split(method)
-        if self.audit is None or not rpcs.audited(name, caller):
+        if self.audit is None or not rpcs.audited(name, caller, request):
             return
         try:
             self._record(service, name, caller, request, reply, failure, ctx, start)

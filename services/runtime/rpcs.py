@@ -17,6 +17,8 @@ PLATFORM_TELEMETRY = frozenset({
     "WriteIterationMetrics", "AppendJobEvent", "RecordWorkerHeartbeat", "RenewLease", "ReapExpiredLeases",
     "ClaimRequest", "RecordAudit",
 })
+# ...and the writes that are telemetry only in one form: a host's liveness tick (UpdateHostState heartbeat)
+TELEMETRY_FORMS = {"UpdateHostState": lambda request: bool(getattr(request, "heartbeat", False))}
 
 
 def split(full_method: str) -> tuple[str, str]:
@@ -30,8 +32,9 @@ def changes_state(method: str) -> bool:
     return not (method.startswith(READ_PREFIXES) or method in READ_METHODS)
 
 
-def audited(method: str, caller: Principal | None) -> bool:
+def audited(method: str, caller: Principal | None, request: object = None) -> bool:
     """Whether a finished call of `method` by `caller` (None: refused before we knew who) is an audit row."""
     if not changes_state(method):
         return False
-    return not (method in PLATFORM_TELEMETRY and caller is not None and caller.admin)
+    telemetry = method in PLATFORM_TELEMETRY or TELEMETRY_FORMS.get(method, lambda r: False)(request)
+    return not (telemetry and caller is not None and caller.admin)
