@@ -14,6 +14,7 @@ from typing import Any
 
 import grpc
 
+from ballast import trace
 from ballast.config import Settings
 from ballast.transport import PLAINTEXT, ClientTransport, client_transport
 from ballast.v1 import common_pb2, executor_pb2_grpc, job_pb2, services_pb2_grpc, store_pb2, store_pb2_grpc
@@ -46,7 +47,7 @@ class _CallInterceptor(
     grpc.StreamUnaryClientInterceptor,
     grpc.StreamStreamClientInterceptor,
 ):
-    """Adds the bearer token and caps the timeout by the propagated deadline."""
+    """Adds the bearer token and the current trace id, and caps the timeout by the propagated deadline."""
 
     def __init__(self, token: TokenSource, default_timeout: float | None, deadline_source: Callable[[], float | None]):
         self.token = token
@@ -58,6 +59,8 @@ class _CallInterceptor(
         token = self.token() if callable(self.token) else self.token
         if token:
             metadata.append(("authorization", f"Bearer {token}"))
+        if trace.current() and not any(key == trace.HEADER for key, _ in metadata):
+            metadata.append((trace.HEADER, trace.current()))  # the call this one serves, in every service's log
         timeout = details.timeout
         if timeout is None and not streaming:
             timeout = self.default_timeout

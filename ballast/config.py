@@ -29,6 +29,12 @@ class Settings:
     # executor agents connect here, with a client certificate (mutual TLS) that names their host
     planner_agent_port: int = DEFAULT_PORTS["planner_agent"]
     executor_port: int = DEFAULT_PORTS["executor"]
+    # Prometheus metrics, one port per process (executor agent i: executor_metrics_port + i); 0 turns one off
+    store_metrics_port: int = 9401
+    profiler_metrics_port: int = 9402
+    planner_metrics_port: int = 9403
+    worker_metrics_port: int = 9404
+    executor_metrics_port: int = 9410
     store_address: str = ""
     profiler_address: str = ""
     planner_address: str = ""
@@ -60,6 +66,7 @@ class Settings:
     # 0 plans from profiles alone
     calibration_min_iterations: int = 20
     log_level: str = "INFO"
+    log_format: str = "json"  # json (one object per line, for shipping) or text (for a terminal)
     allowed_model_factories: tuple[str, ...] = ()
     fleet_policy: str = ""  # policy YAML the planner stores at start-up when it differs (services/specs/policy.py)
 

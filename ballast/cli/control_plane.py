@@ -115,6 +115,22 @@ def start_all(settings: Settings, executors: int) -> State:
     return state
 
 
+def metrics_port(settings: Settings, name: str) -> int:
+    """The Prometheus port of child `name` (store, profiler, planner, worker, executor-I); 0 when off."""
+    if name.startswith("executor-"):
+        base = settings.executor_metrics_port
+        return base + int(name.split("-", 1)[1]) if base else 0
+    return getattr(settings, f"{name}_metrics_port", 0)
+
+
+def metrics_url(settings: Settings, name: str) -> str:
+    """Where Prometheus scrapes child `name` ("" when its metrics are off)."""
+    from services.runtime.metrics_http import metrics_url as url
+
+    port = metrics_port(settings, name)
+    return url(settings, port) if port else ""
+
+
 def worker_names(settings: Settings) -> list[str]:
     """Workers whose heartbeat reached the store recently."""
     from ballast.client import Client

@@ -35,11 +35,13 @@ def _rpc_failed(exc: grpc.RpcError) -> int:
     return 1
 
 
-def _status_table(rows: list[tuple[str, str, str]]) -> Table:
-    table = Table("component", "address", "status")
+def _status_table(rows: list[tuple[str, str, str]], settings: Settings) -> Table:
+    from ballast.cli.control_plane import metrics_url
+
+    table = Table("component", "address", "status", "metrics")
     for name, address, status in rows:
         colour = "green" if status == "SERVING" else "red"
-        table.add_row(name, address, f"[{colour}]{status}[/{colour}]")
+        table.add_row(name, address, f"[{colour}]{status}[/{colour}]", metrics_url(settings, name) or "-")
     return table
 
 
@@ -53,7 +55,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         load_policy_file(settings.fleet_policy)  # a file that cannot be read fails here, before anything starts
     ok, rows, message = cp.bring_up(settings, args.executors, args.timeout)
     if rows:
-        console.print(_status_table(rows))
+        console.print(_status_table(rows, settings))
     if not ok:
         err.print(message)
         return 1
@@ -86,9 +88,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 1
     rows = cp.statuses(settings, state)
     if args.json:
-        print(json.dumps([{"component": n, "address": a, "status": s} for n, a, s in rows]))
+        from ballast.cli.control_plane import metrics_url
+
+        print(json.dumps([{"component": n, "address": a, "status": s, "metrics": metrics_url(settings, n)}
+                          for n, a, s in rows]))
     else:
-        console.print(_status_table(rows))
+        console.print(_status_table(rows, settings))
     return 0 if all(r[2] == "SERVING" for r in rows) else 1
 
 
@@ -168,7 +173,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                   "use `ballast serve planner --policy FILE`")
         return 2
     settings = _settings(args)
-    configure_logging(args.service, settings.log_level)
+    configure_logging(args.service, settings.log_level, settings.log_format)
     if args.service == "store":
         from services.store.service import main
     elif args.service == "profiler":
@@ -187,7 +192,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from services.runtime.logs import configure_logging
 
     settings = _settings(args)
-    configure_logging("worker", settings.log_level)
+    configure_logging("worker", settings.log_level, settings.log_format)
     return run_worker(settings)
 
 

@@ -39,6 +39,8 @@ def build_server(settings: Settings, address: str | None = None) -> Server:
             authenticate=StoreAuthenticator(anonymous_store(settings)),
             credentials=server_credentials(settings),
             audit=audit_to(as_platform, "profiler"),
+            metrics_port=settings.profiler_metrics_port,
+            settings=settings,
         )
     )
 

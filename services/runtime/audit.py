@@ -17,6 +17,7 @@ from collections.abc import Callable
 from google.protobuf.message import Message
 
 from ballast.v1 import store_pb2
+from services.runtime.metrics import DROPPED
 
 log = logging.getLogger("ballast.audit")
 
@@ -79,6 +80,7 @@ class AuditLog:
         with self._cv:
             if len(self._pending) >= self._max:
                 self.dropped += 1
+                DROPPED.labels("audit_records").inc()
                 if self.dropped == 1 or self.dropped % 1000 == 0:
                     log.error("audit buffer full: records dropped", extra={"dropped": self.dropped})
                 return

@@ -14,9 +14,11 @@ from typing import Any
 
 import grpc
 import sqlalchemy.exc
+from google.protobuf.message import Message
 
+from ballast import trace
 from ballast.v1 import common_pb2, store_pb2
-from services.runtime import context, rpcs
+from services.runtime import context, logs, rpcs
 from services.runtime.audit import AuditLog, target_of
 from services.runtime.auth import Principal
 from services.runtime.errors import (
@@ -27,6 +29,7 @@ from services.runtime.errors import (
     PermissionDenied,
     Unauthenticated,
 )
+from services.runtime.metrics import RPC_SECONDS
 
 log = logging.getLogger("ballast.rpc")
 
@@ -126,10 +129,21 @@ class CallInterceptor(grpc.ServerInterceptor):
     """
 
     def __init__(self, authenticate: Callable[[str], Principal] | None, budget: StreamBudget,
-                 audit: AuditLog | None = None):
+                 audit: AuditLog | None = None, server: str = ""):
         self._authenticate = authenticate
         self.budget = budget
         self.audit = audit
+        self.server = server
+
+    def _finished(self, method: str, caller: Principal | None, request: Any, reply: Any,
+                  failure: BaseException | None, ctx: grpc.ServicerContext, start: float) -> None:
+        """A call's end: its latency by status (Prometheus), and its audit row if it changed state."""
+        try:
+            code = outcome(failure, ctx)[0]
+            RPC_SECONDS.labels(self.server, rpcs.split(method)[1], code).observe(time.monotonic() - start)
+        except Exception:  # noqa: BLE001 - measuring must never fail the call
+            log.exception("could not observe the call", extra={"method": method})
+        self._audit(method, caller, request, reply, failure, ctx, start)
 
     def _audit(self, method: str, caller: Principal | None, request: Any, reply: Any, failure: BaseException | None,
                ctx: grpc.ServicerContext, start: float) -> None:
@@ -161,7 +175,9 @@ class CallInterceptor(grpc.ServerInterceptor):
             return handler
 
         def wrap(behavior: Behavior, streaming: bool, streaming_in: bool) -> Behavior:
-            def begin(ctx: grpc.ServicerContext, called: list[Principal]) -> tuple[Principal, float | None, str]:
+            def begin(ctx: grpc.ServicerContext, called: list[Principal],
+                      request: Any = None) -> tuple[Principal, float | None, str]:
+                trace_scope(ctx, request)
                 token = _bearer(ctx)
                 principal = self._authenticate(token)
                 called.append(principal)  # who, for the audit log, even if refused below
@@ -177,7 +193,7 @@ class CallInterceptor(grpc.ServerInterceptor):
                 start = time.monotonic()
                 code, reply, failure, called = "OK", None, None, []
                 try:
-                    begin(ctx, called)
+                    begin(ctx, called, request)
                     reply = behavior(request, ctx)
                     return reply
                 except BaseException as exc:  # noqa: BLE001 - mapped, then re-raised by abort
@@ -185,14 +201,14 @@ class CallInterceptor(grpc.ServerInterceptor):
                     abort_for(exc, ctx)
                 finally:
                     _log_call(method, start, code)
-                    self._audit(method, called[0] if called else None, request, reply, failure, ctx, start)
+                    self._finished(method, called[0] if called else None, request, reply, failure, ctx, start)
 
             def stream(request: Any, ctx: grpc.ServicerContext) -> Iterator[Any]:
                 start = time.monotonic()
                 code, failure, called = "OK", None, []
                 tenant = None
                 try:
-                    principal, deadline, token = begin(ctx, called)
+                    principal, deadline, token = begin(ctx, called, None if streaming_in else request)
                     refused = self.budget.acquire(method, principal.tenant_id)
                     if refused:
                         ctx.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{refused}; retry later")
@@ -207,12 +223,27 @@ class CallInterceptor(grpc.ServerInterceptor):
                     if tenant is not None:
                         self.budget.release(method, tenant)
                     _log_call(method, start, code)
-                    self._audit(method, called[0] if called else None, None if streaming_in else request, None,
-                                failure, ctx, start)
+                    self._finished(method, called[0] if called else None, None if streaming_in else request, None,
+                                   failure, ctx, start)
 
             return stream if streaming else unary
 
         return _wrap(handler, wrap)
+
+
+def trace_scope(ctx: grpc.ServicerContext, request: Any) -> None:
+    """This call's log scope: the caller's trace id (or a new one) and the job and plan its request names."""
+    given = dict(ctx.invocation_metadata()).get(trace.HEADER, "")
+    trace.set_current(given if trace.valid(given) else trace.new())
+    ids: dict[str, str] = {}
+    if isinstance(request, Message):
+        fields = request.DESCRIPTOR.fields_by_name
+        for name in ("job_id", "plan_id", "id"):
+            value = getattr(request, name) if name in fields and fields[name].type == fields[name].TYPE_STRING else ""
+            for key, prefix in (("job_id", "job-"), ("plan_id", "pln-")):
+                if value.startswith(prefix):
+                    ids.setdefault(key, value)
+    logs.set_scope(**ids)
 
 
 def outcome(failure: BaseException | None, ctx: grpc.ServicerContext) -> tuple[str, str]:

@@ -7,6 +7,7 @@ import logging
 import sys
 
 import sqlalchemy as sa
+from prometheus_client import REGISTRY
 
 from ballast.config import Settings
 from ballast.transport import server_credentials
@@ -18,6 +19,7 @@ from services.runtime.server import Server, ServerSpec
 from services.runtime.servicer import delegate
 from services.store import schema, sql
 from services.store.db import create_engine
+from services.store.gauges import StoreGauges
 from services.store.repository import Repository
 
 log = logging.getLogger("ballast.store")
@@ -49,6 +51,11 @@ def build_server(
     if token:
         repo.ensure_admin(token)
     servicer = delegate(SERVICE, repo)()
+    on_stop = [engine.dispose, repo.sql_engine.dispose]
+    if settings.store_metrics_port:  # the gauges join this process's registry only while it serves them
+        gauges = StoreGauges(engine)
+        REGISTRY.register(gauges)
+        on_stop.insert(0, lambda: REGISTRY.unregister(gauges))
     return Server(
         ServerSpec(
             name="store",
@@ -56,10 +63,12 @@ def build_server(
             register=lambda s: store_pb2_grpc.add_StoreServiceServicer_to_server(servicer, s),
             services=[SERVICE.full_name],
             authenticate=repo.principal_for_token,
-            on_stop=[engine.dispose, repo.sql_engine.dispose],
+            on_stop=on_stop,
             credentials=server_credentials(settings),
             audit=AuditLog(lambda records: repo.record_audit(
                 PLATFORM, store_pb2.RecordAuditRequest(records=records)), "store"),
+            metrics_port=settings.store_metrics_port,
+            settings=settings,
         )
     )
 

@@ -12,6 +12,7 @@ import base64
 import binascii
 import json
 import math
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -33,6 +34,7 @@ from services.runtime.errors import (
     SchemaOutOfDate,
     Unavailable,
 )
+from services.runtime.metrics import STORE_TRANSACTION_SECONDS
 from services.store import models as m
 from services.store.convert import check_column, column_of
 from services.store.db import session_factory
@@ -134,9 +136,11 @@ class RepositoryBase:
         Every caller says whether it writes: on SQLite a write takes the lock at BEGIN (so it queues
         behind other writers), while a read takes none and sees its snapshot beside a writer.
         """
+        started = time.monotonic()
         try:
             with (self._writes if write else self._reads)() as session, session.begin():
                 yield session
+            STORE_TRANSACTION_SECONDS.labels("write" if write else "read").observe(time.monotonic() - started)
         except (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DisconnectionError) as err:
             if "no such table" in str(err.orig if isinstance(err, sa_exc.DBAPIError) else err):
                 raise self._schema_error() from err
