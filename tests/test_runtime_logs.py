@@ -19,6 +19,14 @@ from tests.harness import Plane, make_settings, start_plane
 from tests.store_builders import gpt, job_spec
 
 
+@pytest.fixture(autouse=True)
+def untraced() -> Iterator[None]:
+    """Each test starts outside any trace, whatever ran in this thread before."""
+    token = trace.set_current("")
+    yield
+    trace.reset(token)
+
+
 @pytest.fixture
 def captured() -> Iterator[io.StringIO]:
     out = io.StringIO()

@@ -148,11 +148,12 @@ def run_request(store: Store, request_id: str, worker: str, lease_s: float,
     renewer.start()
     completion: store_pb2.CompleteRequestRequest | None = None
     started, outcome = time.monotonic(), "failed"
+    traced = trace.set_current(request_id)  # the request's id is the trace of its work, in every service's log
+    scoped = logs.bind()
     try:
         if hold_s:
             lost.wait(hold_s)  # test hook: keeps the task open so a kill lands mid-task
         request = claim.request
-        trace.set_current(request.id)  # the request's id is the trace of the work it runs, in every service's log
         try:
             payload = json.loads(request.payload_json)
             logs.set_scope(job_id=str(payload.get("job_id", "")) if isinstance(payload, dict) else "")
@@ -180,6 +181,8 @@ def run_request(store: Store, request_id: str, worker: str, lease_s: float,
     finally:
         done.set()
         renewer.join()
+        trace.reset(traced)  # the caller's thread goes back to its own trace and ids
+        logs.unbind(scoped)
         TASK_SECONDS.labels(claim.request.kind, outcome).observe(time.monotonic() - started)
     if completion is None:
         return None
