@@ -4,6 +4,8 @@ against real store and planner servers (no worker: a job stays SUBMITTED)."""
 
 from __future__ import annotations
 
+import os
+
 import grpc
 import pytest
 from google.protobuf import struct_pb2
@@ -138,7 +140,9 @@ def plane(tmp_path_factory):
         plane.stop()
 
 
-def test_submit_watch_sql_and_refusals_against_real_servers(plane) -> None:
+def test_submit_watch_sql_and_refusals_against_real_servers(plane, monkeypatch) -> None:
+    for key in [k for k in os.environ if k.startswith("BALLAST_")]:  # the plane's settings, not the shell's
+        monkeypatch.delenv(key)
     with Client.from_env(**{name: getattr(plane.settings, name) for name in (
             "data_dir", "store_port", "planner_port", "profiler_port")}) as client:
         job = client.submit(TINY, batch=4, iterations=3, name="sdk-unit")
