@@ -57,7 +57,7 @@ def memory_bytes(value: int | str, field: str = "memory") -> int:
         try:
             return parse_bytes(value)
         except ValueError as exc:
-            raise InvalidInput(str(exc), field=field, fix="write it like 16GiB, 16GB or 800MiB") from None
+            raise InvalidInput(str(exc), field=field) from None  # the message shows how to write it
     if value < 0:
         raise InvalidInput(f"must not be negative, got {value}", field=field, fix="0 means the device's memory")
     return value
