@@ -113,35 +113,22 @@ def cmd_db(args: argparse.Namespace) -> int:
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
-    from google.protobuf.json_format import MessageToDict
-
-    from ballast.v1 import store_pb2
-
     settings = _settings(args)
     with _client(settings) as client:
         try:
-            reply = client.store.Query(store_pb2.QueryRequest(sql=args.query, row_limit=args.limit,
-                                                              timeout_s=args.timeout))
+            result = client.sql(args.query, limit=args.limit, timeout=args.timeout)
         except grpc.RpcError as exc:
             return _rpc_failed(exc)
-    rows = [[_plain(v) for v in MessageToDict(r)] for r in reply.rows]
     if args.json:
-        print(json.dumps({"columns": list(reply.columns), "rows": rows, "truncated": reply.truncated}))
+        print(json.dumps({"columns": result.columns, "rows": result.rows, "truncated": result.truncated}))
         return 0
-    table = Table(*reply.columns)
-    for row in rows:
+    table = Table(*result.columns)
+    for row in result.rows:
         table.add_row(*["NULL" if v is None else escape(str(v)) for v in row])  # values are data, not markup
     console.print(table)
-    if reply.truncated:
+    if result.truncated:
         err.print(f"(truncated at {args.limit or 1000} rows; raise --limit)")
     return 0
-
-
-def _plain(value: object) -> object:
-    """Numbers travel as doubles in a ListValue: show integral ones as integers again."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
 
 
 def cmd_tenant(args: argparse.Namespace) -> int:
@@ -397,10 +384,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # noqa: BLE001 - a CLI prints the reason, not a traceback
+        from ballast.errors import ClientError
         from ballast.tls import TlsError
         from services.runtime.errors import BallastError
 
-        if isinstance(exc, BallastError | TlsError):
+        if isinstance(exc, BallastError | ClientError | TlsError):
             err.print(f"[red]error[/red] {escape(str(exc))}")
             return 2
         raise
