@@ -33,7 +33,7 @@ HEADERS = {
                                "img-src 'self' data:; frame-ancestors 'none'; form-action 'self'",
     "x-content-type-options": "nosniff",
     "x-frame-options": "DENY",
-    "referrer-policy": "no-referrer",
+    "referrer-policy": "same-origin",  # no-referrer would make a same-site form POST say Origin: null
 }
 STATUS = {NotFound: 404, InvalidArgument: 400, PermissionDenied: 403, Unauthenticated: 401}
 Render = Callable[[Request, Backend], tuple[str, dict[str, Any]]]
