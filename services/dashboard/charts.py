@@ -110,7 +110,7 @@ def profile_figure(profile: Any) -> Figure:
             {"type": "scatter", "mode": "markers", "name": "measured", "x": [m for m in per_sample if m in measured],
              "y": [per_sample[m] for m in per_sample if m in measured], "marker": {"size": 9}}]
     layout = _layout("Forward + backward per sample", "micro-batch size", "seconds per sample")
-    layout["xaxis"]["type"] = "log"
+    layout["xaxis"].update(type="log", tickvals=list(per_sample), ticktext=[str(m) for m in per_sample])
     return {"data": data, "layout": layout}
 
 
