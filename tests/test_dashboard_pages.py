@@ -111,3 +111,17 @@ def test_after_login_only_a_path_on_this_site(target, expected):
 def test_ids_are_plain():
     assert auth.valid_id("job-0a1b") and auth.valid_id("pln-1.2")
     assert not auth.valid_id("") and not auth.valid_id("../x") and not auth.valid_id("a b")
+
+
+def test_plaintext_is_http_on_loopback_only(tmp_path):
+    from services.dashboard.service import config
+    from tests.harness import make_settings
+
+    loopback = make_settings(tmp_path, plaintext=True)
+    assert loopback.dashboard_url() == f"http://127.0.0.1:{loopback.dashboard_port}/"
+    assert config(loopback).ssl_certfile is None
+    with pytest.raises(ValueError, match="refusing to serve plaintext HTTP on 0.0.0.0"):
+        config(make_settings(tmp_path, plaintext=True, host="0.0.0.0"))
+    secure = config(make_settings(tmp_path))
+    assert secure.ssl_certfile == str(tmp_path / "tls" / "server.crt")
+    assert make_settings(tmp_path).dashboard_url().startswith("https://127.0.0.1:")
