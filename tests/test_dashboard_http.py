@@ -47,6 +47,12 @@ def world(tmp_path_factory) -> Iterator[World]:
         job = store.create_job(store_pb2.CreateJobRequest(spec=job_spec("dash-a", model=gpt())))
         plan = store.create_plan(store_pb2.CreatePlanRequest(plan=plan_msg(model.id, job_id=job.id,
                                                                            profile_id=profile.id)))
+        # a morph deletes the metrics from its checkpoint on: recorded first, as a resumed job's would be
+        morph = job_pb2.Morph(job_id=job.id, cause="worker_lost", detail="vm-1 lost", from_stages=2, from_replicas=1,
+                              to_stages=1, to_replicas=1, failed_iteration=4)
+        morph.detected_at.GetCurrentTime()
+        morph.resumed_at.GetCurrentTime()
+        admin.record_morph(store_pb2.RecordMorphRequest(morph=morph))
         store.write_iteration_metrics(store_pb2.WriteIterationMetricsRequest(metrics=[
             job_pb2.IterationMetric(job_id=job.id, iteration=i, stage_index=s, plan_version=1,
                                     iteration_time_s=0.5 + 0.1 * s, predicted_iteration_time_s=0.55,
@@ -127,7 +133,11 @@ def test_the_job_page_has_its_curves_and_its_migration_on_the_timeline(world):
     assert measured["y"] == [pytest.approx(0.6)] * 5 and predicted["y"] == [pytest.approx(0.55)] * 5
     migration = next(t for t in figs["timeline"]["data"] if t["name"] == "migration")
     assert len(migration["x"]) == 1 and "layer 1: stage 0 \u2192 1" in migration["text"][0]
-    assert 'data-kind="migration"' in page.body and "JOB_SUBMITTED" not in page.body
+    morph = next(t for t in figs["timeline"]["data"] if t["name"] == "morph")
+    assert len(morph["x"]) == 1 and "worker_lost: 2x1 \u2192 1x1" in morph["text"][0]
+    assert 'data-kind="migration"' in page.body and 'data-kind="morph"' in page.body
+    assert "<dd>team-a</dd>" in page.body  # the tenant's name, which a viewer may read
+    assert 'http-equiv="refresh"' in page.body  # still SUBMITTED: the page reloads itself
 
 
 def test_every_page_renders_for_the_viewer(world):

@@ -104,6 +104,7 @@ def build_app(backend: Backend, secure: bool) -> Starlette:
                 if not auth.valid_id(str(value)):
                     return html("error.html", {"status": 400, "message": f"{name}: not an id", "principal": principal},
                                 400)
+            request.state.principal = principal
             try:
                 with acting_as(token):
                     template, context = render(request, backend)

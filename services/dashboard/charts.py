@@ -14,8 +14,9 @@ TIMELINE_KINDS = ("event", "migration", "morph")  # rows of the job timeline, bo
 
 
 def _layout(title: str, x: str, y: str, **extra: Any) -> dict[str, Any]:
-    return {"title": {"text": title}, "xaxis": {"title": {"text": x}}, "yaxis": {"title": {"text": y}},
-            "margin": {"l": 60, "r": 20, "t": 40, "b": 50}, "height": 320, "legend": {"orientation": "h"}, **extra}
+    return {"title": {"text": title, "x": 0.01, "xanchor": "left"}, "xaxis": {"title": {"text": x}},
+            "yaxis": {"title": {"text": y}}, "margin": {"l": 60, "r": 20, "t": 40, "b": 50}, "height": 320,
+            "legend": {"orientation": "h", "x": 1, "xanchor": "right", "y": 1.02, "yanchor": "bottom"}, **extra}
 
 
 def loss_figure(metrics: list[Any]) -> Figure:

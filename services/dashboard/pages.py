@@ -27,8 +27,14 @@ def pct(value: float) -> str:
 FILTERS = {"mib": mib, "secs": secs, "pct": pct}
 
 
+ENDED = ("SUCCEEDED", "FAILED", "CANCELLED")
+REFRESH_S = 5  # a page about something still changing reloads itself this often
+
+
 def jobs_page(request: Request, backend: Backend) -> Page:
-    return "jobs.html", {"title": "Jobs", "jobs": reads.jobs(backend)}
+    jobs = reads.jobs(backend)
+    return "jobs.html", {"title": "Jobs", "jobs": jobs, "tenants": reads.tenant_names(backend, request.state.principal),
+                         "refresh_s": REFRESH_S if any(j["state"] not in ENDED for j in jobs) else 0}
 
 
 def job_page(request: Request, backend: Backend) -> Page:
@@ -38,7 +44,9 @@ def job_page(request: Request, backend: Backend) -> Page:
                "timeline": charts.timeline_figure(rows)}
     return "job.html", {"title": f"Job {view.job['id']}", "job": view.job, "events": view.events, "timeline": rows,
                         "migrations": view.migrations, "morphs": view.morphs, "figures": figures,
-                        "metric_rows": len(view.metrics)}
+                        "metric_rows": len(view.metrics),
+                        "tenants": reads.tenant_names(backend, request.state.principal),
+                        "refresh_s": 0 if view.job["state"] in ENDED else REFRESH_S}
 
 
 def queue_page(request: Request, backend: Backend) -> Page:
@@ -47,7 +55,7 @@ def queue_page(request: Request, backend: Backend) -> Page:
 
 def fleet_page(request: Request, backend: Backend) -> Page:
     fleet = reads.fleet(backend)
-    return "fleet.html", {"title": "Fleet", **fleet,
+    return "fleet.html", {"title": "Fleet", **fleet, "tenants": reads.tenant_names(backend, request.state.principal),
                           "figures": {"utilisation": charts.utilisation_figure(fleet["devices"])}}
 
 

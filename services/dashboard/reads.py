@@ -89,6 +89,15 @@ def _page(size: int = 200) -> common_pb2.PageRequest:
     return common_pb2.PageRequest(page_size=size)
 
 
+def tenant_names(backend: Backend, principal: Principal) -> dict[str, str]:
+    """Tenant id -> name as far as the visitor may know: every tenant for the admin and viewers, its own for
+    a member (listing tenants is theirs alone)."""
+    if not principal.reads_all:
+        return {principal.tenant_id: principal.tenant_name}
+    tenants = _first(backend.store.list_tenants, store_pb2.ListTenantsRequest(page=_page()), "tenants", 10_000)
+    return {t.id: t.name for t in tenants}
+
+
 def jobs(backend: Backend) -> list[dict[str, Any]]:
     """Every job the visitor may see, newest first."""
     found = _first(backend.store.list_jobs, store_pb2.ListJobsRequest(page=_page()), "jobs", LIST_LIMIT)
