@@ -181,8 +181,9 @@ def test_the_viewer_sees_every_page_and_screenshots_are_written(world, finished)
     _, site, tokens, jobs = world
     with browser() as driver:
         log_in(driver, site.url, tokens["watch"])
-        source = driver.page_source
-        assert jobs["alpha"] in source and jobs["beta"] in source
+        # the list reloads itself while beta's job waits: wait for a loaded page rather than read one mid-reload
+        until(driver, lambda d: all(d.find_elements(By.CSS_SELECTOR, f'tr[data-job="{j}"]') for j in jobs.values()),
+              "both tenants' jobs listed for the viewer")
         driver.get(site.url + "fleet")
         drawn(driver, "utilisation")
         assert len(driver.find_elements(By.CSS_SELECTOR, "#fleet tbody tr")) == 2
