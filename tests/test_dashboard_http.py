@@ -87,6 +87,7 @@ def test_login_sets_an_http_only_strict_cookie_and_refuses_bad_tokens(world):
     form = {"content-type": "application/x-www-form-urlencoded"}
     bad = site.request("/login?next=/queue", data=b"token=blt_wrong", headers=form)
     assert bad.status == 401 and "does not know that token" in bad.body and "set-cookie" not in bad.headers
+    assert site.request("/login", data=b"token=" + b"x" * 10_000, headers=form).status == 413
     empty = site.request("/login", data=b"token=", headers=form)
     assert empty.status == 400 and "paste a bearer token" in empty.body
     good = site.request("/login?next=/queue", data=f"token={world.member_a}".encode(), headers=form)

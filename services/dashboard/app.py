@@ -35,6 +35,7 @@ HEADERS = {
     "x-frame-options": "DENY",
     "referrer-policy": "same-origin",  # no-referrer would make a same-site form POST say Origin: null
 }
+MAX_FORM_BYTES = 4096  # a token and its field name, with room to spare
 STATUS = {NotFound: 404, InvalidArgument: 400, PermissionDenied: 403, Unauthenticated: 401}
 Render = Callable[[Request, Backend], tuple[str, dict[str, Any]]]
 
@@ -123,8 +124,13 @@ def build_app(backend: Backend, secure: bool) -> Starlette:
         if origin and origin.split("://", 1)[-1] != request.headers.get("host", ""):
             return PlainTextResponse("403 cross-site login refused\n", 403)
         target = auth.safe_next(request.query_params.get("next", "/"))
+        body = b""
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_FORM_BYTES:
+                return PlainTextResponse(f"413 the login form takes at most {MAX_FORM_BYTES} bytes\n", 413)
         try:
-            token = auth.login_token(await request.body())
+            token = auth.login_token(body)
         except ValueError as exc:
             return html("login.html", {"next": target, "error": str(exc)}, 400)
         try:
