@@ -161,7 +161,7 @@ def test_demo(tmp_path: Path) -> None:
     for words in ("PLAN_CHOSEN", "ASSIGNED", "SUCCEEDED", "trained 8 iteration(s)", "iteration time: predicted",
                   "prediction: uncalibrated", "calibration cal-",
                   "loss curve", "live rebalancing", "REPARTITION ", "MIGRATION", "REPARTITIONED",
-                  "FROM layer_migrations", "stopped 6 processes"):
+                  "FROM layer_migrations", "stopped 7 processes"):  # with the dashboard
         assert words in out, out
     assert (settings.data_dir / "loss.png").read_bytes().startswith(b"\x89PNG")
     assert State.load(settings) is None
