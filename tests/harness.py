@@ -53,7 +53,7 @@ def free_port() -> int:
 
 
 def make_settings(data_dir: Path, **overrides: object) -> Settings:
-    ports = {f"{name}_port": free_port() for name in ("store", "profiler", "planner", "planner_agent")}
+    ports = {f"{name}_port": free_port() for name in ("store", "profiler", "planner", "planner_agent", "dashboard")}
     # Executor agents take executor_port + i: leave a gap so they never collide with the services.
     ports["executor_port"] = free_port()
     # metrics endpoints stay off unless a test asks (tests/test_metrics.py): many planes share this process
@@ -84,8 +84,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
     """Environment that makes a subprocess see the same settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("BALLAST_")}
     for name in ("data_dir", "database_url", "broker_url", "host", "store_port", "profiler_port", "planner_port",
-                 "planner_agent_port", "executor_port", "tls_ca", "tls_cert", "tls_key", "plaintext", "queue",
-                 "lease_seconds", "sweep_interval_s", "requeue_unclaimed_s", "visibility_timeout_s",
+                 "planner_agent_port", "executor_port", "dashboard_port", "tls_ca", "tls_cert", "tls_key", "plaintext",
+                 "queue", "lease_seconds", "sweep_interval_s", "requeue_unclaimed_s", "visibility_timeout_s",
                  "worker_heartbeat_s", "store_metrics_port", "profiler_metrics_port", "planner_metrics_port",
                  "worker_metrics_port", "executor_metrics_port"):
         env[f"BALLAST_{name.upper()}"] = str(getattr(settings, name))

@@ -106,6 +106,9 @@ def start_all(settings: Settings, executors: int) -> State:
         child = spawn(settings, name, ["serve", name, *policy])
         child.address = settings.address(name)
         state.children.append(child)
+    dashboard = spawn(settings, "dashboard", ["serve", "dashboard"])
+    dashboard.address = settings.dashboard_url()
+    state.children.append(dashboard)
     state.children.append(spawn(settings, "worker", ["worker"]))
     for i in range(executors):
         child = spawn(settings, f"executor-{i}", ["serve", "executor", "--index", str(i)])
@@ -129,6 +132,21 @@ def metrics_url(settings: Settings, name: str) -> str:
 
     port = metrics_port(settings, name)
     return url(settings, port) if port else ""
+
+
+def dashboard_health(settings: Settings, url: str, timeout_s: float = 2.0) -> str:
+    """SERVING when the dashboard answers /healthz over TLS verified with the configured CA."""
+    import ssl
+    import urllib.request
+
+    from ballast.tls import tls_files
+
+    context = None if settings.plaintext else ssl.create_default_context(cafile=str(tls_files(settings).ca))
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/healthz", timeout=timeout_s, context=context) as reply:
+            return "SERVING" if reply.status == 200 else f"HTTP {reply.status}"
+    except OSError as exc:  # refused, TLS failure, timeout: not serving (yet)
+        return f"NOT_SERVING ({type(exc).__name__})"
 
 
 def worker_names(settings: Settings) -> list[str]:
@@ -160,6 +178,8 @@ def statuses(settings: Settings, state: State) -> list[tuple[str, str, str]]:
                     continue
             mine = [w for w in workers if w.endswith(f"-{child.pid}")]
             rows.append((child.name, mine[0] if mine else "", "SERVING" if mine else "NO HEARTBEAT"))
+        elif child.name == "dashboard":
+            rows.append((child.name, child.address, dashboard_health(settings, child.address)))
         else:
             rows.append((child.name, child.address, check(child.address, transport=transport)))
     return rows

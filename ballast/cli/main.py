@@ -60,6 +60,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         err.print(message)
         return 1
     console.print(message)
+    dashboard = next((r[1] for r in rows if r[0] == "dashboard"), "")
+    if dashboard:
+        console.print(f"dashboard: {dashboard} (log in with a bearer token, e.g. the admin token above)")
     return 0
 
 
@@ -167,6 +170,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from services.profiler.service import main
     elif args.service == "planner":
         from services.planner.service import main
+    elif args.service == "dashboard":
+        from services.dashboard.service import main
     else:
         from services.executor.agent import main as agent_main
 
@@ -308,7 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_audit_arguments(p)
     p = add("serve", cmd_serve, "run one service in the foreground")
-    p.add_argument("service", choices=["store", "profiler", "planner", "executor"])
+    p.add_argument("service", choices=["store", "profiler", "planner", "executor", "dashboard"])
     p.add_argument("--index", type=int, default=0, help="executor agent index (port = executor port + index)")
     p.add_argument("--policy", type=Path, default=None, metavar="FILE",
                    help="planner only: fleet policy YAML stored at start-up if it differs from the policy in force "
