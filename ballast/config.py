@@ -11,7 +11,8 @@ import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-DEFAULT_PORTS = {"store": 50051, "profiler": 50052, "planner": 50053, "planner_agent": 50054, "executor": 50060}
+DEFAULT_PORTS = {"store": 50051, "profiler": 50052, "planner": 50053, "planner_agent": 50054, "executor": 50060,
+                 "dashboard": 50070}
 
 
 @dataclass(frozen=True)
@@ -29,10 +30,19 @@ class Settings:
     # executor agents connect here, with a client certificate (mutual TLS) that names their host
     planner_agent_port: int = DEFAULT_PORTS["planner_agent"]
     executor_port: int = DEFAULT_PORTS["executor"]
+    # Prometheus metrics, one port per process (executor agent i: executor_metrics_port + i); 0 turns one off
+    store_metrics_port: int = 9401
+    profiler_metrics_port: int = 9402
+    planner_metrics_port: int = 9403
+    worker_metrics_port: int = 9404
+    executor_metrics_port: int = 9410
+    # the read-only web dashboard (HTTPS with the server certificate; HTTP on loopback only with plaintext)
+    dashboard_port: int = DEFAULT_PORTS["dashboard"]
     store_address: str = ""
     profiler_address: str = ""
     planner_address: str = ""
     planner_agent_address: str = ""
+    dashboard_address: str = ""
     # Transport security (README "Transport security"): PEM paths; all empty = the data dir's local CA
     # (<data_dir>/tls, created on first start). plaintext turns TLS off and then only loopback binds are allowed.
     tls_ca: str = ""
@@ -65,6 +75,7 @@ class Settings:
     rate_limit_rps: float = 100.0
     rate_limit_burst: int = 200
     log_level: str = "INFO"
+    log_format: str = "json"  # json (one object per line, for shipping) or text (for a terminal)
     allowed_model_factories: tuple[str, ...] = ()
     fleet_policy: str = ""  # policy YAML the planner stores at start-up when it differs (services/specs/policy.py)
 
@@ -72,6 +83,13 @@ class Settings:
         """host:port where `service` listens (explicit *_address wins)."""
         explicit = getattr(self, f"{service}_address", "")
         return explicit or f"{self.host}:{getattr(self, f'{service}_port')}"
+
+    def dashboard_url(self) -> str:
+        """Where a browser on this host opens the dashboard: HTTPS, or HTTP with plaintext (loopback only)."""
+        host, _, port = self.address("dashboard").rpartition(":")
+        if host in ("0.0.0.0", "::", ""):
+            host = self.advertised_host()
+        return f"{'http' if self.plaintext else 'https'}://{host}:{port}/"
 
     def advertised_host(self) -> str:
         """The name peers use to reach this host: explicit, else the bind address unless it is a wildcard."""

@@ -3,6 +3,7 @@ asked for (BALLAST_PLAINTEXT) and then on loopback only (the server refuses any 
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 
 import grpc
@@ -65,3 +66,14 @@ def peer_common_name(context: grpc.ServicerContext) -> str:
     """The CN of the client certificate the peer presented and the CA verified ("" when none)."""
     names = context.auth_context().get("x509_common_name") or []
     return names[0].decode() if names else ""
+
+
+def is_loopback(address: str) -> bool:
+    """True for localhost / 127.x / ::1 host:port addresses (a wildcard or a name of this host is not)."""
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -29,6 +29,23 @@ from services.store.db import create_engine
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def proto_rpcs() -> dict[str, object]:
+    """'Service/Method' -> MethodDescriptor for every RPC of every ballast.v1 module."""
+    import importlib
+    import pkgutil
+
+    import ballast.v1
+
+    found = {}
+    for info in pkgutil.iter_modules(ballast.v1.__path__):
+        if info.name.endswith("_pb2"):
+            module = importlib.import_module(f"ballast.v1.{info.name}")
+            for service in module.DESCRIPTOR.services_by_name.values():
+                for method in service.methods:
+                    found[f"{service.full_name}/{method.name}"] = method
+    return found
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -36,9 +53,11 @@ def free_port() -> int:
 
 
 def make_settings(data_dir: Path, **overrides: object) -> Settings:
-    ports = {f"{name}_port": free_port() for name in ("store", "profiler", "planner", "planner_agent")}
+    ports = {f"{name}_port": free_port() for name in ("store", "profiler", "planner", "planner_agent", "dashboard")}
     # Executor agents take executor_port + i: leave a gap so they never collide with the services.
     ports["executor_port"] = free_port()
+    # metrics endpoints stay off unless a test asks (tests/test_metrics.py): many planes share this process
+    ports.update({f"{name}_metrics_port": 0 for name in ("store", "profiler", "planner", "worker", "executor")})
     env = {k: v for k, v in os.environ.items() if not k.startswith("BALLAST_")}
     return load_settings(env, data_dir=data_dir, **{**ports, **overrides})
 
@@ -65,9 +84,10 @@ def settings_env(settings: Settings) -> dict[str, str]:
     """Environment that makes a subprocess see the same settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("BALLAST_")}
     for name in ("data_dir", "database_url", "broker_url", "host", "store_port", "profiler_port", "planner_port",
-                 "planner_agent_port", "executor_port", "tls_ca", "tls_cert", "tls_key", "plaintext", "queue",
-                 "lease_seconds", "sweep_interval_s", "requeue_unclaimed_s", "visibility_timeout_s",
-                 "worker_heartbeat_s"):
+                 "planner_agent_port", "executor_port", "dashboard_port", "tls_ca", "tls_cert", "tls_key", "plaintext",
+                 "queue", "lease_seconds", "sweep_interval_s", "requeue_unclaimed_s", "visibility_timeout_s",
+                 "worker_heartbeat_s", "store_metrics_port", "profiler_metrics_port", "planner_metrics_port",
+                 "worker_metrics_port", "executor_metrics_port"):
         env[f"BALLAST_{name.upper()}"] = str(getattr(settings, name))
     env["PYTHONUNBUFFERED"] = "1"
     return env

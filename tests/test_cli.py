@@ -30,11 +30,14 @@ def test_up_status_sql_down(tmp_path: Path) -> None:
     state = State.load(settings)
     try:
         assert up.returncode == 0, up.stdout + up.stderr
-        assert {c.name for c in state.children} == {"store", "profiler", "planner", "worker", "executor-0",
-                                                    "executor-1"}
+        assert {c.name for c in state.children} == {"store", "profiler", "planner", "dashboard", "worker",
+                                                    "executor-0", "executor-1"}
+        assert f"dashboard: {settings.dashboard_url()}" in up.stdout
         status = ballast(settings, "status", "--data-dir", data_dir, "--json")
         assert status.returncode == 0, status.stdout + status.stderr
         assert {r["status"] for r in json.loads(status.stdout)} == {"SERVING"}
+        assert {"component": "dashboard", "address": settings.dashboard_url(), "status": "SERVING"} in json.loads(
+            status.stdout)
 
         services = set()
         for name in ("store", "profiler", "planner"):
@@ -158,7 +161,7 @@ def test_demo(tmp_path: Path) -> None:
     for words in ("PLAN_CHOSEN", "ASSIGNED", "SUCCEEDED", "trained 8 iteration(s)", "iteration time: predicted",
                   "prediction: uncalibrated", "calibration cal-",
                   "loss curve", "live rebalancing", "REPARTITION ", "MIGRATION", "REPARTITIONED",
-                  "FROM layer_migrations", "stopped 6 processes"):
+                  "FROM layer_migrations", "stopped 7 processes"):  # with the dashboard
         assert words in out, out
     assert (settings.data_dir / "loss.png").read_bytes().startswith(b"\x89PNG")
     assert State.load(settings) is None

@@ -3,6 +3,7 @@ from constructed protos, the events `watch` prints, and the planner's start-up p
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -424,7 +425,9 @@ def test_fleet_shows_and_clears_a_degraded_host_on_a_running_plane(tmp_path, mon
         code, out, _ = ballast("fleet")
         assert code == 0, out
         assert out.count("degraded") >= 2 and "2 on degraded hosts" in out
-        assert f"vm-1 degraded 0 s ago: {SLOW}; `ballast fleet clear vm-1 --reason ...` gives it back" in out
+        # a second may pass on a loaded machine between marking it and asking
+        assert re.search(rf"vm-1 degraded [01] s ago: {re.escape(SLOW)}; `ballast fleet clear vm-1 --reason \.\.\.` "
+                         "gives it back", out), out
         code, _, err = ballast("fleet", "clear", "vm-9", "--reason", "probe passed")
         assert code == 1 and "no host 'vm-9'; known hosts: vm-1" in err and "vm-2" in err
 

@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = ROOT / "compose.yaml"
 
 GRPC_PORTS = {"store": 50051, "profiler": 50052, "planner": 50053, "executor": 50060}
-REQUIRED_SERVICES = {"postgres", "redis", "migrate", "planner-worker", *GRPC_PORTS}
+REQUIRED_SERVICES = {"postgres", "redis", "migrate", "planner-worker", "prometheus", "grafana", *GRPC_PORTS}
+THIRD_PARTY = {"postgres", "redis", "prometheus", "grafana"}
 # Every BALLAST_* name the settings understand (plus the config file path): derived, never listed twice.
 KNOWN_BALLAST_VARS = {f"BALLAST_{f.name.upper()}" for f in fields(Settings)} | {"BALLAST_CONFIG"}
 DATABASE_CLIENTS = {"store", "migrate"}  # BALLAST_DATABASE_URL / BALLAST_SQL_DATABASE_URL
@@ -247,7 +248,7 @@ def test_named_volumes_are_declared(compose: dict[str, Any], services: dict[str,
 
 def test_services_build_from_the_root_dockerfile(services: dict[str, dict[str, Any]]) -> None:
     for name, service in services.items():
-        if name in {"postgres", "redis"}:
+        if name in THIRD_PARTY:
             continue
         build = service["build"]
         assert build["context"] == "." and build.get("dockerfile", "Dockerfile") == "Dockerfile", name
@@ -281,3 +282,45 @@ def test_dockerignore_keeps_secrets_and_junk_out_but_sources_in() -> None:
     assert {".env", ".git/", ".venv/"} <= patterns
     for needed in ("pyproject.toml", "README.md", "ballast", "services"):
         assert not any(p.rstrip("/") in {needed, f"{needed}/"} or p == "*.md" for p in patterns), needed
+
+
+# --- monitoring -------------------------------------------------------------------------------------
+
+
+METRICS_DEFAULTS = {f.name.removesuffix("_metrics_port"): f.default for f in fields(Settings)
+                    if f.name.endswith("_metrics_port")}
+
+
+def test_prometheus_scrapes_every_ballast_process_on_its_metrics_port(services: dict[str, dict[str, Any]]) -> None:
+    config = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text(encoding="utf-8"))
+    mounts = services["prometheus"]["volumes"]
+    assert "./deploy/prometheus.yml:/etc/prometheus/prometheus.yml:ro" in mounts and "tls:/etc/ballast/tls:ro" in mounts
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    targets = {t for job in jobs.values() for c in job.get("static_configs", []) for t in c["targets"]}
+    expected = {f"{name}:{METRICS_DEFAULTS[name]}" for name in ("store", "profiler", "planner", "executor")}
+    assert targets == expected
+    [workers] = jobs["ballast-workers"]["dns_sd_configs"]
+    assert (workers["names"], workers["port"]) == (["planner-worker"], METRICS_DEFAULTS["worker"])
+    for job in jobs.values():  # HTTPS verified with the plane's CA, as every metrics endpoint serves it
+        assert job["scheme"] == "https" and job["tls_config"]["ca_file"] == "/etc/ballast/tls/ca.crt"
+    tls_init = services["tls-init"]["command"]
+    assert "planner-worker" in tls_init, "the workers' certificate must name the server_name Prometheus checks"
+
+
+def test_the_grafana_dashboard_plots_only_metrics_ballast_exports() -> None:
+    from services.runtime import metrics
+
+    exported = {m._name for m in vars(metrics).values() if hasattr(m, "_name") and m._name.startswith("ballast_")}
+    exported |= {"ballast_jobs", "ballast_queued_requests", "ballast_leased_devices",  # scrape-time gauges
+                 "ballast_queue_jobs", "ballast_queue_oldest_wait_seconds", "ballast_devices"}
+    dashboard = json.loads((ROOT / "deploy/grafana/dashboards/ballast.json").read_text(encoding="utf-8"))
+    used = {name for panel in dashboard["panels"] for t in panel["targets"]
+            for name in re.findall(r"ballast_[a-z_]+", t["expr"])}
+    base = {re.sub(r"_(bucket|count|sum|total)$", "", n) for n in used}
+    names = {re.sub(r"_total$", "", n) for n in exported}
+    assert base <= names, sorted(base - names)
+    assert len(dashboard["panels"]) >= 12
+    provisioned = yaml.safe_load((ROOT / "deploy/grafana/provisioning/dashboards/ballast.yml").read_text())
+    assert provisioned["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards"
+    assert "./deploy/grafana/dashboards:/var/lib/grafana/dashboards:ro" in yaml.safe_load(
+        COMPOSE_FILE.read_text(encoding="utf-8"))["services"]["grafana"]["volumes"]

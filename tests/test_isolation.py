@@ -9,21 +9,22 @@ PERMISSION_DENIED), a call on shared platform data, or a call on the caller's ow
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 
 import grpc
 import pytest
 from google.protobuf import message_factory, text_format
 from google.protobuf.message import Message
 
-import ballast.v1
 from ballast.transport import agent_transport
-from ballast.v1 import executor_pb2, fleet_pb2, job_pb2, queue_pb2, services_pb2, store_pb2
-from tests.harness import Plane, make_settings, start_plane
+from ballast.v1 import common_pb2, executor_pb2, fleet_pb2, job_pb2, queue_pb2, services_pb2, store_pb2
+from services.runtime.rpcs import changes_state
+from tests.conftest import fresh_database
+from tests.harness import Plane, make_settings, proto_rpcs, start_plane, wait_for
 from tests.store_builders import gpt, host, job_spec, plan_msg, profile_msg
 
 TIMEOUT_S = 30.0
@@ -40,18 +41,6 @@ SERVER_OF = {
 }
 
 
-def proto_rpcs() -> dict[str, object]:
-    """'Service/Method' -> MethodDescriptor for every RPC of every ballast.v1 module."""
-    found = {}
-    for info in pkgutil.iter_modules(ballast.v1.__path__):
-        if info.name.endswith("_pb2"):
-            module = importlib.import_module(f"ballast.v1.{info.name}")
-            for service in module.DESCRIPTOR.services_by_name.values():
-                for method in service.methods:
-                    found[f"{service.full_name}/{method.name}"] = method
-    return found
-
-
 RPCS = proto_rpcs()
 
 
@@ -62,6 +51,7 @@ class World:
     admin: str
     token_a: str
     token_b: str
+    viewer: str
     tenant: str
     model: str
     profile: str
@@ -75,12 +65,12 @@ class World:
 
     def ids(self) -> list[str]:
         """A's ids (the host is platform data, the tokens are the callers')."""
-        return [getattr(self, f.name) for f in fields(self) if f.name not in ("admin", "token_b", "host")]
+        return [getattr(self, f.name) for f in fields(self) if f.name not in ("admin", "token_b", "viewer", "host")]
 
     def fake(self) -> World:
         """The same world with every id of A's replaced by an unknown one of the same shape."""
         swap = {f.name: f"{getattr(self, f.name).split('-')[0]}-{uuid.uuid4().hex[:16]}" for f in fields(self)
-                if f.name not in ("admin", "token_a", "token_b")}
+                if f.name not in ("admin", "token_a", "token_b", "viewer")}
         return replace(self, token_a="blt_" + uuid.uuid4().hex, **swap)
 
 
@@ -204,6 +194,9 @@ CASES: dict[str, Case] = {
     f"{S}/RecordCalibration": Case(ADMIN, lambda w: store_pb2.RecordCalibrationRequest()),
     f"{S}/GetCalibration": Case(ADMIN, lambda w: store_pb2.GetCalibrationRequest(host_class="none")),
     f"{S}/ListCalibrations": Case(ADMIN, lambda w: store_pb2.ListCalibrationsRequest()),
+    # --- the audit log: the services record (admin); a member reads its own calls
+    f"{S}/RecordAudit": Case(ADMIN, lambda w: store_pb2.RecordAuditRequest()),
+    f"{S}/ListAudit": Case(LIST, lambda w: store_pb2.ListAuditRequest(method="CreateModel"), shows="model"),
     # --- the admin's window on the database
     f"{S}/Query": Case(ADMIN, lambda w: store_pb2.QueryRequest(sql="SELECT 1")),
     f"{S}/GetSchemaStatus": Case(SHARED, lambda w: store_pb2.SchemaStatusRequest()),
@@ -284,6 +277,8 @@ def build_world(plane: Plane) -> World:
     admin = plane.store()
     a_token = admin.create_tenant(store_pb2.CreateTenantRequest(name="team-a")).token
     b_token = admin.create_tenant(store_pb2.CreateTenantRequest(name="team-b")).token
+    viewer = admin.create_tenant(store_pb2.CreateTenantRequest(name="dashboard",
+                                                               role=common_pb2.TENANT_ROLE_VIEWER)).token
     a = plane.store(a_token)
     tenant = a.authenticate(store_pb2.AuthenticateRequest(token=a_token)).tenant_id
     model = a.create_model(store_pb2.CreateModelRequest(spec=gpt()))
@@ -303,20 +298,21 @@ def build_world(plane: Plane) -> World:
     vm = admin.register_host(store_pb2.RegisterHostRequest(host=host("iso-vm", ["cpu", "cpu"])))
     lease = admin.acquire_leases(store_pb2.AcquireLeasesRequest(
         job_id=job.id, devices=[fleet_pb2.DeviceRef(host_id=vm.id, device_index=0)])).leases[0]
-    world = World(admin=plane.token, token_a=a_token, token_b=b_token, tenant=tenant, model=model.id,
+    world = World(admin=plane.token, token_a=a_token, token_b=b_token, viewer=viewer, tenant=tenant, model=model.id,
                   profile=profile.id, plan=plan.id, job=job.id, checkpoint=checkpoint.id,
                   request=operation.request.id, lease=lease.id, morph="", host=vm.id)
     mp = admin.record_morph(store_pb2.RecordMorphRequest(morph=morph(world)))
+    # the store records A's calls in the background: wait for A's CreateModel to be in the audit log
+    wait_for(lambda: a.list_audit(store_pb2.ListAuditRequest(method="CreateModel")).records, timeout=10,
+             what="team-a's CreateModel in the audit log")
     return replace(world, morph=mp.id)
 
 
-@pytest.fixture(scope="module")
-def plane() -> Iterator[Plane]:
-    import tempfile
-    from pathlib import Path
-
-    with tempfile.TemporaryDirectory() as data:
-        settings = make_settings(Path(data), sweep_interval_s=60.0)
+@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def plane(request) -> Iterator[Plane]:
+    """The whole matrix runs on each database: scoping is SQL, and the two dialects must agree."""
+    with tempfile.TemporaryDirectory() as data, fresh_database(request.param, Path(data)) as url:
+        settings = make_settings(Path(data), sweep_interval_s=60.0, database_url=url)
         plane = start_plane(settings, send=lambda request_id: None)
         try:
             yield plane
@@ -428,6 +424,31 @@ def test_the_admin_passes_the_admin_check(plane, channels, world, rpc: str) -> N
     reply = call(plane, channels, rpc, CASES[rpc].build(world), world.admin)
     assert reply.code not in (Code.PERMISSION_DENIED, Code.UNAUTHENTICATED), f"{rpc}: {reply.code} {reply.details}"
 
+
+# --- the viewer role --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rpc", sorted(r for r in RPCS if changes_state(r.split("/")[1])))
+def test_a_viewer_changes_nothing(plane, channels, world, rpc: str) -> None:
+    request = case_for(rpc).build(world)
+    reply = call(plane, channels, rpc, request, world.viewer)
+    assert reply.code == Code.PERMISSION_DENIED and "viewer" in reply.details, f"{rpc}: {reply.code} {reply.details}"
+
+
+# What a viewer reads unlike the admin: SQL reads past the API (token hashes), and another's token is no business
+VIEWER_REFUSED = {f"{S}/Query": Code.PERMISSION_DENIED, f"{S}/Authenticate": Code.UNAUTHENTICATED}
+
+
+@pytest.mark.parametrize("rpc", sorted(r for r in RPCS if not changes_state(r.split("/")[1])))
+def test_a_viewer_reads_what_the_admin_reads(plane, channels, world, rpc: str) -> None:
+    """Every read answers a viewer as it answers the admin, A's rows included (a dashboard sees the fleet)."""
+    case = case_for(rpc)
+    as_admin = call(plane, channels, rpc, case.build(world), world.admin)
+    as_viewer = call(plane, channels, rpc, case.build(world), world.viewer)
+    seen = f"{rpc}: admin {as_admin.code} {as_admin.details!r}, viewer {as_viewer.code} {as_viewer.details!r}"
+    assert as_viewer.code == VIEWER_REFUSED.get(rpc, as_admin.code), seen
+    if case.shows and as_viewer.code == Code.OK and case.kind != SHARED and rpc != f"{S}/ListAudit":
+        assert getattr(world, case.shows) in text_format.MessageToString(as_viewer.message), seen
 
 
 def test_the_fleet_view_hides_another_tenants_lease() -> None:

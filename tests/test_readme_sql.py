@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from services.store import schema
 from services.store.db import create_engine
 from services.store.models import (
+    AuditRecord,
     Calibration,
     Device,
     DeviceLease,
@@ -57,7 +58,11 @@ FIDELITY = [["bert", 2, 1, 2, "cpu/0c/2w", 1, 0, 2, 0.26, 0.325, -20.0, None, No
             ["gpt", 1, 1, 8, "h100/0c/1w", 1, 0, 1, 0.4, 0.5, -20.0, 40960.0, 51200.0, -20.0],
             ["gpt", 1, 2, 4, "cpu/8c/2w", 2, 1, 5, 1.0, 0.9, 11.1, 1024.0, 896.0, 14.3],
             ["gpt", 3, 1, 6, "cpu/8c/3w", 1, 0, 2, 2.0, 2.3, -13.0, 512.0, 640.0, -20.0]]
-EXPECTED = {"device-hours": DEVICE_HOURS, "queue-wait": QUEUE_WAIT, "queue-wait-from-events": QUEUE_WAIT,
+# who, method, result -> calls (see _audit; the store's record of the admin's own writes is left out)
+AUDIT = [["dash", "Submit", "PERMISSION_DENIED", 1], ["research", "Cancel", "NOT_FOUND", 1],
+         ["research", "Submit", "OK", 2], ["unauthenticated", "Cancel", "UNAUTHENTICATED", 1]]
+EXPECTED = {"audit-by-tenant": AUDIT, "device-hours": DEVICE_HOURS, "queue-wait": QUEUE_WAIT,
+            "queue-wait-from-events": QUEUE_WAIT,
             "morphs": MORPHS, "calibrations": CALIBRATIONS, "iteration-breakdown": BREAKDOWN, "fidelity": FIDELITY}
 
 
@@ -109,6 +114,21 @@ def _seed(engine: sa.Engine, now: datetime) -> None:
         insert(Calibration, *_calibrations(now - DAY))
         insert(IterationMetric, *_metrics(now - HOUR))
         insert(IterationMetric, *_fidelity_metrics(now - 2 * HOUR))
+        insert(AuditRecord, *_audit(now - HOUR))
+
+
+def _audit(t0: datetime) -> Iterator[dict]:
+    """research submits twice and cancels an unknown job; a viewer's submit and an unknown token's cancel are
+    refused; the store records the admin creating a tenant."""
+    for n, (server, who, role, method, code) in enumerate([
+        ("store", "admin", "ADMIN", "CreateTenant", "OK"), ("planner", "research", "MEMBER", "Submit", "OK"),
+        ("planner", "research", "MEMBER", "Submit", "OK"), ("planner", "research", "MEMBER", "Cancel", "NOT_FOUND"),
+        ("planner", "dash", "VIEWER", "Submit", "PERMISSION_DENIED"), ("planner", "", "", "Cancel", "UNAUTHENTICATED"),
+    ]):
+        yield {"uid": f"u{n}", "at": t0 + timedelta(seconds=n), "tenant_id": f"t-{who}" if who else "",
+               "tenant_name": who, "role": f"TENANT_ROLE_{role or 'UNSPECIFIED'}", "service": "ballast.v1.JobService",
+               "method": method, "target": "", "code": code, "message": "", "duration_ms": 1.0, "peer": "",
+               "server": server}
 
 
 def _calibrations(t0: datetime) -> Iterator[dict]:

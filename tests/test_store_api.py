@@ -136,7 +136,7 @@ def test_local_store_runs_every_call_as_its_principal(repo: Repository) -> None:
     created = admin.create_tenant(store_pb2.CreateTenantRequest(name="team-a"))
     team = LocalStore(repo, repo.principal_for_token(created.token))
     assert team.authenticate(store_pb2.AuthenticateRequest(token=created.token)) == common_pb2.Principal(
-        tenant_id=created.tenant.id, tenant_name="team-a", admin=False
+        tenant_id=created.tenant.id, tenant_name="team-a", admin=False, role=common_pb2.TENANT_ROLE_MEMBER
     )
     with pytest.raises(Unauthenticated):
         team.authenticate(store_pb2.AuthenticateRequest(token="blt_nobody"))

@@ -126,8 +126,8 @@ def _metric_before_0009(engine: sa.Engine) -> None:
     """A tenant, model, job and one iteration_metrics row as revision 0008 stores them."""
     now = datetime(2026, 1, 1, tzinfo=UTC)
     with engine.begin() as conn:
-        conn.execute(sa.insert(m.Tenant.__table__).values(id="t-1", name="a", admin=False, token_hash="x" * 64,
-                                                          created_at=now))
+        conn.execute(sa.text("INSERT INTO tenants (id, name, admin, token_hash, created_at) "  # as 0008 has it
+                             "VALUES ('t-1', 'a', false, :hash, :now)"), {"hash": "x" * 64, "now": now})
         conn.execute(sa.insert(m.Model.__table__).values(id="m-1", tenant_id="t-1", name="gpt", family="F",
                                                          signature="s" * 64, spec={}, created_at=now))
         conn.execute(sa.insert(m.Job.__table__).values(id="job-1", tenant_id="t-1", model_id="m-1", state="S",

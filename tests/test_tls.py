@@ -12,9 +12,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ballast.client import open_channel
 from ballast.config import load_settings
 from ballast.tls import common_name, ensure_server_files, tls_files
-from ballast.transport import ClientTransport, client_transport
+from ballast.transport import ClientTransport, client_transport, is_loopback
 from ballast.v1 import executor_pb2, executor_pb2_grpc, fleet_pb2, store_pb2, store_pb2_grpc
-from services.runtime.server import Server, ServerSpec, is_loopback
+from services.runtime.server import Server, ServerSpec
 from tests.harness import make_settings, start_plane
 
 

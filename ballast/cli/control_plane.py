@@ -106,6 +106,9 @@ def start_all(settings: Settings, executors: int) -> State:
         child = spawn(settings, name, ["serve", name, *policy])
         child.address = settings.address(name)
         state.children.append(child)
+    dashboard = spawn(settings, "dashboard", ["serve", "dashboard"])
+    dashboard.address = settings.dashboard_url()
+    state.children.append(dashboard)
     state.children.append(spawn(settings, "worker", ["worker"]))
     for i in range(executors):
         child = spawn(settings, f"executor-{i}", ["serve", "executor", "--index", str(i)])
@@ -113,6 +116,37 @@ def start_all(settings: Settings, executors: int) -> State:
         state.children.append(child)
     state.save(settings)
     return state
+
+
+def metrics_port(settings: Settings, name: str) -> int:
+    """The Prometheus port of child `name` (store, profiler, planner, worker, executor-I); 0 when off."""
+    if name.startswith("executor-"):
+        base = settings.executor_metrics_port
+        return base + int(name.split("-", 1)[1]) if base else 0
+    return getattr(settings, f"{name}_metrics_port", 0)
+
+
+def metrics_url(settings: Settings, name: str) -> str:
+    """Where Prometheus scrapes child `name` ("" when its metrics are off)."""
+    from services.runtime.metrics_http import metrics_url as url
+
+    port = metrics_port(settings, name)
+    return url(settings, port) if port else ""
+
+
+def dashboard_health(settings: Settings, url: str, timeout_s: float = 2.0) -> str:
+    """SERVING when the dashboard answers /healthz over TLS verified with the configured CA."""
+    import ssl
+    import urllib.request
+
+    from ballast.tls import tls_files
+
+    context = None if settings.plaintext else ssl.create_default_context(cafile=str(tls_files(settings).ca))
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/healthz", timeout=timeout_s, context=context) as reply:
+            return "SERVING" if reply.status == 200 else f"HTTP {reply.status}"
+    except OSError as exc:  # refused, TLS failure, timeout: not serving (yet)
+        return f"NOT_SERVING ({type(exc).__name__})"
 
 
 def worker_names(settings: Settings) -> list[str]:
@@ -144,6 +178,8 @@ def statuses(settings: Settings, state: State) -> list[tuple[str, str, str]]:
                     continue
             mine = [w for w in workers if w.endswith(f"-{child.pid}")]
             rows.append((child.name, mine[0] if mine else "", "SERVING" if mine else "NO HEARTBEAT"))
+        elif child.name == "dashboard":
+            rows.append((child.name, child.address, dashboard_health(settings, child.address)))
         else:
             rows.append((child.name, child.address, check(child.address, transport=transport)))
     return rows

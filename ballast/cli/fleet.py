@@ -302,19 +302,19 @@ PREPARING = (job_pb2.JOB_STATE_SUBMITTED, job_pb2.JOB_STATE_PROFILING, job_pb2.J
 def run_queue(settings: Settings, args: argparse.Namespace) -> int:
     with _client(settings) as client:
         try:
-            reply = client.fleet.ListQueue(services_pb2.ListQueueRequest())
+            entries = client.queue()
             preparing = sum(len(page.jobs) for s in PREPARING
                             for page in pages(client.store.ListJobs, store_pb2.ListJobsRequest(state=s)))
         except grpc.RpcError as exc:
             return _failed(exc)
     now = time.time()
     if args.json:
-        print(json.dumps(queue_records(reply.entries, now)))
+        print(json.dumps(queue_records(entries, now)))
         return 0
-    if not reply.entries:
+    if not entries:
         console.print("the queue is empty: no job is waiting for devices")
     else:
-        console.print(queue_table(reply.entries, now))
+        console.print(queue_table(entries, now))
     if preparing:  # a job joins the queue once it has a plan, so a fresh submit is not in it yet
         console.print(f"{preparing} job(s) still being profiled or planned: each joins the queue with its plan")
     return 0
@@ -345,7 +345,7 @@ def run_fleet(settings: Settings, args: argparse.Namespace) -> int:
         return run_fleet_clear(settings, args)
     with _client(settings) as client:
         try:
-            reply = client.fleet.GetFleet(services_pb2.GetFleetRequest())
+            reply = client.fleet_view()
             degraded = {h.id: h for h in list_hosts(client) if h.HasField("degraded_at")}
         except grpc.RpcError as exc:
             return _failed(exc)

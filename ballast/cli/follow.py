@@ -20,17 +20,11 @@ from rich.status import Status
 
 from ballast.cli.fleet import predicted_start, reason_words
 from ballast.client import Client
+from ballast.sdk import BAD_END, ORDER, STATES, S
 from ballast.v1 import job_pb2, services_pb2, store_pb2
 
 console = Console()
 err = Console(stderr=True)
-S = job_pb2.JobState
-STATES = {name.removeprefix("JOB_STATE_").lower(): value for name, value in S.items() if value}
-# A job admitted at once goes SCHEDULED -> RUNNING; one that waits for devices passes through QUEUED (and goes
-# back to it when preempted), so `--until queued` stops once the job is queued or already past it.
-ORDER = [S.JOB_STATE_SUBMITTED, S.JOB_STATE_PROFILING, S.JOB_STATE_PLANNING, S.JOB_STATE_SCHEDULED,
-         S.JOB_STATE_QUEUED, S.JOB_STATE_RUNNING, S.JOB_STATE_SUCCEEDED]
-BAD_END = (S.JOB_STATE_FAILED, S.JOB_STATE_CANCELLED)
 TRAINING = (S.JOB_STATE_RUNNING, S.JOB_STATE_REPARTITIONING)  # the progress bar stays up through migrations
 COLOURS = {S.JOB_STATE_REPARTITIONING: "magenta", S.JOB_STATE_FAILED: "red", S.JOB_STATE_CANCELLED: "yellow",
            S.JOB_STATE_SUCCEEDED: "green", S.JOB_STATE_QUEUED: "blue", S.JOB_STATE_MORPHING: "yellow"}

@@ -9,11 +9,12 @@ import grpc
 from rich.console import Console
 from rich.markup import escape
 
+from ballast import sdk
 from ballast.cli.follow import add_follow_arguments, follow
-from ballast.cli.options import ENGINES, SCHEDULES, parse_bytes
+from ballast.cli.options import ENGINES, SCHEDULES
 from ballast.client import Client
 from ballast.config import Settings
-from ballast.v1 import job_pb2, services_pb2
+from ballast.v1 import job_pb2
 from services.specs.fleet import load_fleet
 from services.specs.model import load_model_spec
 
@@ -73,19 +74,8 @@ def device_count(flag: str, least: int = 1, what: str = "devices"):
 
 def device_range_problem(args: argparse.Namespace) -> str | None:
     """Why --min-devices/--max-devices cannot go together (checked after parsing, before any RPC), or None."""
-    low, high = getattr(args, "min_devices", None), getattr(args, "max_devices", None)
-    if low is None and high is None:
-        return None
-    if high is None:
-        return (f"--min-devices {low} needs --max-devices too: give both (e.g. --min-devices {low} --max-devices "
-                f"{low} for exactly {low}), or neither to run on the devices the plan needs")
-    if low is None:
-        return (f"--max-devices {high} needs --min-devices too: give both (e.g. --min-devices 1 --max-devices "
-                f"{high} for any count up to {high}), or neither to run on the devices the plan needs")
-    if low > high:
-        return (f"--min-devices {low} is above --max-devices {high}: the range must have --min-devices <= "
-                f"--max-devices, e.g. --min-devices {high} --max-devices {low}")
-    return None
+    return sdk.device_range_problem(getattr(args, "min_devices", None), getattr(args, "max_devices", None),
+                                    flags=True)
 
 
 def parse_toggle(text: str) -> job_pb2.LayerToggle:
@@ -102,21 +92,16 @@ def add_watch_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def job_spec(args: argparse.Namespace) -> job_pb2.JobSpec:
+    """The SDK's JobSpec for the parsed flags; the fleet file is read here (its catalog lives in the specs)."""
     model = load_model_spec(Path(args.spec))
-    spec = job_pb2.JobSpec(name=args.name or model.name, model=model, global_batch_size=args.batch,
-                           iterations=args.iterations, seed=args.seed,
-                           memory_budget_bytes=parse_bytes(args.memory) if args.memory else 0,
-                           engine=ENGINES.get(args.engine or "", 0), schedule=SCHEDULES.get(args.schedule or "", 0),
-                           online_repartition=getattr(args, "online", False), layer_toggles=getattr(args, "toggle", []),
-                           pipeline_stages=getattr(args, "stages", 0),
-                           priority_class=getattr(args, "priority", "") or "",
-                           min_devices=getattr(args, "min_devices", None) or 0,
-                           max_devices=getattr(args, "max_devices", None) or 0,
-                           micro_batches=getattr(args, "micro_batches", 0) or 0,
-                           checkpoint_every=getattr(args, "checkpoint_every", 0) or 0)
-    if args.fleet:
-        spec.fleet.CopyFrom(load_fleet(args.fleet, dtype=model.dtype or None))
-    return spec
+    return sdk.job_spec(model, batch=args.batch, iterations=args.iterations, seed=args.seed, name=args.name,
+                        memory=args.memory or 0, engine=args.engine, schedule=args.schedule,
+                        fleet=load_fleet(args.fleet, dtype=model.dtype or None) if args.fleet else None,
+                        online=getattr(args, "online", False), toggles=getattr(args, "toggle", []),
+                        stages=getattr(args, "stages", 0), priority=getattr(args, "priority", "") or "",
+                        min_devices=getattr(args, "min_devices", None), max_devices=getattr(args, "max_devices", None),
+                        micro_batches=getattr(args, "micro_batches", 0) or 0,
+                        checkpoint_every=getattr(args, "checkpoint_every", 0) or 0)
 
 
 def run_submit(settings: Settings, args: argparse.Namespace) -> int:
@@ -131,7 +116,7 @@ def run_submit(settings: Settings, args: argparse.Namespace) -> int:
         return 2
     with _client(settings) as client:
         try:
-            job = client.jobs.Submit(services_pb2.SubmitJobRequest(spec=spec))
+            job = client.submit(spec)
         except grpc.RpcError as exc:
             err.print(f"[red]error[/red] {exc.code().name}: {escape(exc.details() or '')}")
             return 1

@@ -35,11 +35,13 @@ def _rpc_failed(exc: grpc.RpcError) -> int:
     return 1
 
 
-def _status_table(rows: list[tuple[str, str, str]]) -> Table:
-    table = Table("component", "address", "status")
+def _status_table(rows: list[tuple[str, str, str]], settings: Settings) -> Table:
+    from ballast.cli.control_plane import metrics_url
+
+    table = Table("component", "address", "status", "metrics")
     for name, address, status in rows:
         colour = "green" if status == "SERVING" else "red"
-        table.add_row(name, address, f"[{colour}]{status}[/{colour}]")
+        table.add_row(name, address, f"[{colour}]{status}[/{colour}]", metrics_url(settings, name) or "-")
     return table
 
 
@@ -53,11 +55,14 @@ def cmd_up(args: argparse.Namespace) -> int:
         load_policy_file(settings.fleet_policy)  # a file that cannot be read fails here, before anything starts
     ok, rows, message = cp.bring_up(settings, args.executors, args.timeout)
     if rows:
-        console.print(_status_table(rows))
+        console.print(_status_table(rows, settings))
     if not ok:
         err.print(message)
         return 1
     console.print(message)
+    dashboard = next((r[1] for r in rows if r[0] == "dashboard"), "")
+    if dashboard:
+        console.print(f"dashboard: {dashboard} (log in with a bearer token, e.g. the admin token above)")
     return 0
 
 
@@ -86,9 +91,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 1
     rows = cp.statuses(settings, state)
     if args.json:
-        print(json.dumps([{"component": n, "address": a, "status": s} for n, a, s in rows]))
+        from ballast.cli.control_plane import metrics_url
+
+        print(json.dumps([{"component": n, "address": a, "status": s, "metrics": metrics_url(settings, n)}
+                          for n, a, s in rows]))
     else:
-        console.print(_status_table(rows))
+        console.print(_status_table(rows, settings))
     return 0 if all(r[2] == "SERVING" for r in rows) else 1
 
 
@@ -108,39 +116,26 @@ def cmd_db(args: argparse.Namespace) -> int:
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
-    from google.protobuf.json_format import MessageToDict
-
-    from ballast.v1 import store_pb2
-
     settings = _settings(args)
     with _client(settings) as client:
         try:
-            reply = client.store.Query(store_pb2.QueryRequest(sql=args.query, row_limit=args.limit,
-                                                              timeout_s=args.timeout))
+            result = client.sql(args.query, limit=args.limit, timeout=args.timeout)
         except grpc.RpcError as exc:
             return _rpc_failed(exc)
-    rows = [[_plain(v) for v in MessageToDict(r)] for r in reply.rows]
     if args.json:
-        print(json.dumps({"columns": list(reply.columns), "rows": rows, "truncated": reply.truncated}))
+        print(json.dumps({"columns": result.columns, "rows": result.rows, "truncated": result.truncated}))
         return 0
-    table = Table(*reply.columns)
-    for row in rows:
+    table = Table(*result.columns)
+    for row in result.rows:
         table.add_row(*["NULL" if v is None else escape(str(v)) for v in row])  # values are data, not markup
     console.print(table)
-    if reply.truncated:
+    if result.truncated:
         err.print(f"(truncated at {args.limit or 1000} rows; raise --limit)")
     return 0
 
 
-def _plain(value: object) -> object:
-    """Numbers travel as doubles in a ListValue: show integral ones as integers again."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
-
-
 def cmd_tenant(args: argparse.Namespace) -> int:
-    from ballast.v1 import store_pb2
+    from ballast.v1 import common_pb2, store_pb2
 
     settings = _settings(args)
     with _client(settings) as client:
@@ -148,10 +143,14 @@ def cmd_tenant(args: argparse.Namespace) -> int:
             if args.action == "rotate":  # the old token stops working (within the services' 5 s cache)
                 reply = client.store.RotateTenantToken(store_pb2.RotateTenantTokenRequest(tenant_id=args.name))
             else:
-                reply = client.store.CreateTenant(store_pb2.CreateTenantRequest(name=args.name, admin=args.admin))
+                from ballast.cli.audit import ROLES
+
+                role = ROLES["admin" if args.admin else args.role]
+                reply = client.store.CreateTenant(store_pb2.CreateTenantRequest(name=args.name, role=role))
         except grpc.RpcError as exc:
             return _rpc_failed(exc)
-    console.print(f"tenant {reply.tenant.name} ({reply.tenant.id}); token (shown once):")
+    role = common_pb2.TenantRole.Name(reply.tenant.role).removeprefix("TENANT_ROLE_").lower()
+    console.print(f"tenant {reply.tenant.name} ({reply.tenant.id}, {role}); token (shown once):")
     print(reply.token)
     return 0
 
@@ -164,13 +163,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
                   "use `ballast serve planner --policy FILE`")
         return 2
     settings = _settings(args)
-    configure_logging(args.service, settings.log_level)
+    configure_logging(args.service, settings.log_level, settings.log_format)
     if args.service == "store":
         from services.store.service import main
     elif args.service == "profiler":
         from services.profiler.service import main
     elif args.service == "planner":
         from services.planner.service import main
+    elif args.service == "dashboard":
+        from services.dashboard.service import main
     else:
         from services.executor.agent import main as agent_main
 
@@ -183,7 +184,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from services.runtime.logs import configure_logging
 
     settings = _settings(args)
-    configure_logging("worker", settings.log_level)
+    configure_logging("worker", settings.log_level, settings.log_format)
     return run_worker(settings)
 
 
@@ -254,6 +255,12 @@ def cmd_policy(args: argparse.Namespace) -> int:
     return run_policy(_settings(args), args)
 
 
+def cmd_audit(args: argparse.Namespace) -> int:
+    from ballast.cli.audit import run
+
+    return run(_settings(args), args)
+
+
 def cmd_fidelity(args: argparse.Namespace) -> int:
     from ballast.cli.fidelity import run
 
@@ -297,9 +304,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("tenant", cmd_tenant, "create a tenant, or rotate its token (the old one is revoked); print the new token")
     p.add_argument("action", choices=["create", "rotate"])
     p.add_argument("name", help="the new tenant's name (create), or the tenant's id (rotate)")
-    p.add_argument("--admin", action="store_true")
+    p.add_argument("--role", choices=["member", "viewer", "admin"], default="member",
+                   help="create: member (its own jobs), viewer (reads every tenant's, changes nothing: dashboards) "
+                        "or admin")
+    p.add_argument("--admin", action="store_true", help="the same as --role admin")
+    p = add("audit", cmd_audit, "the audit log: who changed what, when, and the result (newest first)")
+    from ballast.cli.audit import add_arguments as add_audit_arguments
+
+    add_audit_arguments(p)
     p = add("serve", cmd_serve, "run one service in the foreground")
-    p.add_argument("service", choices=["store", "profiler", "planner", "executor"])
+    p.add_argument("service", choices=["store", "profiler", "planner", "executor", "dashboard"])
     p.add_argument("--index", type=int, default=0, help="executor agent index (port = executor port + index)")
     p.add_argument("--policy", type=Path, default=None, metavar="FILE",
                    help="planner only: fleet policy YAML stored at start-up if it differs from the policy in force "
@@ -375,10 +389,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # noqa: BLE001 - a CLI prints the reason, not a traceback
+        from ballast.errors import ClientError
         from ballast.tls import TlsError
         from services.runtime.errors import BallastError
 
-        if isinstance(exc, BallastError | TlsError):
+        if isinstance(exc, BallastError | ClientError | TlsError):
             err.print(f"[red]error[/red] {escape(str(exc))}")
             return 2
         raise

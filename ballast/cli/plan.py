@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import grpc
@@ -22,18 +21,19 @@ from rich.markup import escape
 from rich.table import Table
 
 from ballast.cli.options import DTYPES, ENGINES, SCHEDULES, parse_bytes
-from ballast.cli.profile import build_request, stream
+from ballast.cli.profile import stream
 from ballast.client import Client
 from ballast.config import Settings
-from ballast.v1 import common_pb2, model_pb2, plan_pb2, profile_pb2, queue_pb2, services_pb2, store_pb2
+from ballast.errors import PlanSearchFailed
+from ballast.sdk import LOCAL_DEVICE, profile_kind
+from ballast.sdk import plan_profile_request as profile_request
+from ballast.v1 import common_pb2, plan_pb2, profile_pb2, queue_pb2, services_pb2
 from services.specs.fleet import load_fleet
 from services.specs.model import load_model_spec
 
 console = Console()
 err = Console(stderr=True)
 GiB = float(1 << 30)
-LOCAL_DEVICE = "cpu"
-DONE = (queue_pb2.REQUEST_STATE_SUCCEEDED, queue_pb2.REQUEST_STATE_FAILED)
 
 
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:
@@ -69,23 +69,6 @@ def precision(args: argparse.Namespace, spec) -> int:
         return spec.dtype
     named = (yaml.safe_load(Path(args.fleet).read_text()) or {}).get("dtype")
     return DTYPES.get(str(named).lower(), 0) if named else 0
-
-
-def profile_kind(choice: str, device_kind: str) -> str:
-    if choice != "auto":
-        return choice
-    return "measured" if device_kind == LOCAL_DEVICE else "analytical"
-
-
-def profile_request(spec: model_pb2.ModelSpec, micro_batch_sizes: list[int], kind: str, device_kind: str,
-                    dtype: int) -> services_pb2.ProfileRequest:
-    """The same request `ballast profile` sends (its defaults), for the chosen kind of profile."""
-    request = build_request(spec, micro_batch_sizes=micro_batch_sizes, dtype=dtype)
-    if kind == "analytical":
-        request.analytical, request.device_kind = True, device_kind
-    elif kind == "projected":
-        request.project_to = device_kind
-    return request
 
 
 def describe_profile(profile: profile_pb2.Profile, kind: str) -> str:
@@ -129,11 +112,12 @@ def run_plan(settings: Settings, args: argparse.Namespace) -> int:
             else:
                 op = client.planner.Plan(request)
                 request_id = op.request.id
-                op = wait(client, op, args.timeout)
-                if op.request.state != queue_pb2.REQUEST_STATE_SUCCEEDED:
-                    err.print(f"[red]search failed[/red] (request {op.request.id}): {escape(op.request.error)}")
+                try:
+                    op = wait(client, op, args.timeout)
+                except PlanSearchFailed as exc:
+                    err.print(f"[red]search failed[/red] (request {exc.request_id}): {escape(exc.reason)}")
                     return 1
-                plan = client.planner.GetPlan(store_pb2.GetRequest(id=op.plan_id))
+                plan = client.explain(op.plan_id)
         except grpc.RpcError as exc:
             err.print(f"[red]error[/red] {exc.code().name}: {escape(exc.details() or '')}")
             return 1
@@ -156,17 +140,10 @@ def run_plan(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def wait(client: Client, op: services_pb2.PlanOperation, timeout: float) -> services_pb2.PlanOperation:
-    """Poll GetPlanOperation with a spinner until the request is done."""
-    deadline = time.monotonic() + timeout
+    """The SDK's wait for a queued search, with a spinner; PlanSearchFailed if it failed."""
     with err.status(f"searching (request {op.request.id})…") as status:
-        while op.request.state not in DONE:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"request {op.request.id} still {state_name(op)} after {timeout:.0f} s; "
-                                   f"the search goes on: poll it later with GetPlanOperation")
-            time.sleep(0.3)
-            op = client.planner.GetPlanOperation(store_pb2.GetRequest(id=op.request.id))
-            status.update(f"searching (request {op.request.id}, {state_name(op)}, attempt {op.request.attempts})…")
-    return op
+        return client.wait_plan(op, timeout=timeout, on_update=lambda op: status.update(
+            f"searching (request {op.request.id}, {state_name(op)}, attempt {op.request.attempts})…"))
 
 
 def state_name(op: services_pb2.PlanOperation) -> str:
@@ -176,7 +153,7 @@ def state_name(op: services_pb2.PlanOperation) -> str:
 def run_explain(settings: Settings, args: argparse.Namespace) -> int:
     with Client.of(settings, ("planner",)) as client:
         try:
-            plan = client.planner.GetPlan(store_pb2.GetRequest(id=args.plan_id))
+            plan = client.explain(args.plan_id)
         except grpc.RpcError as exc:
             err.print(f"[red]error[/red] {exc.code().name}: {escape(exc.details() or '')}")
             return 1

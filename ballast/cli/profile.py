@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 
 import grpc
@@ -18,17 +18,18 @@ from rich.text import Text
 from ballast.cli.options import DTYPES
 from ballast.client import Client
 from ballast.config import Settings
-from ballast.v1 import model_pb2, profile_pb2, services_pb2
+from ballast.sdk import LOCAL_DEVICE as DEVICE
+from ballast.sdk import REPEATS, THREADS
+from ballast.sdk import profile_request as build_request
+from ballast.v1 import profile_pb2, services_pb2
 from services.profiler.bounded import DEFAULT_TIME_BUDGET_S
 from services.specs.model import load_model_spec
 
 console = Console()
 err = Console(stderr=True)
 MiB = 2**20
-# `ballast profile`'s defaults, which build_request shares so `ballast plan` profiles as it would
-DEVICE = "cpu"  # this host's device
-REPEATS = 5  # timed repeats per measurement
-THREADS = 1  # intra-op threads while measuring
+# `ballast profile`'s defaults (DEVICE, REPEATS, THREADS) and its request (build_request) are the SDK's, so
+# `ballast plan` and `Client.profile` profile as it does.
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -59,19 +60,6 @@ def request_from_args(args: argparse.Namespace) -> services_pb2.ProfileRequest:
         dtype=DTYPES.get(args.dtype or "", 0), max_micro_batch=args.max_micro_batch,
         memory_cap_bytes=args.memory_cap_mib * MiB, repeats=args.repeats, stride=args.stride, threads=args.threads,
         micro_batch_sizes=args.micro_batch_sizes, calibrate=args.calibrate, time_budget_s=args.time_budget_s)
-
-
-def build_request(spec: model_pb2.ModelSpec, *, device: str = DEVICE, project_to: str = "", refresh: bool = False,
-                  dtype: int = 0, max_micro_batch: int = 0, memory_cap_bytes: int = 0, repeats: int = REPEATS,
-                  stride: int = 0, threads: int = THREADS, micro_batch_sizes: Sequence[int] = (),
-                  calibrate: bool = False, time_budget_s: float = 0.0) -> services_pb2.ProfileRequest:
-    """A ProfileRequest from values, not parsed options: `ballast plan` sends one with the same defaults."""
-    return services_pb2.ProfileRequest(
-        model=spec, device_kind=device, project_to=project_to, refresh=refresh, dtype=dtype,
-        max_micro_batch_size=max_micro_batch, memory_cap_bytes=memory_cap_bytes, time_budget_s=time_budget_s,
-        options=services_pb2.ProfileOptions(repeats=repeats, stride=stride, intra_op_threads=threads,
-                                            micro_batch_sizes=micro_batch_sizes, calibrate=calibrate),
-    )
 
 
 def layer_table(profile: profile_pb2.Profile) -> Table:

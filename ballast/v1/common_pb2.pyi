@@ -16,6 +16,13 @@ class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DTYPE_FP16: _ClassVar[DType]
     DTYPE_BF16: _ClassVar[DType]
 
+class TenantRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TENANT_ROLE_UNSPECIFIED: _ClassVar[TenantRole]
+    TENANT_ROLE_MEMBER: _ClassVar[TenantRole]
+    TENANT_ROLE_VIEWER: _ClassVar[TenantRole]
+    TENANT_ROLE_ADMIN: _ClassVar[TenantRole]
+
 class ParallelDim(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     PARALLEL_DIM_UNSPECIFIED: _ClassVar[ParallelDim]
@@ -27,6 +34,10 @@ DTYPE_UNSPECIFIED: DType
 DTYPE_FP32: DType
 DTYPE_FP16: DType
 DTYPE_BF16: DType
+TENANT_ROLE_UNSPECIFIED: TenantRole
+TENANT_ROLE_MEMBER: TenantRole
+TENANT_ROLE_VIEWER: TenantRole
+TENANT_ROLE_ADMIN: TenantRole
 PARALLEL_DIM_UNSPECIFIED: ParallelDim
 PARALLEL_DIM_DP: ParallelDim
 PARALLEL_DIM_SDP: ParallelDim
@@ -42,23 +53,27 @@ class PageRequest(_message.Message):
     def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class Tenant(_message.Message):
-    __slots__ = ("id", "name", "admin", "created_at")
+    __slots__ = ("id", "name", "admin", "created_at", "role")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     ADMIN_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     admin: bool
     created_at: _timestamp_pb2.Timestamp
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., admin: _Optional[bool] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    role: TenantRole
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., admin: _Optional[bool] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., role: _Optional[_Union[TenantRole, str]] = ...) -> None: ...
 
 class Principal(_message.Message):
-    __slots__ = ("tenant_id", "tenant_name", "admin")
+    __slots__ = ("tenant_id", "tenant_name", "admin", "role")
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_NAME_FIELD_NUMBER: _ClassVar[int]
     ADMIN_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
     tenant_id: str
     tenant_name: str
     admin: bool
-    def __init__(self, tenant_id: _Optional[str] = ..., tenant_name: _Optional[str] = ..., admin: _Optional[bool] = ...) -> None: ...
+    role: TenantRole
+    def __init__(self, tenant_id: _Optional[str] = ..., tenant_name: _Optional[str] = ..., admin: _Optional[bool] = ..., role: _Optional[_Union[TenantRole, str]] = ...) -> None: ...

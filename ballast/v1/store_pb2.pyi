@@ -24,12 +24,14 @@ class GetRequest(_message.Message):
     def __init__(self, id: _Optional[str] = ...) -> None: ...
 
 class CreateTenantRequest(_message.Message):
-    __slots__ = ("name", "admin")
+    __slots__ = ("name", "admin", "role")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ADMIN_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
     name: str
     admin: bool
-    def __init__(self, name: _Optional[str] = ..., admin: _Optional[bool] = ...) -> None: ...
+    role: _common_pb2.TenantRole
+    def __init__(self, name: _Optional[str] = ..., admin: _Optional[bool] = ..., role: _Optional[_Union[_common_pb2.TenantRole, str]] = ...) -> None: ...
 
 class CreateTenantResponse(_message.Message):
     __slots__ = ("tenant", "token")
@@ -645,3 +647,67 @@ class ListCalibrationsResponse(_message.Message):
     calibrations: _containers.RepeatedCompositeFieldContainer[_plan_pb2.Calibration]
     next_page_token: str
     def __init__(self, calibrations: _Optional[_Iterable[_Union[_plan_pb2.Calibration, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class AuditRecord(_message.Message):
+    __slots__ = ("id", "at", "tenant_id", "tenant_name", "role", "service", "method", "target", "code", "message", "duration_ms", "peer", "server", "uid")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_NAME_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    SERVER_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    at: _timestamp_pb2.Timestamp
+    tenant_id: str
+    tenant_name: str
+    role: _common_pb2.TenantRole
+    service: str
+    method: str
+    target: str
+    code: str
+    message: str
+    duration_ms: float
+    peer: str
+    server: str
+    uid: str
+    def __init__(self, id: _Optional[int] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tenant_id: _Optional[str] = ..., tenant_name: _Optional[str] = ..., role: _Optional[_Union[_common_pb2.TenantRole, str]] = ..., service: _Optional[str] = ..., method: _Optional[str] = ..., target: _Optional[str] = ..., code: _Optional[str] = ..., message: _Optional[str] = ..., duration_ms: _Optional[float] = ..., peer: _Optional[str] = ..., server: _Optional[str] = ..., uid: _Optional[str] = ...) -> None: ...
+
+class RecordAuditRequest(_message.Message):
+    __slots__ = ("records",)
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    records: _containers.RepeatedCompositeFieldContainer[AuditRecord]
+    def __init__(self, records: _Optional[_Iterable[_Union[AuditRecord, _Mapping]]] = ...) -> None: ...
+
+class RecordAuditResponse(_message.Message):
+    __slots__ = ("recorded",)
+    RECORDED_FIELD_NUMBER: _ClassVar[int]
+    recorded: int
+    def __init__(self, recorded: _Optional[int] = ...) -> None: ...
+
+class ListAuditRequest(_message.Message):
+    __slots__ = ("tenant_id", "method", "since", "page")
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_FIELD_NUMBER: _ClassVar[int]
+    tenant_id: str
+    method: str
+    since: _timestamp_pb2.Timestamp
+    page: _common_pb2.PageRequest
+    def __init__(self, tenant_id: _Optional[str] = ..., method: _Optional[str] = ..., since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., page: _Optional[_Union[_common_pb2.PageRequest, _Mapping]] = ...) -> None: ...
+
+class ListAuditResponse(_message.Message):
+    __slots__ = ("records", "next_page_token")
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    records: _containers.RepeatedCompositeFieldContainer[AuditRecord]
+    next_page_token: str
+    def __init__(self, records: _Optional[_Iterable[_Union[AuditRecord, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...

@@ -322,6 +322,16 @@ class StoreServiceStub:
                 request_serializer=ballast_dot_v1_dot_store__pb2.ListCalibrationsRequest.SerializeToString,
                 response_deserializer=ballast_dot_v1_dot_store__pb2.ListCalibrationsResponse.FromString,
                 _registered_method=True)
+        self.RecordAudit = channel.unary_unary(
+                '/ballast.v1.StoreService/RecordAudit',
+                request_serializer=ballast_dot_v1_dot_store__pb2.RecordAuditRequest.SerializeToString,
+                response_deserializer=ballast_dot_v1_dot_store__pb2.RecordAuditResponse.FromString,
+                _registered_method=True)
+        self.ListAudit = channel.unary_unary(
+                '/ballast.v1.StoreService/ListAudit',
+                request_serializer=ballast_dot_v1_dot_store__pb2.ListAuditRequest.SerializeToString,
+                response_deserializer=ballast_dot_v1_dot_store__pb2.ListAuditResponse.FromString,
+                _registered_method=True)
 
 
 class StoreServiceServicer:
@@ -720,6 +730,20 @@ class StoreServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RecordAudit(self, request, context):
+        """Store the services' audit records (admin).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListAudit(self, request, context):
+        """The audit log, newest first: a member's own calls, everyone's for the admin and viewers.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StoreServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -1002,6 +1026,16 @@ def add_StoreServiceServicer_to_server(servicer, server):
                     servicer.ListCalibrations,
                     request_deserializer=ballast_dot_v1_dot_store__pb2.ListCalibrationsRequest.FromString,
                     response_serializer=ballast_dot_v1_dot_store__pb2.ListCalibrationsResponse.SerializeToString,
+            ),
+            'RecordAudit': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecordAudit,
+                    request_deserializer=ballast_dot_v1_dot_store__pb2.RecordAuditRequest.FromString,
+                    response_serializer=ballast_dot_v1_dot_store__pb2.RecordAuditResponse.SerializeToString,
+            ),
+            'ListAudit': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAudit,
+                    request_deserializer=ballast_dot_v1_dot_store__pb2.ListAuditRequest.FromString,
+                    response_serializer=ballast_dot_v1_dot_store__pb2.ListAuditResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -2517,6 +2551,60 @@ class StoreService:
             '/ballast.v1.StoreService/ListCalibrations',
             ballast_dot_v1_dot_store__pb2.ListCalibrationsRequest.SerializeToString,
             ballast_dot_v1_dot_store__pb2.ListCalibrationsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecordAudit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ballast.v1.StoreService/RecordAudit',
+            ballast_dot_v1_dot_store__pb2.RecordAuditRequest.SerializeToString,
+            ballast_dot_v1_dot_store__pb2.RecordAuditResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAudit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ballast.v1.StoreService/ListAudit',
+            ballast_dot_v1_dot_store__pb2.ListAuditRequest.SerializeToString,
+            ballast_dot_v1_dot_store__pb2.ListAuditResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -36,6 +36,11 @@ log = logging.getLogger("ballast.agent")
 STATS_BATCH_S = 0.25  # per-iteration stats arriving this close together go in one heartbeat (one store write)
 
 
+def agent_metrics_port(settings: Settings, port: int) -> int:
+    """Agent i (gRPC port executor_port + i) serves its metrics on executor_metrics_port + i (0: none)."""
+    return settings.executor_metrics_port + port - settings.executor_port if settings.executor_metrics_port else 0
+
+
 class Agent:
     def __init__(self, settings: Settings, name: str, port: int):
         self.settings = settings
@@ -43,7 +48,8 @@ class Agent:
         self.port = port
         self.server = Server(ServerSpec(name=f"executor-{name}", address=f"{settings.host}:{port}",
                                         register=lambda s: None, services=[], on_stop=[self.stop],
-                                        credentials=server_credentials(settings)))
+                                        credentials=server_credentials(settings),
+                                        metrics_port=agent_metrics_port(settings, port), settings=settings))
         self.transport = agent_transport(settings, name)
         self._stop = threading.Event()
         self.host_id = ""

@@ -23,6 +23,7 @@ from ballast.v1 import queue_pb2, services_pb2_grpc, store_pb2
 from services.planner.jobs import calibrate_job, prepare
 from services.planner.plans import operations
 from services.planner.queue import durable
+from services.runtime.metrics_http import serve_metrics
 from services.runtime.store_client import remote_stores
 
 log = logging.getLogger("ballast.worker")
@@ -159,9 +160,11 @@ def run_worker(settings: Settings) -> int:
     name = f"planner@{socket.gethostname()}-{os.getpid()}"
     heartbeat = WorkerHeartbeat(settings, name)
     heartbeat.start()
+    stop_metrics = serve_metrics(settings, settings.worker_metrics_port, "worker")
     try:
         app.worker_main(["worker", "--pool", "solo", "--concurrency", "1", "-Q", settings.queue, "-n", name,
                          "--loglevel", settings.log_level, "--without-gossip", "--without-mingle"])
     finally:
         heartbeat.stop()
+        stop_metrics()
     return 0

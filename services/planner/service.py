@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from prometheus_client import REGISTRY
+
 from ballast.config import Settings
 from ballast.transport import peer_common_name, server_credentials
 from ballast.v1 import executor_pb2, executor_pb2_grpc, services_pb2, services_pb2_grpc
@@ -13,11 +15,13 @@ from services.planner.jobs import fleet_view
 from services.planner.jobs import lifecycle as jobs
 from services.planner.jobs.calibrate_job import KIND as CALIBRATE
 from services.planner.jobs.control import AgentRegistry
+from services.planner.jobs.gauges import FleetGauges
 from services.planner.jobs.prepare import KIND as PREPARE
 from services.planner.jobs.scheduler import Scheduler
 from services.planner.plans import operations as plans
 from services.planner.policy_file import apply_policy_file
 from services.planner.queue import durable
+from services.runtime.audit import audit_to
 from services.runtime.context import current_principal, remaining_time
 from services.runtime.ratelimit import RateLimiter
 from services.runtime.server import Server, ServerSpec
@@ -136,9 +140,16 @@ def build_server(settings: Settings, address: str | None = None, send: durable.S
             credentials=server_credentials(settings),
             agent_address=agent_address or f"{settings.host}:{settings.planner_agent_port}",
             agent_credentials=server_credentials(settings, require_client_auth=True),
+            audit=audit_to(as_platform, "planner"),
+            metrics_port=settings.planner_metrics_port,
+            settings=settings,
             rate_limit=RateLimiter.of(settings),
         )
     )
+    if settings.planner_metrics_port:  # the fleet gauges join this process's registry only while served
+        gauges = FleetGauges(lambda: scheduler.latest)
+        REGISTRY.register(gauges)
+        server.spec.on_stop.append(lambda: REGISTRY.unregister(gauges))
     sweeper.start()
     scheduler.start()
     return PlannerServer(server, scheduler, registry, sweeper)

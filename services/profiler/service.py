@@ -6,6 +6,7 @@ from ballast.config import Settings
 from ballast.transport import server_credentials
 from ballast.v1 import services_pb2, services_pb2_grpc
 from services.profiler.runner import Runner, list_device_kinds
+from services.runtime.audit import audit_to
 from services.runtime.context import current_principal
 from services.runtime.ratelimit import RateLimiter
 from services.runtime.server import Server, ServerSpec
@@ -16,7 +17,7 @@ PROFILER = services_pb2.DESCRIPTOR.services_by_name["ProfilerService"]
 
 
 def build_server(settings: Settings, address: str | None = None) -> Server:
-    as_caller, _ = remote_stores(settings)
+    as_caller, as_platform = remote_stores(settings)
     runner = Runner(as_caller, settings.allowed_model_factories)
     servicer = delegate(
         PROFILER,
@@ -38,6 +39,9 @@ def build_server(settings: Settings, address: str | None = None) -> Server:
             services=[PROFILER.full_name],
             authenticate=StoreAuthenticator(anonymous_store(settings)),
             credentials=server_credentials(settings),
+            audit=audit_to(as_platform, "profiler"),
+            metrics_port=settings.profiler_metrics_port,
+            settings=settings,
             rate_limit=RateLimiter.of(settings),
         )
     )

@@ -6,10 +6,8 @@ Every error names the offending field (when there is one) and how to fix it.
 
 from __future__ import annotations
 
-# Trailing metadata that carries an error's parts across gRPC (binary keys: the text may be any UTF-8).
-ERROR_MESSAGE = "ballast-error-message-bin"
-ERROR_FIELD = "ballast-error-field-bin"
-ERROR_FIX = "ballast-error-fix-bin"
+# Trailing metadata that carries an error's parts across gRPC; the SDK (layer 0) reads them back.
+from ballast.errors import ERROR_FIELD, ERROR_FIX, ERROR_MESSAGE  # noqa: F401 - re-exported for the services
 
 
 class BallastError(Exception):

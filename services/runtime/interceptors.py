@@ -14,10 +14,22 @@ from typing import Any
 
 import grpc
 import sqlalchemy.exc
+from google.protobuf.message import Message
 
-from services.runtime import context
+from ballast import trace
+from ballast.v1 import common_pb2, store_pb2
+from services.runtime import context, logs, rpcs
+from services.runtime.audit import AuditLog, target_of
 from services.runtime.auth import Principal
-from services.runtime.errors import ERROR_FIELD, ERROR_FIX, ERROR_MESSAGE, BallastError, Unauthenticated
+from services.runtime.errors import (
+    ERROR_FIELD,
+    ERROR_FIX,
+    ERROR_MESSAGE,
+    BallastError,
+    PermissionDenied,
+    Unauthenticated,
+)
+from services.runtime.metrics import RPC_SECONDS
 from services.runtime.ratelimit import RateLimiter
 
 log = logging.getLogger("ballast.rpc")
@@ -28,7 +40,7 @@ PUBLIC_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
 Behavior = Callable[[Any, grpc.ServicerContext], Any]
 
 
-def _wrap(handler: grpc.RpcMethodHandler, wrap: Callable[[Behavior, bool], Behavior]) -> grpc.RpcMethodHandler:
+def _wrap(handler: grpc.RpcMethodHandler, wrap: Callable[[Behavior, bool, bool], Behavior]) -> grpc.RpcMethodHandler:
     """Rebuild a method handler with its behaviour wrapped; `streaming` tells the wrapper about responses."""
     if handler is None:
         return None
@@ -41,7 +53,7 @@ def _wrap(handler: grpc.RpcMethodHandler, wrap: Callable[[Behavior, bool], Behav
         behavior = getattr(handler, kind)
         if behavior is not None:
             return factory(
-                wrap(behavior, handler.response_streaming),
+                wrap(behavior, handler.response_streaming, handler.request_streaming),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
@@ -109,7 +121,8 @@ class StreamBudget:
 
 
 class CallInterceptor(grpc.ServerInterceptor):
-    """Authenticates, records the deadline, maps errors and logs every call.
+    """Authenticates, keeps viewers to reads, records the deadline, maps errors, logs every call and puts every
+    state-changing one in the audit log.
 
     `authenticate(token) -> Principal` raises Unauthenticated for a bad token. Long-lived streams
     (Watch, Connect) are counted against `budget`. Health and reflection pass through untouched: they
@@ -117,10 +130,45 @@ class CallInterceptor(grpc.ServerInterceptor):
     """
 
     def __init__(self, authenticate: Callable[[str], Principal] | None, budget: StreamBudget,
-                 limiter: RateLimiter | None = None):
+                 audit: AuditLog | None = None, server: str = "", limiter: RateLimiter | None = None):
         self._authenticate = authenticate
         self.budget = budget
+        self.audit = audit
+        self.server = server
         self.limiter = limiter or RateLimiter(0, 0)  # per-tenant rate limits; off by default
+
+    def _finished(self, method: str, caller: Principal | None, request: Any, reply: Any,
+                  failure: BaseException | None, ctx: grpc.ServicerContext, start: float) -> None:
+        """A call's end: its latency by status (Prometheus), and its audit row if it changed state."""
+        try:
+            code = outcome(failure, ctx)[0]
+            RPC_SECONDS.labels(self.server, rpcs.split(method)[1], code).observe(time.monotonic() - start)
+        except Exception:  # noqa: BLE001 - measuring must never fail the call
+            log.exception("could not observe the call", extra={"method": method})
+        self._audit(method, caller, request, reply, failure, ctx, start)
+
+    def _audit(self, method: str, caller: Principal | None, request: Any, reply: Any, failure: BaseException | None,
+               ctx: grpc.ServicerContext, start: float) -> None:
+        """The finished call as an audit row, if it changed (or tried to change) state; never fails the call."""
+        service, name = rpcs.split(method)
+        if self.audit is None or not rpcs.audited(name, caller, request):
+            return
+        try:
+            self._record(service, name, caller, request, reply, failure, ctx, start)
+        except Exception:  # noqa: BLE001 - a bug here must not turn a finished call into an error
+            log.exception("could not build an audit record", extra={"method": method})
+
+    def _record(self, service: str, name: str, caller: Principal | None, request: Any, reply: Any,
+                failure: BaseException | None, ctx: grpc.ServicerContext, start: float) -> None:
+        code, message = outcome(failure, ctx)
+        record = store_pb2.AuditRecord(
+            tenant_id=caller.tenant_id if caller else "", tenant_name=caller.tenant_name if caller else "",
+            service=service, method=name, target=target_of(request, reply), code=code, message=message[:500],
+            duration_ms=round((time.monotonic() - start) * 1e3, 3), peer=ctx.peer() or "")
+        if caller is not None:
+            record.role = common_pb2.TenantRole.Value(caller.role)
+        record.at.GetCurrentTime()
+        self.audit.record(record)
 
     def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
         handler = continuation(details)
@@ -128,11 +176,17 @@ class CallInterceptor(grpc.ServerInterceptor):
         if method.startswith(PUBLIC_PREFIXES) or self._authenticate is None:
             return handler
 
-        def wrap(behavior: Behavior, streaming: bool) -> Behavior:
-            def begin(ctx: grpc.ServicerContext) -> tuple[Principal, float | None, str]:
+        def wrap(behavior: Behavior, streaming: bool, streaming_in: bool) -> Behavior:
+            def begin(ctx: grpc.ServicerContext, called: list[Principal],
+                      request: Any = None) -> tuple[Principal, float | None, str]:
+                trace_scope(ctx, request)
                 token = _bearer(ctx)
                 principal = self._authenticate(token)
+                called.append(principal)  # who, for the audit log, even if refused below
                 self.limiter.admit(principal, method, ctx.invocation_metadata())  # raises Throttled
+                if principal.viewer and rpcs.changes_state(rpcs.split(method)[1]):
+                    raise PermissionDenied(f"{method} changes state and a viewer's token only reads",
+                                           fix="use a member's token (or the platform admin's) to change things")
                 remaining = ctx.time_remaining()
                 deadline = time.monotonic() + remaining if remaining is not None and remaining < 1e9 else None
                 context.set_call(principal, deadline, token)
@@ -140,22 +194,24 @@ class CallInterceptor(grpc.ServerInterceptor):
 
             def unary(request: Any, ctx: grpc.ServicerContext) -> Any:
                 start = time.monotonic()
-                code = "OK"
+                code, reply, failure, called = "OK", None, None, []
                 try:
-                    begin(ctx)
-                    return behavior(request, ctx)
+                    begin(ctx, called, request)
+                    reply = behavior(request, ctx)
+                    return reply
                 except BaseException as exc:  # noqa: BLE001 - mapped, then re-raised by abort
-                    code = getattr(exc, "code", type(exc).__name__)
+                    code, failure = getattr(exc, "code", type(exc).__name__), exc
                     abort_for(exc, ctx)
                 finally:
                     _log_call(method, start, code)
+                    self._finished(method, called[0] if called else None, request, reply, failure, ctx, start)
 
             def stream(request: Any, ctx: grpc.ServicerContext) -> Iterator[Any]:
                 start = time.monotonic()
-                code = "OK"
+                code, failure, called = "OK", None, []
                 tenant = None
                 try:
-                    principal, deadline, token = begin(ctx)
+                    principal, deadline, token = begin(ctx, called, None if streaming_in else request)
                     refused = self.budget.acquire(method, principal.tenant_id)
                     if refused:
                         ctx.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{refused}; retry later")
@@ -164,16 +220,49 @@ class CallInterceptor(grpc.ServerInterceptor):
                         yield item
                         context.set_call(principal, deadline, token)  # resumed code sees its caller
                 except BaseException as exc:  # noqa: BLE001
-                    code = getattr(exc, "code", type(exc).__name__)
+                    code, failure = getattr(exc, "code", type(exc).__name__), exc
                     abort_for(exc, ctx)
                 finally:
                     if tenant is not None:
                         self.budget.release(method, tenant)
                     _log_call(method, start, code)
+                    self._finished(method, called[0] if called else None, None if streaming_in else request, None,
+                                   failure, ctx, start)
 
             return stream if streaming else unary
 
         return _wrap(handler, wrap)
+
+
+def trace_scope(ctx: grpc.ServicerContext, request: Any) -> None:
+    """This call's log scope: the caller's trace id (or a new one) and the job and plan its request names."""
+    given = dict(ctx.invocation_metadata()).get(trace.HEADER, "")
+    trace.set_current(given if trace.valid(given) else trace.new())
+    ids: dict[str, str] = {}
+    if isinstance(request, Message):
+        fields = request.DESCRIPTOR.fields_by_name
+        for name in ("job_id", "plan_id", "id"):
+            value = getattr(request, name) if name in fields and fields[name].type == fields[name].TYPE_STRING else ""
+            for key, prefix in (("job_id", "job-"), ("plan_id", "pln-")):
+                if value.startswith(prefix):
+                    ids.setdefault(key, value)
+    logs.set_scope(**ids)
+
+
+def outcome(failure: BaseException | None, ctx: grpc.ServicerContext) -> tuple[str, str]:
+    """(status code name, error text) a call ended with, as its caller saw it."""
+    if failure is None:
+        return "OK", ""
+    if isinstance(failure, BallastError):
+        return failure.code, str(failure)
+    if isinstance(failure, sqlalchemy.exc.OperationalError | sqlalchemy.exc.InterfaceError):
+        return "UNAVAILABLE", "database unavailable"
+    status = ctx.code() if hasattr(ctx, "code") else None
+    if isinstance(status, grpc.StatusCode):
+        return status.name, ctx.details() or ""
+    if isinstance(failure, GeneratorExit):
+        return "CANCELLED", "the caller went away"
+    return "INTERNAL", type(failure).__name__
 
 
 def _bearer(ctx: grpc.ServicerContext) -> str:

@@ -11,7 +11,6 @@ the same server whose credentials require a client certificate (the planner's mu
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import signal
 import threading
@@ -23,8 +22,12 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from ballast.config import Settings
+from ballast.transport import is_loopback
+from services.runtime.audit import AuditLog
 from services.runtime.auth import Principal
 from services.runtime.interceptors import CallInterceptor, StreamBudget
+from services.runtime.metrics_http import serve_metrics
 from services.runtime.ratelimit import RateLimiter
 
 log = logging.getLogger("ballast.server")
@@ -61,18 +64,10 @@ class ServerSpec:
     credentials: grpc.ServerCredentials | None = None  # None: plaintext, loopback only
     agent_address: str = ""
     agent_credentials: grpc.ServerCredentials | None = None
+    audit: AuditLog | None = None  # where state-changing calls are recorded (None: not at all)
+    metrics_port: int = 0  # Prometheus metrics served on start (0: not at all); needs `settings`
+    settings: Settings | None = None
     rate_limit: RateLimiter | None = None  # per-tenant token buckets (RateLimiter.of(settings)); None: no limits
-
-
-def is_loopback(address: str) -> bool:
-    """True for localhost / 127.x / ::1 host:port addresses (a wildcard or a name of this host is not)."""
-    host = address.rsplit(":", 1)[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def bind(server: grpc.Server, name: str, address: str, credentials: grpc.ServerCredentials | None) -> int:
@@ -99,7 +94,7 @@ class Server:
         self.health = health.HealthServicer(experimental_non_blocking=True)
         self._grpc = grpc.server(
             futures.ThreadPoolExecutor(max_workers=spec.max_workers, thread_name_prefix=spec.name),
-            interceptors=[CallInterceptor(spec.authenticate, budget, spec.rate_limit)],
+            interceptors=[CallInterceptor(spec.authenticate, budget, spec.audit, spec.name, spec.rate_limit)],
             options=[*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)],
             maximum_concurrent_rpcs=spec.max_workers * 4,
         )
@@ -117,6 +112,8 @@ class Server:
         self._stopped = threading.Event()
 
     def start(self, serving: bool = True) -> Server:
+        if self.spec.metrics_port and self.spec.settings is not None:
+            self.spec.on_stop.append(serve_metrics(self.spec.settings, self.spec.metrics_port, self.spec.name))
         self._grpc.start()
         if serving:
             self.set_serving(True)
@@ -139,6 +136,8 @@ class Server:
             except Exception:  # noqa: BLE001 - shutdown must go on
                 log.exception("stop hook failed")
         self._grpc.stop(self.spec.grace_s if grace_s is None else grace_s).wait()
+        if self.spec.audit is not None:
+            self.spec.audit.close()  # the calls that just finished are recorded too
         log.info("stopped", extra={"server": self.spec.name})
 
     def wait(self) -> None:

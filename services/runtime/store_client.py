@@ -15,19 +15,18 @@ from ballast.config import Settings
 from ballast.transport import client_transport
 from ballast.v1 import common_pb2, store_pb2, store_pb2_grpc
 from services.runtime import context
-from services.runtime.auth import Principal, PrincipalCache
+from services.runtime.auth import ADMIN, MEMBER, Principal, PrincipalCache
 from services.runtime.errors import BallastError, Unauthenticated, Unavailable
 from services.runtime.ratelimit import FORWARDED_BY
 from services.runtime.remote import domain_error
+from services.runtime.rpcs import changes_state
 from services.runtime.store_api import SERVICE, Store, implement
 
 # Reads are safe to repeat, so a store restarting or a database blip costs them a short wait, not a
 # failure; writes are never repeated here (a retried write could land twice). The channel's own gRPC
 # retries come first: once a failed call has taken longer than the budget, it is not tried again, so
 # the two never multiply into a long hang while the store is down.
-READ_ONLY = frozenset(
-    m.name for m in SERVICE.methods if m.name.startswith(("Get", "List")) or m.name in ("Authenticate", "Query")
-)
+READ_ONLY = frozenset(m.name for m in SERVICE.methods if not changes_state(m.name))
 RETRY_DELAYS_S = (0.05, 0.2, 0.5)
 RETRY_BUDGET_S = 1.5
 
@@ -112,6 +111,7 @@ class StoreAuthenticator:
             raise
         except BallastError as exc:
             raise Unavailable(f"cannot reach the store to check the token: {exc.code}") from None
-        principal = Principal(reply.tenant_id, reply.tenant_name, reply.admin)
+        principal = Principal.of(reply.tenant_id, reply.tenant_name, common_pb2.TenantRole.Name(reply.role)
+                                   if reply.role else ADMIN if reply.admin else MEMBER)
         self._cache.put(token, principal, stamp)
         return principal

@@ -55,6 +55,8 @@ class Tenant(Base):
     id: Mapped[str] = mapped_column(Id, primary_key=True)
     name: Mapped[str] = mapped_column(sa.String(63), unique=True)
     admin: Mapped[bool] = mapped_column(default=False)
+    # TenantRole by name; `admin` stays (true exactly for TENANT_ROLE_ADMIN) for the SQL that reads it
+    role: Mapped[str] = mapped_column(EnumName, default="TENANT_ROLE_MEMBER", server_default="TENANT_ROLE_MEMBER")
     token_hash: Mapped[str] = mapped_column(sa.String(64), unique=True)
     created_at: Mapped[datetime]
 
@@ -499,3 +501,27 @@ class Calibration(Base):
     job_ids: Mapped[list[Any]]
     notes: Mapped[str] = mapped_column(sa.Text, default="")
     fitted_at: Mapped[datetime] = mapped_column(index=True)
+
+
+class AuditRecord(Base):
+    """One state-changing call (who, what, when, result), as the server that answered it recorded it.
+
+    No foreign keys: a record outlives what it names, and a refused caller has no tenant. `uid` is set by the
+    recording server, so a batch sent again after a lost reply is stored once."""
+
+    __tablename__ = "audit_log"
+    __table_args__ = (sa.UniqueConstraint("uid", name="uq_audit_log_uid"),)
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    uid: Mapped[str] = mapped_column(sa.String(40))
+    at: Mapped[datetime] = mapped_column(index=True)
+    tenant_id: Mapped[str] = mapped_column(Id, index=True)
+    tenant_name: Mapped[str] = mapped_column(sa.String(63))
+    role: Mapped[str] = mapped_column(EnumName)
+    service: Mapped[str] = mapped_column(sa.String(100))
+    method: Mapped[str] = mapped_column(sa.String(100), index=True)
+    target: Mapped[str] = mapped_column(sa.String(200))
+    code: Mapped[str] = mapped_column(sa.String(40))
+    message: Mapped[str] = mapped_column(sa.String(500))
+    duration_ms: Mapped[float]
+    peer: Mapped[str] = mapped_column(sa.String(200))
+    server: Mapped[str] = mapped_column(sa.String(40))

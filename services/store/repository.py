@@ -9,6 +9,7 @@ Names other modules imported from here before the split are re-exported.
 from __future__ import annotations
 
 from services.store.repo.admin import AdminStore
+from services.store.repo.audit import AuditStore
 from services.store.repo.base import (
     ADMIN_FIX,
     DEFAULT_PAGE_SIZE,
@@ -62,6 +63,6 @@ __all__ = [
 
 class Repository(
     TenantStore, JobStore, ModelStore, LeaseStore, MorphStore, DegradedStore, CalibrationStore, HostStore, PlanStore,
-    ProgressStore, QueueStore, AdminStore, RepositoryBase,
+    ProgressStore, QueueStore, AuditStore, AdminStore, RepositoryBase,
 ):
     """The store's data access; methods take the caller's Principal and the RPC's request proto."""

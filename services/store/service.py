@@ -7,20 +7,25 @@ import logging
 import sys
 
 import sqlalchemy as sa
+from prometheus_client import REGISTRY
 
 from ballast.config import Settings
 from ballast.transport import server_credentials
 from ballast.v1 import store_pb2, store_pb2_grpc
+from services.runtime.audit import AuditLog
+from services.runtime.auth import Principal
 from services.runtime.errors import FailedPrecondition, SchemaOutOfDate
 from services.runtime.ratelimit import RateLimiter
 from services.runtime.server import Server, ServerSpec
 from services.runtime.servicer import delegate
 from services.store import schema, sql
 from services.store.db import checkpoint_in_background, create_engine
+from services.store.gauges import StoreGauges
 from services.store.repository import Repository
 
 log = logging.getLogger("ballast.store")
 SERVICE = store_pb2.DESCRIPTOR.services_by_name["StoreService"]
+PLATFORM = Principal("", "store", admin=True)  # the store's own writes (its audit records)
 
 
 def query_engine(settings: Settings, engine: sa.Engine) -> sa.Engine:
@@ -48,6 +53,11 @@ def build_server(
         repo.ensure_admin(token)
     servicer = delegate(SERVICE, repo)()
     checkpointer = checkpoint_in_background(engine)
+    on_stop = [*([checkpointer.stop] if checkpointer else []), engine.dispose, repo.sql_engine.dispose]
+    if settings.store_metrics_port:  # the gauges join this process's registry only while it serves them
+        gauges = StoreGauges(engine)
+        REGISTRY.register(gauges)
+        on_stop.insert(0, lambda: REGISTRY.unregister(gauges))
     return Server(
         ServerSpec(
             name="store",
@@ -55,8 +65,12 @@ def build_server(
             register=lambda s: store_pb2_grpc.add_StoreServiceServicer_to_server(servicer, s),
             services=[SERVICE.full_name],
             authenticate=repo.principal_for_token,
-            on_stop=[*([checkpointer.stop] if checkpointer else []), engine.dispose, repo.sql_engine.dispose],
+            on_stop=on_stop,
             credentials=server_credentials(settings),
+            audit=AuditLog(lambda records: repo.record_audit(
+                PLATFORM, store_pb2.RecordAuditRequest(records=records)), "store"),
+            metrics_port=settings.store_metrics_port,
+            settings=settings,
             rate_limit=RateLimiter.of(settings),
         )
     )

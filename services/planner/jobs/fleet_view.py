@@ -41,7 +41,7 @@ def list_queue(snap: Snapshot, caller: Principal) -> services_pb2.ListQueueRespo
         entry.submitted_at.CopyFrom(job.created_at)
         if wait is not None:
             entry.reason = REASONS.get(wait.reason, services_pb2.WAIT_REASON_UNSPECIFIED)
-        if caller.admin or caller.tenant_id == d.tenant_id:
+        if caller.reads_all or caller.tenant_id == d.tenant_id:
             entry.job_id = job_id
             entry.detail = wait.detail if wait else "starting now"
         out.entries.append(entry)
@@ -51,7 +51,7 @@ def list_queue(snap: Snapshot, caller: Principal) -> services_pb2.ListQueueRespo
 def visible_lease(lease: fleet_pb2.DeviceLease, caller: Principal) -> fleet_pb2.DeviceLease:
     """The lease as `caller` may see it: another tenant's shows the device busy (kind, since when) but not
     its id, job or tenant, so the fleet view reveals no other tenant's jobs."""
-    if caller.admin or caller.tenant_id == lease.tenant_id:
+    if caller.reads_all or caller.tenant_id == lease.tenant_id:
         return lease
     return fleet_pb2.DeviceLease(device=lease.device, started_at=lease.started_at, device_kind=lease.device_kind)
 

@@ -5,6 +5,7 @@ same stage beside the measurements, so the estimator's error is a query and can 
 from __future__ import annotations
 
 from ballast.v1 import executor_pb2, job_pb2, plan_pb2
+from services.runtime.metrics import ITERATION_SECONDS, JOB_ITERATION_SECONDS
 
 
 def plan_stage(plan: plan_pb2.Plan | None, stage_index: int) -> plan_pb2.Stage | None:
@@ -44,3 +45,13 @@ def iteration_metric(st: executor_pb2.StageStats, plan: plan_pb2.Plan | None) ->
         recompute_s=st.recompute_s, p2p_s=st.p2p_s, allreduce_s=st.allreduce_s, optimizer_s=st.optimizer_s,
         overhead_s=st.overhead_s, predicted_peak_memory_bytes=predicted_memory(plan, stage),
         predicted_stage_compute_s=predicted_compute(plan, stage))
+
+
+def observe_iteration(row: job_pb2.IterationMetric) -> None:
+    """A stored row, for Prometheus: the iteration-time histogram, and the job's latest measured and predicted
+    time (from stage 0, replica 0, which sees the whole iteration)."""
+    ITERATION_SECONDS.observe(row.iteration_time_s)
+    if row.stage_index == 0 and row.replica_index == 0:
+        JOB_ITERATION_SECONDS.labels(row.job_id, "measured").set(row.iteration_time_s)
+        if row.predicted_iteration_time_s > 0:
+            JOB_ITERATION_SECONDS.labels(row.job_id, "predicted").set(row.predicted_iteration_time_s)

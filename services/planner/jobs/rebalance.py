@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from ballast.v1 import executor_pb2, job_pb2, plan_pb2, profile_pb2, store_pb2
 from services.planner.online import Decision, MonitorOptions, OnlineOptions, TrainingMonitor, propose
 from services.runtime.errors import BallastError
+from services.runtime.metrics import LAYER_MIGRATIONS
 from services.runtime.store_api import Store
 
 log = logging.getLogger("ballast.rebalance")
@@ -185,6 +186,7 @@ class Rebalancer:
                                      duration_s=max(p.duration_s for p in parts), iteration=mig.iteration,
                                      plan_version=mig.plan_version)
         stored = self._store.record_layer_migration(store_pb2.RecordLayerMigrationRequest(migration=row))
+        LAYER_MIGRATIONS.inc()
         self._store.append_job_event(store_pb2.AppendJobEventRequest(event=job_pb2.JobEvent(
             job_id=mig.job_id, type="MIGRATION",
             message=f"layer {mig.layer_index} moved stage {mig.from_stage} -> {mig.to_stage} live after iteration "

@@ -35,6 +35,7 @@ from services.planner.plans.calibrate import measured_iteration_s
 from services.planner.plans.fleet import executor_dims
 from services.planner.plans.make import make_plan
 from services.runtime.errors import BallastError, FailedPrecondition
+from services.runtime.metrics import MORPHS
 from services.runtime.store_api import every_page
 
 log = logging.getLogger("ballast.scheduler")
@@ -417,7 +418,9 @@ class Recovery:
         row.detected_at.FromMicroseconds(int(loss.detected_at * 1e6))
         row.resumed_at.GetCurrentTime()
         try:
-            return self._store.record_morph(store_pb2.RecordMorphRequest(morph=row)).id
+            stored = self._store.record_morph(store_pb2.RecordMorphRequest(morph=row)).id
+            MORPHS.labels(loss.cause).inc()
+            return stored
         except BallastError:
             log.exception("could not record the morph", extra={"job_id": job.id})
             return ""

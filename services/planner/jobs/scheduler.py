@@ -32,8 +32,9 @@ from services.planner import admission as adm
 from services.planner.jobs import morph, stutter
 from services.planner.jobs.admit import HOLDING, Reader, Snapshot, epoch_s
 from services.planner.jobs.assign import backend_for, pipeline_shape, place_on
+from services.planner.jobs.control import TRANSIENT
 from services.planner.jobs.lifecycle import TERMINAL
-from services.planner.jobs.metrics import iteration_metric
+from services.planner.jobs.metrics import iteration_metric, observe_iteration
 from services.planner.jobs.rebalance import Rebalancer
 from services.planner.jobs.recovery import Recovery
 from services.planner.jobs.running import (
@@ -46,6 +47,7 @@ from services.planner.jobs.running import (
 )
 from services.planner.online import OnlineOptions
 from services.runtime.errors import BallastError, FailedPrecondition, InvalidArgument
+from services.runtime.metrics import DROPPED, forget_job
 from services.runtime.store_api import Store, every_page
 
 log = logging.getLogger("ballast.scheduler")
@@ -62,6 +64,7 @@ class Scheduler(Recovery):
                  calibrate: Callable[[job_pb2.Job], None] | None = None,
                  straggler_thresholds: tuple[float, float] = (stutter.THRESHOLD, stutter.SHARED_CPU_THRESHOLD)):
         self._store, self._send, self._connected = store, send, connected
+        self.latest: Snapshot | None = None  # the last admission snapshot (Prometheus reads it: jobs/gauges.py)
         if min(straggler_thresholds) <= 0:
             raise InvalidArgument(f"straggler thresholds {straggler_thresholds} must be positive",
                                   field="straggler_threshold", fix="use e.g. 0.25 (25% slower than its peers)")
@@ -142,7 +145,8 @@ class Scheduler(Recovery):
         """The admission engine's inputs now (also what `ballast queue` lists)."""
         with self._lock:
             draining = {job_id for job_id, r in self._running.items() if r.preempting}
-        return self.admission.snapshot(set(self._connected()), draining)
+        self.latest = self.admission.snapshot(set(self._connected()), draining)
+        return self.latest
 
     def admit(self) -> Snapshot | None:
         """One admission pass: free the leases of jobs no longer running, refuse plans the fleet can never
@@ -451,7 +455,13 @@ class Scheduler(Recovery):
                 if running.morph_id and st.iteration >= running.resume_iteration:
                     self._morph_resumed(running)
             rows.append(iteration_metric(st, plan))
-        self._store.write_iteration_metrics(store_pb2.WriteIterationMetricsRequest(metrics=rows))
+            observe_iteration(rows[-1])
+        try:
+            self._store.write_iteration_metrics(store_pb2.WriteIterationMetricsRequest(metrics=rows))
+        except BallastError as exc:
+            if not isinstance(exc, TRANSIENT):  # a transient failure is replayed by the agent; this is given up
+                DROPPED.labels("iteration_metrics").inc(len(rows))
+            raise
         for running in watched.values():
             if running.iteration >= running.stutter_next and not running.stopping:
                 running.stutter_next = running.iteration + stutter.WINDOW  # judged again on a fresh window
@@ -523,6 +533,7 @@ class Scheduler(Recovery):
                 if self._running.get(running.job.id) is running:
                     self._running.pop(running.job.id)
             self.rebalancer.forget(running.job.id)
+            forget_job(running.job.id)
 
     def _refused(self, host_id: str, ack: executor_pb2.InstructionAck) -> None:
         job_id = ack.instruction_id.split("-assign-")[0] if "-assign-" in ack.instruction_id else ""

@@ -12,12 +12,16 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ballast import trace
 from ballast.v1 import queue_pb2, store_pb2
+from services.runtime import logs
 from services.runtime.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
+from services.runtime.metrics import TASK_SECONDS
 from services.runtime.store_api import Store
 
 log = logging.getLogger("ballast.queue")
@@ -143,19 +147,27 @@ def run_request(store: Store, request_id: str, worker: str, lease_s: float,
     renewer = threading.Thread(target=renew, name=f"lease-{request_id}", daemon=True)
     renewer.start()
     completion: store_pb2.CompleteRequestRequest | None = None
+    started, outcome = time.monotonic(), "failed"
+    traced = trace.set_current(request_id)  # the request's id is the trace of its work, in every service's log
+    scoped = logs.bind()
     try:
         if hold_s:
             lost.wait(hold_s)  # test hook: keeps the task open so a kill lands mid-task
         request = claim.request
         try:
-            result = HANDLERS[request.kind](json.loads(request.payload_json), Task(request, store, lost, profiler))
+            payload = json.loads(request.payload_json)
+            logs.set_scope(job_id=str(payload.get("job_id", "")) if isinstance(payload, dict) else "")
+            result = HANDLERS[request.kind](payload, Task(request, store, lost, profiler))
             completion = store_pb2.CompleteRequestRequest(id=request_id, lease_token=token,
                                                           result_json=json.dumps(result, sort_keys=True))
+            outcome = "succeeded"
             if hold_after_s:
                 lost.wait(hold_after_s)  # test hook: the work is done (and stored) but not yet completed
         except LeaseLost:
+            outcome = "lease_lost"
             log.warning("lease lost mid-task; stopped", extra={"request_id": request_id})
         except TRANSIENT as exc:
+            outcome = "transient"
             if request.attempts < request.max_attempts:
                 log.warning("transient failure; the sweeper retries after the lease expires",
                             extra={"request_id": request_id, "attempt": request.attempts, "why": str(exc)})
@@ -169,6 +181,9 @@ def run_request(store: Store, request_id: str, worker: str, lease_s: float,
     finally:
         done.set()
         renewer.join()
+        trace.reset(traced)  # the caller's thread goes back to its own trace and ids
+        logs.unbind(scoped)
+        TASK_SECONDS.labels(claim.request.kind, outcome).observe(time.monotonic() - started)
     if completion is None:
         return None
     try:

@@ -13,6 +13,7 @@ import binascii
 import json
 import math
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -34,6 +35,7 @@ from services.runtime.errors import (
     SchemaOutOfDate,
     Unavailable,
 )
+from services.runtime.metrics import STORE_TRANSACTION_SECONDS
 from services.store import models as m
 from services.store.convert import check_column, column_of
 from services.store.db import session_factory
@@ -141,10 +143,12 @@ class RepositoryBase:
         Every caller says whether it writes: on SQLite a write takes the lock at BEGIN (so it queues
         behind other writers), while a read takes none and sees its snapshot beside a writer.
         """
+        started = time.monotonic()
         try:
             with self._write_gate if write else nullcontext(), \
                     (self._writes if write else self._reads)() as session, session.begin():
                 yield session
+            STORE_TRANSACTION_SECONDS.labels("write" if write else "read").observe(time.monotonic() - started)
         except (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DisconnectionError) as err:
             if "no such table" in str(err.orig if isinstance(err, sa_exc.DBAPIError) else err):
                 raise self._schema_error() from err
@@ -172,8 +176,14 @@ class RepositoryBase:
             raise PermissionDenied(f"{what} is for the platform admin", fix=ADMIN_FIX)
 
     @staticmethod
+    def _require_reader(p: Principal, what: str) -> None:
+        """Reads of every tenant's data: the admin's, and viewers' (who change nothing)."""
+        if not p.reads_all:
+            raise PermissionDenied(f"{what} is for the platform admin or a viewer", fix=ADMIN_FIX)
+
+    @staticmethod
     def _scoped(stmt: sa.Select, tenant_col: Any, p: Principal) -> sa.Select:
-        return stmt if p.admin else stmt.where(tenant_col == p.tenant_id)
+        return stmt if p.reads_all else stmt.where(tenant_col == p.tenant_id)
 
     def _one(
         self,

@@ -110,7 +110,7 @@ class CalibrationStore(RepositoryBase):
 
     def get_calibration(self, p: Principal, req: store_pb2.GetCalibrationRequest) -> plan_pb2.Calibration:
         """The highest version fitted on at least min_iterations; an older one qualifies if the latest does not."""
-        self._require_admin(p, "reading calibrations")
+        self._require_reader(p, "reading calibrations")
         if not req.host_class:
             raise InvalidArgument("host_class is not set", field="host_class",
                                   fix='send a host class key, e.g. "cpu/16c/2w"')
@@ -127,7 +127,7 @@ class CalibrationStore(RepositoryBase):
     def list_calibrations(
         self, p: Principal, req: store_pb2.ListCalibrationsRequest
     ) -> store_pb2.ListCalibrationsResponse:
-        self._require_admin(p, "listing calibrations")
+        self._require_reader(p, "listing calibrations")
         stmt = self._where_set(sa.select(m.Calibration), (m.Calibration.host_class, req.host_class))
         stmt = stmt.order_by(m.Calibration.fitted_at.desc(), m.Calibration.id.desc())
         items, token = self._page_of(stmt, req.page, calibration_pb)

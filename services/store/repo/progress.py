@@ -126,7 +126,7 @@ class ProgressStore(RepositoryBase):
     def _checkpoints(self, p: Principal) -> sa.Select:
         """Checkpoints have no tenant column; a non-admin sees those of its own tenant's jobs."""
         stmt = sa.select(m.Checkpoint).options(selectinload(m.Checkpoint.layers))
-        if not p.admin:
+        if not p.reads_all:
             stmt = stmt.join(m.Job, m.Job.id == m.Checkpoint.job_id).where(m.Job.tenant_id == p.tenant_id)
         return stmt
 

@@ -9,7 +9,8 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
 
 from ballast.v1 import common_pb2, store_pb2
-from services.runtime.auth import Principal, hash_token, new_token
+from ballast.v1.common_pb2 import TenantRole
+from services.runtime.auth import ADMIN, MEMBER, Principal, hash_token, new_token
 from services.runtime.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unauthenticated
 from services.store import models as m
 from services.store.convert import shared_fields
@@ -23,6 +24,23 @@ def tenant_pb(row: m.Tenant) -> common_pb2.Tenant:
     return common_pb2.Tenant(**shared_fields(row, common_pb2.Tenant))
 
 
+def principal_pb(p: Principal) -> common_pb2.Principal:
+    return common_pb2.Principal(tenant_id=p.tenant_id, tenant_name=p.tenant_name, admin=p.admin,
+                                role=TenantRole.Value(p.role))
+
+
+def requested_role(req: store_pb2.CreateTenantRequest) -> str:
+    """The role a CreateTenant asks for: `role`, or admin by the legacy flag; member when neither."""
+    if req.role not in TenantRole.values():
+        raise InvalidArgument(f"unknown role {req.role}", field="role",
+                              fix="send TENANT_ROLE_MEMBER, TENANT_ROLE_VIEWER or TENANT_ROLE_ADMIN")
+    role = TenantRole.Name(req.role) if req.role else (ADMIN if req.admin else MEMBER)
+    if req.admin and role != ADMIN:
+        raise InvalidArgument(f"admin is set but role is {role}", field="role",
+                              fix="send role TENANT_ROLE_ADMIN, or leave admin unset")
+    return role
+
+
 class TenantStore(RepositoryBase):
     """Tenant RPCs; only a token's hash is stored, so the store cannot leak tokens."""
 
@@ -34,6 +52,7 @@ class TenantStore(RepositoryBase):
                 field="name",
                 fix="use 1-63 lowercase letters, digits and dashes; start and end with a letter or digit",
             )
+        role = requested_role(req)
         token = new_token()
         try:
             with self._tx(write=True) as s:
@@ -42,7 +61,8 @@ class TenantStore(RepositoryBase):
                 row = m.Tenant(
                     id=new_id("tnt"),
                     name=req.name,
-                    admin=req.admin,
+                    admin=role == ADMIN,
+                    role=role,
                     token_hash=hash_token(token),
                     created_at=self.now(),
                 )
@@ -52,13 +72,13 @@ class TenantStore(RepositoryBase):
         return store_pb2.CreateTenantResponse(tenant=tenant_pb(row), token=token)
 
     def get_tenant(self, p: Principal, req: store_pb2.GetRequest) -> common_pb2.Tenant:
-        if not p.admin and req.id != p.tenant_id:
+        if not p.reads_all and req.id != p.tenant_id:
             raise NotFound(f"tenant {quote(req.id)} not found", field="id")
         with self._tx(write=False) as s:
             return tenant_pb(self._one(s, m.Tenant, req.id, None, what="tenant"))
 
     def list_tenants(self, p: Principal, req: store_pb2.ListTenantsRequest) -> store_pb2.ListTenantsResponse:
-        self._require_admin(p, "listing tenants")
+        self._require_reader(p, "listing tenants")
         with self._tx(write=False) as s:
             rows, token = self._page(s, sa.select(m.Tenant).order_by(m.Tenant.created_at, m.Tenant.id), req.page)
             return store_pb2.ListTenantsResponse(tenants=[tenant_pb(r) for r in rows], next_page_token=token)
@@ -71,7 +91,7 @@ class TenantStore(RepositoryBase):
         found = self.principal_for_token(req.token)
         if not p.admin and found.tenant_id != p.tenant_id:
             raise Unauthenticated("unknown bearer token", fix=UNAUTHENTICATED_FIX)
-        return common_pb2.Principal(tenant_id=found.tenant_id, tenant_name=found.tenant_name, admin=found.admin)
+        return principal_pb(found)
 
     def rotate_tenant_token(self, p: Principal,
                             req: store_pb2.RotateTenantTokenRequest) -> store_pb2.CreateTenantResponse:
@@ -105,7 +125,7 @@ class TenantStore(RepositoryBase):
             row = s.scalars(sa.select(m.Tenant).where(m.Tenant.token_hash == hash_token(token))).first()
         if row is None:
             raise Unauthenticated("unknown bearer token", fix=UNAUTHENTICATED_FIX)
-        principal = Principal(tenant_id=row.id, tenant_name=row.name, admin=row.admin)
+        principal = Principal.of(row.id, row.name, ADMIN if row.admin else row.role)
         self.principals.put(token, principal, stamp)
         return principal
 
@@ -134,7 +154,8 @@ class TenantStore(RepositoryBase):
             return row
         row = s.scalars(sa.select(m.Tenant).where(m.Tenant.name == name).with_for_update()).first()
         if row is None:
-            row = m.Tenant(id=new_id("tnt"), name=name, admin=True, token_hash=digest, created_at=self.now())
+            row = m.Tenant(id=new_id("tnt"), name=name, admin=True, role=ADMIN, token_hash=digest,
+                           created_at=self.now())
             s.add(row)
         elif not row.admin:
             raise FailedPrecondition(

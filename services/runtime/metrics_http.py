@@ -1,0 +1,48 @@
+"""The metrics endpoint: this process's Prometheus registry on its own port.
+
+Each process has its metrics port (`BALLAST_<SERVICE>_METRICS_PORT`; 0 turns it off). It is HTTPS with the
+servers' certificate unless the plane is plaintext, and then only a loopback address is bound, as for gRPC.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from prometheus_client import REGISTRY, start_http_server
+
+from ballast.config import Settings
+from ballast.tls import ensure_server_files
+from ballast.transport import is_loopback
+
+log = logging.getLogger("ballast.metrics")
+
+
+def serve_metrics(settings: Settings, port: int, what: str) -> Callable[[], None]:
+    """Serve this process's metrics on `port` (0: not at all); returns how to stop serving."""
+    if port <= 0:
+        return lambda: None
+    host = settings.host if settings.host not in ("", "::") else "0.0.0.0"
+    if settings.plaintext:
+        if not is_loopback(f"{host}:{port}"):
+            raise ValueError(f"{what}: refusing to serve metrics over plain HTTP on {host}: with plaintext set, "
+                             "bind a loopback host (BALLAST_HOST=127.0.0.1)")
+        server, thread = start_http_server(port, addr=host, registry=REGISTRY)
+    else:
+        files = ensure_server_files(settings)
+        server, thread = start_http_server(port, addr=host, registry=REGISTRY, certfile=str(files.identity.cert),
+                                           keyfile=str(files.identity.key))
+    log.info("metrics", extra={"server": what, "url": metrics_url(settings, port)})
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+    return stop
+
+
+def metrics_url(settings: Settings, port: int) -> str:
+    scheme = "http" if settings.plaintext else "https"
+    host = settings.advertised_host() if settings.host in ("", "0.0.0.0", "::") else settings.host
+    return f"{scheme}://{host}:{port}/metrics"
