@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client import REGISTRY
-
 from ballast.config import Settings
 from ballast.transport import peer_common_name, server_credentials
 from ballast.v1 import executor_pb2, executor_pb2_grpc, services_pb2, services_pb2_grpc
@@ -23,6 +21,7 @@ from services.planner.policy_file import apply_policy_file
 from services.planner.queue import durable
 from services.runtime.audit import audit_to
 from services.runtime.context import current_principal, remaining_time
+from services.runtime.metrics_http import register_collector
 from services.runtime.ratelimit import RateLimiter
 from services.runtime.server import Server, ServerSpec
 from services.runtime.servicer import delegate
@@ -147,9 +146,7 @@ def build_server(settings: Settings, address: str | None = None, send: durable.S
         )
     )
     if settings.planner_metrics_port:  # the fleet gauges join this process's registry only while served
-        gauges = FleetGauges(lambda: scheduler.latest)
-        REGISTRY.register(gauges)
-        server.spec.on_stop.append(lambda: REGISTRY.unregister(gauges))
+        server.spec.on_stop.append(register_collector("planner", FleetGauges(lambda: scheduler.latest)))
     sweeper.start()
     scheduler.start()
     return PlannerServer(server, scheduler, registry, sweeper)

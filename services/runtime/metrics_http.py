@@ -10,12 +10,31 @@ import logging
 from collections.abc import Callable
 
 from prometheus_client import REGISTRY, start_http_server
+from prometheus_client.registry import Collector
 
 from ballast.config import Settings
 from ballast.tls import ensure_server_files
 from ballast.transport import is_loopback
 
 log = logging.getLogger("ballast.metrics")
+_collectors: dict[str, Collector] = {}
+
+
+def register_collector(key: str, collector: Collector) -> Callable[[], None]:
+    """Add a scrape-time collector to this process's registry, replacing the last one under `key` (a process
+    serves one store and one planner; a test may start another before the first is gone). Returns how to
+    remove it again (a no-op once replaced)."""
+    previous = _collectors.pop(key, None)
+    if previous is not None:
+        REGISTRY.unregister(previous)
+    REGISTRY.register(collector)
+    _collectors[key] = collector
+
+    def remove() -> None:
+        if _collectors.get(key) is collector:
+            REGISTRY.unregister(_collectors.pop(key))
+
+    return remove
 
 
 def serve_metrics(settings: Settings, port: int, what: str) -> Callable[[], None]:

@@ -7,7 +7,6 @@ import logging
 import sys
 
 import sqlalchemy as sa
-from prometheus_client import REGISTRY
 
 from ballast.config import Settings
 from ballast.transport import server_credentials
@@ -15,6 +14,7 @@ from ballast.v1 import store_pb2, store_pb2_grpc
 from services.runtime.audit import AuditLog
 from services.runtime.auth import Principal
 from services.runtime.errors import FailedPrecondition, SchemaOutOfDate
+from services.runtime.metrics_http import register_collector
 from services.runtime.ratelimit import RateLimiter
 from services.runtime.server import Server, ServerSpec
 from services.runtime.servicer import delegate
@@ -55,9 +55,7 @@ def build_server(
     checkpointer = checkpoint_in_background(engine)
     on_stop = [*([checkpointer.stop] if checkpointer else []), engine.dispose, repo.sql_engine.dispose]
     if settings.store_metrics_port:  # the gauges join this process's registry only while it serves them
-        gauges = StoreGauges(engine)
-        REGISTRY.register(gauges)
-        on_stop.insert(0, lambda: REGISTRY.unregister(gauges))
+        on_stop.insert(0, register_collector("store", StoreGauges(engine)))
     return Server(
         ServerSpec(
             name="store",
