@@ -35,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ballast.v1 import job_pb2, model_pb2, services_pb2, store_pb2  # noqa: E402
-from tests.harness import executor_plane, kill_group, restart_agent, wait_for  # noqa: E402
+from tests.harness import STRAGGLERS, executor_plane, kill_group, restart_agent, wait_for  # noqa: E402
 
 S = job_pb2.JobState
 ENDED = (S.JOB_STATE_SUCCEEDED, S.JOB_STATE_FAILED, S.JOB_STATE_CANCELLED)
@@ -181,7 +181,7 @@ def main() -> None:
     rng = random.Random(args.seed)
     results = []
     with executor_plane(Path(tempfile.mkdtemp(prefix="ballast-faults-")), f"faults-{uuid.uuid4().hex[:8]}",
-                        host_lost_s=5.0) as plane:
+                        host_lost_s=5.0, **STRAGGLERS) as plane:
         time.sleep(12.5)  # past the planner's reconnect grace, so a lost host is detected in HOST_LOST_S
         for n in range(args.trials):
             kind, at = KINDS[n % len(KINDS)], rng.randint(EVERY + 1, ITERATIONS * 2 // 3)

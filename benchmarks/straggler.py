@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ballast.v1 import job_pb2, model_pb2, services_pb2, store_pb2  # noqa: E402
-from tests.harness import executor_plane, restart_agent, wait_for  # noqa: E402
+from tests.harness import STRAGGLERS, executor_plane, restart_agent, wait_for  # noqa: E402
 
 S = job_pb2.JobState
 ENDED = (S.JOB_STATE_SUCCEEDED, S.JOB_STATE_FAILED, S.JOB_STATE_CANCELLED)
@@ -64,7 +64,7 @@ def main() -> None:
     args = parser.parse_args()
     results = []
     with executor_plane(Path(tempfile.mkdtemp(prefix="ballast-stutter-")), f"stutter-{uuid.uuid4().hex[:8]}",
-                        agents=3) as plane:
+                        agents=3, **STRAGGLERS) as plane:
         restart_agent(plane, 2, {"BALLAST_FAULTS": json.dumps([{"model": SLOW, "slow": 2.0}])})
         for n in range(args.runs):
             results.append(run_once(plane, n))

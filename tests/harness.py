@@ -220,16 +220,25 @@ def job_story(client: Client, job_id: str, data_dir: Path) -> str:
     return "\n".join(lines)
 
 
+# Tests about other things run data-parallel jobs on a loaded 2-core machine, where a busy neighbour can read as
+# a straggler and leave a host degraded for the module's next test: their planes leave out only a gross one.
+# The straggler test and the benchmarks pass STRAGGLERS, the product's thresholds.
+QUIET_STRAGGLERS = {"straggler_threshold": 20.0, "straggler_shared_cpu_threshold": 20.0}
+STRAGGLERS = {"straggler_threshold": Settings.straggler_threshold,
+              "straggler_shared_cpu_threshold": Settings.straggler_shared_cpu_threshold}
+
+
 @contextlib.contextmanager
 def executor_plane(data_dir: Path, queue: str, agents: int = 2, agent_env: dict[str, str] | None = None,
                    **overrides: object) -> Iterator[Plane]:
     """The whole control plane with a real Celery worker and `agents` executor agents (one per "host"),
     up until every agent is online; everything is killed on exit. `plane.agents` are the agent processes
-    (started with `agent_env` added, e.g. fault hooks); `overrides` go to the settings."""
+    (started with `agent_env` added, e.g. fault hooks); `overrides` go to the settings (QUIET_STRAGGLERS unless
+    they say otherwise)."""
     from ballast.v1 import fleet_pb2, store_pb2
 
     settings = make_settings(data_dir, queue=queue, **{"lease_seconds": 10.0, "sweep_interval_s": 0.5,
-                                                       "worker_heartbeat_s": 0.5, **overrides})
+                                                       "worker_heartbeat_s": 0.5, **QUIET_STRAGGLERS, **overrides})
     plane = start_plane(settings)
     procs = [spawn_cli(settings, "worker", log=settings.data_dir / "worker.log")]
     plane.agents = [spawn_cli(settings, "serve", "executor", "--index", str(i), extra_env=agent_env,

@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from ballast.v1 import fleet_pb2, job_pb2, model_pb2, services_pb2, store_pb2
-from tests.harness import executor_plane, job_story, restart_agent, wait_for
+from tests.harness import STRAGGLERS, executor_plane, job_story, restart_agent, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +22,8 @@ SLOW = "stutter-gpt"
 
 @pytest.fixture(scope="module")
 def plane(tmp_path_factory):
-    with executor_plane(tmp_path_factory.mktemp("stutter"), f"stutter-{uuid.uuid4().hex[:8]}", agents=3) as plane:
+    with executor_plane(tmp_path_factory.mktemp("stutter"), f"stutter-{uuid.uuid4().hex[:8]}", agents=3,
+                        **STRAGGLERS) as plane:
         restart_agent(plane, 2, {"BALLAST_FAULTS": json.dumps([{"model": SLOW, "slow": 2.0}])})
         yield plane
 
