@@ -53,3 +53,24 @@ def test_other_failures_are_logged_and_the_stream_goes_on() -> None:
     assert stream("heartbeat", Unavailable("database unavailable"))[0] == everything
     assert stream("worker_exit", NotFound("no job job-x", field="job_id"))[0] == everything
     assert stream("worker_exit", RuntimeError("a bug"))[0] == everything
+
+
+class AwayStore(Store):
+    """The store restarting: a host's heartbeat cannot be written."""
+
+    def update_host_state(self, request: store_pb2.UpdateHostStateRequest) -> fleet_pb2.Host:
+        raise Unavailable("failed to connect to all addresses")
+
+
+def test_a_heartbeat_the_store_cannot_write_still_hands_its_stats_on_and_keeps_the_stream() -> None:
+    """The stats ride on the heartbeat: a store that is away must cost neither them nor the agent's stream."""
+    handled: list[str] = []
+    inbound = iter([
+        executor_pb2.AgentMessage(register=executor_pb2.RegisterAgent(host=fleet_pb2.Host(name="h"))),
+        executor_pb2.AgentMessage(heartbeat=executor_pb2.Heartbeat(stages=[executor_pb2.StageStats(job_id="j")])),
+        executor_pb2.AgentMessage(ack=executor_pb2.InstructionAck(instruction_id="i", ok=True)),
+    ])
+    registry = AgentRegistry(AwayStore(), listener=lambda host_id, message: handled.append(
+        message.WhichOneof("body")))
+    list(registry.connect(Principal("t", "t", True), inbound, active=lambda: True))
+    assert handled == ["register", "heartbeat", "ack"]

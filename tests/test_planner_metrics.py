@@ -46,3 +46,68 @@ def test_fallbacks_without_a_stage_prediction():
     assert (unknown.predicted_iteration_time_s, unknown.predicted_peak_memory_bytes,
             unknown.predicted_stage_compute_s) == (0.0, 0, 0.0)
     assert unknown.p2p_s == MEASURED["p2p_s"]
+
+
+class FlakyStore:
+    """A sink that refuses with the given errors first, then stores rows by their key (as the store does)."""
+
+    def __init__(self, *errors: Exception):
+        self.errors = list(errors)
+        self.rows: dict[tuple[int, int], object] = {}
+        self.calls = 0
+
+    def __call__(self, rows) -> None:
+        self.calls += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        for r in rows:
+            self.rows.setdefault((r.iteration, r.replica_index), r)
+
+
+def rows(*iterations: int) -> list:
+    from ballast.v1 import job_pb2
+
+    return [job_pb2.IterationMetric(job_id="job-1", iteration=i) for i in iterations]
+
+
+def test_rows_a_passing_failure_refused_are_sent_again_with_the_next_ones_oldest_first():
+    from services.planner.jobs.metrics import RetainedRows
+    from services.runtime.errors import Unavailable
+
+    store = FlakyStore(Unavailable("store restarting"), Unavailable("still away"))
+    sink_order: list[int] = []
+    writer = RetainedRows(lambda batch: (sink_order.extend(r.iteration for r in batch), store(batch)),
+                          (Unavailable,))
+    assert writer.write(rows(0, 1)) is False and writer.retained == 2
+    assert writer.write(rows(2)) is False and writer.retained == 3
+    assert writer.flush() is True and writer.retained == 0
+    assert sorted(i for i, _ in store.rows) == [0, 1, 2]
+    assert sink_order[-3:] == [0, 1, 2]  # the last, successful batch: oldest first
+    assert writer.flush() is True and store.calls == 3  # nothing retained: no call
+
+
+def test_a_bounded_writer_drops_the_oldest_and_counts_them():
+    from services.planner.jobs.metrics import RetainedRows
+    from services.runtime.errors import Unavailable
+    from services.runtime.metrics import DROPPED
+
+    before = DROPPED.labels("iteration_metrics")._value.get()
+    store = FlakyStore(Unavailable("away"), Unavailable("away"))
+    writer = RetainedRows(store, (Unavailable,), limit=3)
+    writer.write(rows(0, 1))
+    writer.write(rows(2, 3))
+    assert writer.retained == 3
+    assert DROPPED.labels("iteration_metrics")._value.get() - before == 1
+    writer.flush()
+    assert sorted(i for i, _ in store.rows) == [1, 2, 3]  # iteration 0, the oldest, was the one dropped
+
+
+def test_a_refusal_that_is_not_passing_drops_its_batch_and_is_raised():
+    from services.planner.jobs.metrics import RetainedRows
+    from services.runtime.errors import NotFound, Unavailable
+
+    writer = RetainedRows(FlakyStore(Unavailable("away"), NotFound("job gone")), (Unavailable,))
+    writer.write(rows(0))
+    with pytest.raises(NotFound):
+        writer.write(rows(1))
+    assert writer.retained == 0

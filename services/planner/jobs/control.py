@@ -124,8 +124,11 @@ class AgentRegistry:
             # Workers' stats ride on heartbeats, one per iteration: liveness is written once per interval.
             if kind == "heartbeat" and time.monotonic() - beat[0] >= self._interval / 2:
                 beat[0] = time.monotonic()
-                self._store.update_host_state(store_pb2.UpdateHostStateRequest(
-                    id=host_id, state=fleet_pb2.HOST_STATE_ONLINE, heartbeat=True))
+                try:
+                    self._store.update_host_state(store_pb2.UpdateHostStateRequest(
+                        id=host_id, state=fleet_pb2.HOST_STATE_ONLINE, heartbeat=True))
+                except TRANSIENT:  # the store away: the host is no less alive, and the stats it carries count
+                    log.warning("host heartbeat not stored", extra={"host_id": host_id})
             elif kind == "ack":
                 log.info("ack", extra={"host_id": host_id, "instruction_id": message.ack.instruction_id,
                                        "ok": message.ack.ok, "detail": message.ack.message})

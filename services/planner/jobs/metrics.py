@@ -1,11 +1,21 @@
 """A worker's per-iteration StageStats as the stored IterationMetric row, with the plan's predictions for the
 same stage beside the measurements, so the estimator's error is a query and can be attributed to a part
-(compute, p2p, allreduce, optimizer, the rest) and to memory. Pure: no store, no grpc."""
+(compute, p2p, allreduce, optimizer, the rest) and to memory; and the writer that keeps rows the store could
+not take yet. No store, no grpc: the writer is handed its sink."""
 
 from __future__ import annotations
 
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+
 from ballast.v1 import executor_pb2, job_pb2, plan_pb2
-from services.runtime.metrics import ITERATION_SECONDS, JOB_ITERATION_SECONDS
+from services.runtime.errors import BallastError
+from services.runtime.metrics import DROPPED, ITERATION_SECONDS, JOB_ITERATION_SECONDS
+
+log = logging.getLogger("ballast.metrics")
+MAX_RETAINED = 200_000  # rows kept for a store that is away (a few minutes of a large job's reports)
 
 
 def plan_stage(plan: plan_pb2.Plan | None, stage_index: int) -> plan_pb2.Stage | None:
@@ -55,3 +65,60 @@ def observe_iteration(row: job_pb2.IterationMetric) -> None:
         JOB_ITERATION_SECONDS.labels(row.job_id, "measured").set(row.iteration_time_s)
         if row.predicted_iteration_time_s > 0:
             JOB_ITERATION_SECONDS.labels(row.job_id, "predicted").set(row.predicted_iteration_time_s)
+
+
+class RetainedRows:
+    """Writes iteration rows to the store, keeping the ones a passing failure (the store restarting, its
+    database away, overloaded) refused, to send again, oldest first, with the next rows or at `flush()`.
+
+    A worker reports each iteration once, so a row the planner does not keep is lost for good. Sending a row
+    twice is harmless: the store skips rows it already holds (same job, plan version, iteration, stage and
+    replica), so a batch whose answer was lost is not stored twice. Bounded: past `limit` the oldest rows are
+    dropped and counted (ballast_dropped_total). A refusal that is not passing (a job deleted meanwhile) drops
+    its batch, counted, and is raised."""
+
+    def __init__(self, sink: Callable[[list[job_pb2.IterationMetric]], object],
+                 transient: tuple[type[BallastError], ...], limit: int = MAX_RETAINED):
+        self._sink, self._transient, self._limit = sink, transient, limit
+        self._rows: deque[job_pb2.IterationMetric] = deque()
+        self._lock = threading.Lock()
+
+    @property
+    def retained(self) -> int:
+        with self._lock:
+            return len(self._rows)
+
+    def write(self, rows: list[job_pb2.IterationMetric]) -> bool:
+        """Send the retained rows and `rows`; True when the store took them all."""
+        with self._lock:
+            batch = [*self._rows, *rows]
+            self._rows.clear()
+        if not batch:
+            return True
+        try:
+            self._sink(batch)
+        except self._transient:
+            self._retain(batch)
+            return False
+        except BallastError:
+            DROPPED.labels("iteration_metrics").inc(len(batch))
+            raise
+        return True
+
+    def flush(self) -> bool:
+        return self.write([])
+
+    def _retain(self, batch: list[job_pb2.IterationMetric]) -> None:
+        with self._lock:
+            first = not self._rows
+            self._rows.extendleft(reversed(batch))  # before anything retained meanwhile: oldest first
+            over = len(self._rows) - self._limit
+            for _ in range(max(0, over)):
+                self._rows.popleft()
+            kept = len(self._rows)
+        if over > 0:
+            DROPPED.labels("iteration_metrics").inc(over)
+            log.error("iteration rows dropped: the store has been away too long", extra={"dropped": over})
+        elif first:
+            log.warning("the store did not take iteration rows; keeping them to send again",
+                        extra={"retained": kept})

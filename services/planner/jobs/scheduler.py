@@ -34,7 +34,7 @@ from services.planner.jobs.admit import HOLDING, Reader, Snapshot, epoch_s
 from services.planner.jobs.assign import backend_for, pipeline_shape, place_on
 from services.planner.jobs.control import TRANSIENT
 from services.planner.jobs.lifecycle import TERMINAL
-from services.planner.jobs.metrics import iteration_metric, observe_iteration
+from services.planner.jobs.metrics import RetainedRows, iteration_metric, observe_iteration
 from services.planner.jobs.rebalance import Rebalancer
 from services.planner.jobs.recovery import Recovery
 from services.planner.jobs.running import (
@@ -47,7 +47,7 @@ from services.planner.jobs.running import (
 )
 from services.planner.online import OnlineOptions
 from services.runtime.errors import BallastError, FailedPrecondition, InvalidArgument
-from services.runtime.metrics import DROPPED, forget_job
+from services.runtime.metrics import forget_job
 from services.runtime.store_api import Store, every_page
 
 log = logging.getLogger("ballast.scheduler")
@@ -84,6 +84,8 @@ class Scheduler(Recovery):
         self._root = checkpoint_root
         self._interval, self._pg_timeout = interval_s, process_group_timeout_s
         self._running: dict[str, Running] = {}
+        self._rows = RetainedRows(lambda rows: store.write_iteration_metrics(
+            store_pb2.WriteIterationMetricsRequest(metrics=rows)), TRANSIENT)
         self.admission = Reader(store)
         self._replan = replan  # queues a re-plan of a job for a device count (prepare.py); None: never
         self._lock = threading.RLock()
@@ -120,6 +122,7 @@ class Scheduler(Recovery):
                 log.exception("scheduler tick failed")
 
     def tick(self) -> None:
+        self._rows.flush()  # what a store that was away could not take
         self._watch_hosts()
         self._parole()
         snap = self.admit()
@@ -456,12 +459,7 @@ class Scheduler(Recovery):
                     self._morph_resumed(running)
             rows.append(iteration_metric(st, plan))
             observe_iteration(rows[-1])
-        try:
-            self._store.write_iteration_metrics(store_pb2.WriteIterationMetricsRequest(metrics=rows))
-        except BallastError as exc:
-            if not isinstance(exc, TRANSIENT):  # a transient failure is replayed by the agent; this is given up
-                DROPPED.labels("iteration_metrics").inc(len(rows))
-            raise
+        self._rows.write(rows)  # a store that is away gets them later: the workers report each iteration once
         for running in watched.values():
             if running.iteration >= running.stutter_next and not running.stopping:
                 running.stutter_next = running.iteration + stutter.WINDOW  # judged again on a fresh window
@@ -509,6 +507,7 @@ class Scheduler(Recovery):
             all_finished = len(running.finished) == running.world
             stopping = running.stopping or ("drained" if running.drained else "")
         if all_finished:
+            self._rows.flush()  # the job's last rows stored before it ends (its calibration reads them)
             loss = f"; final loss {running.last_loss:.4f}" if running.last_loss is not None else ""
             done = self._transition(running.job, S.JOB_STATE_SUCCEEDED,
                                     f"trained {running.job.spec.iterations} iteration(s){loss}", "SUCCEEDED")
