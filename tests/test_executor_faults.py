@@ -16,6 +16,9 @@ from services.executor.train.worker import is_infrastructure
     (RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1234"), True),
     (RuntimeError("Socket Timeout"), True),
     (type("DistNetworkError", (RuntimeError,), {})("x"), True),
+    (OSError(28, "No space left on device"), True),  # the host's disk: a checkpoint could not be written
+    (OSError(122, "Disk quota exceeded"), True),
+    (FileNotFoundError(2, "No such file or directory"), False),  # the model's own path
     (ValueError("shapes (4, 3) and (2,) not aligned"), False),
     (RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x3 and 2x5)"), False),
     (ZeroDivisionError(), False),

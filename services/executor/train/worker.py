@@ -46,6 +46,7 @@ none. The plan in force changes only at an iteration boundary that every rank ag
 
 from __future__ import annotations
 
+import errno
 import faulthandler
 import json
 import os
@@ -77,13 +78,18 @@ TRACEBACK_CHARS = 4000
 # What a broken collective or p2p transfer says, whatever the backend: a lost peer, not the model's fault.
 BROKEN_LINK = ("connection closed", "connection reset", "broken pipe", "gloo", "nccl", "timed out", "timeout",
                "socket", "peer")
+# The host's storage failing under a checkpoint or a log: no space, over quota, an I/O error.
+HOST_DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO})
 __all__ = ["Stopped", "main", "run"]
 
 
 def is_infrastructure(exc: BaseException) -> bool:
-    """Whether an exception reports lost infrastructure (a dead peer, the network, a collective's timeout)
-    rather than an error in the model's code; the planner morphs the job for the first, fails it for the other."""
+    """Whether an exception reports lost infrastructure (a dead peer, the network, a collective's timeout, the
+    host's disk full or failing) rather than an error in the model's code; the planner morphs the job for the
+    first (it resumes from the last complete checkpoint, within its retry budget), fails it for the other."""
     if isinstance(exc, (ConnectionError, TimeoutError)) or type(exc).__name__.startswith("Dist"):
+        return True
+    if isinstance(exc, OSError) and exc.errno in HOST_DISK_ERRNOS:
         return True
     return isinstance(exc, RuntimeError) and any(word in str(exc).lower() for word in BROKEN_LINK)
 
