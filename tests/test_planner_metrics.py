@@ -111,3 +111,23 @@ def test_a_refusal_that_is_not_passing_drops_its_batch_and_is_raised():
     with pytest.raises(NotFound):
         writer.write(rows(1))
     assert writer.retained == 0
+
+
+def test_a_backlog_goes_in_parts_and_a_part_refused_for_good_costs_only_itself(monkeypatch):
+    from services.planner.jobs import metrics
+    from services.runtime.errors import NotFound, Unavailable
+
+    monkeypatch.setattr(metrics, "SEND_ROWS", 2)
+    store = FlakyStore(Unavailable("away"), Unavailable("away"))
+    sizes: list[int] = []
+    writer = metrics.RetainedRows(lambda part: (sizes.append(len(part)), store(part)), (Unavailable,))
+    writer.write(rows(0, 1, 2))
+    writer.write(rows(3, 4))
+    assert writer.flush() is True and sizes[-3:] == [2, 2, 1]
+    assert sorted(i for i, _ in store.rows) == [0, 1, 2, 3, 4]
+
+    store.errors = [Unavailable("away"), NotFound("job gone")]
+    writer.write(rows(5, 6, 7))
+    with pytest.raises(NotFound):
+        writer.flush()  # the first part (5, 6) is refused for good
+    assert writer.retained == 1 and writer.flush() is True and 7 in {i for i, _ in store.rows}

@@ -16,6 +16,7 @@ from services.runtime.metrics import DROPPED, ITERATION_SECONDS, JOB_ITERATION_S
 
 log = logging.getLogger("ballast.metrics")
 MAX_RETAINED = 200_000  # rows kept for a store that is away (a few minutes of a large job's reports)
+SEND_ROWS = 2_000  # rows per store call when a backlog is sent (about 0.3 MB)
 
 
 def plan_stage(plan: plan_pb2.Plan | None, stage_index: int) -> plan_pb2.Stage | None:
@@ -74,8 +75,8 @@ class RetainedRows:
     A worker reports each iteration once, so a row the planner does not keep is lost for good. Sending a row
     twice is harmless: the store skips rows it already holds (same job, plan version, iteration, stage and
     replica), so a batch whose answer was lost is not stored twice. Bounded: past `limit` the oldest rows are
-    dropped and counted (ballast_dropped_total). A refusal that is not passing (a job deleted meanwhile) drops
-    its batch, counted, and is raised."""
+    dropped and counted (ballast_dropped_total). A backlog goes in parts of SEND_ROWS; a refusal that is not
+    passing (a job deleted meanwhile) drops its part, counted, keeps the rest and is raised."""
 
     def __init__(self, sink: Callable[[list[job_pb2.IterationMetric]], object],
                  transient: tuple[type[BallastError], ...], limit: int = MAX_RETAINED):
@@ -93,16 +94,17 @@ class RetainedRows:
         with self._lock:
             batch = [*self._rows, *rows]
             self._rows.clear()
-        if not batch:
-            return True
-        try:
-            self._sink(batch)
-        except self._transient:
-            self._retain(batch)
-            return False
-        except BallastError:
-            DROPPED.labels("iteration_metrics").inc(len(batch))
-            raise
+        for start in range(0, len(batch), SEND_ROWS):  # a long outage's backlog goes in messages of bounded size
+            part = batch[start:start + SEND_ROWS]
+            try:
+                self._sink(part)
+            except self._transient:
+                self._retain(batch[start:])
+                return False
+            except BallastError:
+                self._retain(batch[start + SEND_ROWS:])
+                DROPPED.labels("iteration_metrics").inc(len(part))
+                raise
         return True
 
     def flush(self) -> bool:
