@@ -111,6 +111,8 @@ class RetainedRows:
         return self.write([])
 
     def _retain(self, batch: list[job_pb2.IterationMetric]) -> None:
+        if not batch:  # a last part refused for good leaves nothing to keep (and nothing to warn about)
+            return
         with self._lock:
             first = not self._rows
             self._rows.extendleft(reversed(batch))  # before anything retained meanwhile: oldest first
