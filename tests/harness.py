@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from ballast.client import Client, open_channel
 from ballast.config import Settings, load_settings
 from ballast.transport import agent_transport, client_transport
 from ballast.v1 import executor_pb2_grpc
+from services.runtime.ports import free_port
 from services.runtime.server import Server
 from services.runtime.store_client import RemoteStore
 from services.store import schema
@@ -46,16 +46,13 @@ def proto_rpcs() -> dict[str, object]:
     return found
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+
+AGENT_PORTS = 8  # the most executor agents one test plane starts
 
 
 def make_settings(data_dir: Path, **overrides: object) -> Settings:
     ports = {f"{name}_port": free_port() for name in ("store", "profiler", "planner", "planner_agent", "dashboard")}
-    # Executor agents take executor_port + i: leave a gap so they never collide with the services.
-    ports["executor_port"] = free_port()
+    ports["executor_port"] = free_port(block=AGENT_PORTS)  # agent i serves on executor_port + i
     # metrics endpoints stay off unless a test asks (tests/test_metrics.py): many planes share this process
     ports.update({f"{name}_metrics_port": 0 for name in ("store", "profiler", "planner", "worker", "executor")})
     env = {k: v for k, v in os.environ.items() if not k.startswith("BALLAST_")}
@@ -237,6 +234,7 @@ def executor_plane(data_dir: Path, queue: str, agents: int = 2, agent_env: dict[
     they say otherwise)."""
     from ballast.v1 import fleet_pb2, store_pb2
 
+    assert agents <= AGENT_PORTS, f"a test plane reserves ports for {AGENT_PORTS} agents"
     settings = make_settings(data_dir, queue=queue, **{"lease_seconds": 10.0, "sweep_interval_s": 0.5,
                                                        "worker_heartbeat_s": 0.5, **QUIET_STRAGGLERS, **overrides})
     plane = start_plane(settings)

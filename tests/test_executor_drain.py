@@ -21,11 +21,12 @@ from ballast.v1 import executor_pb2, model_pb2
 from services.executor.agent import Agent
 from services.executor.train.checkpoint import checkpoint_path, read_manifest
 from services.executor.train.config import WorkerConfig
-from services.executor.train.launch import free_port, plan_configs, run_local
+from services.executor.train.launch import plan_configs, run_local
 from services.executor.train.reference import train_single
 from services.executor.train.worker import STOPPED_EXIT, Stopped, run
 from services.executor.workers import Workers
 from services.runtime.allocator import STEADY_ALLOCATOR
+from services.runtime.ports import free_port
 from tests.harness import torch_threads
 from tests.test_executor_workers import assign_message
 

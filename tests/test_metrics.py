@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ballast.tls import tls_files
 from ballast.v1 import job_pb2, model_pb2, services_pb2, store_pb2
 from services.runtime.metrics_http import metrics_url
-from tests.harness import Plane, executor_plane, free_port, job_story, make_settings, start_plane, wait_for
+from tests.harness import AGENT_PORTS, Plane, executor_plane, free_port, job_story, make_settings, start_plane, wait_for
 from tests.store_builders import gpt, job_spec
 
 S = job_pb2.JobState
@@ -87,7 +87,7 @@ def test_endpoints_are_tls_only(plane: Plane) -> None:
 @pytest.mark.slow
 def test_a_training_run_moves_the_iteration_metrics(tmp_path) -> None:
     ports = {f"{name}_metrics_port": free_port() for name in (*PORTS, "worker")}
-    ports["executor_metrics_port"] = free_port()
+    ports["executor_metrics_port"] = free_port(block=AGENT_PORTS)  # agent i serves metrics on this + i
     model = model_pb2.ModelSpec(name="metered-gpt", family=model_pb2.MODEL_FAMILY_GPT,
                                 transformer=model_pb2.TransformerConfig(num_layers=2, hidden_size=32, num_heads=2,
                                                                         vocab_size=128, seq_length=16))

@@ -16,9 +16,10 @@ from ballast.v1 import model_pb2
 from services.executor.train import checkpoint as ckpt
 from services.executor.train.background import BackgroundWriter
 from services.executor.train.config import WorkerConfig
-from services.executor.train.launch import free_port, plan_configs, run_local
+from services.executor.train.launch import plan_configs, run_local
 from services.executor.train.reference import train_single
 from services.runtime.allocator import STEADY_ALLOCATOR
+from services.runtime.ports import free_port
 
 SPEC = ParseDict({"name": "gpt-small", "family": "MODEL_FAMILY_GPT", "transformer": {
     "num_layers": 2, "hidden_size": 32, "num_heads": 2, "vocab_size": 64, "seq_length": 16}}, model_pb2.ModelSpec())

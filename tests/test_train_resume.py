@@ -17,9 +17,10 @@ from google.protobuf.json_format import MessageToDict, ParseDict
 from ballast.v1 import model_pb2
 from services.executor.train.checkpoint import checkpoint_path
 from services.executor.train.config import WorkerConfig
-from services.executor.train.launch import free_port, plan_configs, run_local
+from services.executor.train.launch import plan_configs, run_local
 from services.executor.train.reference import train_single
 from services.runtime.allocator import STEADY_ALLOCATOR
+from services.runtime.ports import free_port
 
 SPEC = ParseDict({"name": "gpt-small", "family": "MODEL_FAMILY_GPT", "transformer": {
     "num_layers": 4, "hidden_size": 64, "num_heads": 2, "vocab_size": 128, "seq_length": 32,

@@ -10,10 +10,10 @@ from google.protobuf.json_format import MessageToDict, ParseDict
 from ballast.v1 import model_pb2
 from services.executor.train.config import WorkerConfig
 from services.executor.train.data import batch_for
-from services.executor.train.launch import free_port
 from services.executor.train.reference import train_single
 from services.executor.train.stage import build_stage
 from services.executor.train.worker import Stopped, run
+from services.runtime.ports import free_port
 from services.zoo import build_model
 
 TEXT = {"hidden_size": 32, "num_heads": 4, "vocab_size": 64, "seq_length": 16, "tie_embeddings": True}

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,12 +18,7 @@ from typing import Any
 
 from services.executor.train.config import WorkerConfig
 from services.executor.train.dims import ParallelDims
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from services.runtime.ports import free_port
 
 
 def plan_configs(template: WorkerConfig, stage_bounds: list[list[int]], num_replicas: int) -> list[WorkerConfig]:

@@ -48,6 +48,7 @@ from services.planner.jobs.running import (
 from services.planner.online import OnlineOptions
 from services.runtime.errors import BallastError, FailedPrecondition, InvalidArgument
 from services.runtime.metrics import forget_job
+from services.runtime.ports import free_port
 from services.runtime.store_api import Store, every_page
 
 log = logging.getLogger("ballast.scheduler")
@@ -580,7 +581,5 @@ def _parse_ranks(text: str) -> dict[str, list[int]]:
 def _port(address: str) -> int:
     """A free port when rank 0 is on this machine; elsewhere one from torch's customary range."""
     if address in LOCAL_ADDRESSES or address == socket.gethostname():
-        with socket.socket() as s:
-            s.bind(("", 0))
-            return s.getsockname()[1]
+        return free_port("")
     return random.randint(29500, 29999)
