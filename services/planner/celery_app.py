@@ -23,6 +23,7 @@ from ballast.v1 import queue_pb2, services_pb2_grpc, store_pb2
 from services.planner.jobs import calibrate_job, prepare
 from services.planner.plans import operations
 from services.planner.queue import durable
+from services.planner.queue.publisher import Publisher
 from services.runtime.metrics_http import serve_metrics
 from services.runtime.store_client import remote_stores
 
@@ -108,20 +109,19 @@ def sqlite_broker_wal(broker_url: str) -> None:
         log.warning("could not put the broker in WAL mode: %s", exc)
 
 
-def sender(app: Celery, queue_name: str):
-    """A `send(request_id)` that puts a request id on the planner queue. On the embedded SQLite broker this
-    process's sends go one at a time: concurrent writers would each wait in SQLite's busy handler, which
-    sleeps in growing steps (up to 100 ms) however soon the lock frees."""
-    gate = threading.Lock() if app.conf.broker_url.startswith("sqla+sqlite:") else None
+def sender(app: Celery, queue_name: str) -> Publisher:
+    """A started `send(request_id)` that puts request ids on the planner queue from a thread of its own
+    (queue/publisher.py: the caller does not wait for the broker; a failed publish is retried). One thread also
+    means this process's publishes go one at a time, which the embedded SQLite broker needs: concurrent writers
+    would each wait in SQLite's busy handler, which sleeps in growing steps (up to 100 ms) however soon the lock
+    frees."""
 
-    def send(request_id: str) -> None:
-        if gate is None:
-            app.send_task(TASK, args=[request_id], queue=queue_name)
-            return
-        with gate:
-            app.send_task(TASK, args=[request_id], queue=queue_name)
+    def publish(request_id: str) -> None:
+        app.send_task(TASK, args=[request_id], queue=queue_name)
 
-    return send
+    publisher = Publisher(publish)
+    publisher.start()
+    return publisher
 
 
 class WorkerHeartbeat(threading.Thread):

@@ -19,6 +19,7 @@ from services.planner.jobs.scheduler import Scheduler
 from services.planner.plans import operations as plans
 from services.planner.policy_file import apply_policy_file
 from services.planner.queue import durable
+from services.planner.queue.publisher import Publisher
 from services.runtime.audit import audit_to
 from services.runtime.context import current_principal, remaining_time
 from services.runtime.metrics_http import register_collector
@@ -49,6 +50,7 @@ def build_server(settings: Settings, address: str | None = None, send: durable.S
     Agents connect on the second, mutual-TLS port (`agent_address`, default the planner_agent_port)."""
     as_caller, as_platform = remote_stores(settings)
     apply_policy_file(as_platform, settings.fleet_policy)  # --policy / BALLAST_FLEET_POLICY; a bad file stops here
+    owned = send is None  # a publisher of its own, stopped (flushed) with the server
     send = send or sender(make_app(settings), settings.queue)
     def replan(job, devices: int, engine: int = 0) -> None:  # one request per plan version: never deduped
         durable.submit(as_platform, PREPARE, {"job_id": job.id, "devices": devices, "after": job.plan_version,
@@ -130,7 +132,8 @@ def build_server(settings: Settings, address: str | None = None, send: durable.S
             register=register,
             services=[PLANNER.full_name, JOBS.full_name, CONTROL.full_name, FLEET.full_name],
             authenticate=StoreAuthenticator(anonymous_store(settings)),
-            on_stop=[sweeper.stop, scheduler.stop, registry.close_all, what_if.close],
+            on_stop=[sweeper.stop, scheduler.stop, registry.close_all, what_if.close,
+                     *([send.stop] if owned and isinstance(send, Publisher) else [])],
             # One Connect stream per executor host, never crowded out by Watch streams.
             max_workers=160,
             max_streams=32,

@@ -118,21 +118,31 @@ def shared_fields(
     its column; `field` is the proto path of `src`, for the errors a bad value raises.
     """
     to_proto = isinstance(dst, type) and issubclass(dst, Message)
-    descriptor = dst.DESCRIPTOR if to_proto else src.DESCRIPTOR
-    columns = _columns(type(src) if to_proto else dst)
-    out: dict[str, Any] = {}
-    for f in descriptor.fields:
-        name, kind = (rename or {}).get(f.name, f.name), _kind(f)
-        if f.name in skip or name not in columns or kind == "message":
-            continue
-        if to_proto:
+    renamed = tuple(sorted(rename.items())) if rename else ()
+    if to_proto:
+        out: dict[str, Any] = {}
+        for f, name, kind in _plan(type(src), dst, renamed, frozenset(skip), True):
             value = getattr(src, name)
             if value is not None:
                 out[f.name] = _proto_value(f, kind, value)
-        elif kind != "timestamp":
-            path = f"{field}.{f.name}" if field else f.name
-            out[name] = _row_value(f, kind, getattr(src, f.name), columns[name], path)
-    return out
+        return out
+    columns = _columns(dst)
+    return {name: _row_value(f, kind, getattr(src, f.name), columns[name], f"{field}.{f.name}" if field else f.name)
+            for f, name, kind in _plan(dst, type(src), renamed, frozenset(skip), False)}
+
+
+@cache
+def _plan(table: type[Base], proto: type[Message], renamed: tuple[tuple[str, str], ...], skip: frozenset[str],
+          to_proto: bool) -> tuple[tuple[FieldDescriptor, str, str], ...]:
+    """(field, column name, kind) that shared_fields copies between `table` and `proto`: worked out once per
+    pair, not on every row (a page of jobs converted every row's fields from the descriptors again)."""
+    rename, columns, out = dict(renamed), _columns(table), []
+    for f in proto.DESCRIPTOR.fields:
+        name, kind = rename.get(f.name, f.name), _kind(f)
+        if f.name in skip or name not in columns or kind == "message" or (kind == "timestamp" and not to_proto):
+            continue
+        out.append((f, name, kind))
+    return tuple(out)
 
 
 def _kind(f: FieldDescriptor) -> str:
@@ -149,16 +159,21 @@ def _proto_value(f: FieldDescriptor, kind: str, value: Any) -> Any:
     if kind == "timestamp":
         return ts(value)
     if kind == "enum":
-        enum = EnumTypeWrapper(f.enum_type)
+        enum = _enum(f.enum_type)
         return [enum.Value(v) for v in value] if f.is_repeated else enum.Value(value)
     return value
+
+
+@cache
+def _enum(descriptor: Any) -> EnumTypeWrapper:
+    return EnumTypeWrapper(descriptor)
 
 
 def _row_value(f: FieldDescriptor, kind: str, value: Any, column: sa.Column, path: str) -> Any:
     if kind == "map":
         return dict(value)
     if kind == "enum":
-        enum = EnumTypeWrapper(f.enum_type)
+        enum = _enum(f.enum_type)
         return [enum_name(enum, v, path) for v in value] if f.is_repeated else enum_name(enum, value, path)
     if f.is_repeated:
         return list(value)

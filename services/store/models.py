@@ -267,7 +267,9 @@ class Job(Base):
     message: Mapped[str] = mapped_column(sa.Text, default="")
     iteration: Mapped[int] = mapped_column(default=0)
     last_event_seq: Mapped[int] = mapped_column(sa.BigInteger, default=0)
-    spec: Mapped[dict[str, Any]]
+    # Loaded only when read: the store answers from its cache of parsed specs (repo/jobs.py SpecCache), so a
+    # page of jobs need not decode every spec's JSON.
+    spec: Mapped[dict[str, Any]] = mapped_column(deferred=True)
     created_at: Mapped[datetime] = mapped_column(index=True)
     updated_at: Mapped[datetime]
     # The fleet policy's class the job runs under (resolved at submit), so wait times group by it in SQL.

@@ -42,9 +42,9 @@ class HostsView:
 def submit(store: Store, request: services_pb2.SubmitJobRequest,
            send: durable.Send, hosts: HostsView | None = None) -> job_pb2.Job:
     """Store the job, its model, its SUBMITTED event and the request that prepares it (profile and plan,
-    services/planner/jobs/prepare.py) in one store transaction (validated there), as the caller, then put the
-    request on the broker. A job whose preparation could not be sent is failed with the reason rather than
-    left waiting for nothing."""
+    services/planner/jobs/prepare.py) in one store transaction (validated there), as the caller, then hand the
+    request to `send` (the planner's broker publisher, which does not wait for the broker). A job whose
+    preparation could not be handed over is failed with the reason rather than left waiting for nothing."""
     if not request.HasField("spec"):
         raise InvalidArgument("required", field="spec", fix="send a JobSpec with model, global_batch_size, iterations")
     if request.spec.HasField("fleet"):

@@ -135,6 +135,7 @@ class RepositoryBase:
         self._write_gate: AbstractContextManager = (threading.Lock() if engine.dialect.name == "sqlite"
                                                     else nullcontext())
         self.principals = PrincipalCache()  # bearer tokens resolved lately (services/store/repo/tenants.py)
+        self.policies: dict[int, bytes] = {}  # fleet policy versions, parsed once: a version never changes
 
     @contextmanager
     def _tx(self, *, write: bool) -> Iterator[Session]:

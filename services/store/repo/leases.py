@@ -55,7 +55,16 @@ class LeaseStore(RepositoryBase):
         return s.scalars(stmt.limit(1)).first()
 
     def current_policy(self, s: Session) -> fleet_pb2.FleetPolicy:
-        return policy_pb(self._policy_row(s))
+        """The latest policy version. Every submit reads it: only the version number comes from the database,
+        the version's parsed policy from `self.policies` (a stored version is never rewritten)."""
+        version = s.scalar(sa.select(sa.func.max(m.FleetPolicyVersion.version)))
+        if not version:
+            return policy_pb(None)
+        known = self.policies.get(version)
+        if known is None:
+            known = policy_pb(self._policy_row(s, version)).SerializeToString()
+            self.policies[version] = known
+        return fleet_pb2.FleetPolicy.FromString(known)
 
     def get_fleet_policy(self, p: Principal, req: store_pb2.GetFleetPolicyRequest) -> fleet_pb2.FleetPolicy:
         with self._tx(write=False) as s:
