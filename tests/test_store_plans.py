@@ -7,7 +7,7 @@ import threading
 import pytest
 import sqlalchemy as sa
 
-from ballast.v1 import plan_pb2, store_pb2
+from ballast.v1 import common_pb2, plan_pb2, store_pb2
 from services.runtime.auth import Principal
 from services.runtime.errors import AlreadyExists, InvalidArgument, NotFound
 from tests.store_builders import page, plan_msg, profile_msg
@@ -49,6 +49,25 @@ def test_plan_round_trip_versions_and_filters(store: Store):
     with store.engine.connect() as conn:
         row = conn.execute(sa.text(f"SELECT engine, pipeline_degree FROM plans WHERE id = '{second.id}'")).one()
     assert tuple(row) == ("PLAN_ENGINE_VPIPE", 2)
+
+
+def test_a_layer_keeps_its_dp_flavour(store: Store):
+    """ZeRO-1 / ZeRO-2 layers read back as such (plan_layers.dp_sharding); an unknown flavour is refused."""
+    a, job = store.as_(store.a), new_job(store)
+    sent = plan_msg(job.model_id, job_id=job.id, layers=3)
+    for layer, flavour in zip(sent.layers, (0, common_pb2.DP_SHARDING_ZERO1, common_pb2.DP_SHARDING_ZERO2),
+                              strict=True):
+        layer.dp, layer.dp_sharding = 2, flavour
+    stored = a.get_plan(store_pb2.GetRequest(id=a.create_plan(store_pb2.CreatePlanRequest(plan=sent)).id))
+    assert [x.dp_sharding for x in stored.layers] == [0, common_pb2.DP_SHARDING_ZERO1, common_pb2.DP_SHARDING_ZERO2]
+    with store.engine.connect() as conn:
+        names = conn.execute(sa.text(f"SELECT dp_sharding FROM plan_layers WHERE plan_id = '{stored.id}' "
+                                     "ORDER BY layer_index")).scalars().all()
+    assert names == ["DP_SHARDING_UNSPECIFIED", "DP_SHARDING_ZERO1", "DP_SHARDING_ZERO2"]
+    sent.layers[2].dp_sharding = 77
+    with pytest.raises(InvalidArgument) as err:
+        a.create_plan(store_pb2.CreatePlanRequest(plan=sent))
+    assert err.value.field == "plan.layers[2].dp_sharding"
 
 
 def test_create_plan_with_invalid_layer_writes_nothing(store: Store):

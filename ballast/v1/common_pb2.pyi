@@ -30,6 +30,14 @@ class ParallelDim(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PARALLEL_DIM_SDP: _ClassVar[ParallelDim]
     PARALLEL_DIM_TP: _ClassVar[ParallelDim]
     PARALLEL_DIM_PP: _ClassVar[ParallelDim]
+    PARALLEL_DIM_ZERO1: _ClassVar[ParallelDim]
+    PARALLEL_DIM_ZERO2: _ClassVar[ParallelDim]
+
+class DpSharding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DP_SHARDING_UNSPECIFIED: _ClassVar[DpSharding]
+    DP_SHARDING_ZERO1: _ClassVar[DpSharding]
+    DP_SHARDING_ZERO2: _ClassVar[DpSharding]
 DTYPE_UNSPECIFIED: DType
 DTYPE_FP32: DType
 DTYPE_FP16: DType
@@ -43,6 +51,11 @@ PARALLEL_DIM_DP: ParallelDim
 PARALLEL_DIM_SDP: ParallelDim
 PARALLEL_DIM_TP: ParallelDim
 PARALLEL_DIM_PP: ParallelDim
+PARALLEL_DIM_ZERO1: ParallelDim
+PARALLEL_DIM_ZERO2: ParallelDim
+DP_SHARDING_UNSPECIFIED: DpSharding
+DP_SHARDING_ZERO1: DpSharding
+DP_SHARDING_ZERO2: DpSharding
 
 class PageRequest(_message.Message):
     __slots__ = ("page_size", "page_token")

@@ -45,7 +45,7 @@ SCHEDULE_VARUNA: Schedule
 SCHEDULE_HARMONY_WRAP: Schedule
 
 class LayerStrategy(_message.Message):
-    __slots__ = ("layer_index", "stage_index", "dp", "sdp", "tp", "order", "checkpoint", "swap_activations")
+    __slots__ = ("layer_index", "stage_index", "dp", "sdp", "tp", "order", "checkpoint", "swap_activations", "dp_sharding")
     LAYER_INDEX_FIELD_NUMBER: _ClassVar[int]
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     DP_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +54,7 @@ class LayerStrategy(_message.Message):
     ORDER_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     SWAP_ACTIVATIONS_FIELD_NUMBER: _ClassVar[int]
+    DP_SHARDING_FIELD_NUMBER: _ClassVar[int]
     layer_index: int
     stage_index: int
     dp: int
@@ -62,7 +63,8 @@ class LayerStrategy(_message.Message):
     order: _containers.RepeatedScalarFieldContainer[_common_pb2.ParallelDim]
     checkpoint: bool
     swap_activations: bool
-    def __init__(self, layer_index: _Optional[int] = ..., stage_index: _Optional[int] = ..., dp: _Optional[int] = ..., sdp: _Optional[int] = ..., tp: _Optional[int] = ..., order: _Optional[_Iterable[_Union[_common_pb2.ParallelDim, str]]] = ..., checkpoint: _Optional[bool] = ..., swap_activations: _Optional[bool] = ...) -> None: ...
+    dp_sharding: _common_pb2.DpSharding
+    def __init__(self, layer_index: _Optional[int] = ..., stage_index: _Optional[int] = ..., dp: _Optional[int] = ..., sdp: _Optional[int] = ..., tp: _Optional[int] = ..., order: _Optional[_Iterable[_Union[_common_pb2.ParallelDim, str]]] = ..., checkpoint: _Optional[bool] = ..., swap_activations: _Optional[bool] = ..., dp_sharding: _Optional[_Union[_common_pb2.DpSharding, str]] = ...) -> None: ...
 
 class Stage(_message.Message):
     __slots__ = ("index", "layer_begin", "layer_end", "devices", "predicted_time_s", "predicted_peak_memory_bytes")

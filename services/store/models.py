@@ -236,6 +236,8 @@ class PlanLayer(Base):
     order: Mapped[list[Any]]
     checkpoint: Mapped[bool]
     swap_activations: Mapped[bool]
+    dp_sharding: Mapped[str] = mapped_column(EnumName, default="DP_SHARDING_UNSPECIFIED",
+                                             server_default="DP_SHARDING_UNSPECIFIED")
 
 
 class PlanCandidate(Base):

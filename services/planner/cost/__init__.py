@@ -1,10 +1,10 @@
 """The per-layer cost model every planner shares (pure: no I/O, no grpc, deterministic).
 
-profile_view: a Profile as interpolating per-layer tables (ModelView); comm: collective and p2p
-prices from measured fits or fleet links; strategy: per-layer DP/SDP/TP/CKPT/swap and model-state
-formats; layer: time and memory of one layer under one strategy, transformation costs; stage /
-pipeline: StageCost and Pipeline for the simulator (services.planner.sim.model), in-flight counts
-and peak memory without simulating. Each module's docstring states its modelling rules.
+profile_view: a Profile as interpolating per-layer tables (ModelView); comm: collective and p2p prices from
+measured fits or fleet links; strategy: per-layer DP/SDP/TP/CKPT/swap, DP flavours (plain, ZeRO-1, ZeRO-2) and
+model-state formats; layer: time and memory of one layer under one strategy, transformation costs; stage /
+pipeline: StageCost and Pipeline for the simulator (services.planner.sim.model), in-flight counts and peak
+memory without simulating. Each module's docstring states its modelling rules.
 """
 
 from services.planner.cost.comm import CommLine, CommModel, FleetView, Scope
@@ -38,7 +38,14 @@ from services.planner.cost.profile_view import (
     from_profile,
 )
 from services.planner.cost.stage import cut_bytes, stage_cost, stage_layer_costs
-from services.planner.cost.strategy import BYTES_PER_PARAM, Dim, LayerStrategy, ModelStateFormat, Precision
+from services.planner.cost.strategy import (
+    BYTES_PER_PARAM,
+    Dim,
+    DpSharding,
+    LayerStrategy,
+    ModelStateFormat,
+    Precision,
+)
 
 __all__ = [
     "BYTES_PER_PARAM",
@@ -49,6 +56,7 @@ __all__ = [
     "CostOptions",
     "DeviceLayout",
     "Dim",
+    "DpSharding",
     "FleetView",
     "LayerCost",
     "LayerDoesNotFit",

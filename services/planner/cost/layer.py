@@ -16,6 +16,13 @@ Time per micro-batch, one device:
   gradients per micro-batch: 1.5x the volume of DP's allreduce (§III-A);
 * DP: one allreduce of the gradient shard ``G / (tp * sdp)`` per *iteration* (gradients accumulate
   over micro-batches), reported separately as `grad_sync_s`.
+* DP flavours (strategy.DpSharding, ZeRO over the dp replicas, d = dp): ZeRO-1 all-reduces the gradients
+  as plain DP, updates only its 1/d of the optimizer states, then all-gathers the updated parameters
+  ``P / (tp * sdp)`` (volume (d-1)/d of them; `param_gather_s`); ZeRO-2 reduce-scatters the gradients
+  instead ((d-1)/d of them, half an all-reduce) once per iteration, after the last micro-batch's backward
+  of the layer, then updates and all-gathers like ZeRO-1. The all-gather follows the optimizer step, so
+  nothing overlaps it (stage level adds it after the exposed sync); the step itself covers 1/d of the
+  states (`update_s`).
 
 Overlap (§V). When gradient communication runs beside backward compute both slow down by the
 measured factor k (warp contention); whichever finishes first leaves the other to run alone at full
@@ -28,13 +35,20 @@ A dimension's groups are intra-node when each group's devices share a node (give
 stage's device block starts, `offsets`), inter-node otherwise: inner dims keep NVLink while their
 group fits a node, outer ones spill to the network.
 
-Memory per device (Eq. 1-3): model states Oms = (P + G + O) / (tp * sdp) (DP replicates; SDP shards all
-three, ZeRO-3; TP shards the weights). Forward activations Of per in-flight micro-batch, at share s:
-boundary input (replicated across TP ranks, Galvatron's "additional replications") plus, without
-checkpointing, the stashed intermediates / tp; under checkpointing Of = boundary and the recomputed
-intermediates / tp are the backward transient Ob (c(f)=c(bnd), c(b)=c(int)). SDP adds the gathered
-full weights and unreduced gradients of the running layer to Ob. With swap, Of is also `swap_bytes`:
-it leaves the device after the forward and is back before the backward (pipeline.peak_memory).
+Memory per device (Eq. 1-3): model states Oms = (P + G + O) / (tp * sdp) (DP replicates; SDP shards all three,
+ZeRO-3; TP shards the weights). ZeRO-1: Oms = (P + G + O / d) / (tp * sdp). ZeRO-2: Oms = (P + G / d + O / d)
+/ (tp * sdp) while one micro-batch makes the iteration, the running layer's full gradient a backward transient
+until its reduce-scatter; with several micro-batches the gradients accumulate in full until the
+once-per-iteration reduce-scatter, so the rest of them, `accumulation_bytes` = G (1 - 1/d) / (tp * sdp), is
+resident for the iteration instead (LayerCost.resident_bytes / transient_bytes take the micro-batch count).
+With CostOptions.zero2_reduce_scatter_per_layer off (reduce-scatters after the stage's whole backward) every
+ZeRO-2 gradient is held in full through the backward at any micro-batch count: ZeRO-1's Oms.
+Forward activations Of per in-flight micro-batch, at share s: boundary input (replicated across TP ranks,
+Galvatron's "additional replications") plus, without checkpointing, the stashed intermediates / tp; under
+checkpointing Of = boundary and the recomputed intermediates / tp are the backward transient Ob (c(f)=c(bnd),
+c(b)=c(int)). SDP adds the gathered full weights and unreduced gradients of the running layer to Ob. With
+swap, Of is also `swap_bytes`: it leaves the device after the forward and is back before the backward
+(pipeline.peak_memory).
 
 Transformation (Eq. 4, Slice-Gather §VI): between neighbours with different layouts each device
 must end up holding the samples the next layer assigns it; slicing what it already holds is free,
@@ -49,7 +63,7 @@ from dataclasses import dataclass
 
 from services.planner.cost.comm import Scope
 from services.planner.cost.context import CostContext
-from services.planner.cost.strategy import Dim, LayerStrategy
+from services.planner.cost.strategy import Dim, DpSharding, LayerStrategy
 
 
 def overlap_time(compute_s: float, comm_s: float, slowdown: float) -> float:
@@ -88,10 +102,29 @@ class LayerCost:
     scopes: tuple[tuple[Dim, Scope], ...]
     sources: tuple[str, ...]  # where each comm price came from (measured / from fleet links)
     update_s: float = 0.0  # the optimizer step over this device's share of the layer, once per iteration
+    param_gather_s: float = 0.0  # ZeRO-1/2: all-gather of the updated parameters after the step, not overlapped
+    accumulation_bytes: float = 0.0  # ZeRO-2: gradient bytes beyond the 1/dp share, held while they accumulate
 
     @property
     def per_micro_batch_s(self) -> float:
         return self.forward_s + self.backward_s + self.recompute_s
+
+    @staticmethod
+    def accumulates(num_micro_batches: int | None) -> bool:
+        """Several micro-batches (None: unknown, priced as several, the larger memory) accumulate gradients."""
+        return num_micro_batches is None or num_micro_batches > 1
+
+    def resident_bytes(self, num_micro_batches: int | None = 1) -> float:
+        """Oms held for the whole iteration: a ZeRO-2 layer's accumulating gradient joins it past one micro-batch."""
+        if self.accumulation_bytes and self.accumulates(num_micro_batches):
+            return self.model_state_bytes + self.accumulation_bytes
+        return self.model_state_bytes
+
+    def transient_bytes(self, num_micro_batches: int | None = 1) -> float:
+        """Ob: with accumulation the ZeRO-2 full gradient is resident already, so it leaves the transient."""
+        if self.accumulation_bytes and self.accumulates(num_micro_batches):
+            return self.backward_transient_bytes - self.accumulation_bytes
+        return self.backward_transient_bytes
 
     def grad_sync_exposed_s(self, slowdown: float, overlap: bool = True) -> float:
         """Time the DP sync adds to an iteration when it overlaps one backward (or not at all)."""
@@ -100,8 +133,10 @@ class LayerCost:
         return overlap_time(self.backward_compute_s, self.grad_sync_s, slowdown) - self.backward_compute_s
 
     def iteration_s(self, num_micro_batches: int, slowdown: float, overlap: bool = True) -> float:
-        """This layer's share of an iteration without pipelining: c(l, s) of Galvatron's DP (Eq. 4)."""
-        return num_micro_batches * self.per_micro_batch_s + self.grad_sync_exposed_s(slowdown, overlap)
+        """This layer's share of an iteration without pipelining: c(l, s) of Galvatron's DP (Eq. 4), plus a
+        ZeRO layer's parameter all-gather (the optimizer step is left out, as before)."""
+        return (num_micro_batches * self.per_micro_batch_s + self.grad_sync_exposed_s(slowdown, overlap)
+                + self.param_gather_s)
 
 
 def dim_scopes(
@@ -175,20 +210,31 @@ def _layer_cost(
         sources.append("tp allreduce: " + comm.source("allreduce", tp, scopes[Dim.TP]))
     tp_rec = tp_pass if st.checkpoint else 0.0
 
-    gather = scatter = 0.0
+    sdp_gather = scatter = 0.0
     if sdp > 1:
         sc = scopes[Dim.SDP]
-        gather = comm.allgather(params / tp, sdp, sc)
+        sdp_gather = comm.allgather(params / tp, sdp, sc)
         scatter = comm.reduce_scatter(grads / tp, sdp, sc)
         sources.append("sdp allgather: " + comm.source("allgather", sdp, sc))
         sources.append("sdp reduce_scatter: " + comm.source("reduce_scatter", sdp, sc))
     grad_shard = grads / (tp * sdp)
-    sync = 0.0
+    zero = st.dp_sharding  # PLAIN whenever dp == 1
+    sync = gather = 0.0
     if dp > 1:
-        sync = comm.allreduce(grad_shard, dp, scopes[Dim.DP])
-        sources.append("dp allreduce: " + comm.source("allreduce", dp, scopes[Dim.DP]))
+        sc = scopes[Dim.DP]
+        collective = "reduce_scatter" if zero is DpSharding.ZERO2 else "allreduce"
+        sync = comm.time(collective, grad_shard, dp, sc)
+        sources.append(f"dp {collective}: " + comm.source(collective, dp, sc))
+        if zero is not DpSharding.PLAIN:
+            gather = comm.allgather(params / (tp * sdp), dp, sc)
+            sources.append("dp allgather: " + comm.source("allgather", dp, sc))
+    opt_kept = opt / dp if zero is not DpSharding.PLAIN else opt  # ZeRO-1/2: 1/dp of the optimizer states
+    # ZeRO-2: 1/dp of the reduced gradients, unless its reduce-scatters wait for the whole backward (options)
+    frees = zero is DpSharding.ZERO2 and ctx.options.zero2_reduce_scatter_per_layer
+    grads_kept = grads / dp if frees else grads
+    accumulation = grad_shard - grads_kept / (tp * sdp)
 
-    bwd_overlapped = overlap_time(b_comp, gather + scatter, ctx.overlap_slowdown)
+    bwd_overlapped = overlap_time(b_comp, sdp_gather + scatter, ctx.overlap_slowdown)
 
     stashed = pt.stashed_bytes / tp
     if st.checkpoint:
@@ -197,6 +243,7 @@ def _layer_cost(
         fwd_act, transient = pt.boundary_bytes + stashed, 0.0
     if sdp > 1:
         transient += (params + grads) / tp * (1.0 - 1.0 / sdp)
+    transient += accumulation  # one micro-batch: the layer's full gradient until its reduce-scatter
     swap = fwd_act if st.swap else 0.0
 
     return LayerCost(
@@ -204,7 +251,7 @@ def _layer_cost(
         strategy=st,
         micro_batch_size=m,
         samples_per_device=share,
-        forward_s=f_comp + tp_pass + gather,
+        forward_s=f_comp + tp_pass + sdp_gather,
         backward_s=bwd_overlapped + tp_pass,
         recompute_s=r_comp + tp_rec,
         grad_sync_s=sync,
@@ -212,16 +259,19 @@ def _layer_cost(
         backward_compute_s=b_comp,
         recompute_compute_s=r_comp,
         tp_comm_s=2 * tp_pass + tp_rec,
-        sdp_comm_s=2 * gather + scatter,
+        sdp_comm_s=2 * sdp_gather + scatter,
         overlap_extra_s=bwd_overlapped - b_comp,
-        model_state_bytes=(params + grads + opt) / (tp * sdp),
+        model_state_bytes=(params + grads_kept + opt_kept) / (tp * sdp),
         forward_activation_bytes=fwd_act,
         backward_transient_bytes=transient,
         swap_bytes=swap,
         grad_shard_bytes=grad_shard,
         scopes=tuple(scopes.items()),
         sources=tuple(sources),
-        update_s=layer.optimizer_step_s * ctx.compute_scale / (tp * sdp),  # TP and SDP shard the states
+        # TP and SDP shard the states; ZeRO-1/2 leave each dp replica 1/dp of them to step
+        update_s=layer.optimizer_step_s * ctx.compute_scale / (tp * sdp * (dp if zero is not DpSharding.PLAIN else 1)),
+        param_gather_s=gather,
+        accumulation_bytes=accumulation,
     )
 
 

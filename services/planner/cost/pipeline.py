@@ -224,6 +224,7 @@ def build_pipeline(
             replicas=replicas,
             replica_scope=layout.replica_scope(s, dpn) if replicas > 1 else Scope.INTRA,
             tied_sync_s=tied[s],
+            num_micro_batches=num_micro_batches,
         ))
     links = tuple(ctx.comm.p2p_link(layout.boundary_scope(s, dpn)) for s in range(len(bounds) - 1))
     host = ctx.fleet.host_link

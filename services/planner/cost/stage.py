@@ -7,11 +7,15 @@
   earlier output a later layer reads (the layer graph's skip edges, e.g. a T5 encoder output read by
   decoder blocks on later stages, relayed stage to stage; Varuna §5 cut-points). The share of the
   micro-batch is the larger of the sender's and the receiver's (a receiving device gathers its samples).
-* allreduce_s: the iteration-end gradient sync: in-stage DP allreduces, the allreduce of the
-  gradient shards across `replicas` pipeline copies (Varuna's D), and the sync of weights tied to a
-  layer on another stage; overlapped with the last micro-batch's backward compute (Galvatron-BMW §V
-  slowdown) when options.overlap_grad_sync, else run after it.
-* model_memory_bytes: model states Oms of all layers + the resident baseline (context docstring).
+* allreduce_s: the iteration-end gradient sync: in-stage DP allreduces (ZeRO-2: reduce-scatters), the
+  allreduce of the gradient shards across `replicas` pipeline copies (Varuna's D), and the sync of
+  weights tied to a layer on another stage; overlapped with the last micro-batch's backward compute
+  (Galvatron-BMW §V slowdown) when options.overlap_grad_sync, else run after it. ZeRO-1/2 layers add
+  their parameter all-gathers after it: they follow the optimizer step, so nothing overlaps them (the
+  simulator runs allreduce_s and update_s back to back, so their order within the sum does not matter).
+* model_memory_bytes: model states Oms of all layers + the resident baseline (context docstring); with
+  more than one micro-batch (`num_micro_batches`; None: unknown, priced as several) a ZeRO-2 layer's
+  accumulating gradient is resident too (layer docstring).
 * activation_bytes: sum of Of per in-flight micro-batch, swapped layers included (the simulator holds
   them from the forward until the swap-out ends and again from the swap-in); swap_bytes: the swapped part.
 * transient_bytes: Eq. 2 exactly: peak while one micro-batch runs backward is
@@ -79,11 +83,13 @@ def stage_cost(
     replicas: int = 1,
     replica_scope: Scope = Scope.INTER,
     tied_sync_s: float = 0.0,
+    num_micro_batches: int | None = None,
 ) -> StageCost:
     """StageCost of layers [begin, end) at `micro_batch_size` per pipeline replica (module docstring).
 
     `offsets` are the first device of this stage in each replica (link scopes depend on them);
-    `next_strategy` is the next stage's first layer's strategy (None: same split as this stage's last).
+    `next_strategy` is the next stage's first layer's strategy (None: same split as this stage's last);
+    `num_micro_batches` sizes ZeRO-2's gradient memory (None: several, the larger).
     """
     n = len(ctx.view)
     if not 0 <= begin < end <= n:
@@ -107,10 +113,12 @@ def stage_cost(
     if ctx.options.overlap_grad_sync and sync > 0:
         b_comp = sum(c.backward_compute_s for c in costs)
         sync = overlap_time(b_comp, sync, ctx.overlap_slowdown) - b_comp
+    sync += sum(c.param_gather_s for c in costs)
 
+    nm = num_micro_batches
     transient, later = 0.0, 0.0
     for c in reversed(costs):
-        transient = max(transient, c.backward_transient_bytes - later)
+        transient = max(transient, c.transient_bytes(nm) - later)
         later += c.forward_activation_bytes
 
     return calibration.apply(StageCost(
@@ -120,7 +128,7 @@ def stage_cost(
         output_bytes=cut_bytes(ctx, end, micro_batch_size, sts[-1], next_strategy) if end < n else 0,
         allreduce_s=sync,
         update_s=sum(c.update_s for c in costs),
-        model_memory_bytes=ceil_bytes(sum(c.model_state_bytes for c in costs)) + ctx.resident_baseline_bytes,
+        model_memory_bytes=ceil_bytes(sum(c.resident_bytes(nm) for c in costs)) + ctx.resident_baseline_bytes,
         activation_bytes=ceil_bytes(later),
         transient_bytes=ceil_bytes(transient),
         swap_bytes=ceil_bytes(sum(c.swap_bytes for c in costs)),

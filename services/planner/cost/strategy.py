@@ -10,6 +10,12 @@ Model states per parameter (Varuna §2, ZeRO): fp32 Adam keeps 4 B weights + 4 B
 moments = 16 B (Galvatron-BMW's setting); mixed-precision Adam keeps 2 B fp16/bf16 weights + 2 B
 gradients + 12 B fp32 master copy and moments = 16 B; MEASURED takes the profile's own bytes.
 Gradient bytes also size DP/SDP traffic and parameter bytes the SDP all-gathers.
+
+DP flavours (`dp_sharding`, ZeRO stages 1 and 2 over the layer's dp replicas; SDP is stage 3): plain DP
+replicates every model state; ZeRO-1 shards the optimizer states over the dp replicas (each updates its
+share, then the updated parameters are all-gathered); ZeRO-2 also shards the gradients (reduce-scatter
+instead of all-reduce). A flavour changes neither the sample layout nor the devices, so it is not part of
+`layout`; over a group of one (dp == 1) every flavour is plain, and it is normalised to PLAIN there.
 """
 
 from __future__ import annotations
@@ -31,9 +37,19 @@ class Dim(StrEnum):
     TP = "tp"
 
 
+class DpSharding(StrEnum):
+    """How a layer's dp replicas keep gradients and optimizer states (values match space.FLAVOURS)."""
+
+    PLAIN = "plain"  # replicated; gradients all-reduced
+    ZERO1 = "zero1"  # optimizer states sharded; gradients all-reduced; parameters all-gathered after the step
+    ZERO2 = "zero2"  # optimizer states and gradients sharded; gradients reduce-scattered; parameters all-gathered
+
+
 DEFAULT_ORDER = (Dim.DP, Dim.SDP, Dim.TP)
 _PROTO_DIM = {1: Dim.DP, 2: Dim.SDP, 3: Dim.TP}  # common_pb2.ParallelDim; PP and UNSPECIFIED are not layer dims
 _DIM_PROTO = {v: k for k, v in _PROTO_DIM.items()}
+_PROTO_SHARDING = {0: DpSharding.PLAIN, 1: DpSharding.ZERO1, 2: DpSharding.ZERO2}  # common_pb2.DpSharding
+_SHARDING_PROTO = {v: k for k, v in _PROTO_SHARDING.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,12 +62,15 @@ class LayerStrategy:
     order: tuple[Dim, ...] = ()  # outermost first; normalised to the dims of degree > 1
     checkpoint: bool = False  # activation checkpointing: keep the boundary, recompute in backward
     swap: bool = False  # swap the kept activations to host between forward and backward
+    dp_sharding: DpSharding = DpSharding.PLAIN  # ZeRO-1/2 over the dp replicas; PLAIN whenever dp == 1
 
     def __post_init__(self) -> None:
         for name in ("dp", "sdp", "tp"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        sharding = DpSharding(self.dp_sharding)  # a ValueError names a bad flavour even where dp == 1
+        object.__setattr__(self, "dp_sharding", sharding if self.dp > 1 else DpSharding.PLAIN)
         dims = tuple(Dim(d) for d in self.order)
         if len(set(dims)) != len(dims):
             raise ValueError(f"order repeats a dimension: {[d.value for d in dims]}")
@@ -79,9 +98,22 @@ class LayerStrategy:
         """What a neighbouring layer must match for a zero transformation cost (Galvatron-BMW Eq. 4)."""
         return (self.dp, self.sdp, self.tp, self.order)
 
+    @property
+    def sharded(self) -> bool:
+        """ZeRO-1 or ZeRO-2: each dp replica keeps and updates 1/dp of the optimizer states."""
+        return self.dp_sharding is not DpSharding.PLAIN
+
+    @property
+    def requires(self) -> tuple[str, ...]:
+        """Executor capabilities this strategy needs (space.CAPABILITIES names): its dims of degree > 1 and
+        its DP flavour; pipeline stages always run."""
+        dims = tuple(d.value for d in Dim if self.degree(d) > 1)
+        return (*dims, self.dp_sharding.value) if self.sharded else dims
+
     def describe(self) -> str:
         dims = "x".join(f"{d.value}{self.degree(d)}" for d in self.order) or "single"
-        flags = "".join((" +ckpt" if self.checkpoint else "", " +swap" if self.swap else ""))
+        flags = "".join((f" +{self.dp_sharding.value}" if self.sharded else "", " +ckpt" if self.checkpoint else "",
+                         " +swap" if self.swap else ""))
         return dims + flags
 
     @classmethod
@@ -93,6 +125,7 @@ class LayerStrategy:
             order=tuple(_PROTO_DIM[d] for d in msg.order if d in _PROTO_DIM),
             checkpoint=msg.checkpoint,
             swap=msg.swap_activations,
+            dp_sharding=_sharding_from_proto(msg.dp_sharding),
         )
 
     def to_proto(self, layer_index: int, stage_index: int) -> plan_pb2.LayerStrategy:
@@ -101,7 +134,14 @@ class LayerStrategy:
         return plan_pb2.LayerStrategy(
             layer_index=layer_index, stage_index=stage_index, dp=self.dp, sdp=self.sdp, tp=self.tp,
             order=[_DIM_PROTO[d] for d in self.order], checkpoint=self.checkpoint, swap_activations=self.swap,
+            dp_sharding=_SHARDING_PROTO[self.dp_sharding],  # type: ignore[arg-type]
         )
+
+
+def _sharding_from_proto(value: int) -> DpSharding:
+    if value not in _PROTO_SHARDING:
+        raise ValueError(f"unknown dp_sharding {value} in a plan's LayerStrategy (known: 0 plain, 1 ZeRO-1, 2 ZeRO-2)")
+    return _PROTO_SHARDING[value]
 
 
 class ModelStateFormat(StrEnum):

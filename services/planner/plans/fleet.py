@@ -1,4 +1,5 @@
-"""The fleet the executors offer right now: which hosts are online and which parallel dims they all run.
+"""The fleet the executors offer right now: which hosts are online and which parallel dims (and DP flavours,
+ZeRO-1/2) they all run.
 
 Plan requests and job preparation both confine their search to this; it lives apart from either so
 neither reaches into the other for it.
@@ -19,5 +20,5 @@ def online_hosts(store: Store) -> list[fleet_pb2.Host]:
 
 
 def executor_dims(store: Store) -> tuple[str, ...]:
-    """Parallel dims every online executor host runs (make.runnable_dims); none online: ("dp",)."""
+    """Parallel dims and DP flavours every online executor host runs (make.runnable_dims); none online: ("dp",)."""
     return runnable_dims([list(h.supported_parallelism) for h in online_hosts(store)])

@@ -5,9 +5,10 @@ with PricedPlans priced by the same cost model and simulator (search.problem.pri
 a comparison of numbers on one physics: the plan with the highest predicted throughput that fits the
 memory budget wins, whichever produced it (a baseline can win; the plan then says so). Pure: no I/O.
 
-Runnable dims: executors declare the parallelisms their runtime executes; the search is confined to
-them unless `what_if` is set, in which case the full space is searched and the plan says which of its
-strategies no executor can run yet.
+Runnable dims: executors declare the parallelisms their runtime executes (Host.supported_parallelism),
+DP flavours included (PARALLEL_DIM_ZERO1 / ZERO2: a layer's dp replicas may run ZeRO-1 or ZeRO-2); the
+search is confined to what every online executor declares unless `what_if` is set, in which case the full
+space is searched (every dim and flavour) and the plan says which of its strategies no executor can run yet.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from ballast.v1 import common_pb2, fleet_pb2, plan_pb2, profile_pb2
 from services.planner.cost import (
     CostContext,
     CostOptions,
+    DpSharding,
     FleetView,
     build_pipeline,
     from_profile,
@@ -28,8 +30,8 @@ from services.planner.cost import (
 from services.planner.cost.calibration import Calibration
 from services.planner.search import baselines as baseline_engine
 from services.planner.search import galvatron, varuna
-from services.planner.search.problem import PricedPlan, SearchOptions
-from services.planner.search.space import DIMS, global_batch_fits, nearest_global_batches
+from services.planner.search.problem import PricedPlan, SearchOptions, price
+from services.planner.search.space import CAPABILITIES, global_batch_fits, nearest_global_batches
 from services.planner.sim import Schedule
 from services.runtime.errors import FailedPrecondition, InvalidArgument
 
@@ -46,8 +48,13 @@ SCHEDULE = {
     Schedule.HARMONY_WRAP: plan_pb2.SCHEDULE_HARMONY_WRAP,
 }
 SCHEDULE_FROM_PROTO = {v: k for k, v in SCHEDULE.items()}
-DIM_NAMES = {common_pb2.PARALLEL_DIM_DP: "dp", common_pb2.PARALLEL_DIM_SDP: "sdp", common_pb2.PARALLEL_DIM_TP: "tp"}
-ALL_DIMS = DIMS  # the strategy space's non-pipeline dims
+DIM_NAMES = {common_pb2.PARALLEL_DIM_DP: "dp", common_pb2.PARALLEL_DIM_SDP: "sdp", common_pb2.PARALLEL_DIM_TP: "tp",
+             common_pb2.PARALLEL_DIM_ZERO1: "zero1", common_pb2.PARALLEL_DIM_ZERO2: "zero2"}
+ALL_DIMS = CAPABILITIES  # the strategy space's non-pipeline dims and DP flavours: what --what-if searches
+ZERO_NAMES = {  # DP flavour: (name, what its dp replicas shard)
+    DpSharding.ZERO1: ("ZeRO-1", "optimizer states"),
+    DpSharding.ZERO2: ("ZeRO-2", "optimizer states and gradients"),
+}
 
 
 @dataclass(frozen=True)
@@ -58,11 +65,13 @@ class PlanInputs:
     memory_budget_bytes: int = 0  # 0: the fleet device's memory
     engine: int = plan_pb2.PLAN_ENGINE_UNSPECIFIED  # unspecified: every engine, best wins
     schedule: int = plan_pb2.SCHEDULE_UNSPECIFIED  # unspecified: 1F1B (GPipe also priced)
-    runnable_dims: tuple[str, ...] = ("dp",)  # what the fleet's executors can run, besides PP
+    runnable_dims: tuple[str, ...] = ("dp",)  # what the fleet's executors can run, besides PP (dims and flavours)
     what_if: bool = False  # search the full space; say what is not executable yet
     # Galvatron prices the gradient sync overlapped with the last backward (DDP buckets); Ballast's executors
     # allreduce after the last micro-batch (Varuna §4.4), so plans for them are priced that way (jobs pass False).
     overlap_grad_sync: bool = True
+    # How ZeRO-2 layers' reduce-scatters are timed on the executors (CostOptions.zero2_reduce_scatter_per_layer).
+    zero2_reduce_scatter_per_layer: bool = True
     pipeline_stages: int = 0  # 0: any depth
     micro_batches: int = 0  # Varuna's Nm pinned (the Varuna engine alone plans it); 0: the search chooses
     max_global_batch_size: int = 512
@@ -85,7 +94,8 @@ class Breakdown:
 
 
 def runnable_dims(hosts_parallelism: Sequence[Sequence[int]]) -> tuple[str, ...]:
-    """Dims every host can run (ParallelDim values per host); no host known: pipeline x data parallel."""
+    """Dims and DP flavours every host can run (ParallelDim values per host; a flavour counts only where every
+    host declares it); no host known: pipeline x plain data parallel."""
     if not hosts_parallelism:
         return ("dp",)
     common = set(ALL_DIMS)
@@ -104,8 +114,9 @@ def make_plan(profile: profile_pb2.Profile, fleet: fleet_pb2.Fleet, inputs: Plan
     devices = fleet.nodes * fleet.devices_per_node
     _check_batch(inputs, devices, len(profile.layers))
     budget = inputs.memory_budget_bytes or fleet.device.memory_bytes
-    ctx = CostContext(from_profile(profile), fleet, CostOptions(overlap_grad_sync=inputs.overlap_grad_sync,
-                                                                calibration=inputs.calibration))
+    ctx = CostContext(from_profile(profile), fleet, CostOptions(
+        overlap_grad_sync=inputs.overlap_grad_sync, calibration=inputs.calibration,
+        zero2_reduce_scatter_per_layer=inputs.zero2_reduce_scatter_per_layer))
     options = _options(inputs, budget)
     engines = _run_engines(ctx, devices, options, inputs)
     base = baseline_engine.baselines(ctx, devices, options)
@@ -128,8 +139,8 @@ def make_plan(profile: profile_pb2.Profile, fleet: fleet_pb2.Fleet, inputs: Plan
 
 
 def _runs_on(plan: PricedPlan, dims: Sequence[str]) -> bool:
-    """Every layer uses only dims the executors run (pipeline stages always run)."""
-    return all(getattr(st, d) == 1 or d in dims for st in plan.strategies for d in ALL_DIMS)
+    """Every layer uses only dims and DP flavours the executors run (pipeline stages always run)."""
+    return all(need in dims for st in plan.strategies for need in st.requires)
 
 
 def _distinct(plans: Sequence[PricedPlan], best: PricedPlan) -> list[PricedPlan]:
@@ -317,6 +328,9 @@ def explain(
     oom = [b.name for b in base if b.out_of_memory]
     if oom:
         lines.append("Out of memory at this budget: " + ", ".join(oom) + ".")
+    flavours = _flavour_note(ctx, best, budget)
+    if flavours:
+        lines.append(flavours)
     blocked = _not_executable(best, inputs)
     if blocked:
         lines.append(blocked)
@@ -363,8 +377,22 @@ def _decisive(a: Breakdown, b: Breakdown, pa: PricedPlan, pb: PricedPlan) -> str
     return "; ".join(reasons)
 
 
+def _flavour_note(ctx: CostContext, plan: PricedPlan, budget: int) -> str:
+    """Which layers run a ZeRO flavour, what each shards, and the plan's peak with those layers as plain DP."""
+    sharded = [st for st in plan.strategies if st.sharded]
+    if not sharded:
+        return ""
+    parts = [f"{name} on {n} of {len(plan.strategies)} layers ({what} sharded over their dp replicas)"
+             for zero, (name, what) in ZERO_NAMES.items() if (n := sum(st.dp_sharding is zero for st in sharded))]
+    plain = price(ctx, plan.stage_bounds, [replace(st, dp_sharding=DpSharding.PLAIN) for st in plan.strategies],
+                  plan.micro_batch_size, plan.num_micro_batches, plan.schedule, budget, replicas=plan.replicas)
+    return (f"DP flavours: {', '.join(parts)}, updated parameters all-gathered after each step; as plain DP it "
+            f"would peak at {_size(max(plain.peak_memory_bytes))} ({'over' if plain.out_of_memory else 'within'} "
+            f"the budget) against {_size(max(plan.peak_memory_bytes))}, at {plain.iteration_s:.4g} s per iteration.")
+
+
 def _not_executable(plan: PricedPlan, inputs: PlanInputs) -> str:
-    needed = sorted({d for s in plan.strategies for d in ALL_DIMS if getattr(s, d) > 1} - set(inputs.runnable_dims))
+    needed = sorted({d for s in plan.strategies for d in s.requires} - set(inputs.runnable_dims))
     if not needed:
         return ""
     return (f"Not yet executable on this fleet: {', '.join(d.upper() for d in needed)} "
@@ -407,6 +435,7 @@ def _to_proto(
     plan.fleet.CopyFrom(fleet)
     # Varuna's D pipeline replicas are, per stage, a D-way data-parallel group: the plan states them as
     # dp x D on every layer with the micro-batch of all D replicas, which is how executors build them.
+    # (Varuna's strategies are plain DP, so no ZeRO flavour is stretched over the D replicas here.)
     strategies = [
         replace(st, dp=st.dp * p.replicas, order=st.order if st.dp > 1 or p.replicas == 1 else ("dp", *st.order))
         for st in p.strategies

@@ -1,7 +1,9 @@
 """Search engines' shared pieces: the per-layer strategy space."""
 
 from services.planner.search.space import (
+    CAPABILITIES,
     DIMS,
+    FLAVOURS,
     PARALLEL_DIM,
     Candidate,
     InvalidSpace,
@@ -12,7 +14,9 @@ from services.planner.search.space import (
 )
 
 __all__ = [
+    "CAPABILITIES",
     "DIMS",
+    "FLAVOURS",
     "PARALLEL_DIM",
     "Candidate",
     "InvalidSpace",

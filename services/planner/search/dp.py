@@ -3,10 +3,15 @@
 Inside one pipeline stage every layer picks a strategy (DP/SDP/TP nesting and CKPT, space.py). Eq. 4:
 ``C(l, e) = min_s C(l-1, e - Ef(l, s)) + c(l, s) + R(l, s_prev, s)`` where
 
-* c(l, s) = nm x (forward + backward + recompute of one micro-batch) + w x the layer's DP gradient sync;
+* c(l, s) = nm x (forward + backward + recompute of one micro-batch) + w x the layer's DP gradient sync
+  + what runs after the sync, once per iteration and not overlapped: the optimizer step over the device's
+  share and, for ZeRO-1/2, the all-gather of the updated parameters (a DP flavour's whole saving in time
+  is there: 1/dp of the step; its price is the gather);
 * R = nm x (forward + backward) re-layout cost between neighbouring layouts (cost.transform_cost);
 * Ef(l, s) = Oms + n x Of: model states plus the forward activations of the n micro-batches the stage
-  holds at once (cost.in_flight_micro_batches; Eq. 3 with the schedule's in-flight multiplier).
+  holds at once (cost.in_flight_micro_batches; Eq. 3 with the schedule's in-flight multiplier). Oms and
+  Eq. 2's transient depend on nm for ZeRO-2 (LayerTables.memory: its accumulating gradient is resident
+  past one micro-batch), so each solver reads them at its own nm.
 
 Exact cost. The shared cost model (cost.stage_cost) overlaps a stage's whole gradient sync M with its last
 backward C: exposed = overlap(C, M) - C, not a per-layer sum (LayerCost.iteration_s, the paper's c(l, s),
@@ -31,14 +36,20 @@ answered, cheapest first, by:
 4. with `enumerate_limit` (ENUMERATE_LIMIT by default, so small stages are exact), stages with at most that many
    assignments continue best-first through assignments in increasing DP value -- the kept tables are an
    exact A* heuristic -- until none left can beat the best exact cost found: exact on the grid's top, within
-   `expansions`.
+   `expansions`. Two more lower bounds keep that proof short where the grid's is loose (near-equal
+   alternatives such as DP flavours multiply the assignments it must otherwise walk): partial assignments
+   whose exact peak (Eq. 2's transient included) cannot fit are dropped, and the grid budget left is cut to
+   what the fixed layers' exact bytes leave; and the sync's exact overlap, where it exceeds the DP's
+   w x sync, bounds the cost (bounds.py).
 
 Nothing fits: an infeasible StagePlan (cost inf), never an exception. Speed: numpy over the memory axis in
 float32 (exact costs are recomputed in float64); slots laid out `checkpoint flag x layout` so the re-layout
 step is a min-plus product over layouts only (R ignores CKPT), layouts that re-layout alike merged into
-classes; one forward pass per first layer (or a backward pass from the model's end) serves every range
-sharing it; layers with equal cost inputs (identical blocks) share one cost-model call; an Arena recycles
-the tables between configurations (fresh memory costs a page fault per 4 KiB).
+classes (a DP flavour is its own layout here, with its plain twin's sample layout: R between them is 0 and
+they always share a class, so flavours widen the tables but not the min-plus product); one forward pass per
+first layer (or a backward pass from the model's end) serves every range sharing it; layers with equal cost
+inputs (identical blocks) share one cost-model call; an Arena recycles the tables between configurations
+(fresh memory costs a page fault per 4 KiB).
 """
 
 from __future__ import annotations
@@ -47,12 +58,13 @@ import dataclasses
 import heapq
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from services.planner.cost import CostContext, LayerStrategy, dim_scopes, layer_cost, transform_cost
 from services.planner.cost.layer import block_scope
+from services.planner.search.bounds import CostBound, PeakBound
 from services.planner.search.problem import to_strategy
 from services.planner.search.space import Candidate
 
@@ -69,7 +81,8 @@ class LayerTables:
     """Every layer x strategy slot of one group size at one micro-batch size and device offset.
 
     Slot k = flag * num_layouts + layout; a missing combination holds None and infinite cost. Times per
-    micro-batch are kept apart from the once-per-iteration sync, so one table serves every nm.
+    micro-batch are kept apart from the once-per-iteration sync, so one table serves every nm; so are a
+    ZeRO-2 slot's accumulation bytes (`memory`).
     """
 
     strategies: tuple[LayerStrategy | None, ...]
@@ -89,10 +102,30 @@ class LayerTables:
     micro_batch_size: int
     overlap_slowdown: float
     overlap_grad_sync: bool
+    post_sync_s: np.ndarray | None = None  # (L, S) optimizer step + ZeRO parameter all-gather, once per iteration
+    accumulation_bytes: np.ndarray | None = None  # (L, S) ZeRO-2: resident instead of transient past one micro-batch
+    _memory: dict[bool, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
+    _post: bool = field(default=False, repr=False)  # some slot has a post-sync cost (checks skip it otherwise)
+
+    def __post_init__(self) -> None:
+        for name in ("post_sync_s", "accumulation_bytes"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, np.zeros_like(self.per_micro_batch_s))
+        object.__setattr__(self, "_post", bool(self.post_sync_s.any()))  # type: ignore[union-attr]
 
     @property
     def num_layers(self) -> int:
         return self.per_micro_batch_s.shape[0]
+
+    def memory(self, num_micro_batches: int) -> tuple[np.ndarray, np.ndarray]:
+        """(Oms, Ob) of every layer and slot at nm micro-batches per iteration, as LayerCost.resident_bytes and
+        transient_bytes give them (the same float64 operations, so sums agree with cost.stage_cost)."""
+        several = num_micro_batches > 1 and bool(self.accumulation_bytes.any())  # type: ignore[union-attr]
+        if several not in self._memory:
+            oms, ob, acc = self.model_state_bytes, self.backward_transient_bytes, self.accumulation_bytes
+            self._memory[several] = (np.where(acc > 0, oms + acc, oms), np.where(acc > 0, ob - acc, ob)) \
+                if several else (oms, ob)
+        return self._memory[several]
 
     @property
     def sync_weight(self) -> float:
@@ -101,7 +134,7 @@ class LayerTables:
 
     def layer_costs(self, num_micro_batches: int) -> np.ndarray:
         """c(l, s) of Eq. 4 for every layer and slot."""
-        return self.per_micro_batch_s * num_micro_batches + self.sync_weight * self.grad_sync_s
+        return self.per_micro_batch_s * num_micro_batches + self.sync_weight * self.grad_sync_s + self.post_sync_s
 
     def check_one(
         self, begin: int, slots: Sequence[int], in_flight: int, num_micro_batches: int
@@ -110,9 +143,10 @@ class LayerTables:
         Python (sequential sums, as cost.stage_cost adds)."""
         rows = np.arange(begin, begin + len(slots))
         cols = np.asarray(slots)
-        per, sync, back, oms, of, ob = (a[rows, cols].tolist() for a in (
-            self.per_micro_batch_s, self.grad_sync_s, self.backward_compute_s, self.model_state_bytes,
-            self.forward_activation_bytes, self.backward_transient_bytes))
+        states, transients = self.memory(num_micro_batches)
+        per, sync, back, post, oms, of, ob = (a[rows, cols].tolist() for a in (
+            self.per_micro_batch_s, self.grad_sync_s, self.backward_compute_s, self.post_sync_s, states,
+            self.forward_activation_bytes, transients))
         lay = self.layout[cols]
         moves = self.transform_s[rows[1:], lay[:-1], lay[1:]].tolist()
         transient, later = 0.0, 0.0
@@ -126,7 +160,7 @@ class LayerTables:
         else:
             hi, lo = max(m_back, m_sync), min(m_back, m_sync)
             exposed = hi + (self.overlap_slowdown - 1) * lo - m_back
-        return float(peak), (sum(per) + sum(moves)) * num_micro_batches + exposed
+        return float(peak), (sum(per) + sum(moves)) * num_micro_batches + exposed + sum(post)
 
     def check(
         self, begin: int, slots: np.ndarray, in_flight: int, num_micro_batches: int
@@ -140,10 +174,11 @@ class LayerTables:
         def pick(a: np.ndarray) -> np.ndarray:
             return a.take(flat)
 
-        states = np.cumsum(pick(self.model_state_bytes), axis=0)[-1]
+        oms, ob = self.memory(num_micro_batches)
+        states = np.cumsum(pick(oms), axis=0)[-1]
         later = np.cumsum(pick(self.forward_activation_bytes)[::-1], axis=0)  # last layer first
         before = np.concatenate((np.zeros((1, width)), later[:-1]))
-        transient = np.maximum((pick(self.backward_transient_bytes)[::-1] - before).max(axis=0), 0.0)
+        transient = np.maximum((pick(ob)[::-1] - before).max(axis=0), 0.0)
         peak = _ceil_bytes(states) + self.baseline_bytes + in_flight * _ceil_bytes(later[-1]) + _ceil_bytes(transient)
         per = pick(self.per_micro_batch_s).sum(axis=0)
         if count > 1:
@@ -157,7 +192,8 @@ class LayerTables:
             exposed = np.where(sync <= 0, 0.0, np.where(back <= 0, sync, hi + (self.overlap_slowdown - 1) * lo - back))
         else:
             exposed = sync
-        return peak, per * num_micro_batches + exposed
+        cost = per * num_micro_batches + exposed
+        return peak, cost + np.cumsum(pick(self.post_sync_s), axis=0)[-1] if self._post else cost
 
 
 @dataclass(frozen=True)
@@ -168,7 +204,7 @@ class StagePlan:
     end: int
     in_flight: int
     strategies: tuple[LayerStrategy, ...]
-    cost_s: float  # nm micro-batches + exposed gradient sync, as cost.stage_cost prices it
+    cost_s: float  # nm micro-batches + exposed gradient sync + the step and ZeRO gathers after it
     memory_bytes: float  # per-device peak (Eq. 2 with in-flight micro-batches); inf when infeasible
     exact: bool = False  # proved the least cost that fits (on the grid's top), not just the best found
     recompute_s: float = 0.0  # per micro-batch, the part of cost_s a schedule may skip (1F1B's last stage)
@@ -179,9 +215,10 @@ class StagePlan:
 
 
 def _layer_key(ctx: CostContext, index: int) -> tuple:
-    """What layer_cost reads of a layer: its table, skip-edge count, state bytes and TP allreduce count."""
+    """What layer_cost reads of a layer: its table, skip-edge count, state bytes, TP allreduce count and
+    optimizer step."""
     lv = ctx.view.layers[index]
-    return (lv.table, len(lv.extra_inputs), ctx.state_bytes[index], ctx.tp_allreduces[index])
+    return (lv.table, len(lv.extra_inputs), ctx.state_bytes[index], ctx.tp_allreduces[index], lv.optimizer_step_s)
 
 
 def scope_key(ctx: CostContext, candidates: Sequence[Candidate], offsets: tuple[int, ...]) -> tuple:
@@ -194,7 +231,7 @@ def scope_key(ctx: CostContext, candidates: Sequence[Candidate], offsets: tuple[
 
 
 _COLUMNS = ("per_micro_batch_s", "grad_sync_s", "backward_compute_s", "recompute_s", "model_state_bytes",
-            "forward_activation_bytes", "backward_transient_bytes")
+            "forward_activation_bytes", "backward_transient_bytes", "post_sync_s", "accumulation_bytes")
 
 
 def layer_tables(
@@ -203,10 +240,10 @@ def layer_tables(
     """Price every layer under every candidate on the shared cost model (layer_cost, transform_cost)."""
     if not candidates:
         raise ValueError("no candidate strategies")
-    layouts = list(dict.fromkeys(c.dims for c in candidates))
+    layouts = list(dict.fromkeys((c.dims, c.dp_sharding) for c in candidates))  # a DP flavour is a layout here
     flags = list(dict.fromkeys(c.checkpoint for c in candidates))
-    by_key = {(c.checkpoint, c.dims): to_strategy(c) for c in candidates}
-    sts = [by_key.get((f, d)) for f in flags for d in layouts]
+    by_key = {(c.checkpoint, c.dims, c.dp_sharding): to_strategy(c) for c in candidates}
+    sts = [by_key.get((f, *d)) for f in flags for d in layouts]
     nl, n = len(layouts), len(ctx.view)
     cols = {name: np.zeros((n, len(sts))) for name in _COLUMNS}
     cols["per_micro_batch_s"][:] = INF
@@ -223,7 +260,8 @@ def layer_tables(
             if st is not None and micro_batch_size % st.batch_split == 0:
                 c = layer_cost(ctx, i, st, micro_batch_size, offsets)
                 values = (c.per_micro_batch_s, c.grad_sync_s, c.backward_compute_s, c.recompute_s, c.model_state_bytes,
-                          c.forward_activation_bytes, c.backward_transient_bytes)
+                          c.forward_activation_bytes, c.backward_transient_bytes, c.update_s + c.param_gather_s,
+                          c.accumulation_bytes)
                 for name, v in zip(_COLUMNS, values, strict=True):
                     cols[name][i, k] = v
     per_layout = [next(s for s in sts[a::nl] if s is not None) for a in range(nl)]
@@ -255,9 +293,12 @@ def _ceil_bytes(x: np.ndarray) -> np.ndarray:
     return np.where(x > 0, np.ceil(x - 1e-9), 0.0)
 
 
-def forward_units(tables: LayerTables, begin: int, end: int, in_flight: int, granularity: int) -> np.ndarray:
-    """Ef(l, s) = Oms + n x Of of every stage layer and slot, in grid units rounded to the nearest."""
-    x = tables.model_state_bytes[begin:end] + in_flight * tables.forward_activation_bytes[begin:end]
+def forward_units(
+    tables: LayerTables, begin: int, end: int, in_flight: int, granularity: int, num_micro_batches: int = 1
+) -> np.ndarray:
+    """Ef(l, s) = Oms + n x Of of every stage layer and slot at nm micro-batches, in grid units rounded to the
+    nearest."""
+    x = tables.memory(num_micro_batches)[0][begin:end] + in_flight * tables.forward_activation_bytes[begin:end]
     return np.floor(x / granularity + 0.5).astype(np.int64)
 
 
@@ -450,15 +491,22 @@ class _Pass:
         """Assignments in increasing DP value, best first: the kept tables are an exact A* heuristic (a partial
         assignment of the last layers plus the best completion of the rest). Each complete one is checked
         against the exact peak and cost; once the next DP value reaches the best exact cost found, nothing
-        left can win (DP value <= exact cost), so the answer is optimal -- unless `expansions` ran out first."""
+        left can win (DP value <= exact cost), so the answer is optimal -- unless `expansions` ran out first.
+        bounds.py sharpens it: a partial assignment whose exact peak cannot fit is never pushed, the grid budget
+        left to the free layers is cut to what the fixed layers' exact bytes leave (PeakBound), and where the
+        sync's exact overlap outprices the DP's w x sync the larger of two lower bounds orders the heap
+        (CostBound)."""
         s = self.s
         layout, units, cost = s.tables.layout, s.units, s.cost
-        last = self.tables[count - 1][:, s.top]
-        heap = [(float(f), k, count - 1, k, s.top, 0.0, ()) for k, f in enumerate(last) if math.isfinite(f)]
+        bound, priced = PeakBound(self, count), CostBound(self, count)
+        last = np.maximum(self.tables[count - 1][:, s.top], priced.completion(count - 1, s.top, 0.0, 0.0))
+        mem, sof, tm, ok = bound.fix(count - 1, 0.0, 0.0, -INF)
+        heap = [(float(f), k, count - 1, k, s.top, 0.0, (), mem[k], sof[k], tm[k], 0.0)
+                for k, f in enumerate(last) if math.isfinite(f) and ok[k]]
         heapq.heapify(heap)
         tie, expansions = len(heap), 0
         while heap:
-            f, _, j, slot, left, g, suffix = heapq.heappop(heap)
+            f, _, j, slot, left, g, suffix, m_fixed, of_fixed, t_fixed, gx = heapq.heappop(heap)
             if best is not None and f >= best.cost_s * (1 + 1e-6):  # slack: the tables are float32
                 return dataclasses.replace(best, exact=True)
             path = (slot, *suffix)
@@ -472,14 +520,19 @@ class _Pass:
                 break
             expansions += 1
             y = self.layers[j]
-            left -= units[y, slot]
+            left = min(left - units[y, slot], bound.units_left(j, m_fixed, t_fixed))
+            if left < 0:
+                continue
             g += cost[y, slot]
+            gx += priced.extra(j, slot)
             step = self.steps[j]
             moves = np.full(layout.size, g) if step is None else g + step.pairs[:, slot]
-            totals = moves + self.tables[j - 1][:, left]
-            for k in np.flatnonzero(np.isfinite(totals)):
+            totals = np.maximum(moves + self.tables[j - 1][:, left], priced.completion(j - 1, left, moves, gx))
+            mem, sof, tm, ok = bound.fix(j - 1, m_fixed, of_fixed, t_fixed)
+            for k in np.flatnonzero(np.isfinite(totals) & ok):
                 tie += 1
-                heapq.heappush(heap, (float(totals[k]), tie, j - 1, int(k), left, float(moves[k]), path))
+                heapq.heappush(heap, (float(totals[k]), tie, j - 1, int(k), left, float(moves[k]), path,
+                                      mem[k], sof[k], tm[k], gx))
         if best is not None and not heap:
             return dataclasses.replace(best, exact=True)
         return best or _infeasible(begin, end, s.in_flight)
@@ -547,10 +600,11 @@ class StageSolver:
         avail = budget_bytes - tables.baseline_bytes
         # Rounded to the nearest unit, an assignment that fits exactly has at most avail / g + L / 2 units.
         self.top = int(avail // granularity_bytes) + (n + 1) // 2 if avail >= 0 else -1
+        self.granularity = granularity_bytes
         self.budgets = np.arange(self.top + 1)
         self.cost = tables.layer_costs(num_micro_batches)
         self.cost32 = self.cost.astype(TABLE_DTYPE)
-        self.units = forward_units(tables, 0, n, in_flight, granularity_bytes)
+        self.units = forward_units(tables, 0, n, in_flight, granularity_bytes, num_micro_batches)
         self.passes: dict[tuple[int, bool], _Pass] = {}
         self.binding = False  # some range's memory-free optimum did not fit
         self._steps: dict[tuple[int, bool], _Step | None] = {}

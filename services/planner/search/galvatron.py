@@ -5,7 +5,8 @@ when no batch is given, else Algorithm 2's B0 - r .. B0 + r), every PP degree P 
 layer count), a few micro-batch counts nm (Init_Microbatch_Num: the smallest divisor of B that is >= P, and
 the next ones >= 2x and 4x it) and every schedule. For one configuration (`Planner.optimize`):
 
-1. the strategy set of a stage's group of N / P devices (space.layer_candidates: decision trees, Takeaway 3);
+1. the strategy set of a stage's group of N / P devices (space.layer_candidates: decision trees, Takeaway 3,
+   and the DP flavours ZeRO-1/2 where options.dims lists them);
 2. the partition (partition.py): every partition when there are at most `exhaustive_limit`, else Algorithm 2
    from the memory-balanced start; each stage priced by the per-stage DP (dp.py) at its in-flight count;
 3. the cheap objective, Eq. 5 (J = (nm - 1) max_i u_i + sum_i u_i, u_i = stage cost / nm, the stage's
@@ -171,8 +172,8 @@ class Planner:
             ref = np.argmin(costs, axis=1)  # each layer's fastest strategy: the reference for the initial splits
             rows = np.arange(n_layers)
             in_flight = [in_flight_micro_batches(schedule, pp, s, num_micro_batches) for s in range(pp)]
-            p_m = part.memory_balanced(tables.model_state_bytes[rows, ref], tables.forward_activation_bytes[rows, ref],
-                                       in_flight)
+            p_m = part.memory_balanced(tables.memory(num_micro_batches)[0][rows, ref],
+                                       tables.forward_activation_bytes[rows, ref], in_flight)
             p_t = part.time_balanced(costs[rows, ref], pp)
             result = part.adjust(p_m, p_t, num_micro_batches, budget, solve)
         self.stats.partitions += result.evaluated
@@ -233,7 +234,8 @@ class Planner:
         """False when even each layer's smallest Oms + n x Of cannot be split into P stages under the budget."""
         t = self.tables(pp, micro_batch_size, 0)  # bytes do not depend on where a stage sits
         in_flight = [in_flight_micro_batches(schedule, pp, s, num_micro_batches) for s in range(pp)]
-        least = np.stack([(t.model_state_bytes + n * t.forward_activation_bytes).min(axis=1) for n in in_flight])
+        states = t.memory(num_micro_batches)[0]
+        least = np.stack([(states + n * t.forward_activation_bytes).min(axis=1) for n in in_flight])
         bounds = part.balanced(least) if pp > 1 else ((0, self.num_layers),)
         worst = max(least[s, b:e].sum() for s, (b, e) in enumerate(bounds))
         return worst + t.baseline_bytes <= self.options.memory_budget_bytes

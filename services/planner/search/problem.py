@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from services.planner.cost import CostContext, CostOptions, LayerStrategy, build_pipeline
+from services.planner.cost import CostContext, CostOptions, DpSharding, LayerStrategy, build_pipeline
 from services.planner.search.space import Candidate
 from services.planner.sim import Schedule, SimOptions, simulate
 
@@ -31,7 +31,8 @@ class SearchOptions:
     max_global_batch_size: int = 1024
     # Schedules to price; the first is the default (1F1B).
     schedules: tuple[Schedule, ...] = (Schedule.ONE_F_ONE_B,)
-    # Non-pipeline dims the fleet's executors can run ("dp", "sdp", "tp"); PP is always allowed.
+    # Non-pipeline dims the fleet's executors can run ("dp", "sdp", "tp"), and the DP flavours they run ("zero1",
+    # "zero2": space.FLAVOURS); PP is always allowed. The default is Galvatron-BMW's space (no ZeRO-1/2).
     dims: tuple[str, ...] = ("dp", "sdp", "tp")
     # Checkpointing choices per layer.
     checkpoint: tuple[bool, ...] = (False, True)
@@ -81,7 +82,8 @@ class PricedPlan:
 def to_strategy(candidate: Candidate) -> LayerStrategy:
     """The cost model's LayerStrategy for a strategy-space Candidate (its PP degree lives in the stages)."""
     return LayerStrategy(
-        dp=candidate.dp, sdp=candidate.sdp, tp=candidate.tp, order=candidate.order, checkpoint=candidate.checkpoint
+        dp=candidate.dp, sdp=candidate.sdp, tp=candidate.tp, order=candidate.order, checkpoint=candidate.checkpoint,
+        dp_sharding=DpSharding(candidate.dp_sharding),
     )
 
 

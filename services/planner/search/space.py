@@ -14,6 +14,19 @@ group size into factors >= 2 (6 = 2x3 and 3x2; 12 = 2x6, 6x2, 3x4, 4x3, 2x2x3, 2
 of two this is exactly Galvatron's tree set: 8 devices give 68 strategies, 44 after Takeaway 3, 22 of
 them without checkpointing.
 
+DP flavours. With "zero1" / "zero2" among the dims (an executor capability, ParallelDim ZERO1 / ZERO2), every
+strategy with dp > 1 also comes with its dp replicas running ZeRO-1 (optimizer states sharded) or ZeRO-2 (and
+gradients; cost.layer prices both). A flavour changes neither the devices nor the sample layout, so it
+re-lays nothing out against its plain twin. Takeaway 3 drops the ZeRO flavours of DP+SDP mixes with them:
+Galvatron's argument carries over, as N1-way ZeRO-2's reduce-scatter + all-gather moves the same
+2(N1-1)/N1 as DP's all-reduce (ZeRO-1's all-reduce + all-gather more) and N2-way SDP still keeps the
+parameters at 1/N2 where pure N-way SDP keeps every state at 1/N. Without Takeaway 3 they stay: ZeRO over
+the dp replicas of states SDP already sharded (hierarchical sharding, priced the same way). On 8 devices
+the 22 Takeaway-3 strategies without checkpointing include 9 with dp > 1 (PP1: DP8, and DP2 or DP4 with TP
+on either side; PP2: DP4, and DP2 with TP2 on either side; PP4: DP2), so each flavour adds 9: 40 with both,
+80 with checkpointing. SearchOptions' default dims leave them out (Galvatron-BMW's space); executors that
+declare them, and what-if plans, bring them in.
+
 Whole samples: DP and SDP split each micro-batch across their devices, so a strategy only applies to
 micro-batches its dp x sdp divides (`splits`); a global batch no runnable configuration can split is
 refused with the nearest sizes that work (`nearest_global_batches`).
@@ -32,11 +45,16 @@ from ballast.v1 import common_pb2
 from services.runtime.errors import InvalidArgument
 
 DIMS = ("dp", "sdp", "tp")  # non-pipeline dims a layer can nest inside its stage's group
+FLAVOURS = ("zero1", "zero2")  # DP flavours (cost.DpSharding values besides "plain"): capabilities, not dims
+CAPABILITIES = (*DIMS, *FLAVOURS)  # everything an executor may declare besides pipeline stages
+PLAIN = "plain"
 PARALLEL_DIM = {
     "dp": common_pb2.PARALLEL_DIM_DP,
     "sdp": common_pb2.PARALLEL_DIM_SDP,
     "tp": common_pb2.PARALLEL_DIM_TP,
     "pp": common_pb2.PARALLEL_DIM_PP,
+    "zero1": common_pb2.PARALLEL_DIM_ZERO1,
+    "zero2": common_pb2.PARALLEL_DIM_ZERO2,
 }
 _NAME_BY_ENUM = {v: k for k, v in PARALLEL_DIM.items()}
 
@@ -47,11 +65,12 @@ class InvalidSpace(InvalidArgument, ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """One layer's strategy: its stage's PP degree, nested dims outermost first, checkpointing."""
+    """One layer's strategy: its stage's PP degree, nested dims outermost first, checkpointing, DP flavour."""
 
     pp: int
     dims: tuple[tuple[str, int], ...]
     checkpoint: bool = False
+    dp_sharding: str = PLAIN  # "plain", or one of FLAVOURS (only with dp > 1)
 
     def degree(self, dim: str) -> int:
         return next((d for name, d in self.dims if name == dim), 1)
@@ -88,9 +107,10 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        """E.g. "PP2 · DP2×TP2 · ckpt"; "PP8 · none" for a one-device group."""
+        """E.g. "PP2 · DP2×TP2 · ckpt", "PP1 · DP8 ZeRO-2"; "PP8 · none" for a one-device group."""
         inner = "×".join(f"{name.upper()}{d}" for name, d in self.dims) or "none"
-        return f"PP{self.pp} · {inner}" + (" · ckpt" if self.checkpoint else "")
+        zero = f" ZeRO-{self.dp_sharding[-1]}" if self.dp_sharding != PLAIN else ""
+        return f"PP{self.pp} · {inner}{zero}" + (" · ckpt" if self.checkpoint else "")
 
 
 def _count_arg(value: object, field: str) -> int:
@@ -107,7 +127,8 @@ def _dim_names(dims: Iterable[str | int]) -> frozenset[str]:
         else:
             name = _NAME_BY_ENUM.get(dim) if isinstance(dim, int) and not isinstance(dim, bool) else None
         if name not in PARALLEL_DIM:
-            raise InvalidSpace(f"unknown parallel dim {dim!r}", field="dims", fix="use dp, sdp, tp, pp or ParallelDim")
+            raise InvalidSpace(f"unknown parallel dim {dim!r}", field="dims",
+                               fix="use dp, sdp, tp, pp, zero1, zero2 or ParallelDim")
         names.add(name)
     return frozenset(names)
 
@@ -147,10 +168,13 @@ def layer_candidates(
     takeaway3: bool = True,
     dims: Iterable[str | int] = DIMS,
 ) -> list[Candidate]:
-    """Every strategy of one layer on a group of `group_size` devices, restricted to `dims` ("pp" is ignored)."""
+    """Every strategy of one layer on a group of `group_size` devices, restricted to `dims` ("pp" is ignored;
+    "zero1" / "zero2" add those DP flavours of every shape with dp > 1, each right after its plain twin)."""
     size = _count_arg(group_size, "group_size")
     _count_arg(pp, "pp")
-    allowed = [d for d in DIMS if d in _dim_names(dims)]
+    names_given = _dim_names(dims)
+    allowed = [d for d in DIMS if d in names_given]
+    flavours = [f for f in FLAVOURS if f in names_given]
     flags = _checkpoint_arg(checkpoint)
     shapes: list[tuple[tuple[str, int], ...]] = []
     for degrees in _ordered_factorizations(size, len(allowed)):
@@ -158,7 +182,8 @@ def layer_candidates(
             if takeaway3 and "dp" in names and "sdp" in names:
                 continue
             shapes.append(tuple(zip(names, degrees, strict=True)))
-    return [Candidate(pp, shape, ckpt) for ckpt in flags for shape in shapes]
+    return [Candidate(pp, shape, ckpt, zero) for ckpt in flags for shape in shapes
+            for zero in (PLAIN, *(flavours if any(name == "dp" for name, _ in shape) else ()))]
 
 
 def strategy_space(
