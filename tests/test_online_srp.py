@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from google.protobuf.json_format import ParseDict
 
-from ballast.v1 import executor_pb2, model_pb2, plan_pb2, profile_pb2
+from ballast.v1 import common_pb2, executor_pb2, model_pb2, plan_pb2, profile_pb2
 from services.planner.cost import CostContext, from_profile
 from services.planner.online import (
     MonitorOptions,
@@ -290,3 +290,14 @@ def test_mismatched_observation_or_plan_is_rejected(gpt, fleet) -> None:
     tp.layers[0].tp = 2
     d = propose(gpt, fleet, tp, obs)
     assert not d.accepted and "pipeline x data" in d.reason
+
+
+def test_a_repartition_keeps_each_layers_dp_flavour(gpt, fleet) -> None:
+    """Moving a ZeRO layer to another stage moves it as ZeRO: the new plan does not re-shard it silently."""
+    plan = make_plan(fleet, ((0, 3), (3, 10)), replicas=2)
+    zero = {4: common_pb2.DP_SHARDING_ZERO2, 5: common_pb2.DP_SHARDING_ZERO1}
+    for layer in plan.layers:
+        layer.dp_sharding = zero.get(layer.layer_index, 0)
+    d = propose(gpt, fleet, plan, observe(measured(gpt, fleet, plan), plan))
+    assert d.accepted and any(m.layer in zero for m in d.moves), d.reason
+    assert {x.layer_index: x.dp_sharding for x in d.new_plan.layers if x.dp_sharding} == zero

@@ -555,6 +555,9 @@ def new_plan(plan: plan_pb2.Plan, run: RunningPlan, c: Candidate, reason: str) -
     del out.layers[:]
     del out.alternatives[:]
     d = run.replicas
+    # A layer keeps its DP flavour (ZeRO-1/2) wherever it moves: repartitioning moves layers, it does not
+    # re-shard their optimizer states. (Its pricing here treats them as plain DP: memory on the safe side.)
+    flavour = {x.layer_index: x.dp_sharding for x in plan.layers}
     for s, (b, e) in enumerate(c.bounds):
         st = c.stages[s]
         out.stages.append(plan_pb2.Stage(
@@ -562,7 +565,9 @@ def new_plan(plan: plan_pb2.Plan, run: RunningPlan, c: Candidate, reason: str) -
             predicted_time_s=st.forward_s + st.backward_s + st.recompute_s,
             predicted_peak_memory_bytes=c.peak_memory_bytes[s]))
         for i in range(b, e):
-            out.layers.append(LayerStrategy(dp=d, checkpoint=c.checkpoint[i], swap=c.swap[i]).to_proto(i, s))
+            layer = LayerStrategy(dp=d, checkpoint=c.checkpoint[i], swap=c.swap[i]).to_proto(i, s)
+            layer.dp_sharding = flavour.get(i, 0) if d > 1 else 0
+            out.layers.append(layer)
     out.prediction.CopyFrom(plan_pb2.Prediction(
         iteration_time_s=c.iteration_s, throughput_samples_per_s=run.global_batch_size / c.iteration_s,
         peak_memory_bytes=max(c.peak_memory_bytes), bubble_fraction=c.bubble_fraction, out_of_memory=not c.fits))
