@@ -52,7 +52,10 @@ def devices(cpu_slots: int = 1) -> list[fleet_pb2.Device]:
     return [fleet_pb2.Device(index=i, spec=spec) for i in range(cpu_slots)]
 
 
-SUPPORTED = [common_pb2.PARALLEL_DIM_DP, common_pb2.PARALLEL_DIM_PP]
+# ZeRO-1 / ZeRO-2 are per-layer data-parallel flavours the workers run (train/sharding.py) with torch.distributed's
+# reduce-scatter and all-gather, on gloo and NCCL alike.
+SUPPORTED = [common_pb2.PARALLEL_DIM_DP, common_pb2.PARALLEL_DIM_PP, common_pb2.PARALLEL_DIM_ZERO1,
+             common_pb2.PARALLEL_DIM_ZERO2]
 
 
 def host_labels() -> dict[str, str]:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from google.protobuf.json_format import MessageToDict
 
-from ballast.v1 import executor_pb2, job_pb2, plan_pb2
+from ballast.v1 import common_pb2, executor_pb2, job_pb2, plan_pb2
 from services.runtime.allocator import STEADY_ALLOCATOR
 
 AGENT_PID_ENV = "BALLAST_AGENT_PID"  # the worker dies with this agent (train/worker.py die_with_agent)
@@ -82,10 +82,18 @@ def worker_config(assign: executor_pb2.AssignInstruction, worker: executor_pb2.W
 
 
 def policies(plan: plan_pb2.Plan) -> dict[str, list[int]]:
-    """Per-layer memory policies of a plan: recomputed layers, and layers whose activations go to host memory
-    (a layer marked for both is recomputed: nothing of it is stashed to swap)."""
-    return {"checkpoint_layers": [x.layer_index for x in plan.layers if x.checkpoint],
-            "swap_layers": [x.layer_index for x in plan.layers if x.swap_activations and not x.checkpoint]}
+    """Per-layer memory policies of a plan: recomputed layers, layers whose activations go to host memory (a
+    layer marked for both is recomputed: nothing of it is stashed to swap), and the layers whose data-parallel
+    replicas shard their model states (`dp_sharding`: ZeRO-1, ZeRO-2). The ZeRO lists appear only when a layer
+    asks for one (the worker's default, and an absent list in a "plan" command, mean plain DP everywhere)."""
+    out = {"checkpoint_layers": [x.layer_index for x in plan.layers if x.checkpoint],
+           "swap_layers": [x.layer_index for x in plan.layers if x.swap_activations and not x.checkpoint]}
+    for key, flavour in (("zero1_layers", common_pb2.DP_SHARDING_ZERO1),
+                         ("zero2_layers", common_pb2.DP_SHARDING_ZERO2)):
+        layers = [x.layer_index for x in plan.layers if x.dp_sharding == flavour]
+        if layers:
+            out[key] = layers
+    return out
 
 
 def plan_command(message: executor_pb2.PlannerMessage) -> dict:

@@ -3,7 +3,9 @@
 A layer file is a flat {str: Tensor} dict: "param/<name>" and "state/<key>/<name>" (the optimizer state,
 e.g. Adam's exp_avg, exp_avg_sq, step), keyed by the parameter's name within the layer. A tied Parameter is
 saved once, under the lowest layer holding it, and loaded into every layer holding it. Files load with
-`torch.load(weights_only=True)`: nothing is unpickled beyond tensors.
+`torch.load(weights_only=True)`: nothing is unpickled beyond tensors. Files are unsharded whatever the layer's
+data-parallel flavour: a ZeRO layer's state is gathered before it is written (sharding.py) and sliced again
+when loaded under ZeRO, so any flavour, replica count or stage layout resumes from any checkpoint.
 
 Layout: `<checkpoint_dir>/iter-<done:08d>/layer-<i:05d>.pt`, a `layer-<i:05d>.json` sidecar (sha256, bytes),
 and `manifest.json`, written last (after every layer is on disk) with "complete": true. A directory without
@@ -24,7 +26,7 @@ import io
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -38,6 +40,8 @@ MANIFEST = "manifest.json"
 FORMAT = 1
 Aliases = dict[tuple[int, str], tuple[int, str]]
 Snapshot = dict[int, tuple[str, dict[str, Tensor]]]  # layer index -> (layer name, its flat tensors)
+# An optimizer, or per-parameter state keyed by the Parameter (what sharding.Sharded.state gathers).
+StateSource = torch.optim.Optimizer | Mapping[Any, dict[str, Any]]
 POLL_S = 0.02
 
 
@@ -70,21 +74,21 @@ def atomic_write(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
-def layer_tensors(layer: Layer, aliases: Aliases, optimizer: torch.optim.Optimizer,
-                  copy: bool = False) -> dict[str, Tensor]:
+def layer_tensors(layer: Layer, aliases: Aliases, optimizer: StateSource, copy: bool = False) -> dict[str, Tensor]:
     """`copy`: host copies that the next optimizer steps cannot change (on the CPU `.cpu()` is the same storage)."""
+    state = optimizer.state if isinstance(optimizer, torch.optim.Optimizer) else optimizer
     out: dict[str, Tensor] = {}
     for name, p in layer.module.named_parameters():
         if (layer.index, name) in aliases:
             continue  # saved by the owning (lowest) layer
         out[f"param/{name}"] = p.detach().to("cpu", copy=copy)
-        for key, value in optimizer.state.get(p, {}).items():
+        for key, value in state.get(p, {}).items():
             if isinstance(value, Tensor):
                 out[f"state/{key}/{name}"] = value.detach().to("cpu", copy=copy)
     return out
 
 
-def snapshot(layers: list[Layer], aliases: Aliases, optimizer: torch.optim.Optimizer) -> Snapshot:
+def snapshot(layers: list[Layer], aliases: Aliases, optimizer: StateSource) -> Snapshot:
     """Copies of these layers' parameters and optimizer state, to write while training goes on."""
     return {layer.index: (layer.name, layer_tensors(layer, aliases, optimizer, copy=True)) for layer in layers}
 
@@ -197,8 +201,12 @@ def load_layers(
     layers: list[Layer],
     aliases: Aliases,
     optimizer: torch.optim.Optimizer,
+    state_on_host: bool = False,
 ) -> None:
-    """Copy parameters and optimizer state of `layers` (any partition) from the checkpoint, checking hashes."""
+    """Copy parameters and optimizer state of `layers` (any partition) from the checkpoint, checking hashes.
+
+    `state_on_host` leaves the optimizer state in host memory (ZeRO layers slice their chunk from it and move
+    only that to the device, so a resume never holds a sharded layer's full state on the device)."""
     directory = local_path(directory)
     files: dict[int, dict[str, Tensor]] = {}
 
@@ -224,7 +232,7 @@ def load_layers(
             state = {k.split("/", 2)[1]: v for k, v in data.items() if k.startswith("state/")
                      and k.split("/", 2)[2] == source_name}
             if state:
-                optimizer.state[p] = {k: _place(v, p) for k, v in state.items()}
+                optimizer.state[p] = {k: v.clone() if state_on_host else _place(v, p) for k, v in state.items()}
 
 
 def _place(value: Tensor, p: Tensor) -> Tensor:

@@ -4,12 +4,15 @@ and the gradient reductions.
 Activations go forward and gradients backward with isend/irecv (Varuna §3.1, §6) on the mesh's per-direction
 p2p groups, tensor by tensor with shapes known from the plan, so only tensors ever cross the wire; sends
 complete in the background while the stage computes and are drained at iteration end. Gradients are summed
-over the stages holding a tied weight (the mesh's tied groups), then over the stage's replicas (`group("dp")`).
+over the stages holding a tied weight (the mesh's tied groups), then over the stage's replicas (`group("dp")`):
+one all_reduce of every plain-DP layer's gradients, one in-place all_reduce per ZeRO-1 layer and one
+reduce-scatter per ZeRO-2 layer (sharding.py); after the optimizer step, one all-gather per ZeRO layer brings
+the updated chunks to every replica.
 
 Time blocked in communication is split in two (`Counters`): p2p_s, waiting on pipeline receives and send
 drains (a stage starved by its neighbour, i.e. the pipeline bubble, waits here), and allreduce_s, every
-collective on the tied and replica groups (the gradient sums, and the last stage's two scalar sums of label
-count and loss). comm_s is their sum, as before the split.
+collective on the tied and replica groups (the gradient sums, ZeRO's reduce-scatters and parameter all-gathers,
+and the last stage's two scalar sums of label count and loss). comm_s is their sum, as before the split.
 """
 
 from __future__ import annotations
@@ -22,18 +25,23 @@ import torch.distributed as dist
 from torch import Tensor
 
 from services.executor.train.mesh import BACKWARD, FORWARD, Mesh
+from services.executor.train.sharding import ZERO1, Sharded
 from services.executor.train.stage import Boundary, Stage
 
 
 @dataclass
 class Counters:
     p2p_s: float = 0.0  # time blocked on pipeline receives and send drains
-    allreduce_s: float = 0.0  # time in allreduces (tied and replica gradients, the last stage's scalar sums)
+    allreduce_s: float = 0.0  # time in collectives (tied and replica gradients, ZeRO, the last stage's scalar sums)
     bytes_sent: int = 0  # p2p payload sent
     bytes_received: int = 0
     allreduce_bytes: int = 0
     replica_allreduces: int = 0
     tied_allreduces: int = 0
+    reduce_scatter_bytes: int = 0  # ZeRO-2: the full (padded) gradients put into reduce-scatters
+    allgather_bytes: int = 0  # ZeRO: the full (padded) parameters gathered after the step
+    replica_reduce_scatters: int = 0
+    replica_allgathers: int = 0
 
     @property
     def comm_s(self) -> float:
@@ -120,8 +128,9 @@ class Comms:
         self.counters.allreduce_s += time.perf_counter() - start
         self.counters.allreduce_bytes += flat.numel() * flat.element_size()
 
-    def reduce_gradients(self, parameters: list[torch.nn.Parameter]) -> None:
-        """Sum tied gradients over the stages holding them, then all gradients over the stage's replicas.
+    def reduce_gradients(self, parameters: list[torch.nn.Parameter], sharded: Sharded | None = None) -> None:
+        """Sum tied gradients over the stages holding them, then all gradients over the stage's replicas:
+        plain-DP layers' in one all-reduce, then the ZeRO layers' one layer at a time (`reduce_sharded`).
 
         Gradients are summed, not averaged: each micro-batch loss was already divided by the global loss count.
         Every rank runs the tied groups in one global order (sorted stage sets), so no two ranks wait on each
@@ -135,8 +144,44 @@ class Comms:
             self._reduce([p.grad for p in params], self.mesh.tied_group(stages))
             self.counters.tied_allreduces += 1
         if self.replica_group is not None:
-            self._reduce([p.grad for p in parameters if p.grad is not None], self.replica_group)
+            sharded_ids = sharded.sharded_ids() if sharded is not None else set()
+            self._reduce([p.grad for p in parameters if p.grad is not None and id(p) not in sharded_ids],
+                         self.replica_group)
             self.counters.replica_allreduces += 1
+        if sharded is not None and sharded.active:
+            self.reduce_sharded(sharded)
+
+    def reduce_sharded(self, sharded: Sharded) -> None:
+        """The ZeRO layers' gradients, one layer at a time in layer order: ZeRO-1 all-reduces the layer's flat
+        gradient in place and keeps its chunk; ZeRO-2 reduce-scatters it, receiving its chunk only."""
+        for bucket in sharded.ordered():
+            if not bucket.has_grad():  # toggled off: no gradient on any replica, nothing to step
+                continue
+            flat = bucket.flat_grad()
+            if bucket.flavour == ZERO1:
+                self.allreduce_sum(flat, sharded.group)
+                self.counters.replica_allreduces += 1
+                bucket.keep_chunk(flat)
+                continue
+            start = time.perf_counter()
+            out = torch.empty_like(bucket.shard)
+            dist.reduce_scatter_single(out, flat, group=sharded.group)
+            bucket.shard.grad, bucket.grad = out, None
+            self.counters.allreduce_s += time.perf_counter() - start
+            self.counters.reduce_scatter_bytes += flat.numel() * flat.element_size()
+            self.counters.replica_reduce_scatters += 1
+
+    def gather_parameters(self, sharded: Sharded) -> None:
+        """After the step: every stepped ZeRO layer's updated chunks, all-gathered in place into its flat buffer
+        (this replica's input is its own slot of the output), one layer at a time."""
+        for bucket in sharded.ordered():
+            if not bucket.stepped:
+                continue
+            start = time.perf_counter()
+            dist.all_gather_single(bucket.flat, bucket.shard.detach(), group=sharded.group)
+            self.counters.allreduce_s += time.perf_counter() - start
+            self.counters.allgather_bytes += bucket.flat.numel() * bucket.flat.element_size()
+            self.counters.replica_allgathers += 1
 
     def _reduce(self, grads: list[Tensor], group: object) -> None:
         if not grads:

@@ -7,9 +7,10 @@ Iteration numbers count completed iterations: `start_iteration` iterations are a
 run), the worker trains until `iterations` are done, and iteration index i (0-based) draws the samples
 `i * global_batch + k`. Events and checkpoints report the count done after the step.
 
-The plan may change while training (issue 7): `plan_version`, `stage_bounds`, `checkpoint_layers` and
-`swap_layers` are the INITIAL plan; a "plan" command on the worker's stdin (services/executor/train/migration.py)
-replaces them at an iteration boundary that every rank agrees on. Stage count and replica count never change.
+The plan may change while training (issue 7): `plan_version`, `stage_bounds`, `checkpoint_layers`,
+`swap_layers`, `zero1_layers` and `zero2_layers` are the INITIAL plan; a "plan" command on the worker's stdin
+(services/executor/train/migration.py) replaces them at an iteration boundary that every rank agrees on. Stage
+count and replica count never change.
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ class WorkerConfig:
     # Layers whose activations saved for backward go to a host buffer pool after forward and come back before
     # their backward (swap.py). A layer in both lists is recomputed, never swapped: checkpoint wins.
     swap_layers: list[int] = field(default_factory=list)
+    # Data-parallel flavour per layer over the stage's replicas (sharding.py): ZeRO-1 shards the optimizer state,
+    # ZeRO-2 the optimizer state and the reduced gradient; a layer in neither list is plain DP. Disjoint; with one
+    # replica both are a no-op.
+    zero1_layers: list[int] = field(default_factory=list)
+    zero2_layers: list[int] = field(default_factory=list)
     # [layer_index, iteration, active (0 | 1)]: from 0-based iteration `iteration` on, the layer computes (1) or
     # is the identity on its first input (0; its parameters get no gradient). Only layers whose output has the
     # shape and dtype of their first input may be toggled (checked when the stage is built).
@@ -150,6 +156,10 @@ class WorkerConfig:
         need(bool(self.init_method), "init_method", "give a rendezvous such as tcp://HOST:PORT")
         need(all(is_int(i) for i in self.checkpoint_layers), "checkpoint_layers", "give layer indices (integers)")
         need(all(is_int(i) for i in self.swap_layers), "swap_layers", "give layer indices (integers)")
+        need(all(is_int(i) for i in self.zero1_layers), "zero1_layers", "give layer indices (integers)")
+        need(all(is_int(i) for i in self.zero2_layers), "zero2_layers", "give layer indices (integers)")
+        both = sorted(set(self.zero1_layers) & set(self.zero2_layers))
+        need(not both, "zero2_layers", f"layers {both} are also in zero1_layers; give each layer one flavour")
         need(all(isinstance(t, list | tuple) and len(t) == 3 and all(is_int(v) for v in t) and t[1] >= 0
                  and t[2] in (0, 1) for t in self.layer_toggles), "layer_toggles",
              "each entry is [layer_index, iteration >= 0, active 0 or 1]")

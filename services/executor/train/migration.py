@@ -4,7 +4,8 @@ Commands. The worker reads JSON lines on stdin in a daemon thread (`read_command
 means no commands). A command is a complete description of the new runtime shape, same stage and replica
 counts:
   {"command": "plan", "version": V, "not_before": K, "stage_bounds": [[b, e], ...],
-   "checkpoint_layers": [...], "swap_layers": [...]}
+   "checkpoint_layers": [...], "swap_layers": [...], "zero1_layers": [...], "zero2_layers": [...]}
+(the two ZeRO lists are optional: a layer in neither is plain DP; they must be disjoint).
 `PlanInbox.submit` validates it (contiguous non-empty bounds covering every layer, the same stage count, layer
 indices in range, a version above the initial one, every shared (tied) parameter left on the same set of
 stages); a bad command becomes a {"event": "command_rejected", "message": ...} warning naming the field, and is
@@ -51,6 +52,12 @@ the p2p peers are unchanged; the optimizer is rebuilt over the new parameter lis
 parameters carried by identity and the received state installed. The source drops the moved layers.
 `apply_plan` returns that stage and optimizer (`Applied`) for the trainer to install: it never reaches into
 the trainer, so this module does not know it.
+
+ZeRO layers (sharding.py): the trainer unshards every layer that moves (or turns plain) before `apply_plan`, so
+a moved layer's FULL optimizer state travels as above, each source replica sending its copy to the same replica
+index of the target, which slices its own chunk again if the new plan keeps the layer under ZeRO. Layers
+that stay on their stage under ZeRO keep their chunks untouched (they are in the stage's parameters without
+state here). A plan may also switch a layer's flavour (plain, zero1, zero2) without moving it.
 """
 
 from __future__ import annotations
@@ -69,6 +76,7 @@ from torch import Tensor, nn
 
 from services.executor.train.config import WorkerConfig, is_int
 from services.executor.train.mesh import Mesh
+from services.executor.train.sharding import flavours
 from services.executor.train.stage import ModelInfo, Stage, make_optimizer, restage, stage_of
 from services.zoo.graph import Layer
 
@@ -83,16 +91,24 @@ class Plan:
     stage_bounds: tuple[tuple[int, int], ...]
     checkpoint_layers: tuple[int, ...]
     swap_layers: tuple[int, ...]
+    zero1_layers: tuple[int, ...] = ()  # data-parallel flavour per layer (sharding.py); plain DP otherwise
+    zero2_layers: tuple[int, ...] = ()
 
     @classmethod
     def initial(cls, config: WorkerConfig) -> Plan:
         """The plan a worker starts under (its config); commands must carry higher versions."""
         return cls(config.plan_version, 0, tuple((b, e) for b, e in config.stage_bounds),
-                   tuple(config.checkpoint_layers), tuple(config.swap_layers))
+                   tuple(config.checkpoint_layers), tuple(config.swap_layers), tuple(config.zero1_layers),
+                   tuple(config.zero2_layers))
+
+    def flavours(self) -> dict[int, str]:
+        """Layer index -> "zero1" / "zero2" (sharding.flavours); absent layers are plain DP."""
+        return flavours(self.zero1_layers, self.zero2_layers)
 
     def describe(self) -> dict[str, Any]:
         return {"plan_version": self.version, "stage_bounds": [list(b) for b in self.stage_bounds],
-                "checkpoint_layers": list(self.checkpoint_layers), "swap_layers": list(self.swap_layers)}
+                "checkpoint_layers": list(self.checkpoint_layers), "swap_layers": list(self.swap_layers),
+                "zero1_layers": list(self.zero1_layers), "zero2_layers": list(self.zero2_layers)}
 
 
 class Rejected(ValueError):
@@ -119,7 +135,8 @@ class PlanInbox:
 
         need(isinstance(raw, dict), "command", "a command is a JSON object")
         need(raw.get("command") == "plan", "command", f"unknown command {raw.get('command')!r}; use 'plan'")
-        known = {"command", "version", "not_before", "stage_bounds", "checkpoint_layers", "swap_layers"}
+        known = {"command", "version", "not_before", "stage_bounds", "checkpoint_layers", "swap_layers",
+                 "zero1_layers", "zero2_layers"}
         unknown = sorted(set(raw) - known)
         need(not unknown, str(unknown[0]) if unknown else "", f"unknown fields {unknown}")
         for name in ("version", "not_before", "stage_bounds", "checkpoint_layers", "swap_layers"):
@@ -136,10 +153,12 @@ class PlanInbox:
         need(bounds[0][0] == 0 and bounds[-1][1] == n, "stage_bounds", f"stages must cover layers [0, {n})")
         need(all(a[1] == b[0] for a, b in zip(bounds, bounds[1:], strict=False)), "stage_bounds",
              "stages must be contiguous: each begin equals the previous end")
-        for name in ("checkpoint_layers", "swap_layers"):
-            values = raw[name]
+        for name in ("checkpoint_layers", "swap_layers", "zero1_layers", "zero2_layers"):
+            values = raw.get(name, [])
             need(isinstance(values, list) and all(is_int(i) and 0 <= i < n for i in values), name,
                  f"give a list of layer indices in [0, {n})")
+        both = sorted(set(raw.get("zero1_layers", [])) & set(raw.get("zero2_layers", [])))
+        need(not both, "zero2_layers", f"layers {both} are also in zero1_layers; give each layer one flavour")
         tied = self.info.tied_stage_sets(bounds)
         changed = sorted(k for k in tied if tied[k] != self._tied[k])
         need(not changed, "stage_bounds",
@@ -147,7 +166,8 @@ class PlanInbox:
              f"to {[tied[k] for k in changed[:1]]}; changing the stages that hold a tied weight is not supported "
              "while training (restart from a checkpoint with the new plan)")
         plan = Plan(version, not_before, tuple((b, e) for b, e in bounds), tuple(sorted(set(raw["checkpoint_layers"]))),
-                    tuple(sorted(set(raw["swap_layers"]))))
+                    tuple(sorted(set(raw["swap_layers"]))), tuple(sorted(set(raw.get("zero1_layers", [])))),
+                    tuple(sorted(set(raw.get("zero2_layers", [])))))
         with self._lock:
             known_plan = self._plans.get(version)
         need(known_plan is None or known_plan == plan, "version", f"version {version} was already given another plan")

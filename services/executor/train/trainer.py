@@ -16,6 +16,11 @@ it rises, migrate layers and switch recompute/swap policies before the next iter
 Swapped layers' activations are prefetched back when the schedule's next task is their micro-batch's backward.
 Layer toggles (dynamic workloads) are re-evaluated at each iteration start.
 
+ZeRO (sharding.py): layers in the plan's zero1/zero2 lists keep 1/d of their optimizer state per replica; the
+gradient reduction (comms.py) runs once per iteration after the last micro-batch, the shard step after it and
+the parameter all-gather last. Checkpoints gather a sharded layer's state so files are unsharded; a plan change
+unshards the layers that move or turn plain before migrating, and shards what the new plan puts under ZeRO.
+
 Drain (preemption): the same per-boundary agreement carries a drain flag, so when any rank is asked to drain,
 every rank applies the agreed plan, writes one complete checkpoint at that boundary and stops there
 (`Stopped.drained`): a consistent resume point, where a plain stop leaves ranks at different iterations.
@@ -37,13 +42,14 @@ import torch.distributed as dist
 
 from services.executor.train import checkpoint as ckpt
 from services.executor.train.background import BackgroundWriter
-from services.executor.train.comms import Comms, Pending
+from services.executor.train.comms import Comms, Counters, Pending
 from services.executor.train.config import WorkerConfig
 from services.executor.train.data import batch_for, dropout_seed, sample_range
 from services.executor.train.faults import Faults
 from services.executor.train.mesh import BACKWARD, FORWARD
-from services.executor.train.migration import Agreement, Plan, PlanInbox, apply_plan
+from services.executor.train.migration import Agreement, Plan, PlanInbox, apply_plan, plan_moves
 from services.executor.train.schedule import tasks
+from services.executor.train.sharding import PLAIN, ZERO1, ZERO2, Sharded
 from services.executor.train.stage import Stage
 
 LOOKAHEAD = 2  # receives are posted this many tasks ahead of the task that consumes them
@@ -80,14 +86,19 @@ class Trainer:
     def __init__(self, config: WorkerConfig, stage: Stage, optimizer: torch.optim.Optimizer, comms: Comms,
                  device: torch.device, should_stop: Callable[[], bool], inbox: PlanInbox,
                  should_drain: Callable[[], bool] = lambda: False) -> None:
-        self.config, self.stage, self.optimizer, self.comms, self.device = config, stage, optimizer, comms, device
+        self.config, self.stage, self.comms, self.device = config, stage, comms, device
         self.spec = config.spec()
         self.inbox = inbox  # plan commands (none arrive unless the worker reads them)
         self.info = inbox.info  # the meta model and its shapes, built once per worker
         self.parameters = stage.parameters()
         self.order = tasks(config.schedule, config.num_stages, stage.index, config.num_micro_batches)
+        self.first_backward = next(i for i, (kind, _) in enumerate(self.order) if kind == "B")
         self.should_stop, self.should_drain = should_stop, should_drain
         self.plan: Plan = inbox.initial
+        # Plain and ZeRO optimizers (every flavour is plain with one replica); `optimizer` holds any loaded state.
+        self.sharded = Sharded(stage, optimizer, self.plan.flavours(), group=comms.replica_group,
+                               rank=comms.mesh.index("dp"), degree=config.num_replicas,
+                               optimizer_config=config.optimizer)
         self.agreement = Agreement(comms.mesh.control)
         self.faults = Faults.from_env(str(config.model.get("name", "")), config.rank)
         self.writer = BackgroundWriter()
@@ -101,9 +112,14 @@ class Trainer:
     def stage_bounds(self) -> tuple[tuple[int, int], ...]:
         return self.plan.stage_bounds
 
-    def install(self, stage: Stage, optimizer: torch.optim.Optimizer, plan: Plan) -> None:
-        """Switch to a re-planned stage (what migration.apply_plan returns): layers, optimizer, the comms' view."""
-        self.stage, self.optimizer, self.plan = stage, optimizer, plan
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        """The optimizer of the plain-DP layers' parameters (None when every parameter is under ZeRO)."""
+        return self.sharded.plain
+
+    def install(self, stage: Stage, plan: Plan) -> None:
+        """Switch to a re-planned stage (what migration.apply_plan returns, sharded): layers, the comms' view."""
+        self.stage, self.plan = stage, plan
         self.parameters = stage.parameters()
         self.comms.stage = stage
 
@@ -166,6 +182,8 @@ class Trainer:
                 saved[j] = (received, outputs)
                 forward_s += time.perf_counter() - t
             else:
+                if position == self.first_backward:  # ZeRO layers' gradients accumulate in flat buffers
+                    self.sharded.prepare(stage.inactive)
                 received, outputs = saved.pop(j)
                 t = time.perf_counter()
                 stage.recompute(j)  # while the gradient is still in flight (Varuna §3.2), not after it arrived
@@ -187,15 +205,16 @@ class Trainer:
         t = time.perf_counter()
         self.faults.after_iteration(forward_s + backward_s)  # a fail-stutter worker (test hook; none in production)
         backward_s += time.perf_counter() - t
-        comms.reduce_gradients(self.parameters)
+        comms.reduce_gradients(self.parameters, self.sharded)
+        gradient_bytes = self.sharded.gradient_bytes(self.parameters)
         t = time.perf_counter()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.sharded.step()
         optimizer_s = time.perf_counter() - t
+        comms.gather_parameters(self.sharded)
         loss = comms.replica_sum([float(loss_sum)])[0] / count if stage.is_last else 0.0
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        return self._stats(time.perf_counter() - start, forward_s, backward_s, optimizer_s, loss)
+        return self._stats(time.perf_counter() - start, forward_s, backward_s, optimizer_s, loss, gradient_bytes)
 
     def _post_receives(self, position: int, receives: dict[tuple[str, int], Pending]) -> None:
         """Post the receives of the next LOOKAHEAD tasks, so their tensors arrive while this one computes."""
@@ -209,7 +228,7 @@ class Trainer:
                 receives[(kind, j)] = self.comms.post_recv(j, BACKWARD)
 
     def _stats(self, iteration_s: float, forward_s: float, backward_s: float, optimizer_s: float,
-               loss: float) -> dict[str, Any]:
+               loss: float, gradient_bytes: int) -> dict[str, Any]:
         counters = self.comms.take()
         current, peak = memory(self.device)
         parts = forward_s + backward_s + counters.p2p_s + counters.allreduce_s + optimizer_s
@@ -225,7 +244,21 @@ class Trainer:
             "samples_per_s": self.config.global_batch / iteration_s if iteration_s > 0 else 0.0,
             "swapped_bytes": self.stage.swap.take_bytes() if self.stage.swap is not None else 0,
             "active_layers": self.stage.active_layers,
+            **self._data_parallel(counters, gradient_bytes),
         }
+
+    def _data_parallel(self, counters: Counters, gradient_bytes: int) -> dict[str, Any]:
+        """With more than one replica: the layers under each ZeRO flavour, this rank's model-state bytes
+        (`gradient_bytes` held after the reduction) and ZeRO's collectives. Nothing with one replica."""
+        if self.config.num_replicas == 1:
+            return {}
+        held = self.stage.layer_indices
+        return {"zero1_layers": [i for i in held if self.sharded.flavour(i) == ZERO1],
+                "zero2_layers": [i for i in held if self.sharded.flavour(i) == ZERO2],
+                "optimizer_state_bytes": self.sharded.optimizer_state_bytes(), "gradient_bytes": gradient_bytes,
+                "reduce_scatter_bytes": counters.reduce_scatter_bytes, "allgather_bytes": counters.allgather_bytes,
+                "replica_reduce_scatters": counters.replica_reduce_scatters,
+                "replica_allgathers": counters.replica_allgathers}
 
     def save(self, done: int, head: dict[str, Any], report: Report, background: bool) -> None:
         """Per-layer checkpoint: layers round-robin over the stage's replicas, manifest by rank 0 last. Only the
@@ -239,7 +272,9 @@ class Trainer:
             ckpt.clear_stale(directory)
         dist.barrier()  # no rank writes a sidecar before rank 0 cleared the stale ones
         mine = [layer for layer in stage.layers if (layer.index - stage.begin) % c.num_replicas == c.replica_index]
-        snapshot = ckpt.snapshot(mine, stage.aliases, self.optimizer)
+        # ZeRO layers' state is gathered (every replica takes part; the writer keeps it): files stay unsharded.
+        state = self.sharded.state([layer.index for layer in mine])
+        snapshot = ckpt.snapshot(mine, stage.aliases, state)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         meta = {"iterations_done": done, "next_iteration": done, "seed": c.seed, "plan_version": self.plan_version,
@@ -345,9 +380,16 @@ class Trainer:
             return
         decided = time.perf_counter()
         plan = self.inbox.get(agreed)
-        applied = apply_plan(self.stage, self.optimizer, self.plan, plan, mesh=self.comms.mesh, info=self.info,
+        # Layers leaving this stage or turning plain are unsharded first (their full state travels or stays as
+        # plain DP's); layers staying under ZeRO keep their chunks through the change.
+        moving = {i for i, _, _ in plan_moves(self.plan.stage_bounds, plan.stage_bounds, self.info.num_layers)}
+        flavours = plan.flavours()
+        release = [i for i in self.stage.layer_indices if i in moving or flavours.get(i, PLAIN) == PLAIN]
+        optimizer = self.sharded.release(release, self.stage)
+        applied = apply_plan(self.stage, optimizer, self.plan, plan, mesh=self.comms.mesh, info=self.info,
                              optimizer_config=self.config.optimizer, device=self.device, done=done, decided=decided)
-        self.install(applied.stage, applied.optimizer, plan)
+        self.sharded.adopt(applied.stage, applied.optimizer, flavours)
+        self.install(applied.stage, plan)
         for event in applied.events:
             report({**event, **head})
         report({"event": "plan_applied", **head, **plan.describe(), "iteration": done,

@@ -8,14 +8,20 @@ goes to stdout, one JSON object per line; every event carries "event", "job_id",
   predicted_iteration_s, device, pid.
 - "iteration" (after each): iteration (completed count), plan_version, iteration_s, forward_s, backward_s
   (includes recompute_s), recompute_s, p2p_s (blocked on pipeline receives and send drains), allreduce_s
-  (tied and replica gradient allreduces, the last stage's loss sums), comm_s (p2p_s + allreduce_s),
+  (tied and replica gradient allreduces, ZeRO's reduce-scatters and parameter all-gathers, the last stage's
+  loss sums), comm_s (p2p_s + allreduce_s),
   optimizer_s, overhead_s (the rest: forward_s + backward_s + p2p_s + allreduce_s + optimizer_s + overhead_s
   = iteration_s), idle_s (= overhead_s, its older name), memory_bytes, peak_memory_bytes (CUDA allocator,
   or process RSS on the CPU), bytes_sent / bytes_received (p2p), allreduce_bytes, replica_allreduces,
   tied_allreduces, loss and has_loss (the iteration's global mean loss, on the last stage only),
   samples_per_s (global batch / s), swapped_bytes (activation bytes moved to host memory this iteration),
   active_layers (held layers that computed: layer_toggles can make one the identity), layers (held during
-  this iteration; plan_version is the version in force during it).
+  this iteration; plan_version is the version in force during it). With more than one replica also
+  zero1_layers / zero2_layers (held layers under ZeRO-1 / ZeRO-2), optimizer_state_bytes (optimizer state
+  this rank holds after the step: ZeRO layers' chunks only), gradient_bytes (gradients held after the
+  reduction, before the step: ZeRO layers' chunks only), reduce_scatter_bytes / allgather_bytes (ZeRO's padded
+  full gradient and parameter sizes put through the replica group's reduce-scatters and all-gathers),
+  replica_reduce_scatters, replica_allgathers.
 - "command_rejected" (a warning; training goes on): iteration (completed count when reported), version (the
   command's, 0 if it had none), message
   (names the bad field of a stdin command).
@@ -24,7 +30,7 @@ goes to stdout, one JSON object per line; every event carries "event", "job_id",
   optimizer state), duration_s (from the boundary decision to the layer ready), iteration (completed count
   at the boundary), plan_version.
 - "plan_applied" (every rank, after its migrations): plan_version, iteration, stage_bounds, layers (held
-  now), checkpoint_layers, swap_layers, apply_s.
+  now), checkpoint_layers, swap_layers, zero1_layers, zero2_layers, apply_s.
 - "checkpoint": iteration, plan_version, dir, manifest (URI on rank 0, else ""), layers
   [{layer_index, uri, bytes, sha256}] written by this rank, checkpoint_s (the boundary's stall: the host
   copy, plus the write when not in the background), write_s, background. Each rank reports once its files
@@ -68,7 +74,7 @@ from services.executor.train.comms import Comms
 from services.executor.train.config import WorkerConfig
 from services.executor.train.mesh import Mesh
 from services.executor.train.migration import Plan, PlanInbox, read_commands
-from services.executor.train.stage import build_stage, make_optimizer, model_info
+from services.executor.train.stage import build_stage, check_layers, make_optimizer, model_info
 from services.executor.train.trainer import Report, Stopped, Trainer
 
 STOPPED_EXIT = 143
@@ -125,6 +131,8 @@ def run(config: WorkerConfig, report: Report, should_stop: Callable[[], bool] | 
     stage = build_stage(config.spec(), config.stage_bounds, config.stage_index, seed=config.seed,
                         micro_batch_size=config.micro_batch_size, checkpoint_layers=config.checkpoint_layers,
                         swap_layers=config.swap_layers, layer_toggles=config.layer_toggles, device=device)
+    check_layers("zero1_layers", config.zero1_layers, stage.num_layers)
+    check_layers("zero2_layers", config.zero2_layers, stage.num_layers)
     inbox = PlanInbox(model_info(config.spec(), config.micro_batch_size), config.num_stages, Plan.initial(config))
     if config.online:  # otherwise no command is ever read, so every rank stays on the initial plan
         read_commands(commands, inbox)
@@ -136,7 +144,8 @@ def run(config: WorkerConfig, report: Report, should_stop: Callable[[], bool] | 
         if start not in (0, manifest["next_iteration"]):
             raise ValueError(f"WorkerConfig.start_iteration {start} disagrees with the checkpoint's next iteration "
                              f"{manifest['next_iteration']}; set it to 0 or {manifest['next_iteration']}")
-        ckpt.load_layers(config.resume_from, manifest, stage.layers, stage.aliases, optimizer)
+        zero = config.num_replicas > 1 and bool(config.zero1_layers or config.zero2_layers)  # sliced on the host
+        ckpt.load_layers(config.resume_from, manifest, stage.layers, stage.aliases, optimizer, state_on_host=zero)
         start = manifest["next_iteration"]
     dist.init_process_group(config.backend, init_method=config.init_method, rank=config.rank,
                             world_size=config.world_size, timeout=timedelta(seconds=config.timeout_s))

@@ -57,9 +57,10 @@ class CostOptions:
     # False: it runs after the last backward (Varuna §4.4: N_m micro-batches followed by the allreduce).
     overlap_grad_sync: bool = True
     # True: a ZeRO-2 layer reduce-scatters its gradient as soon as the iteration's last backward of that layer
-    # ends, so with one micro-batch only the running layer's full gradient is held (issue 24's design); False:
+    # ends, so with one micro-batch only the running layer's full gradient is held (DeepSpeed-style); False:
     # the reduce-scatters wait for the stage's whole backward, so every ZeRO-2 layer's full gradient is held
-    # through it (ZeRO-1's peak, ZeRO-2's traffic). Several micro-batches hold full gradients either way.
+    # through it (ZeRO-1's peak, ZeRO-2's traffic) -- what Ballast's executors do (services/executor/train/
+    # sharding.py), so plans for jobs pass False. Several micro-batches hold full gradients either way.
     zero2_reduce_scatter_per_layer: bool = True
     # False prices every collective from the fleet's links (what-if fleets other than the profiled one).
     # Measured fits are also ignored when the profile's device kind differs from the fleet's.

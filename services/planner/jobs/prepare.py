@@ -135,7 +135,8 @@ def plan_inputs(job: job_pb2.Job, dims: tuple[str, ...], devices: int = 0, engin
     return PlanInputs(global_batch_size=spec.global_batch_size, memory_budget_bytes=spec.memory_budget_bytes,
                       engine=spec.engine or engine, schedule=spec.schedule, runnable_dims=dims,
                       pipeline_stages=stages, micro_batches=0 if devices else spec.micro_batches,
-                      overlap_grad_sync=False)  # the executors allreduce after the last backward
+                      # the executors allreduce (and ZeRO-2 reduce-scatters) after the stage's last backward
+                      overlap_grad_sync=False, zero2_reduce_scatter_per_layer=False)
 
 
 def with_calibration(store: Store, inputs: PlanInputs, fleet: fleet_pb2.Fleet, analytical: bool) -> PlanInputs:

@@ -58,7 +58,7 @@ def uncalibrated(profile: profile_pb2.Profile, plan: plan_pb2.Plan) -> tuple[Pip
     view = from_profile(profile)
     run = RunningPlan.from_plan(plan, len(view))
     strategies = [LayerStrategy(checkpoint=c, swap=s) for c, s in zip(run.checkpoint, run.swap, strict=True)]
-    ctx = CostContext(view, plan.fleet, CostOptions(overlap_grad_sync=False))
+    ctx = CostContext(view, plan.fleet, CostOptions(overlap_grad_sync=False, zero2_reduce_scatter_per_layer=False))
     pipe = build_pipeline(view, None, run.bounds, strategies, run.micro_batch_size, run.num_micro_batches,
                           replicas=run.replicas, context=ctx)
     return pipe, run
