@@ -196,6 +196,28 @@ def wait_serving(settings: Settings, state: State, timeout_s: float) -> list[tup
         time.sleep(0.3)
 
 
+def wait_fleet(settings: Settings, executors: int, since: float, timeout_s: float) -> int:
+    """Wait until `executors` agents are online with the planner (heartbeating since `since`: a host record left
+    ONLINE by an earlier run in the same data dir does not count), so a job submitted right after `up` is planned
+    for the whole local fleet. Returns how many were."""
+    if executors <= 0:
+        return 0
+    from ballast.client import Client
+    from ballast.v1 import fleet_pb2, store_pb2
+
+    deadline, online = time.monotonic() + timeout_s, 0
+    with Client.of(settings, ("store",)) as client:
+        while True:
+            try:
+                hosts = client.store.ListHosts(store_pb2.ListHostsRequest(state=fleet_pb2.HOST_STATE_ONLINE)).hosts
+                online = sum(1 for h in hosts if h.last_heartbeat_at.ToMicroseconds() >= since * 1e6)
+            except Exception:  # noqa: BLE001 - the store just started; ask again until the deadline
+                online = 0
+            if online >= executors or time.monotonic() > deadline:
+                return online
+            time.sleep(0.3)
+
+
 def stop_all(settings: Settings, state: State, timeout_s: float = 15.0) -> list[str]:
     """SIGTERM every child's process group, the store last so the others can record their final state;
     SIGKILL whatever is left after `timeout_s`. Returns the names that had to be killed."""
@@ -241,11 +263,19 @@ def bring_up(settings: Settings, executors: int, timeout_s: float) -> tuple[bool
         schema.upgrade(settings.database_url)
     except Exception as exc:  # noqa: BLE001 - reported to the user, nothing was started yet
         return False, [], f"cannot migrate {settings.database_url}: {exc}"
+    started = time.time()
     state = start_all(settings, executors)
+    deadline = time.monotonic() + timeout_s
     rows = wait_serving(settings, state, timeout_s)
     bad = [r for r in rows if r[2] != "SERVING"]
     if not bad:
-        return True, rows, f"control plane up in {settings.data_dir} (admin token in {settings.token_file})"
+        online = wait_fleet(settings, executors, started, max(deadline - time.monotonic(), 5.0))
+        if online >= executors:
+            return True, rows, f"control plane up in {settings.data_dir} (admin token in {settings.token_file})"
+        message = (f"{online} of {executors} executor agent(s) registered with the planner within {timeout_s:.0f} s; "
+                   f"see the executor logs in {settings.data_dir / 'logs'}")
+        stop_all(settings, state)
+        return False, rows, message
     lines = []
     for name, _, status in bad:
         child = next(c for c in state.children if c.name == name)
