@@ -25,6 +25,7 @@ from services.planner.cost import (
     stage_peak_memory,
     transform_cost,
 )
+from services.planner.cost.strategy import DpSharding
 from services.planner.sim.model import Pipeline, Schedule, StageCost
 from tests.cost_support import GB, fleet, layer, model
 
@@ -116,6 +117,23 @@ def test_grad_sync_at_iteration_end_overlapped_or_not() -> None:
     b_comp = 2 * M / 2 * BWD
     assert hidden.allreduce_s == pytest.approx(overlap_time(b_comp, 2 * per_layer, 1.3) - b_comp)
     assert 0 < hidden.allreduce_s < plain.allreduce_s
+
+
+def test_plain_dp_layers_sync_in_one_bucket_after_the_backward() -> None:
+    """After the last backward (the executors' way) a stage's plain-DP layers share one allreduce, so the
+    latency is paid once, and DP inside the stage prices like the same stage copied across replicas; overlapped
+    (Galvatron's DDP) every layer keeps its own."""
+    view = model(4, params=10**6)
+    slow = fleet(intra_lat=5e-3)  # a per-call latency, as gloo has
+    ctx = CostContext(view, slow, NO_OVERLAP)
+    inside = stage_cost(ctx, 0, 4, LayerStrategy(dp=2), M)
+    across = stage_cost(ctx, 0, 4, LayerStrategy(), M // 2, replicas=2, replica_scope=Scope.INTRA)
+    one = ctx.comm.allreduce(4 * 4e6, 2, Scope.INTRA)
+    assert inside.allreduce_s == pytest.approx(one) == pytest.approx(across.allreduce_s)
+    each = sum(layer_cost(ctx, i, LayerStrategy(dp=2), M).grad_sync_s for i in range(4))
+    assert each == pytest.approx(4 * ctx.comm.allreduce(4e6, 2, Scope.INTRA)) and each > one
+    zero = stage_cost(ctx, 0, 4, LayerStrategy(dp=2, dp_sharding=DpSharding.ZERO1), M)
+    assert zero.allreduce_s > one  # ZeRO layers sync one at a time, and gather their parameters after the step
 
 
 def test_resident_baseline_options() -> None:

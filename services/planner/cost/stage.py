@@ -7,7 +7,9 @@
   earlier output a later layer reads (the layer graph's skip edges, e.g. a T5 encoder output read by
   decoder blocks on later stages, relayed stage to stage; Varuna §5 cut-points). The share of the
   micro-batch is the larger of the sender's and the receiver's (a receiving device gathers its samples).
-* allreduce_s: the iteration-end gradient sync: in-stage DP allreduces (ZeRO-2: reduce-scatters), the
+* allreduce_s: the iteration-end gradient sync: in-stage DP allreduces (ZeRO-2: reduce-scatters; run after
+  the last backward, as Ballast's executors do, the plain-DP layers of one DP group share one allreduce
+  bucket, so its latency is paid once, not once per layer; ZeRO layers sync one layer at a time), the
   allreduce of the gradient shards across `replicas` pipeline copies (Varuna's D), and the sync of
   weights tied to a layer on another stage; overlapped with the last micro-batch's backward compute
   (Galvatron-BMW §V slowdown) when options.overlap_grad_sync, else run after it. ZeRO-1/2 layers add
@@ -31,7 +33,7 @@ from services.planner.cost import calibration
 from services.planner.cost.comm import Scope
 from services.planner.cost.context import CostContext
 from services.planner.cost.layer import LayerCost, ceil_bytes, layer_cost, overlap_time, transform_cost
-from services.planner.cost.strategy import LayerStrategy
+from services.planner.cost.strategy import Dim, DpSharding, LayerStrategy
 from services.planner.sim.model import StageCost
 
 
@@ -107,7 +109,7 @@ def stage_cost(
         fwd += t.forward_s
         bwd += t.backward_s
 
-    sync = sum(c.grad_sync_s for c in costs) + tied_sync_s
+    sync = _grad_sync(ctx, costs) + tied_sync_s
     if replicas > 1:
         sync += ctx.comm.allreduce(sum(c.grad_shard_bytes for c in costs), replicas, replica_scope)
     if ctx.options.overlap_grad_sync and sync > 0:
@@ -133,3 +135,20 @@ def stage_cost(
         transient_bytes=ceil_bytes(transient),
         swap_bytes=ceil_bytes(sum(c.swap_bytes for c in costs)),
     ), ctx.calibration)
+
+
+def _grad_sync(ctx: CostContext, costs: Sequence[LayerCost]) -> float:
+    """The layers' DP gradient sync. Overlapped with the backward (Galvatron's DDP buckets) it is the sum of
+    the layers' own; after the last backward (options.overlap_grad_sync off: Ballast's executors) the plain-DP
+    layers of one DP group go in one allreduce, as services/executor/train/comms.py sends them."""
+    if ctx.options.overlap_grad_sync:
+        return sum(c.grad_sync_s for c in costs)
+    sync, buckets = 0.0, {}
+    for c in costs:
+        st = c.strategy
+        if st.dp > 1 and st.dp_sharding is DpSharding.PLAIN:
+            key = (st.dp, dict(c.scopes)[Dim.DP])
+            buckets[key] = buckets.get(key, 0.0) + c.grad_shard_bytes
+        else:
+            sync += c.grad_sync_s
+    return sync + sum(ctx.comm.allreduce(size, dp, scope) for (dp, scope), size in buckets.items())
