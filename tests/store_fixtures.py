@@ -113,7 +113,8 @@ def open_store(url: str, backend: str, data_dir: Path) -> Iterator[Store]:
         a, b = tenants
         with contextlib.ExitStack() as stack:
             if backend == "remote":
-                connect = stack.enter_context(_served(repo, tokens, load_settings({}, data_dir=data_dir)))
+                settings = load_settings({}, data_dir=data_dir, store_metrics_port=0)  # no fixed port to collide on
+                connect = stack.enter_context(_served(repo, tokens, settings))
             else:
                 connect = functools.partial(LocalStore, repo)
             yield Store(repo, engine, clock, admin, a, b, backend, tokens, connect)

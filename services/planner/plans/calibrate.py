@@ -20,7 +20,7 @@ from services.planner.cost.calibration import Calibration, HostClass, Observatio
 from services.planner.cost.context import CostContext, CostOptions
 from services.planner.cost.pipeline import build_pipeline
 from services.planner.cost.profile_view import from_profile
-from services.planner.cost.strategy import LayerStrategy
+from services.planner.cost.strategy import DpSharding, LayerStrategy
 from services.planner.online.srp import RunningPlan
 from services.planner.sim import Pipeline, SimOptions, simulate
 
@@ -53,14 +53,17 @@ def host_class(fleet: fleet_pb2.Fleet, hosts: Sequence[fleet_pb2.Host], devices:
 
 
 def uncalibrated(profile: profile_pb2.Profile, plan: plan_pb2.Plan) -> tuple[Pipeline, RunningPlan]:
-    """The cost model's pipeline for `plan` as the executors run it (gradient sync after the last backward),
+    """The cost model's pipeline for `plan` as the executors run it (gradient sync after the last backward; a
+    stage's D replicas on consecutive ranks, as its DP group; each layer's DP flavour, ZeRO-1/2 included),
     without any calibration. Raises ValueError for plans the executors do not run (TP, SDP)."""
     view = from_profile(profile)
     run = RunningPlan.from_plan(plan, len(view))
-    strategies = [LayerStrategy(checkpoint=c, swap=s) for c, s in zip(run.checkpoint, run.swap, strict=True)]
+    flavour = {x.layer_index: LayerStrategy.from_proto(x).dp_sharding for x in plan.layers}
+    strategies = [LayerStrategy(dp=run.replicas, dp_sharding=flavour.get(i, DpSharding.PLAIN), checkpoint=c, swap=s)
+                  for i, (c, s) in enumerate(zip(run.checkpoint, run.swap, strict=True))]
     ctx = CostContext(view, plan.fleet, CostOptions(overlap_grad_sync=False, zero2_reduce_scatter_per_layer=False))
-    pipe = build_pipeline(view, None, run.bounds, strategies, run.micro_batch_size, run.num_micro_batches,
-                          replicas=run.replicas, context=ctx)
+    pipe = build_pipeline(view, None, run.bounds, strategies, run.micro_batch_size * run.replicas,
+                          run.num_micro_batches, context=ctx)
     return pipe, run
 
 
