@@ -136,6 +136,19 @@ def test_plain_dp_layers_sync_in_one_bucket_after_the_backward() -> None:
     assert zero.allreduce_s > one  # ZeRO layers sync one at a time, and gather their parameters after the step
 
 
+def test_the_packed_allreduce_bucket_is_a_transient_of_plain_dp_only() -> None:
+    """The executors pack plain-DP gradients into one tensor for the allreduce: a peak of model states plus those
+    bytes after the last backward; ZeRO layers reduce in place, one layer at a time."""
+    view = model(4, params=10**6)  # 4 MB of gradients per layer, activations of a few KB
+    ctx = CostContext(view, fleet(), NO_OVERLAP)
+    plain = stage_cost(ctx, 0, 4, LayerStrategy(dp=2), M)
+    assert plain.activation_bytes + plain.transient_bytes >= 4 * 4e6
+    zero = stage_cost(ctx, 0, 4, LayerStrategy(dp=2, dp_sharding=DpSharding.ZERO2), M)
+    assert zero.activation_bytes + zero.transient_bytes < 4e6
+    overlapped = stage_cost(CostContext(view, fleet()), 0, 4, LayerStrategy(dp=2), M)  # DDP's own buckets
+    assert overlapped.transient_bytes < 4e6
+
+
 def test_resident_baseline_options() -> None:
     view = ModelView(layers=model(2).layers, non_model_memory_bytes=5000)
     base = stage_cost(CostContext(view, fleet()), 0, 2, LayerStrategy(), M).model_memory_bytes

@@ -122,6 +122,10 @@ def stage_cost(
     for c in reversed(costs):
         transient = max(transient, c.transient_bytes(nm) - later)
         later += c.forward_activation_bytes
+    if not ctx.options.overlap_grad_sync or replicas > 1:
+        # the executors pack the plain-DP gradients into one allreduce bucket after the last backward, when no
+        # activation is held any more: a transient of their bytes (priced on top of one micro-batch's Of)
+        transient = max(transient, _bucket_bytes(costs, replicas) - later)
 
     return calibration.apply(StageCost(
         forward_s=fwd,
@@ -152,3 +156,10 @@ def _grad_sync(ctx: CostContext, costs: Sequence[LayerCost]) -> float:
         else:
             sync += c.grad_sync_s
     return sync + sum(ctx.comm.allreduce(size, dp, scope) for (dp, scope), size in buckets.items())
+
+
+def _bucket_bytes(costs: Sequence[LayerCost], replicas: int) -> float:
+    """Bytes of the executors' packed allreduce bucket: the plain-DP layers' gradients (every layer's when the
+    stage is copied across `replicas`)."""
+    return sum(c.grad_shard_bytes for c in costs
+               if replicas > 1 or (c.strategy.dp > 1 and c.strategy.dp_sharding is DpSharding.PLAIN))
