@@ -285,3 +285,13 @@ def torch_threads(count: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def of(events: list[dict], kind: str) -> list[dict]:
+    """A worker's events of one kind (`run_local` returns each rank's JSON event lines)."""
+    return [e for e in events if e["event"] == kind]
+
+
+def losses(events: list[list[dict]]) -> list[float]:
+    """The per-iteration losses the last rank (the last stage) reported."""
+    return [e["loss"] for e in of(events[-1], "iteration")]

@@ -27,7 +27,7 @@ from services.executor.train.worker import STOPPED_EXIT, Stopped, run
 from services.executor.workers import Workers
 from services.runtime.allocator import STEADY_ALLOCATOR
 from services.runtime.ports import free_port
-from tests.harness import torch_threads
+from tests.harness import losses, of, torch_threads
 from tests.test_executor_workers import assign_message
 
 SPEC = ParseDict({"name": "gpt-drain", "family": "MODEL_FAMILY_GPT", "transformer": {
@@ -46,14 +46,6 @@ def template(tmp_path: Path, **changes) -> WorkerConfig:
         "micro_batch_size": MICRO, "num_micro_batches": NUM_MICRO, "iterations": 5,
         "init_method": f"tcp://127.0.0.1:{free_port()}", "optimizer": ADAM, "seed": SEED, "data": DATA,
         "checkpoint_dir": str(tmp_path), "timeout_s": 60, **changes})
-
-
-def of(events: list[dict], kind: str) -> list[dict]:
-    return [e for e in events if e["event"] == kind]
-
-
-def losses(events: list[list[dict]]) -> list[float]:
-    return [e["loss"] for e in of(events[-1], "iteration")]  # the last rank: the last stage
 
 
 # --- one rank, in this process: the agreement is the local flag -------------------------------------------

@@ -29,7 +29,7 @@ from services.executor.train.reference import train_single
 from services.executor.train.stage import make_optimizer, model_info
 from services.runtime.allocator import STEADY_ALLOCATOR
 from services.zoo import build_model
-from tests.harness import torch_threads
+from tests.harness import losses, of, torch_threads
 
 SPEC = ParseDict({"name": "gpt-migrate", "family": "MODEL_FAMILY_GPT", "transformer": {
     "num_layers": 6, "hidden_size": 64, "num_heads": 2, "vocab_size": 128, "seq_length": 32,
@@ -58,14 +58,6 @@ def run(bounds: list[list[int]], commands: list[dict] | None = None, schedule: s
     configs = plan_configs(template(bounds, schedule, **changes), bounds, replicas)
     return run_local(configs, env=STEADY_ALLOCATOR, timeout_s=120,
                      commands={c.rank: commands for c in configs} if commands else None)
-
-
-def of(events: list[dict], kind: str) -> list[dict]:
-    return [e for e in events if e["event"] == kind]
-
-
-def losses(events: list[list[dict]]) -> list[float]:
-    return [e["loss"] for e in of(events[-1], "iteration")]
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from services.executor.train.stage import model_info
 from services.executor.workers import plan_command, policies, worker_config
 from services.runtime.allocator import STEADY_ALLOCATOR
 from services.zoo import build_model
-from tests.harness import torch_threads
+from tests.harness import losses, of, torch_threads
 
 # embed, block.0, block.1, head (its weight tied to the embedding): 4 layers
 SPEC = ParseDict({"name": "gpt-zero", "family": "MODEL_FAMILY_GPT", "transformer": {
@@ -52,14 +52,6 @@ def run(bounds: list[list[int]], replicas: int = REPLICAS, commands: list[dict] 
     configs = plan_configs(template(bounds, **changes), bounds, replicas)
     return run_local(configs, env=STEADY_ALLOCATOR, timeout_s=180,
                      commands={c.rank: commands for c in configs} if commands else None)
-
-
-def of(events: list[dict], kind: str) -> list[dict]:
-    return [e for e in events if e["event"] == kind]
-
-
-def losses(events: list[list[dict]]) -> list[float]:
-    return [e["loss"] for e in of(events[-1], "iteration")]
 
 
 @pytest.fixture(scope="module")
