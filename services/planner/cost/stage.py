@@ -150,7 +150,7 @@ def _grad_sync(ctx: CostContext, costs: Sequence[LayerCost]) -> float:
     sync, buckets = 0.0, {}
     for c in costs:
         st = c.strategy
-        if st.dp > 1 and st.dp_sharding is DpSharding.PLAIN:
+        if _plain_dp(c):
             key = (st.dp, dict(c.scopes)[Dim.DP])
             buckets[key] = buckets.get(key, 0.0) + c.grad_shard_bytes
         else:
@@ -161,5 +161,9 @@ def _grad_sync(ctx: CostContext, costs: Sequence[LayerCost]) -> float:
 def _bucket_bytes(costs: Sequence[LayerCost], replicas: int) -> float:
     """Bytes of the executors' packed allreduce bucket: the plain-DP layers' gradients (every layer's when the
     stage is copied across `replicas`)."""
-    return sum(c.grad_shard_bytes for c in costs
-               if replicas > 1 or (c.strategy.dp > 1 and c.strategy.dp_sharding is DpSharding.PLAIN))
+    return sum(c.grad_shard_bytes for c in costs if replicas > 1 or _plain_dp(c))
+
+
+def _plain_dp(c: LayerCost) -> bool:
+    """The layer's gradient goes in the executors' packed allreduce bucket (plain DP, not ZeRO)."""
+    return c.strategy.dp > 1 and c.strategy.dp_sharding is DpSharding.PLAIN

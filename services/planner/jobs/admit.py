@@ -22,6 +22,7 @@ from ballast.v1 import fleet_pb2, job_pb2, plan_pb2, store_pb2
 from services.planner import admission as adm
 from services.planner.jobs import morph
 from services.planner.jobs.assign import pipeline_shape
+from services.planner.plans.fleet import usable
 from services.runtime.errors import BallastError, FailedPrecondition
 from services.runtime.store_api import Store, every_page
 from services.specs import policy as fleet_policy
@@ -160,9 +161,7 @@ class Reader:
                             max_preemptions_per_hour=fleet_policy.max_preemptions(policy_pb))
         registered = [h for page in every_page(store.list_hosts, store_pb2.ListHostsRequest()) for h in page.hosts]
         hosts = {h.id: h for h in registered}
-        # online_hosts' rule (ONLINE, not degraded) on the list just read: one ListHosts per pass, not two
-        online = [h for h in registered
-                  if h.state == fleet_pb2.HOST_STATE_ONLINE and not h.degraded_reason and h.id in connected]
+        online = [h for h in registered if usable(h) and h.id in connected]  # one ListHosts per pass, not two
         live = [x for page in every_page(store.list_leases, store_pb2.ListLeasesRequest(live_only=True))
                 for x in page.leases]
         leased = {(x.device.host_id, x.device.device_index) for x in live}

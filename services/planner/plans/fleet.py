@@ -12,11 +12,16 @@ from services.planner.plans.make import runnable_dims
 from services.runtime.store_api import Store, every_page
 
 
+def usable(host: fleet_pb2.Host) -> bool:
+    """ONLINE and not marked degraded (a straggler's devices are planned for and given to no job until an
+    operator clears the mark or its parole is served)."""
+    return host.state == fleet_pb2.HOST_STATE_ONLINE and not host.degraded_reason
+
+
 def online_hosts(store: Store) -> list[fleet_pb2.Host]:
-    """Every executor host the store has ONLINE (all pages) and not marked degraded (a straggler's devices
-    are planned for and given to no job until an operator clears the mark or its parole is served)."""
+    """Every executor host the store has `usable` (all pages)."""
     request = store_pb2.ListHostsRequest(state=fleet_pb2.HOST_STATE_ONLINE)
-    return [h for page in every_page(store.list_hosts, request) for h in page.hosts if not h.degraded_reason]
+    return [h for page in every_page(store.list_hosts, request) for h in page.hosts if usable(h)]
 
 
 def executor_dims(store: Store) -> tuple[str, ...]:
