@@ -25,7 +25,7 @@ ADAM = {"name": "adam", "learning_rate": 3e-3, "weight_decay": 0.0}
 EVENT_KEYS = {
     "started": {"event", "job_id", "rank", "stage", "replica", "world_size", "num_stages", "num_replicas", "layers",
                 "parameters", "start_iteration", "iterations", "schedule", "global_batch", "plan_version",
-                "predicted_iteration_s", "device", "pid"},
+                "predicted_iteration_s", "device", "pid", "hybrid"},
     "iteration": {"event", "job_id", "rank", "stage", "replica", "iteration", "plan_version", "iteration_s",
                   "forward_s", "backward_s", "recompute_s", "comm_s", "p2p_s", "allreduce_s", "optimizer_s",
                   "overhead_s", "idle_s", "memory_bytes",

@@ -59,16 +59,23 @@ class SelfAttention(nn.Module):
 
     def __init__(self, dim: int, heads: int, dropout: float, *, causal: bool = False) -> None:
         super().__init__()
-        self.heads, self.dropout, self.causal = heads, dropout, causal
+        self.heads, self.head_dim, self.dropout, self.causal = heads, dim // heads, dropout, causal
+        # qkv rows as [q|k|v][head] (False) or [head][q|k|v] (True: tensor parallelism reorders them so a row
+        # shard holds whole heads). The head count is read off the projection, so a shard runs its own heads.
+        self.head_major = False
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
 
     def forward(self, x: Tensor) -> Tensor:
-        b, s, d = x.shape
-        q, k, v = self.qkv(x).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        b, s, _ = x.shape
+        qkv = self.qkv(x)
+        if self.head_major:
+            q, k, v = qkv.view(b, s, -1, 3, self.head_dim).permute(3, 0, 2, 1, 4)
+        else:
+            q, k, v = qkv.view(b, s, 3, -1, self.head_dim).permute(2, 0, 3, 1, 4)
         p = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=self.causal)
-        return self.proj(y.transpose(1, 2).reshape(b, s, d))
+        return self.proj(y.transpose(1, 2).reshape(b, s, -1))
 
 
 class MLP(nn.Sequential):

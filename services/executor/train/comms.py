@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from services.executor.train.hybrid import Hybrid
 from services.executor.train.mesh import BACKWARD, FORWARD, Mesh
 from services.executor.train.sharding import ZERO1, Sharded
 from services.executor.train.stage import Boundary, Stage
@@ -128,7 +129,8 @@ class Comms:
         self.counters.allreduce_s += time.perf_counter() - start
         self.counters.allreduce_bytes += flat.numel() * flat.element_size()
 
-    def reduce_gradients(self, parameters: list[torch.nn.Parameter], sharded: Sharded | None = None) -> None:
+    def reduce_gradients(self, parameters: list[torch.nn.Parameter], sharded: Sharded | None = None,
+                         hybrid: Hybrid | None = None) -> None:
         """Sum tied gradients over the stages holding them, then all gradients over the stage's replicas:
         plain-DP layers' in one all-reduce, then the ZeRO layers' one layer at a time (`reduce_sharded`).
 
@@ -145,6 +147,11 @@ class Comms:
             self.counters.tied_allreduces += 1
         if self.replica_group is not None:
             sharded_ids = sharded.sharded_ids() if sharded is not None else set()
+            if hybrid is not None and hybrid.layers:  # TP layers sum over their own dp ranks, SDP in FSDP
+                sharded_ids |= hybrid.parameter_ids(self.stage)
+                start = time.perf_counter()
+                self.counters.allreduce_bytes += hybrid.reduce(self.stage)
+                self.counters.allreduce_s += time.perf_counter() - start
             self._reduce([p.grad for p in parameters if p.grad is not None and id(p) not in sharded_ids],
                          self.replica_group)
             self.counters.replica_allreduces += 1

@@ -54,6 +54,11 @@ class WorkerConfig:
     # replica both are a no-op.
     zero1_layers: list[int] = field(default_factory=list)
     zero2_layers: list[int] = field(default_factory=list)
+    # Per-layer tensor parallelism ([layer, degree] pairs: the stage's ranks in groups of `degree`) and sharded data
+    # parallelism (FSDP over the stage's ranks) inside a stage (hybrid.py). Fixed for the run: a plan command
+    # cannot change them.
+    tp_layers: list[list[int]] = field(default_factory=list)
+    sdp_layers: list[int] = field(default_factory=list)
     # [layer_index, iteration, active (0 | 1)]: from 0-based iteration `iteration` on, the layer computes (1) or
     # is the identity on its first input (0; its parameters get no gradient). Only layers whose output has the
     # shape and dtype of their first input may be toggled (checked when the stage is built).
@@ -160,6 +165,18 @@ class WorkerConfig:
         need(all(is_int(i) for i in self.zero2_layers), "zero2_layers", "give layer indices (integers)")
         both = sorted(set(self.zero1_layers) & set(self.zero2_layers))
         need(not both, "zero2_layers", f"layers {both} are also in zero1_layers; give each layer one flavour")
+        need(all(isinstance(t, list | tuple) and len(t) == 2 and all(is_int(v) for v in t) for t in self.tp_layers),
+             "tp_layers", "each entry is [layer_index, tp degree]")
+        need(all(is_int(i) for i in self.sdp_layers), "sdp_layers", "give layer indices (integers)")
+        hybrid = {int(t[0]) for t in self.tp_layers} | set(self.sdp_layers)
+        for name, other in (("zero1_layers", self.zero1_layers), ("zero2_layers", self.zero2_layers),
+                            ("swap_layers", self.swap_layers)):
+            clash = sorted(hybrid & set(other))
+            need(not clash, name, f"layers {clash} are also TP or SDP layers; ZeRO-1/2 and activation swap do not "
+                 "combine with tensor or sharded data parallelism yet: drop them from one list")
+        need(not hybrid or not (self.resume_from or self.checkpoint_every), "tp_layers",
+             "checkpoints of TP/SDP layers are not built yet: run them with checkpoint_every 0 and no resume_from, "
+             "or plan those layers as DP")
         need(all(isinstance(t, list | tuple) and len(t) == 3 and all(is_int(v) for v in t) and t[1] >= 0
                  and t[2] in (0, 1) for t in self.layer_toggles), "layer_toggles",
              "each entry is [layer_index, iteration >= 0, active 0 or 1]")

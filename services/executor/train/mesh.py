@@ -16,6 +16,9 @@ all groups are made here, up front, in one fixed order:
      skip stages; adjacent moves reuse the pair's forward group, idle between iterations;
    - control (every multi-rank job): one gloo group of every rank for the per-boundary agreement (MIN
      all-reduce of the plan version and the drain flag), gloo even beside NCCL.
+3. per tensor-parallel degree t the model uses (hybrid.py), one more `init_device_mesh` of shape
+   (pp, dp / t, t), axes ("pp", "dp", "tp"): a stage's replicas regrouped as (dp / t) x t with tp innermost
+   (consecutive ranks). `tp_mesh(t)` is this rank's (dp, tp) slice of it.
 Live migration moves layers between stages, never ranks: the mesh and its groups outlive every plan change.
 O(stages^2 x replicas) groups in all.
 """
@@ -34,7 +37,7 @@ FORWARD, BACKWARD = 0, 1  # p2p directions: activations to the next stage, gradi
 
 class Mesh:
     def __init__(self, dims: ParallelDims, rank: int, device_type: str, *, tied_sets: Sequence[tuple[int, ...]],
-                 online: bool) -> None:
+                 online: bool, tp_degrees: Sequence[int] = ()) -> None:
         """Create every group (collective over the world: every rank calls this at the same point).
 
         `tied_sets` is model-wide (every rank passes the same list); `online` adds the migration groups that
@@ -69,6 +72,20 @@ class Mesh:
                         self._migration[t if me == s else s] = group
         self.control: dist.ProcessGroup | None = (
             dist.new_group(list(range(dims.world_size)), backend="gloo") if dims.world_size > 1 else None)
+        self._tp: dict[int, DeviceMesh] = {}
+        for t in sorted(set(tp_degrees)):
+            if t < 1 or dims.dp % t:
+                raise ValueError(f"tp degree {t} must divide the stage's {dims.dp} ranks")
+            self._tp[t] = init_device_mesh(device_type, (dims.pp, dims.dp // t, t),
+                                           mesh_dim_names=("pp", "dp", "tp"))["dp", "tp"]
+
+    @property
+    def tp_degrees(self) -> list[int]:
+        return sorted(self._tp)
+
+    def tp_mesh(self, degree: int) -> DeviceMesh:
+        """This rank's (dp, tp) mesh for tensor-parallel degree `degree` (made in __init__ when asked for)."""
+        return self._tp[degree]
 
     def index(self, axis: str) -> int:
         """This rank's index along `axis` (its stage for "pp", its replica for "dp")."""

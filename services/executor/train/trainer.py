@@ -46,6 +46,7 @@ from services.executor.train.comms import Comms, Counters, Pending
 from services.executor.train.config import WorkerConfig
 from services.executor.train.data import batch_for, dropout_seed, sample_range
 from services.executor.train.faults import Faults
+from services.executor.train.hybrid import Hybrid, local
 from services.executor.train.mesh import BACKWARD, FORWARD
 from services.executor.train.migration import Agreement, Plan, PlanInbox, apply_plan, plan_moves
 from services.executor.train.schedule import tasks
@@ -85,14 +86,16 @@ def memory(device: torch.device) -> tuple[int, int]:
 class Trainer:
     def __init__(self, config: WorkerConfig, stage: Stage, optimizer: torch.optim.Optimizer, comms: Comms,
                  device: torch.device, should_stop: Callable[[], bool], inbox: PlanInbox,
-                 should_drain: Callable[[], bool] = lambda: False) -> None:
+                 should_drain: Callable[[], bool] = lambda: False, hybrid: Hybrid | None = None) -> None:
         self.config, self.stage, self.comms, self.device = config, stage, comms, device
+        self.hybrid = hybrid if hybrid is not None else Hybrid({}, {})  # TP / SDP layers (hybrid.py)
         self.spec = config.spec()
         self.inbox = inbox  # plan commands (none arrive unless the worker reads them)
         self.info = inbox.info  # the meta model and its shapes, built once per worker
         self.parameters = stage.parameters()
         self.order = tasks(config.schedule, config.num_stages, stage.index, config.num_micro_batches)
         self.first_backward = next(i for i, (kind, _) in enumerate(self.order) if kind == "B")
+        self.last_backward = max(i for i, (kind, _) in enumerate(self.order) if kind == "B")
         self.should_stop, self.should_drain = should_stop, should_drain
         self.plan: Plan = inbox.initial
         # Plain and ZeRO optimizers (every flavour is plain with one replica); `optimizer` holds any loaded state.
@@ -185,6 +188,8 @@ class Trainer:
                 if position == self.first_backward:  # ZeRO layers' gradients accumulate in flat buffers
                     self.sharded.prepare(stage.inactive)
                 received, outputs = saved.pop(j)
+                if self.hybrid.layers:
+                    self.hybrid.sync_gradients(stage, last_micro_batch=position == self.last_backward)
                 t = time.perf_counter()
                 stage.recompute(j)  # while the gradient is still in flight (Varuna §3.2), not after it arrived
                 backward_s += time.perf_counter() - t
@@ -205,7 +210,7 @@ class Trainer:
         t = time.perf_counter()
         self.faults.after_iteration(forward_s + backward_s)  # a fail-stutter worker (test hook; none in production)
         backward_s += time.perf_counter() - t
-        comms.reduce_gradients(self.parameters, self.sharded)
+        comms.reduce_gradients(self.parameters, self.sharded, self.hybrid)
         gradient_bytes = self.sharded.gradient_bytes(self.parameters)
         t = time.perf_counter()
         self.sharded.step()
@@ -333,7 +338,7 @@ class Trainer:
                 "start_iteration": start, "iterations": config.iterations, "schedule": config.schedule,
                 "global_batch": config.global_batch, "plan_version": config.plan_version,
                 "predicted_iteration_s": config.predicted_iteration_s,
-                "device": str(self.device), "pid": os.getpid()})
+                "device": str(self.device), "pid": os.getpid(), "hybrid": self.hybrid.describe(self.stage)})
         for iteration in range(start, config.iterations):
             done = iteration + 1
             pending: list[Any] = []
@@ -383,6 +388,10 @@ class Trainer:
         # Layers leaving this stage or turning plain are unsharded first (their full state travels or stays as
         # plain DP's); layers staying under ZeRO keep their chunks through the change.
         moving = {i for i, _, _ in plan_moves(self.plan.stage_bounds, plan.stage_bounds, self.info.num_layers)}
+        fixed = sorted(moving & ({int(t[0]) for t in self.config.tp_layers} | set(self.config.sdp_layers)))
+        if fixed:  # every rank decides alike (the config is the job's), before any collective
+            raise RuntimeError(f"plan version {agreed} moves tensor- or sharded-data-parallel layers {fixed}; their "
+                               "live migration is not built yet (hybrid.py): keep them on their stage")
         flavours = plan.flavours()
         release = [i for i in self.stage.layer_indices if i in moving or flavours.get(i, PLAIN) == PLAIN]
         optimizer = self.sharded.release(release, self.stage)
@@ -402,9 +411,9 @@ class Trainer:
         def digest(params: list[torch.Tensor]) -> str:
             h = hashlib.sha256()
             for p in params:
-                h.update(p.detach().cpu().contiguous().numpy().tobytes())
+                h.update(local(p.detach()).cpu().contiguous().numpy().tobytes())
             return h.hexdigest()
 
-        total = sum(float(p.detach().double().sum()) for p in self.parameters)
+        total = sum(float(local(p.detach()).double().sum()) for p in self.parameters)  # TP/SDP: this rank's shard
         return {"param_sha256": digest(self.parameters), "param_sum": total,
                 "tied_sha256": digest([t.parameter for t in self.stage.tied])}

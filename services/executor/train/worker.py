@@ -5,7 +5,8 @@ goes to stdout, one JSON object per line; every event carries "event", "job_id",
 (and "time", unix seconds, added by this CLI):
 - "started": world_size, num_stages, num_replicas, layers (held layer indices), parameters (distinct
   parameters held), start_iteration, iterations, schedule, global_batch, plan_version,
-  predicted_iteration_s, device, pid.
+  predicted_iteration_s, device, pid, hybrid (per held TP/SDP layer: strategy, degree, mesh axis sizes, this
+  rank's parameter elements and the layer's whole count; {} when the stage has none).
 - "iteration" (after each): iteration (completed count), plan_version, iteration_s, forward_s, backward_s
   (includes recompute_s), recompute_s, p2p_s (blocked on pipeline receives and send drains), allreduce_s
   (tied and replica gradient allreduces, ZeRO's reduce-scatters and parameter all-gathers, the last stage's
@@ -70,6 +71,7 @@ import torch
 import torch.distributed as dist
 
 from services.executor.train import checkpoint as ckpt
+from services.executor.train import hybrid
 from services.executor.train.comms import Comms
 from services.executor.train.config import WorkerConfig
 from services.executor.train.mesh import Mesh
@@ -133,6 +135,12 @@ def run(config: WorkerConfig, report: Report, should_stop: Callable[[], bool] | 
                         swap_layers=config.swap_layers, layer_toggles=config.layer_toggles, device=device)
     check_layers("zero1_layers", config.zero1_layers, stage.num_layers)
     check_layers("zero2_layers", config.zero2_layers, stage.num_layers)
+    check_layers("tp_layers", [t[0] for t in config.tp_layers], stage.num_layers)
+    check_layers("sdp_layers", config.sdp_layers, stage.num_layers)
+    layer_strategies = hybrid.strategies(config.tp_layers, config.sdp_layers, config.num_replicas)
+    if config.tp_layers and config.spec().dropout > 0:
+        raise ValueError("WorkerConfig.tp_layers: tensor-parallel layers need the model's dropout at 0 for now (the "
+                         "tp ranks would draw different masks); set dropout 0 or plan those layers as DP")
     inbox = PlanInbox(model_info(config.spec(), config.micro_batch_size), config.num_stages, Plan.initial(config))
     if config.online:  # otherwise no command is ever read, so every rank stays on the initial plan
         read_commands(commands, inbox)
@@ -150,10 +158,16 @@ def run(config: WorkerConfig, report: Report, should_stop: Callable[[], bool] | 
     dist.init_process_group(config.backend, init_method=config.init_method, rank=config.rank,
                             world_size=config.world_size, timeout=timedelta(seconds=config.timeout_s))
     try:
-        mesh = Mesh(config.dims, config.rank, device.type, tied_sets=stage.tied_sets, online=config.online)
+        mesh = Mesh(config.dims, config.rank, device.type, tied_sets=stage.tied_sets, online=config.online,
+                    tp_degrees=hybrid.tp_degrees(config.tp_layers))
+        applied = None
+        if layer_strategies:  # parameters become DTensors: the optimizer is made over the new ones
+            applied = hybrid.Hybrid.apply(stage, layer_strategies, {t: mesh.tp_mesh(t) for t in mesh.tp_degrees},
+                                          mesh.device_mesh["dp"] if config.num_replicas > 1 else None)
+            optimizer = make_optimizer(stage.parameters(), config.optimizer)
         comms = Comms(mesh, stage, device)
         trainer = Trainer(config, stage, optimizer, comms, device, should_stop or (lambda: False), inbox,
-                          should_drain or (lambda: False))
+                          should_drain or (lambda: False), hybrid=applied)
         trainer.train(start, head, report)
     except Stopped as e:
         if e.between_iterations:  # nothing in flight on our side

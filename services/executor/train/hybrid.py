@@ -1,0 +1,206 @@
+"""Per-layer tensor parallelism (TP) and sharded data parallelism (SDP) inside a pipeline stage (Galvatron-BMW
+§III, issue 18), built from torch.distributed's own parts: DTensor and `parallelize_module` for TP, FSDP2's
+`fully_shard` (ZeRO-3) for SDP, DeviceMeshes made by mesh.py. No collective here is home-made.
+
+A stage has W ranks (its replicas, `dims.dp`). Between layers the stage's activations are in one canonical
+layout: the micro-batch split W ways, rank r of the stage holding the samples of replica r (plain DP's layout,
+so the data, the p2p peers and the loss are unchanged). Per layer:
+- plain DP (no entry): as before; its gradients join the stage's one all-reduce over the W ranks.
+- SDP: the layer's parameters are sharded over the W ranks (`fully_shard` on the stage's "dp" mesh): gathered
+  for its forward and again for its backward, gradients reduce-scattered (summed, not averaged: the loss is
+  already divided by the global label count) after the iteration's last micro-batch. Same canonical layout.
+- TP t (t divides W, and the layer's heads and MLP width): the stage's W ranks form a (W/t) x t mesh, tp
+  innermost (consecutive ranks, the fastest links). Layout transition (Galvatron's slice/gather): a forward
+  pre-hook all-gathers the input over the layer's tp group, so each tp rank sees the same t x micro-batch
+  samples; a forward hook slices its own samples back out. Autograd runs both backwards: the gradient of the
+  output is all-gathered, the input's is sliced, so every TP layer sees a replicated gradient as Megatron's
+  column/row-parallel pair needs. Attention's fused qkv projection is column-parallel with its rows reordered
+  head-major ([head][q|k|v]), so each rank's shard holds whole heads; the output projection and the MLP's second
+  linear are row-parallel (one all-reduce of the output each). LayerNorms stay replicated. The layer's
+  gradients (local shards, and the LayerNorms') are summed over its W/t data-parallel ranks, the ranks with the
+  same tp index, not over the whole stage.
+
+Limits of this first executed slice, each refused with a clear error where it is configured (config.py,
+worker.py): a TP or SDP layer holds no parameter shared with another layer (tied embeddings stay DP); TP
+applies to the zoo's transformer blocks (a `attn` SelfAttention and an `mlp` MLP); TP needs dropout 0 (its tp
+ranks would draw different masks); checkpoints, resumes and live migration of TP/SDP layers are not built yet;
+ZeRO-1/2 and activation swap do not combine with them. Activation checkpointing does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+from services.executor.train.stage import Stage
+from services.zoo.base import MLP, SelfAttention
+
+TP, SDP = "tp", "sdp"
+
+
+@dataclass(frozen=True)
+class Strategy:
+    kind: str  # TP or SDP
+    degree: int  # TP: ranks per tp group; SDP: the stage's width (every rank of the stage holds a shard)
+
+
+def strategies(tp_layers: Iterable[Sequence[int]], sdp_layers: Iterable[int], width: int) -> dict[int, Strategy]:
+    """Layer index -> its TP or SDP strategy (`WorkerConfig.tp_layers` as [layer, degree] pairs, `sdp_layers`)."""
+    out: dict[int, Strategy] = {}
+    for layer, degree in tp_layers:
+        if degree < 2 or width % degree:
+            raise ValueError(f"WorkerConfig.tp_layers: layer {layer} has tp degree {degree}; it must be >= 2 and "
+                             f"divide the stage's {width} ranks (num_replicas)")
+        out[int(layer)] = Strategy(TP, int(degree))
+    both = sorted(set(out) & {int(i) for i in sdp_layers})
+    if both:
+        raise ValueError(f"WorkerConfig.sdp_layers: layers {both} are also in tp_layers; give each layer one strategy")
+    if width < 2 and list(sdp_layers):
+        raise ValueError("WorkerConfig.sdp_layers: sharded data parallelism needs num_replicas >= 2 (the stage's "
+                         "ranks share the shards); plan the layers as plain DP")
+    out.update({int(i): Strategy(SDP, width) for i in sdp_layers})
+    return out
+
+
+def tp_degrees(tp_layers: Iterable[Sequence[int]]) -> list[int]:
+    """The distinct TP degrees of the whole model (every rank makes one mesh per degree, in this order)."""
+    return sorted({int(degree) for _, degree in tp_layers})
+
+
+def to_head_major(attn: SelfAttention) -> None:
+    """Reorder the fused qkv rows from [q|k|v][head] to [head][q|k|v], so a contiguous row shard is whole heads."""
+    d, h, hd = attn.proj.in_features, attn.heads, attn.head_dim
+    with torch.no_grad():
+        attn.qkv.weight.data = attn.qkv.weight.view(3, h, hd, d).transpose(0, 1).reshape(3 * h * hd, d).clone()
+        attn.qkv.bias.data = attn.qkv.bias.view(3, h, hd).transpose(0, 1).reshape(3 * h * hd).clone()
+    attn.head_major = True
+
+
+def tensor_parallel_block(module: nn.Module, mesh: DeviceMesh) -> None:
+    """Megatron-style TP of a zoo transformer block over `mesh["tp"]`, with the batch gather/slice around it."""
+    attn, mlp, t = getattr(module, "attn", None), getattr(module, "mlp", None), mesh["tp"].size()
+    if not isinstance(attn, SelfAttention) or not isinstance(mlp, MLP):
+        raise ValueError(f"tensor parallelism applies to transformer blocks (self-attention + MLP); "
+                         f"{type(module).__name__} is not one: plan it as DP or SDP")
+    if attn.heads % t or mlp[0].out_features % t:
+        raise ValueError(f"tp degree {t} must divide the block's {attn.heads} heads and its MLP width "
+                         f"{mlp[0].out_features}")
+    to_head_major(attn)
+    parallelize_module(module, mesh["tp"], {"attn.qkv": ColwiseParallel(), "attn.proj": RowwiseParallel(),
+                                            "mlp.0": ColwiseParallel(), "mlp.2": RowwiseParallel()})
+    canonical, gathered = (Shard(0), Shard(0)), (Shard(0), Replicate())
+
+    def gather(_: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        x = DTensor.from_local(args[0], mesh, canonical, run_check=False)
+        return (x.redistribute(mesh, gathered).to_local(), *args[1:])
+
+    def slice_back(_: nn.Module, args: tuple[Any, ...], output: Tensor) -> Tensor:
+        y = DTensor.from_local(output, mesh, gathered, run_check=False)
+        return y.redistribute(mesh, canonical).to_local()
+
+    module.register_forward_pre_hook(gather)
+    module.register_forward_hook(slice_back)
+
+
+def local(t: Tensor) -> Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+@dataclass(eq=False)
+class Hybrid:
+    """This stage's TP and SDP layers, applied in place to its layer modules (parameters become DTensors)."""
+
+    layers: dict[int, Strategy]  # held layers only
+    meshes: dict[int, DeviceMesh]  # layer -> its (dp, tp) mesh (TP) or the stage's 1-D "dp" mesh (SDP)
+
+    @classmethod
+    def apply(cls, stage: Stage, plan: Mapping[int, Strategy], tp_meshes: Mapping[int, DeviceMesh],
+              sdp_mesh: DeviceMesh | None) -> Hybrid:
+        held = {layer.index: layer for layer in stage.layers}
+        shared = {id(t.parameter) for t in stage.tied} | {id(p) for layer in stage.layers for p in
+                                                          shared_parameters(stage, layer.index)}
+        out = cls({}, {})
+        for index in sorted(set(plan) & set(held)):
+            strategy, module = plan[index], held[index].module
+            if any(id(p) in shared for p in module.parameters()):
+                raise ValueError(f"layer {index} ({held[index].name}) shares a parameter with another layer; a "
+                                 f"shared (tied) parameter stays data-parallel: plan layer {index} as DP")
+            if strategy.kind == TP:
+                mesh = tp_meshes[strategy.degree]
+                tensor_parallel_block(module, mesh)
+            else:
+                assert sdp_mesh is not None, "SDP needs the stage's dp mesh (num_replicas >= 2)"
+                mesh = sdp_mesh
+                fully_shard(module, mesh=mesh, reshard_after_forward=True)
+                module.set_gradient_divide_factor(1.0)  # gradients are sums: the loss is divided once, globally
+                module.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
+            out.layers[index], out.meshes[index] = strategy, mesh
+        return out
+
+    def parameter_ids(self, stage: Stage) -> set[int]:
+        """ids of every parameter of a TP or SDP layer: they never join the stage's plain all-reduce."""
+        return {id(p) for layer in stage.layers if layer.index in self.layers for p in layer.module.parameters()}
+
+    def sync_gradients(self, stage: Stage, last_micro_batch: bool) -> None:
+        """SDP layers reduce-scatter only after the iteration's last micro-batch (accumulating unsharded before)."""
+        for layer in stage.layers:
+            if self.layers.get(layer.index, Strategy("", 0)).kind == SDP:
+                module = layer.module
+                assert isinstance(module, FSDPModule)
+                module.set_requires_gradient_sync(last_micro_batch)
+
+    def reduce(self, stage: Stage) -> int:
+        """Sum each TP layer's gradients over its data-parallel ranks (same tp index): one flat all-reduce per
+        (dp group); returns the bytes reduced. SDP layers were reduced by FSDP in their backward."""
+        groups: dict[int, list[Tensor]] = {}
+        handles: dict[int, dist.ProcessGroup] = {}
+        for layer in stage.layers:
+            strategy = self.layers.get(layer.index)
+            if strategy is None or strategy.kind != TP or self.meshes[layer.index]["dp"].size() == 1:
+                continue
+            group = self.meshes[layer.index]["dp"].get_group()
+            key = id(group)
+            handles[key] = group
+            groups.setdefault(key, []).extend(local(p.grad) for p in layer.module.parameters() if p.grad is not None)
+        total = 0
+        for key, grads in groups.items():
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=handles[key])
+            for g, chunk in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
+                g.copy_(chunk.view_as(g))
+            total += flat.numel() * flat.element_size()
+        return total
+
+    def describe(self, stage: Stage) -> dict[str, Any]:
+        """Per held TP/SDP layer: strategy, mesh shape, and this rank's parameter elements against the layer's
+        whole (the proof the layer is distributed, in the worker's "started" event)."""
+        out = {}
+        for layer in stage.layers:
+            strategy = self.layers.get(layer.index)
+            if strategy is None:
+                continue
+            params = list(layer.module.parameters())
+            out[str(layer.index)] = {
+                "strategy": strategy.kind, "degree": strategy.degree,
+                "mesh": {name: self.meshes[layer.index][name].size()
+                         for name in self.meshes[layer.index].mesh_dim_names or ()},
+                "local_elements": sum(local(p).numel() for p in params),
+                "elements": sum(p.numel() for p in params)}
+        return out
+
+
+def shared_parameters(stage: Stage, index: int) -> list[nn.Parameter]:
+    """Parameters of layer `index` also held by another layer of this stage (a tied weight on one stage)."""
+    mine = {id(p) for layer in stage.layers if layer.index == index for p in layer.module.parameters()}
+    others = {id(p) for layer in stage.layers if layer.index != index for p in layer.module.parameters()}
+    return [p for layer in stage.layers if layer.index == index for p in layer.module.parameters()
+            if id(p) in mine & others]
