@@ -15,11 +15,13 @@ import pytest
 import torch
 from google.protobuf.json_format import MessageToDict, ParseDict
 
-from ballast.v1 import model_pb2
+from ballast.v1 import common_pb2, model_pb2, plan_pb2
+from services.executor.train.checkpoint import checkpoint_path
 from services.executor.train.config import WorkerConfig
 from services.executor.train.hybrid import SDP, TP, strategies, to_head_major
 from services.executor.train.launch import plan_configs, run_local
 from services.executor.train.reference import train_single
+from services.executor.workers import hybrid_layers
 from services.runtime.allocator import STEADY_ALLOCATOR
 from services.zoo import build_model
 from tests.harness import losses, of, torch_threads
@@ -115,6 +117,26 @@ def test_checkpointed_tp_and_sdp_layers_equal_one_process():
     assert all(of(rank, "iteration")[-1]["recompute_s"] > 0 for rank in events[:2])
 
 
+def test_checkpoints_are_unsharded_and_resume_across_strategies(tmp_path):
+    """A TP+SDP run's checkpoint resumes as one plain process, and a plain single-process checkpoint resumes as
+    TP+SDP: files hold whole layers in the model's own order, whatever strategy wrote or reads them."""
+    steps = 4
+    with torch_threads(1):
+        plain_dir = tmp_path / "plain"
+        expected = train_single(SPEC, DATA, SEED, MICRO * NUM_MICRO * 2, steps, ADAM, checkpoint_dir=str(plain_dir),
+                                checkpoint_every=2)
+    hybrid_dir = tmp_path / "hybrid"
+    mixed = {"tp_layers": [[1, 2]], "sdp_layers": [2]}
+    events = run([[0, 4]], 2, iterations=steps, checkpoint_dir=str(hybrid_dir), checkpoint_every=2, **mixed)
+    assert losses(events) == pytest.approx(expected, rel=1e-5)
+    one = run([[0, 4]], 1, micro_batch_size=MICRO * 2, iterations=steps,
+              resume_from=str(checkpoint_path(hybrid_dir, 2)))
+    assert losses(one) == pytest.approx(expected[2:], rel=1e-5)
+    back = run([[0, 4]], 2, iterations=steps, resume_from=str(checkpoint_path(plain_dir, 2)), **mixed)
+    assert losses(back) == pytest.approx(expected[2:], rel=1e-5)
+    assert started(back)[0]["hybrid"]["1"]["strategy"] == TP
+
+
 # --- pure parts ----------------------------------------------------------------------------------------------------
 
 
@@ -141,8 +163,6 @@ def test_strategies_name_the_field_and_the_fix():
 def test_config_refuses_what_does_not_combine_yet():
     with pytest.raises(ValueError, match="zero1_layers: layers \\[1\\] are also TP or SDP layers"):
         template([[0, 4]], tp_layers=[[1, 2]], zero1_layers=[1], init_method=TCP).validate()
-    with pytest.raises(ValueError, match="tp_layers: checkpoints of TP/SDP layers are not built yet"):
-        template([[0, 4]], sdp_layers=[1], checkpoint_every=2, checkpoint_dir="/tmp/x", init_method=TCP).validate()
     with pytest.raises(ValueError, match="tp_layers: each entry is \\[layer_index, tp degree\\]"):
         template([[0, 4]], tp_layers=[[1]], init_method=TCP).validate()
 
@@ -152,3 +172,18 @@ def test_tensor_parallelism_of_a_tied_layer_is_refused():
                        timeout_s=120, check=False)
     errors = [e["message"] for rank in events for e in of(rank, "error")]
     assert errors and all("shares a parameter with another layer" in m for m in errors)
+
+
+def test_the_agent_maps_plan_strategies_to_worker_layers():
+    DP, SDP_, TP_ = common_pb2.PARALLEL_DIM_DP, common_pb2.PARALLEL_DIM_SDP, common_pb2.PARALLEL_DIM_TP
+    plan = plan_pb2.Plan(layers=[
+        plan_pb2.LayerStrategy(layer_index=0, dp=4, order=[DP]),
+        plan_pb2.LayerStrategy(layer_index=1, dp=2, tp=2, order=[DP, TP_]),
+        plan_pb2.LayerStrategy(layer_index=2, tp=4, order=[TP_]),
+        plan_pb2.LayerStrategy(layer_index=3, sdp=4, order=[SDP_])])
+    assert hybrid_layers(plan) == {"tp_layers": [[1, 2], [2, 4]], "sdp_layers": [3]}
+    for strategy in (plan_pb2.LayerStrategy(layer_index=5, dp=2, tp=2, order=[TP_, DP]),  # TP outside DP
+                     plan_pb2.LayerStrategy(layer_index=5, sdp=2, tp=2, order=[SDP_, TP_]),
+                     plan_pb2.LayerStrategy(layer_index=5, sdp=2, dp=2, order=[DP, SDP_])):
+        with pytest.raises(ValueError, match="plan layer 5: .* is not a strategy the workers run"):
+            hybrid_layers(plan_pb2.Plan(layers=[strategy]))

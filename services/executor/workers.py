@@ -60,6 +60,7 @@ def worker_config(assign: executor_pb2.AssignInstruction, worker: executor_pb2.W
         # Varuna's schedule is priced by the simulator; the runtime runs 1F1B in its place.
         "schedule": SCHEDULES.get(plan.schedule, "1f1b"),
         **policies(plan),
+        **hybrid_layers(plan),
         "layer_toggles": [[t.layer_index, t.iteration, int(t.active)] for t in spec.layer_toggles],
         "optimizer": {"name": optimizer.name or "adam", "learning_rate": optimizer.learning_rate or 1e-3,
                       "weight_decay": optimizer.weight_decay},
@@ -93,6 +94,28 @@ def policies(plan: plan_pb2.Plan) -> dict[str, list[int]]:
         layers = [x.layer_index for x in plan.layers if x.dp_sharding == flavour]
         if layers:
             out[key] = layers
+    return out
+
+
+def hybrid_layers(plan: plan_pb2.Plan) -> dict[str, list]:
+    """The plan's tensor-parallel and sharded-data-parallel layers as the worker runs them (train/hybrid.py): TP t
+    innermost with plain DP over the rest of the stage's devices, or SDP over all of them. A strategy the workers
+    cannot run (TP outside DP, TP with SDP, SDP beside DP) is refused, naming the layer."""
+    out: dict[str, list] = {}
+    for x in plan.layers:
+        tp, sdp, dp = max(x.tp, 1), max(x.sdp, 1), max(x.dp, 1)
+        if tp == 1 and sdp == 1:
+            continue
+        inner = [d for d in x.order if d in (common_pb2.PARALLEL_DIM_DP, common_pb2.PARALLEL_DIM_SDP,
+                                             common_pb2.PARALLEL_DIM_TP)]
+        if tp > 1 and sdp == 1 and (dp == 1 or inner[-1:] == [common_pb2.PARALLEL_DIM_TP]):
+            out.setdefault("tp_layers", []).append([x.layer_index, tp])
+        elif sdp > 1 and tp == 1 and dp == 1:
+            out.setdefault("sdp_layers", []).append(x.layer_index)
+        else:
+            raise ValueError(f"plan layer {x.layer_index}: dp {dp} x sdp {sdp} x tp {tp} (order "
+                             f"{[common_pb2.ParallelDim.Name(d) for d in x.order]}) is not a strategy the workers run: "
+                             "they run TP innermost with DP outside it, or SDP alone; re-plan with the executors' dims")
     return out
 
 

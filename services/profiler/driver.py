@@ -604,6 +604,7 @@ def _layer_profile(session: _Session, index: int, top: int, dtype: torch.dtype) 
         optimizer_state_bytes=trainable * per.optimizer,
         extra_inputs=layer.extra_inputs,
         tied_with=layer.tied_with,
+        tensor_parallel=layer.tensor_parallel,
         measured_as=g.rep,
         batch_input_bytes=tensor_bytes(session.per_sample[k] for k in layer.batch_keys),  # per sample: scale by m
         max_micro_batch_size=g.fit_max,

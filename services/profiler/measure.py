@@ -92,6 +92,7 @@ class LayerMeasurement:
     warmup: int
     device: str
     dtype: str
+    tensor_parallel: bool = False  # the executors can split it Megatron-style (zoo.base.tensor_parallel)
 
     @property
     def forward_s(self) -> float:
@@ -251,6 +252,7 @@ def measure_layer(
         warmup=warmup,
         device=str(dev),
         dtype=str(dt).removeprefix("torch."),
+        tensor_parallel=layer.tensor_parallel,
     )
 
 
@@ -369,6 +371,7 @@ def layer_profile(measurements: Iterable[LayerMeasurement]) -> profile_pb2.Layer
         optimizer_state_bytes=m.optimizer_state_bytes,
         extra_inputs=list(m.extra_inputs),
         tied_with=list(m.tied_with),
+        tensor_parallel=m.tensor_parallel,
         samples=[r.sample() for r in rows],
     )
 

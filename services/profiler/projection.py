@@ -238,7 +238,7 @@ def analytical_profile(
             index=index, name=cost.name, kind=cost.kind, parameter_count=cost.parameter_count,
             parameter_bytes=cost.parameter_count * el, gradient_bytes=cost.parameter_count * el,
             optimizer_state_bytes=cost.parameter_count * (12 if mixed else 8),
-            extra_inputs=cost.extra_inputs, tied_with=cost.tied_with,
+            extra_inputs=cost.extra_inputs, tied_with=cost.tied_with, tensor_parallel=cost.tensor_parallel,
         )
         for mb in sorted(set(micro_batch_sizes)):
             fwd = roofline_s(cost.flops("forward", mb), cost.bytes_moved("forward", mb, el), spec) / efficiency
@@ -280,7 +280,7 @@ def block_cost(
         flops_fwd_per_sample=2 * params * s + 4 * s * s * h,
         traffic_elems_fwd_per_sample=(22 * h + 4 * f + 4 * scores) * s,
         boundary_elems_per_sample=h * s, stashed_elems_per_sample=(8 * h + 2 * f + scores) * s,
-        output_elems_per_sample=h * s,
+        output_elems_per_sample=h * s, tensor_parallel=True,  # the zoo's Block: attention + MLP
     )
 
 

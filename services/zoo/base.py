@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -85,6 +87,10 @@ class MLP(nn.Sequential):
 
 class Block(nn.Module):
     """Transformer block; pre-LN (GPT, ViT) or post-LN (BERT), with the family's LN epsilon."""
+
+    # The executors can split it Megatron-style (train/hybrid.py: `attn` a SelfAttention, `mlp` an MLP); T5's and
+    # Swin's blocks cannot (zoo.graph.Layer.tensor_parallel reads this).
+    tensor_parallel: ClassVar[bool] = True
 
     def __init__(
         self,

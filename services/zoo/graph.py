@@ -33,6 +33,11 @@ class Layer:
     tied_with: list[int] = field(default_factory=list)  # layers sharing a Parameter with this one
 
     @property
+    def tensor_parallel(self) -> bool:
+        """The executors can split this layer Megatron-style (a module declaring it, as zoo.base.Block does)."""
+        return bool(getattr(self.module, "tensor_parallel", False))
+
+    @property
     def extra_inputs(self) -> list[int]:
         """Layers read besides the predecessor: the skip edges a plain chain would lose."""
         return [i for i in self.inputs if i != self.index - 1]

@@ -174,9 +174,6 @@ class WorkerConfig:
             clash = sorted(hybrid & set(other))
             need(not clash, name, f"layers {clash} are also TP or SDP layers; ZeRO-1/2 and activation swap do not "
                  "combine with tensor or sharded data parallelism yet: drop them from one list")
-        need(not hybrid or not (self.resume_from or self.checkpoint_every), "tp_layers",
-             "checkpoints of TP/SDP layers are not built yet: run them with checkpoint_every 0 and no resume_from, "
-             "or plan those layers as DP")
         need(all(isinstance(t, list | tuple) and len(t) == 3 and all(is_int(v) for v in t) and t[1] >= 0
                  and t[2] in (0, 1) for t in self.layer_toggles), "layer_toggles",
              "each entry is [layer_index, iteration >= 0, active 0 or 1]")

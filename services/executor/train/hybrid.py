@@ -23,8 +23,12 @@ so the data, the p2p peers and the loss are unchanged). Per layer:
 Limits of this first executed slice, each refused with a clear error where it is configured (config.py,
 worker.py): a TP or SDP layer holds no parameter shared with another layer (tied embeddings stay DP); TP
 applies to the zoo's transformer blocks (a `attn` SelfAttention and an `mlp` MLP); TP needs dropout 0 (its tp
-ranks would draw different masks); checkpoints, resumes and live migration of TP/SDP layers are not built yet;
-ZeRO-1/2 and activation swap do not combine with them. Activation checkpointing does.
+ranks would draw different masks); live migration of TP/SDP layers is not built yet; ZeRO-1/2 and activation
+swap do not combine with them. Activation checkpointing does.
+
+Checkpoints stay unsharded and in the model's own parameter order (`full_layers`: every DTensor gathered, the
+qkv rows put back [q|k|v][head]), so a resume may change strategy; a resume into TP/SDP loads the full tensors
+first and then shards them (`capture` / `adopt` carry the loaded optimizer state onto the new Parameters).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from services.executor.train.stage import Stage
@@ -85,10 +89,20 @@ def to_head_major(attn: SelfAttention) -> None:
     attn.head_major = True
 
 
+def qkv_rows(name: str, value: Tensor, heads: int, to_head_major: bool) -> Tensor:
+    """A fused qkv parameter's (or its optimizer state's) rows moved between [q|k|v][head] and [head][q|k|v]
+    (other parameters as they are): checkpoints store the model's own order, whatever the strategy."""
+    if name not in ("attn.qkv.weight", "attn.qkv.bias") or value.dim() == 0:  # Adam's scalar step
+        return value
+    rows = value.shape[0]
+    shape = (3, heads, rows // (3 * heads)) if to_head_major else (heads, 3, rows // (3 * heads))
+    return value.reshape(*shape, *value.shape[1:]).transpose(0, 1).reshape(value.shape).contiguous()
+
+
 def tensor_parallel_block(module: nn.Module, mesh: DeviceMesh) -> None:
     """Megatron-style TP of a zoo transformer block over `mesh["tp"]`, with the batch gather/slice around it."""
     attn, mlp, t = getattr(module, "attn", None), getattr(module, "mlp", None), mesh["tp"].size()
-    if not isinstance(attn, SelfAttention) or not isinstance(mlp, MLP):
+    if not getattr(module, "tensor_parallel", False) or not isinstance(attn, SelfAttention) or not isinstance(mlp, MLP):
         raise ValueError(f"tensor parallelism applies to transformer blocks (self-attention + MLP); "
                          f"{type(module).__name__} is not one: plan it as DP or SDP")
     if attn.heads % t or mlp[0].out_features % t:
@@ -179,6 +193,66 @@ class Hybrid:
                 g.copy_(chunk.view_as(g))
             total += flat.numel() * flat.element_size()
         return total
+
+    def full_layers(self, stage: Stage, state: Mapping[nn.Parameter, Mapping[str, Any]],
+                    keep: Iterable[int]) -> dict[int, tuple[str, dict[str, Tensor]]]:
+        """Unsharded parameters and optimizer state of the held TP/SDP layers in `keep`, in a checkpoint's
+        per-layer form (`checkpoint.snapshot`'s), host copies. Collective: every rank of the stage calls it, and
+        gathers every hybrid layer in layer order; the layers it does not keep are dropped."""
+        wanted, out = set(keep), {}
+        for layer in stage.layers:
+            if layer.index not in self.layers:
+                continue
+            # only TP reorders the qkv rows (0 heads: leave every tensor as it is)
+            heads = getattr(layer.module.attn, "heads", 0) if self.layers[layer.index].kind == TP else 0
+            tensors: dict[str, Tensor] = {}
+            for name, p in layer.module.named_parameters():
+                tensors[f"param/{name}"] = self._full(name, p.detach(), heads)
+                for key, value in state.get(p, {}).items():
+                    if isinstance(value, Tensor):
+                        tensors[f"state/{key}/{name}"] = self._full(name, value.detach(), heads)
+            if layer.index in wanted:
+                out[layer.index] = (layer.name, tensors)
+        return out
+
+    def _full(self, name: str, value: Tensor, heads: int) -> Tensor:
+        full = value.full_tensor() if isinstance(value, DTensor) else value
+        full = qkv_rows(name, full, heads, to_head_major=False) if heads else full
+        return full.to("cpu", copy=True)
+
+    @staticmethod
+    def capture(stage: Stage, plan: Mapping[int, Strategy],
+                state: Mapping[nn.Parameter, Mapping[str, Any]]) -> dict[tuple[int, str], dict[str, Any]]:
+        """Before `apply`: the optimizer state (e.g. loaded from a checkpoint) of the layers about to become TP or
+        SDP, by (layer, parameter name): their Parameter objects are replaced by `apply`."""
+        return {(layer.index, name): dict(state[p]) for layer in stage.layers if layer.index in plan
+                for name, p in layer.module.named_parameters() if p in state}
+
+    def adopt(self, stage: Stage, captured: Mapping[tuple[int, str], Mapping[str, Any]],
+              optimizer: torch.optim.Optimizer) -> None:
+        """After `apply`: give each TP/SDP parameter its captured full state, laid out as the parameter is
+        (qkv rows head-major under TP, then this rank's shard of every DTensor)."""
+        for layer in stage.layers:
+            strategy = self.layers.get(layer.index)
+            if strategy is None:
+                continue
+            heads = getattr(getattr(layer.module, "attn", None), "heads", 0)
+            for name, p in layer.module.named_parameters():
+                full = captured.get((layer.index, name))
+                if full is None:
+                    continue
+                optimizer.state[p] = {key: self._shard(name, value, p, heads, strategy)
+                                      for key, value in full.items()}
+
+    @staticmethod
+    def _shard(name: str, value: Any, p: Tensor, heads: int, strategy: Strategy) -> Any:
+        if not isinstance(value, Tensor) or value.dim() == 0:
+            return value  # Adam's scalar step
+        if strategy.kind == TP:
+            value = qkv_rows(name, value, heads, to_head_major=True)
+        if isinstance(p, DTensor):
+            return distribute_tensor(value.to(p.device), p.device_mesh, p.placements)
+        return value.to(p.device)
 
     def describe(self, stage: Stage) -> dict[str, Any]:
         """Per held TP/SDP layer: strategy, mesh shape, and this rank's parameter elements against the layer's

@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 from services.executor.train import checkpoint as ckpt
+from services.executor.train import heap
 from services.executor.train.background import BackgroundWriter
 from services.executor.train.comms import Comms, Counters, Pending
 from services.executor.train.config import WorkerConfig
@@ -242,7 +243,7 @@ class Trainer:
             "iteration_s": iteration_s, "forward_s": forward_s, "backward_s": backward_s,
             "recompute_s": self.stage.recompute_s, "comm_s": counters.comm_s, "p2p_s": counters.p2p_s,
             "allreduce_s": counters.allreduce_s, "optimizer_s": optimizer_s, "overhead_s": overhead,
-            "idle_s": overhead, "memory_bytes": current, "peak_memory_bytes": peak,
+            "idle_s": overhead, "memory_bytes": current, "peak_memory_bytes": peak, "heap_peak_bytes": heap.take_peak(),
             "bytes_sent": counters.bytes_sent, "bytes_received": counters.bytes_received,
             "allreduce_bytes": counters.allreduce_bytes, "replica_allreduces": counters.replica_allreduces,
             "tied_allreduces": counters.tied_allreduces, "loss": loss, "has_loss": self.stage.is_last,
@@ -279,7 +280,10 @@ class Trainer:
         mine = [layer for layer in stage.layers if (layer.index - stage.begin) % c.num_replicas == c.replica_index]
         # ZeRO layers' state is gathered (every replica takes part; the writer keeps it): files stay unsharded.
         state = self.sharded.state([layer.index for layer in mine])
-        snapshot = ckpt.snapshot(mine, stage.aliases, state)
+        # TP / SDP layers are gathered whole (every rank of the stage takes part), the writer keeps its own.
+        full = self.hybrid.full_layers(stage, state, [layer.index for layer in mine]) if self.hybrid.layers else {}
+        snapshot = {**ckpt.snapshot([x for x in mine if x.index not in self.hybrid.layers], stage.aliases, state),
+                    **full}
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         meta = {"iterations_done": done, "next_iteration": done, "seed": c.seed, "plan_version": self.plan_version,

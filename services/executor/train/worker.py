@@ -13,8 +13,10 @@ goes to stdout, one JSON object per line; every event carries "event", "job_id",
   loss sums), comm_s (p2p_s + allreduce_s),
   optimizer_s, overhead_s (the rest: forward_s + backward_s + p2p_s + allreduce_s + optimizer_s + overhead_s
   = iteration_s), idle_s (= overhead_s, its older name), memory_bytes, peak_memory_bytes (CUDA allocator,
-  or process RSS on the CPU), bytes_sent / bytes_received (p2p), allreduce_bytes, replica_allreduces,
-  tied_allreduces, loss and has_loss (the iteration's global mean loss, on the last stage only),
+  or process RSS on the CPU), heap_peak_bytes (the CPU's analogue of CUDA's peak: glibc's heap in use at its
+  peak during the iteration, the first one's including the worker's setup; sampled by a thread when the
+  environment sets BALLAST_HEAP_PEAK=1, heap.py; else 0), bytes_sent / bytes_received (p2p), allreduce_bytes,
+  replica_allreduces, tied_allreduces, loss and has_loss (the iteration's global mean loss, on the last stage only),
   samples_per_s (global batch / s), swapped_bytes (activation bytes moved to host memory this iteration),
   active_layers (held layers that computed: layer_toggles can make one the identity), layers (held during
   this iteration; plan_version is the version in force during it). With more than one replica also
@@ -71,7 +73,7 @@ import torch
 import torch.distributed as dist
 
 from services.executor.train import checkpoint as ckpt
-from services.executor.train import hybrid
+from services.executor.train import heap, hybrid
 from services.executor.train.comms import Comms
 from services.executor.train.config import WorkerConfig
 from services.executor.train.mesh import Mesh
@@ -127,6 +129,8 @@ def run(config: WorkerConfig, report: Report, should_stop: Callable[[], bool] | 
     head = {"job_id": config.job_id, "rank": config.rank, "stage": config.stage_index,
             "replica": config.replica_index}
     torch.set_num_threads(config.intra_op_threads)
+    if os.environ.get(heap.ENV) == "1":  # opt-in: iteration events' heap_peak_bytes (CPU live-heap peak)
+        heap.start()
     device = torch.device(config.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -162,9 +166,12 @@ def run(config: WorkerConfig, report: Report, should_stop: Callable[[], bool] | 
                     tp_degrees=hybrid.tp_degrees(config.tp_layers))
         applied = None
         if layer_strategies:  # parameters become DTensors: the optimizer is made over the new ones
+            captured = hybrid.Hybrid.capture(stage, layer_strategies, optimizer.state)
             applied = hybrid.Hybrid.apply(stage, layer_strategies, {t: mesh.tp_mesh(t) for t in mesh.tp_degrees},
                                           mesh.device_mesh["dp"] if config.num_replicas > 1 else None)
-            optimizer = make_optimizer(stage.parameters(), config.optimizer)
+            loaded, optimizer = optimizer, make_optimizer(stage.parameters(), config.optimizer)
+            optimizer.state.update({p: loaded.state[p] for p in stage.parameters() if p in loaded.state})
+            applied.adopt(stage, captured, optimizer)
         comms = Comms(mesh, stage, device)
         trainer = Trainer(config, stage, optimizer, comms, device, should_stop or (lambda: False), inbox,
                           should_drain or (lambda: False), hybrid=applied)

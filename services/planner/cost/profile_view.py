@@ -162,6 +162,7 @@ class LayerView:
     table: LayerTable = field(default_factory=LayerTable)
     extra_inputs: tuple[int, ...] = ()  # earlier layers other than index-1 whose outputs this one reads
     tied_with: tuple[int, ...] = ()  # layers sharing weights with this one
+    tensor_parallel: bool = False  # the executors can split it Megatron-style (LayerProfile.tensor_parallel)
     batch_input_bytes: int = 0
     max_micro_batch_size: int = 0
     note: str = ""
@@ -321,6 +322,7 @@ def from_profile(profile: profile_pb2.Profile) -> ModelView:
             table=table,
             extra_inputs=tuple(lp.extra_inputs),
             tied_with=tuple(lp.tied_with),
+            tensor_parallel=lp.tensor_parallel,
             batch_input_bytes=lp.batch_input_bytes,
             max_micro_batch_size=lp.max_micro_batch_size,
             optimizer_step_s=lp.optimizer_step_s,

@@ -205,6 +205,7 @@ def _options(inputs: PlanInputs, budget: int) -> SearchOptions:
         max_global_batch_size=inputs.max_global_batch_size,
         schedules=schedules,
         dims=ALL_DIMS if inputs.what_if else inputs.runnable_dims,
+        executable_only=not inputs.what_if,
         top_k=inputs.top_k,
         pipeline_stages=inputs.pipeline_stages,
         micro_batches=inputs.micro_batches,

@@ -64,6 +64,7 @@ import numpy as np
 
 from services.planner.cost import CostContext, LayerStrategy, dim_scopes, layer_cost, transform_cost
 from services.planner.cost.layer import block_scope
+from services.planner.cost.profile_view import LayerView
 from services.planner.search.bounds import CostBound, PeakBound
 from services.planner.search.problem import to_strategy
 from services.planner.search.space import Candidate
@@ -216,9 +217,18 @@ class StagePlan:
 
 def _layer_key(ctx: CostContext, index: int) -> tuple:
     """What layer_cost reads of a layer: its table, skip-edge count, state bytes, TP allreduce count and
-    optimizer step."""
+    optimizer step; and what `runs_on_workers` reads."""
     lv = ctx.view.layers[index]
-    return (lv.table, len(lv.extra_inputs), ctx.state_bytes[index], ctx.tp_allreduces[index], lv.optimizer_step_s)
+    return (lv.table, len(lv.extra_inputs), ctx.state_bytes[index], ctx.tp_allreduces[index], lv.optimizer_step_s,
+            lv.tensor_parallel, bool(lv.tied_with))
+
+
+def runs_on_workers(layer: LayerView, st: LayerStrategy) -> bool:
+    """Whether Ballast's workers can run `layer` under `st` (train/hybrid.py): TP only where the profile says
+    the layer splits, and no TP or SDP for a layer holding a tied weight."""
+    if st.tp > 1 and not layer.tensor_parallel:
+        return False
+    return not (layer.tied_with and (st.tp > 1 or st.sdp > 1))
 
 
 def scope_key(ctx: CostContext, candidates: Sequence[Candidate], offsets: tuple[int, ...]) -> tuple:
@@ -235,9 +245,14 @@ _COLUMNS = ("per_micro_batch_s", "grad_sync_s", "backward_compute_s", "recompute
 
 
 def layer_tables(
-    ctx: CostContext, candidates: Sequence[Candidate], micro_batch_size: int, offsets: tuple[int, ...] = (0,)
+    ctx: CostContext, candidates: Sequence[Candidate], micro_batch_size: int, offsets: tuple[int, ...] = (0,),
+    *, executable_only: bool = False,
 ) -> LayerTables:
-    """Price every layer under every candidate on the shared cost model (layer_cost, transform_cost)."""
+    """Price every layer under every candidate on the shared cost model (layer_cost, transform_cost).
+
+    `executable_only` leaves a layer's TP strategies infeasible unless its profile says the workers can split
+    it, its TP and SDP strategies infeasible when it holds a tied weight (the workers keep those DP), and every
+    strategy infeasible at a micro-batch its group's devices do not divide (the workers' layout between layers)."""
     if not candidates:
         raise ValueError("no candidate strategies")
     layouts = list(dict.fromkeys((c.dims, c.dp_sharding) for c in candidates))  # a DP flavour is a layout here
@@ -257,7 +272,10 @@ def layer_tables(
             continue
         for k, st in enumerate(sts):
             # A strategy whose dp x sdp does not divide the micro-batch would split samples: infeasible here.
-            if st is not None and micro_batch_size % st.batch_split == 0:
+            # The workers also split every micro-batch over the whole group between layers (train/hybrid.py).
+            split = st.devices if executable_only and st is not None else getattr(st, "batch_split", 1)
+            if st is not None and micro_batch_size % split == 0 and (
+                    not executable_only or runs_on_workers(ctx.view.layers[i], st)):
                 c = layer_cost(ctx, i, st, micro_batch_size, offsets)
                 values = (c.per_micro_batch_s, c.grad_sync_s, c.backward_compute_s, c.recompute_s, c.model_state_bytes,
                           c.forward_activation_bytes, c.backward_transient_bytes, c.update_s + c.param_gather_s,

@@ -47,7 +47,7 @@ from services.planner.search.dp import (
     scope_key,
 )
 from services.planner.search.problem import PricedPlan, SearchOptions, price
-from services.planner.search.space import Candidate, layer_candidates, pipeline_degrees
+from services.planner.search.space import Candidate, executable, layer_candidates, pipeline_degrees
 from services.planner.sim import Schedule
 
 ENGINE, NAME = "galvatron", "Ballast"
@@ -116,9 +116,9 @@ class Planner:
     def candidates(self, pp: int) -> list[Candidate]:
         if pp not in self._candidates:
             o = self.options
-            self._candidates[pp] = layer_candidates(
+            self._candidates[pp] = [c for c in layer_candidates(
                 self.num_devices // pp, pp=pp, checkpoint=o.checkpoint, takeaway3=o.takeaway3, dims=o.dims
-            )
+            ) if not o.executable_only or executable(c)]
         return self._candidates[pp]
 
     def tables(self, pp: int, micro_batch_size: int, stage: int) -> LayerTables:
@@ -126,7 +126,8 @@ class Planner:
         key = (pp, micro_batch_size, self._scope(pp, stage))
         if key not in self._tables:
             offsets = ((self.num_devices // pp) * stage,)
-            self._tables[key] = layer_tables(self.ctx, self.candidates(pp), micro_batch_size, offsets)
+            self._tables[key] = layer_tables(self.ctx, self.candidates(pp), micro_batch_size, offsets,
+                                             executable_only=self.options.executable_only)
             self.stats.table_builds += 1
         return self._tables[key]
 

@@ -34,6 +34,10 @@ class SearchOptions:
     # Non-pipeline dims the fleet's executors can run ("dp", "sdp", "tp"), and the DP flavours they run ("zero1",
     # "zero2": space.FLAVOURS); PP is always allowed. The default is Galvatron-BMW's space (no ZeRO-1/2).
     dims: tuple[str, ...] = ("dp", "sdp", "tp")
+    # Only what Ballast's workers run (space.executable, dp.layer_tables): TP innermost with DP outside it, SDP
+    # alone, TP only on layers whose profile says `tensor_parallel`, neither on a layer holding a tied weight.
+    # make_plan sets it for every plan but a what-if.
+    executable_only: bool = False
     # Checkpointing choices per layer.
     checkpoint: tuple[bool, ...] = (False, True)
     # Galvatron Takeaway 3: drop DP+SDP mixes.

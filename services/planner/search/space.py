@@ -113,6 +113,15 @@ class Candidate:
         return f"PP{self.pp} · {inner}{zero}" + (" · ckpt" if self.checkpoint else "")
 
 
+def executable(c: Candidate) -> bool:
+    """A shape Ballast's workers run (services/executor/train/hybrid.py): DP alone, TP innermost with DP
+    outside it, or SDP alone over the whole group (no TP beside SDP, no DP inside TP)."""
+    names = c.order
+    if "sdp" in names:
+        return names == ("sdp",)
+    return "tp" not in names or names[-1] == "tp"
+
+
 def _count_arg(value: object, field: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidSpace(f"must be a positive integer, got {value!r}", field=field, fix="pass at least 1")

@@ -1,0 +1,80 @@
+"""The planner's default search uses the TP and SDP the executors declare, in the shapes they run (issue 18).
+
+Executors declare DP, PP, ZeRO-1/2, TP and SDP (inventory.SUPPORTED); a plan that is not a what-if searches
+only what the workers run (SearchOptions.executable_only): TP innermost with DP outside it, SDP alone, TP only
+on layers whose profile says the workers can split them, neither on a layer holding a tied weight, every
+micro-batch split over the stage's devices. Galvatron-BMW's example: BERT-Huge-32 on 8 RTX TITANs at 8 GB."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from google.protobuf.json_format import ParseDict
+
+from ballast.v1 import model_pb2, plan_pb2
+from services.executor.inventory import SUPPORTED
+from services.executor.workers import hybrid_layers
+from services.planner.plans.make import PlanInputs, make_plan, runnable_dims
+from services.planner.search.space import Candidate, executable
+from services.profiler.projection import analytical_profile
+from services.specs.fleet import load_fleet
+
+ROOT = Path(__file__).resolve().parents[1]
+SINGLE_AND_DP_PP = ("DDP", "ZeRO-3", "Megatron TP", "GPipe", "DP+PP")
+
+
+def profile(name: str):
+    spec = ParseDict(yaml.safe_load((ROOT / "examples" / f"{name}.yaml").read_text()), model_pb2.ModelSpec())
+    out = analytical_profile(spec, "nvidia-titan-rtx-24gb", "fp32", (1, 2, 4, 8, 16, 32))
+    out.id, out.model_id = f"prf-{name}", f"mdl-{name}"
+    return out
+
+
+@pytest.fixture(scope="module")
+def titans():
+    return load_fleet(ROOT / "examples" / "fleet-8xTITAN.yaml", dtype="fp32")
+
+
+def default_plan(name: str, fleet, gib: int) -> tuple[plan_pb2.Plan, object]:
+    prof = profile(name)
+    dims = runnable_dims([list(SUPPORTED)])
+    assert {"tp", "sdp"} <= set(dims)
+    return make_plan(prof, fleet, PlanInputs(memory_budget_bytes=gib * 2**30, runnable_dims=dims)), prof
+
+
+def test_bert_huge_default_plan_mixes_sdp_or_tp_and_beats_every_single_strategy_and_dp_pp(titans):
+    plan, prof = default_plan("bert-huge-32", titans, 8)
+    hybrid = [x for x in plan.layers if x.tp > 1 or x.sdp > 1]
+    assert hybrid, "no layer uses TP or SDP"
+    ours = plan.prediction.throughput_samples_per_s
+    priced = {a.name: a.prediction for a in plan.alternatives if a.engine == plan_pb2.PLAN_ENGINE_BASELINE}
+    assert set(SINGLE_AND_DP_PP) <= set(priced)
+    for name in SINGLE_AND_DP_PP:
+        assert priced[name].out_of_memory or priced[name].throughput_samples_per_s < ours, name
+    # and the workers can run it: the agent maps every layer; TP only where the profile allows, no tied layer split
+    hybrid_layers(plan)
+    by_index = {layer.index: layer for layer in prof.layers}
+    for x in hybrid:
+        assert not by_index[x.layer_index].tied_with
+        assert x.tp == 1 or by_index[x.layer_index].tensor_parallel
+
+
+def test_layers_the_workers_cannot_split_get_no_tensor_parallelism(titans):
+    """T5's blocks are not the zoo's attention + MLP block: the default plan never splits them with TP."""
+    plan, prof = default_plan("t5-large-32", titans, 12)
+    assert not any(layer.tensor_parallel for layer in prof.layers)
+    assert all(x.tp <= 1 for x in plan.layers)
+    hybrid_layers(plan)
+
+
+def test_executable_shapes():
+    def c(*dims):
+        return Candidate(1, tuple(dims))
+
+    assert executable(c(("dp", 8)))
+    assert executable(c(("dp", 2), ("tp", 4))) and executable(c(("tp", 8)))
+    assert executable(c(("sdp", 8)))
+    assert not executable(c(("tp", 2), ("dp", 4)))  # DP inside TP
+    assert not executable(c(("sdp", 2), ("tp", 4))) and not executable(c(("tp", 2), ("sdp", 4)))
