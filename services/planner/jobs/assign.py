@@ -1,19 +1,23 @@
 """Placing a plan's workers on executor hosts: pure, no I/O.
 
 Executors run pipeline x data parallelism: stage s of a P-stage plan runs as D replicas (D = the stage's
-devices, the same for every stage), one worker process per device. Global rank = s * D + r, so the ranks
-of one stage are consecutive and, filled host by host, a stage's replicas share a host where they fit
-(their gradient allreduce is the heaviest traffic). Rank 0's host serves the torch.distributed rendezvous.
+devices, the same for every stage), one worker process per device; inside a stage a layer may instead be
+tensor-parallel (TP innermost, DP over the rest of the D devices) or sharded over all D (SDP). Global
+rank = s * D + r, so the ranks of one stage are consecutive and, filled host by host, a stage's replicas share
+a host where they fit (their gradient allreduce, and TP's per-layer all-reduces, are the heaviest traffic).
+Rank 0's host serves the torch.distributed rendezvous.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ballast.v1 import executor_pb2, fleet_pb2, plan_pb2
+from ballast.v1 import common_pb2, executor_pb2, fleet_pb2, plan_pb2
 from services.runtime.errors import FailedPrecondition
 
 CPU_KINDS = ("cpu",)
+PARALLEL_DIM_NAMES = {common_pb2.PARALLEL_DIM_DP: "dp", common_pb2.PARALLEL_DIM_SDP: "sdp",
+                      common_pb2.PARALLEL_DIM_TP: "tp"}
 
 
 @dataclass(frozen=True)
@@ -34,11 +38,15 @@ def pipeline_shape(plan: plan_pb2.Plan) -> tuple[int, int]:
                                  field="plan_id", fix="executors run equal stages; plan again")
     d = replicas.pop()
     for layer in plan.layers:
-        if layer.tp > 1 or layer.sdp > 1 or layer.dp != d:
+        dp, sdp, tp = max(layer.dp, 1), max(layer.sdp, 1), max(layer.tp, 1)
+        names = [PARALLEL_DIM_NAMES.get(x, "") for x in layer.order]
+        names = [n for n in names if n and {"dp": dp, "sdp": sdp, "tp": tp}[n] > 1]
+        shape_ok = names == ["sdp"] if sdp > 1 else (tp == 1 or names[-1:] == ["tp"])
+        if dp * sdp * tp != d or not shape_ok:
             raise FailedPrecondition(
-                f"layer {layer.layer_index} of plan {plan.id} uses dp={layer.dp} sdp={layer.sdp} tp={layer.tp}; "
-                f"executors run pipeline x data parallelism only (dp = {d} per stage)",
-                field="plan_id", fix="plan with the executors' runnable dims (not a what-if plan)")
+                f"layer {layer.layer_index} of plan {plan.id} uses dp={layer.dp} sdp={layer.sdp} tp={layer.tp} "
+                f"(order {names}); executors run, on each stage's {d} device(s), DP, TP innermost with DP outside it, "
+                "or SDP alone", field="plan_id", fix="plan with the executors' runnable dims (not a what-if plan)")
     if plan.micro_batch_size % d:
         raise FailedPrecondition(f"micro-batch {plan.micro_batch_size} does not split over {d} replicas",
                                  field="plan_id", fix="plan the job again")

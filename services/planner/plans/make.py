@@ -30,6 +30,7 @@ from services.planner.cost import (
 from services.planner.cost.calibration import Calibration
 from services.planner.search import baselines as baseline_engine
 from services.planner.search import galvatron, varuna
+from services.planner.search.dp import plan_runs_on_workers
 from services.planner.search.problem import PricedPlan, SearchOptions, price
 from services.planner.search.space import CAPABILITIES, global_batch_fits, nearest_global_batches
 from services.planner.sim import Schedule
@@ -122,6 +123,7 @@ def make_plan(profile: profile_pb2.Profile, fleet: fleet_pb2.Fleet, inputs: Plan
     base = baseline_engine.baselines(ctx, devices, options)
     # Baselines are priced whatever they need (the table compares them); only runnable ones may be chosen.
     feasible = sorted((p for p in [*engines, *base] if not p.out_of_memory and _runs_on(p, options.dims)
+                       and (not options.executable_only or plan_runs_on_workers(ctx, p))
                        and options.pipeline_stages in (0, len(p.stage_bounds))
                        and options.micro_batches in (0, p.num_micro_batches)), key=lambda p: -p.throughput)
     if not feasible:

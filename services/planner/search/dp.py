@@ -66,7 +66,7 @@ from services.planner.cost import CostContext, LayerStrategy, dim_scopes, layer_
 from services.planner.cost.layer import block_scope
 from services.planner.cost.profile_view import LayerView
 from services.planner.search.bounds import CostBound, PeakBound
-from services.planner.search.problem import to_strategy
+from services.planner.search.problem import PricedPlan, to_strategy
 from services.planner.search.space import Candidate
 
 INF = math.inf
@@ -224,11 +224,21 @@ def _layer_key(ctx: CostContext, index: int) -> tuple:
 
 
 def runs_on_workers(layer: LayerView, st: LayerStrategy) -> bool:
-    """Whether Ballast's workers can run `layer` under `st` (train/hybrid.py): TP only where the profile says
-    the layer splits, and no TP or SDP for a layer holding a tied weight."""
+    """Whether Ballast's workers can run `layer` under `st` (train/hybrid.py): the shape (SDP alone, TP innermost
+    with DP outside it), TP only where the profile says the layer splits, no TP or SDP on a tied weight."""
+    names = [d.value for d in st.order if st.degree(d) > 1]
+    if ("sdp" in names and names != ["sdp"]) or ("tp" in names and names[-1] != "tp"):
+        return False
     if st.tp > 1 and not layer.tensor_parallel:
         return False
     return not (layer.tied_with and (st.tp > 1 or st.sdp > 1))
+
+
+def plan_runs_on_workers(ctx: CostContext, plan: PricedPlan) -> bool:
+    """Every layer of a whole plan (any engine's, a baseline's) as the workers run it (`runs_on_workers`), each
+    micro-batch split over its stage's devices."""
+    return all(runs_on_workers(ctx.view.layers[i], st) and plan.micro_batch_size % st.devices == 0
+               for i, st in enumerate(plan.strategies))
 
 
 def scope_key(ctx: CostContext, candidates: Sequence[Candidate], offsets: tuple[int, ...]) -> tuple:
