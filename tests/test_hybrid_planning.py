@@ -13,9 +13,10 @@ import pytest
 import yaml
 from google.protobuf.json_format import ParseDict
 
-from ballast.v1 import model_pb2, plan_pb2
+from ballast.v1 import job_pb2, model_pb2, plan_pb2
 from services.executor.inventory import SUPPORTED
 from services.executor.workers import hybrid_layers
+from services.planner.jobs.prepare import plan_inputs
 from services.planner.plans.make import PlanInputs, make_plan, runnable_dims
 from services.planner.search.space import Candidate, executable
 from services.profiler.projection import analytical_profile
@@ -78,3 +79,11 @@ def test_executable_shapes():
     assert executable(c(("sdp", 8)))
     assert not executable(c(("tp", 2), ("dp", 4)))  # DP inside TP
     assert not executable(c(("sdp", 2), ("tp", 4))) and not executable(c(("tp", 2), ("sdp", 4)))
+
+
+def test_a_job_kept_balanced_online_is_planned_without_tp_and_sdp():
+    """Live migration moves whole layers and cannot move a TP or SDP layer yet (hybrid.py)."""
+    dims = runnable_dims([list(SUPPORTED)])
+    online = job_pb2.Job(spec=job_pb2.JobSpec(online_repartition=True))
+    assert {"tp", "sdp"} <= set(plan_inputs(job_pb2.Job(), dims).runnable_dims)
+    assert not {"tp", "sdp"} & set(plan_inputs(online, dims).runnable_dims)
