@@ -73,6 +73,9 @@ def test_tp2_equals_one_process():
             # column/row shards halve every weight and the column biases; LayerNorms and row biases replicate
             assert info["local_elements"] == (BLOCK - LAYER_NORMS - ROW_BIASES) // 2 + LAYER_NORMS + ROW_BIASES
         assert "0" not in rank["hybrid"] and "3" not in rank["hybrid"]  # the tied embedding and head stay DP
+        # the two TP blocks keep the gathered samples between them: one gather before, one slice after
+        assert (rank["hybrid"]["1"]["gathers_input"], rank["hybrid"]["1"]["slices_output"]) == (True, False)
+        assert (rank["hybrid"]["2"]["gathers_input"], rank["hybrid"]["2"]["slices_output"]) == (False, True)
 
 
 def test_sdp2_equals_one_process():

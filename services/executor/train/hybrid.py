@@ -12,8 +12,10 @@ so the data, the p2p peers and the loss are unchanged). Per layer:
 - TP t (t divides W, and the layer's heads and MLP width): the stage's W ranks form a (W/t) x t mesh, tp
   innermost (consecutive ranks, the fastest links). Layout transition (Galvatron's slice/gather): a forward
   pre-hook all-gathers the input over the layer's tp group, so each tp rank sees the same t x micro-batch
-  samples; a forward hook slices its own samples back out. Autograd runs both backwards: the gradient of the
-  output is all-gathered, the input's is sliced, so every TP layer sees a replicated gradient as Megatron's
+  samples; a forward hook slices its own samples back out (both left out between consecutive TP layers of one
+  degree, `transitions`: the cost model prices a transformation only where the layout changes). Autograd runs
+  both backwards: the gradient of the output is all-gathered, the input's is sliced, so every TP layer sees a
+  replicated gradient as Megatron's
   column/row-parallel pair needs. Attention's fused qkv projection is column-parallel with its rows reordered
   head-major ([head][q|k|v]), so each rank's shard holds whole heads; the output projection and the MLP's second
   linear are row-parallel (one all-reduce of the output each). LayerNorms stay replicated. The layer's
@@ -34,7 +36,7 @@ first and then shards them (`capture` / `adopt` carry the loaded optimizer state
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -99,15 +101,12 @@ def qkv_rows(name: str, value: Tensor, heads: int, to_head_major: bool) -> Tenso
     return value.reshape(*shape, *value.shape[1:]).transpose(0, 1).reshape(value.shape).contiguous()
 
 
-def tensor_parallel_block(module: nn.Module, mesh: DeviceMesh) -> None:
-    """Megatron-style TP of a zoo transformer block over `mesh["tp"]`, with the batch gather/slice around it."""
-    attn, mlp, t = getattr(module, "attn", None), getattr(module, "mlp", None), mesh["tp"].size()
-    if not getattr(module, "tensor_parallel", False) or not isinstance(attn, SelfAttention) or not isinstance(mlp, MLP):
-        raise ValueError(f"tensor parallelism applies to transformer blocks (self-attention + MLP); "
-                         f"{type(module).__name__} is not one: plan it as DP or SDP")
-    if attn.heads % t or mlp[0].out_features % t:
-        raise ValueError(f"tp degree {t} must divide the block's {attn.heads} heads and its MLP width "
-                         f"{mlp[0].out_features}")
+def tensor_parallel_block(module: nn.Module, mesh: DeviceMesh, gather_input: bool = True,
+                          slice_output: bool = True) -> None:
+    """Megatron-style TP of a zoo transformer block over `mesh["tp"]`, with the batch gather before it and the
+    slice after it, each left out where the neighbour in the chain is TP over the same mesh (`transitions`)."""
+    attn = module.attn  # Hybrid.check vetted the block and the degree
+    assert isinstance(attn, SelfAttention)
     to_head_major(attn)
     parallelize_module(module, mesh["tp"], {"attn.qkv": ColwiseParallel(), "attn.proj": RowwiseParallel(),
                                             "mlp.0": ColwiseParallel(), "mlp.2": RowwiseParallel()})
@@ -121,8 +120,39 @@ def tensor_parallel_block(module: nn.Module, mesh: DeviceMesh) -> None:
         y = DTensor.from_local(output, mesh, gathered, run_check=False)
         return y.redistribute(mesh, canonical).to_local()
 
-    module.register_forward_pre_hook(gather)
-    module.register_forward_hook(slice_back)
+    if gather_input:
+        module.register_forward_pre_hook(gather)
+    if slice_output:
+        module.register_forward_hook(slice_back)
+
+
+def transitions(stage: Stage, plan: Mapping[int, Strategy]) -> dict[int, tuple[bool, bool]]:
+    """Per held TP layer: (gather its input, slice its output). Consecutive TP layers of one degree keep the
+    gathered samples between them, as the cost model prices it (Galvatron-BMW Eq. 4: a transformation only where
+    the sample layout changes): layer b skips the gather and its predecessor a the slice when b reads only a's
+    output, nothing else reads it, it does not cross to the next stage, and neither layer is ever toggled off (an
+    inactive layer passes its input through, whatever its layout)."""
+    readers: dict[int, list[int]] = {}
+    for layer in stage.layers:
+        for i in layer.inputs:
+            readers.setdefault(i, []).append(layer.index)
+    sent, held = {b.index for b in stage.sends}, {layer.index: layer for layer in stage.layers}
+
+    def joined(a: int, b: int) -> bool:
+        first, second = plan.get(a), plan.get(b)
+        return (first is not None and second is not None and first.kind == second.kind == TP
+                and first.degree == second.degree and a in held and held[b].inputs == (a,)
+                and readers.get(a) == [b] and a not in sent and not ({a, b} & set(stage.toggles)))
+
+    out = {}
+    for layer in stage.layers:
+        strategy = plan.get(layer.index)
+        if strategy is None or strategy.kind != TP:
+            continue
+        gather_input = not (len(layer.inputs) == 1 and joined(layer.inputs[0], layer.index))
+        slice_output = not any(joined(layer.index, r) for r in readers.get(layer.index, []))
+        out[layer.index] = (gather_input, slice_output)
+    return out
 
 
 def local(t: Tensor) -> Tensor:
@@ -135,22 +165,46 @@ class Hybrid:
 
     layers: dict[int, Strategy]  # held layers only
     meshes: dict[int, DeviceMesh]  # layer -> its (dp, tp) mesh (TP) or the stage's 1-D "dp" mesh (SDP)
+    edges: dict[int, tuple[bool, bool]] = field(default_factory=dict)  # TP layer -> (gathers input, slices output)
+
+    @staticmethod
+    def check(stage: Stage, plan: Mapping[int, Strategy]) -> None:
+        """Refuse what this stage cannot run, before any process group exists (every rank fails alike): a TP or
+        SDP layer holding a shared parameter, a TP layer that is not a splittable block or whose heads or MLP
+        width its degree does not divide."""
+        shared = {id(t.parameter) for t in stage.tied} | {id(p) for layer in stage.layers for p in
+                                                          shared_parameters(stage, layer.index)}
+        for layer in stage.layers:
+            strategy, module = plan.get(layer.index), layer.module
+            if strategy is None:
+                continue
+            if any(id(p) in shared for p in module.parameters()):
+                raise ValueError(f"layer {layer.index} ({layer.name}) shares a parameter with another layer; a "
+                                 f"shared (tied) parameter stays data-parallel: plan layer {layer.index} as DP")
+            attn, mlp = getattr(module, "attn", None), getattr(module, "mlp", None)
+            if strategy.kind != TP:
+                continue
+            if not (getattr(module, "tensor_parallel", False) and isinstance(attn, SelfAttention)
+                    and isinstance(mlp, MLP)):
+                raise ValueError(f"layer {layer.index} ({layer.name}): tensor parallelism applies to transformer "
+                                 f"blocks (self-attention + MLP); {type(module).__name__} is not one: plan it as DP "
+                                 "or SDP")
+            if attn.heads % strategy.degree or mlp[0].out_features % strategy.degree:
+                raise ValueError(f"layer {layer.index} ({layer.name}): tp degree {strategy.degree} must divide its "
+                                 f"{attn.heads} heads and its MLP width {mlp[0].out_features}")
 
     @classmethod
     def apply(cls, stage: Stage, plan: Mapping[int, Strategy], tp_meshes: Mapping[int, DeviceMesh],
               sdp_mesh: DeviceMesh | None) -> Hybrid:
+        cls.check(stage, plan)
         held = {layer.index: layer for layer in stage.layers}
-        shared = {id(t.parameter) for t in stage.tied} | {id(p) for layer in stage.layers for p in
-                                                          shared_parameters(stage, layer.index)}
-        out = cls({}, {})
+        out, edges = cls({}, {}), transitions(stage, plan)
         for index in sorted(set(plan) & set(held)):
             strategy, module = plan[index], held[index].module
-            if any(id(p) in shared for p in module.parameters()):
-                raise ValueError(f"layer {index} ({held[index].name}) shares a parameter with another layer; a "
-                                 f"shared (tied) parameter stays data-parallel: plan layer {index} as DP")
             if strategy.kind == TP:
                 mesh = tp_meshes[strategy.degree]
-                tensor_parallel_block(module, mesh)
+                tensor_parallel_block(module, mesh, *edges[index])
+                out.edges[index] = edges[index]
             else:
                 assert sdp_mesh is not None, "SDP needs the stage's dp mesh (num_replicas >= 2)"
                 mesh = sdp_mesh
@@ -268,7 +322,9 @@ class Hybrid:
                 "mesh": {name: self.meshes[layer.index][name].size()
                          for name in self.meshes[layer.index].mesh_dim_names or ()},
                 "local_elements": sum(local(p).numel() for p in params),
-                "elements": sum(p.numel() for p in params)}
+                "elements": sum(p.numel() for p in params),
+                **({"gathers_input": self.edges[layer.index][0], "slices_output": self.edges[layer.index][1]}
+                   if layer.index in self.edges else {})}
         return out
 
 

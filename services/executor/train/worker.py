@@ -142,6 +142,7 @@ def run(config: WorkerConfig, report: Report, should_stop: Callable[[], bool] | 
     check_layers("tp_layers", [t[0] for t in config.tp_layers], stage.num_layers)
     check_layers("sdp_layers", config.sdp_layers, stage.num_layers)
     layer_strategies = hybrid.strategies(config.tp_layers, config.sdp_layers, config.num_replicas)
+    hybrid.Hybrid.check(stage, layer_strategies)  # before the rendezvous: every rank refuses alike
     if config.tp_layers and config.spec().dropout > 0:
         raise ValueError("WorkerConfig.tp_layers: tensor-parallel layers need the model's dropout at 0 for now (the "
                          "tp ranks would draw different masks); set dropout 0 or plan those layers as DP")
