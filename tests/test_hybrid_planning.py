@@ -56,6 +56,11 @@ def test_bert_huge_default_plan_mixes_sdp_or_tp_and_beats_every_single_strategy_
         assert priced[name].out_of_memory or priced[name].throughput_samples_per_s < ours, name
     # and the workers can run it: the agent maps every layer; TP only where the profile allows, no tied layer split
     hybrid_layers(plan)
+    # the explanation names the hybrid layers, what they save against plain DP, and why embed/head stay DP
+    assert "Hybrid layers: sdp8" in plan.explanation and "as plain DP over the same devices" in plan.explanation
+    assert "over the budget" in plan.explanation.split("Hybrid layers:")[1]
+    assert "Not offered TP (the workers split attention + MLP blocks only, and no tied weight): embed, head." \
+        in plan.explanation
     by_index = {layer.index: layer for layer in prof.layers}
     for x in hybrid:
         assert not by_index[x.layer_index].tied_with

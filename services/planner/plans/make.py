@@ -334,6 +334,9 @@ def explain(
     flavours = _flavour_note(ctx, best, budget)
     if flavours:
         lines.append(flavours)
+    hybrid = _hybrid_note(ctx, best, budget, not inputs.what_if)
+    if hybrid:
+        lines.append(hybrid)
     blocked = _not_executable(best, inputs)
     if blocked:
         lines.append(blocked)
@@ -392,6 +395,37 @@ def _flavour_note(ctx: CostContext, plan: PricedPlan, budget: int) -> str:
     return (f"DP flavours: {', '.join(parts)}, updated parameters all-gathered after each step; as plain DP it "
             f"would peak at {_size(max(plain.peak_memory_bytes))} ({'over' if plain.out_of_memory else 'within'} "
             f"the budget) against {_size(max(plan.peak_memory_bytes))}, at {plain.iteration_s:.4g} s per iteration.")
+
+
+def _hybrid_note(ctx: CostContext, plan: PricedPlan, budget: int, executable_only: bool) -> str:
+    """Which layers run TP or SDP, what the plan would cost with them as plain DP over the same devices, and
+    which layers the workers could not split (the reason the search left them DP)."""
+    hybrid = [(i, st) for i, st in enumerate(plan.strategies) if st.tp > 1 or st.sdp > 1]
+    if not hybrid:
+        return ""
+    names = ctx.view.layers
+    by_kind: dict[str, list[str]] = {}
+    for i, st in hybrid:
+        by_kind.setdefault(st.describe(), []).append(names[i].name)
+    parts = [f"{kind} on {_layer_names(found)}" for kind, found in by_kind.items()]
+    as_dp = [replace(st, dp=st.devices, sdp=1, tp=1, order=(), dp_sharding=DpSharding.PLAIN)
+             if st.tp > 1 or st.sdp > 1 else st for st in plan.strategies]
+    dp = price(ctx, plan.stage_bounds, as_dp, plan.micro_batch_size, plan.num_micro_batches, plan.schedule,
+               budget, replicas=plan.replicas)
+    text = (f"Hybrid layers: {'; '.join(parts)}. With those layers as plain DP over the same devices the plan "
+            f"would peak at {_size(max(dp.peak_memory_bytes))} ({'over' if dp.out_of_memory else 'within'} the "
+            f"budget) at {dp.iteration_s:.4g} s per iteration, against {_size(max(plan.peak_memory_bytes))} at "
+            f"{plan.iteration_s:.4g} s.")
+    if executable_only:
+        kept = [lv.name for lv in names if lv.tied_with or not lv.tensor_parallel]
+        if kept:
+            text += (f" Not offered TP (the workers split attention + MLP blocks only, and no tied weight): "
+                     f"{_layer_names(kept)}.")
+    return text
+
+
+def _layer_names(names: Sequence[str]) -> str:
+    return ", ".join(names) if len(names) <= 4 else f"{names[0]} ... {names[-1]} ({len(names)} layers)"
 
 
 def _not_executable(plan: PricedPlan, inputs: PlanInputs) -> str:
