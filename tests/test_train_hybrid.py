@@ -140,6 +140,29 @@ def test_checkpoints_are_unsharded_and_resume_across_strategies(tmp_path):
     assert started(back)[0]["hybrid"]["1"]["strategy"] == TP
 
 
+def test_tp_and_sdp_layers_migrate_live_between_stages_keeping_the_losses():
+    """block.0 (TP2) and block.1 (SDP2) move between two stages at two boundaries: gathered whole on the source,
+    sent as any layer, split again on the target (with the gathers and slices rewired for the new neighbours)."""
+    steps = 6
+    commands = [
+        {"command": "plan", "version": 1, "not_before": 2, "stage_bounds": [[0, 3], [3, 4]],
+         "checkpoint_layers": [], "swap_layers": []},  # block.1 -> stage 0
+        {"command": "plan", "version": 2, "not_before": 4, "stage_bounds": [[0, 1], [1, 4]],
+         "checkpoint_layers": [], "swap_layers": []},  # both -> stage 1
+    ]
+    configs = plan_configs(template([[0, 2], [2, 4]], iterations=steps, online=True, tp_layers=[[1, 2]],
+                                    sdp_layers=[2]), [[0, 2], [2, 4]], 2)
+    events = run_local(configs, env=STEADY_ALLOCATOR, timeout_s=240, commands={c.rank: commands for c in configs})
+    with torch_threads(1):
+        expected = train_single(SPEC, DATA, SEED, MICRO * NUM_MICRO * 2, steps, ADAM)
+    assert losses(events) == pytest.approx(expected, rel=1e-5)
+    moved = sorted((e["iteration"], e["layer_index"], e["from_stage"], e["to_stage"])
+                   for rank in events for e in of(rank, "migration"))
+    assert moved == [(2, 2, 1, 0), (2, 2, 1, 0), (4, 1, 0, 1), (4, 1, 0, 1), (4, 2, 0, 1), (4, 2, 0, 1)]
+    applied = [e["layers"] for e in of(events[-1], "plan_applied")]
+    assert applied == [[3], [1, 2, 3]]
+
+
 # --- pure parts ----------------------------------------------------------------------------------------------------
 
 

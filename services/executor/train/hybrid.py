@@ -25,8 +25,13 @@ so the data, the p2p peers and the loss are unchanged). Per layer:
 Limits of this first executed slice, each refused with a clear error where it is configured (config.py,
 worker.py): a TP or SDP layer holds no parameter shared with another layer (tied embeddings stay DP); TP
 applies to the zoo's transformer blocks (a `attn` SelfAttention and an `mlp` MLP); TP needs dropout 0 (its tp
-ranks would draw different masks); live migration of TP/SDP layers is not built yet; ZeRO-1/2 and activation
-swap do not combine with them. Activation checkpointing does.
+ranks would draw different masks); ZeRO-1/2 and activation swap do not combine with them. Activation
+checkpointing does.
+
+Live migration: a TP/SDP layer that a plan change moves is gathered whole on its stage (`release`: every rank of
+the stage takes part), travels as any layer (migration.py), and is split again on the target (`reapply`), where
+every TP layer's gather and slice are rewired for its new neighbours. Its strategy is the job's: plan commands
+move layers, they do not change a layer's TP or SDP.
 
 Checkpoints stay unsharded and in the model's own parameter order (`full_layers`: every DTensor gathered, the
 qkv rows put back [q|k|v][head]), so a resume may change strategy; a resume into TP/SDP loads the full tensors
@@ -35,8 +40,9 @@ first and then shards them (`capture` / `adopt` carry the loaded optimizer state
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -47,7 +53,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from services.executor.train.stage import Stage
+from services.executor.train.stage import ModelInfo, Stage, make_optimizer
 from services.zoo.base import MLP, SelfAttention
 
 TP, SDP = "tp", "sdp"
@@ -101,15 +107,19 @@ def qkv_rows(name: str, value: Tensor, heads: int, to_head_major: bool) -> Tenso
     return value.reshape(*shape, *value.shape[1:]).transpose(0, 1).reshape(value.shape).contiguous()
 
 
-def tensor_parallel_block(module: nn.Module, mesh: DeviceMesh, gather_input: bool = True,
-                          slice_output: bool = True) -> None:
-    """Megatron-style TP of a zoo transformer block over `mesh["tp"]`, with the batch gather before it and the
-    slice after it, each left out where the neighbour in the chain is TP over the same mesh (`transitions`)."""
+def tensor_parallel_block(module: nn.Module, mesh: DeviceMesh) -> None:
+    """Megatron-style TP of a zoo transformer block over `mesh["tp"]` (the batch gather and slice around it are
+    `layout_hooks`)."""
     attn = module.attn  # Hybrid.check vetted the block and the degree
     assert isinstance(attn, SelfAttention)
     to_head_major(attn)
     parallelize_module(module, mesh["tp"], {"attn.qkv": ColwiseParallel(), "attn.proj": RowwiseParallel(),
                                             "mlp.0": ColwiseParallel(), "mlp.2": RowwiseParallel()})
+
+
+def layout_hooks(module: nn.Module, mesh: DeviceMesh, gather_input: bool, slice_output: bool) -> list[Any]:
+    """The gather of the tp group's samples before a TP block and the slice of its own after it, each left out
+    where the neighbour in the chain is TP over the same mesh (`transitions`); the hooks' handles."""
     canonical, gathered = (Shard(0), Shard(0)), (Shard(0), Replicate())
 
     def gather(_: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -120,10 +130,12 @@ def tensor_parallel_block(module: nn.Module, mesh: DeviceMesh, gather_input: boo
         y = DTensor.from_local(output, mesh, gathered, run_check=False)
         return y.redistribute(mesh, canonical).to_local()
 
+    handles = []
     if gather_input:
-        module.register_forward_pre_hook(gather)
+        handles.append(module.register_forward_pre_hook(gather))
     if slice_output:
-        module.register_forward_hook(slice_back)
+        handles.append(module.register_forward_hook(slice_back))
+    return handles
 
 
 def transitions(stage: Stage, plan: Mapping[int, Strategy]) -> dict[int, tuple[bool, bool]]:
@@ -166,6 +178,10 @@ class Hybrid:
     layers: dict[int, Strategy]  # held layers only
     meshes: dict[int, DeviceMesh]  # layer -> its (dp, tp) mesh (TP) or the stage's 1-D "dp" mesh (SDP)
     edges: dict[int, tuple[bool, bool]] = field(default_factory=dict)  # TP layer -> (gathers input, slices output)
+    plan: dict[int, Strategy] = field(default_factory=dict)  # every layer's strategy, held or not (the job's)
+    tp_meshes: dict[int, DeviceMesh] = field(default_factory=dict)  # degree -> this rank's (dp, tp) mesh
+    sdp_mesh: DeviceMesh | None = None
+    hooks: dict[int, list[Any]] = field(default_factory=dict)  # TP layer -> its layout hooks' handles
 
     @staticmethod
     def check(stage: Stage, plan: Mapping[int, Strategy]) -> None:
@@ -196,22 +212,83 @@ class Hybrid:
     @classmethod
     def apply(cls, stage: Stage, plan: Mapping[int, Strategy], tp_meshes: Mapping[int, DeviceMesh],
               sdp_mesh: DeviceMesh | None) -> Hybrid:
-        cls.check(stage, plan)
+        out = cls({}, {}, plan=dict(plan), tp_meshes=dict(tp_meshes), sdp_mesh=sdp_mesh)
+        out._split(stage, sorted(set(plan) & {layer.index for layer in stage.layers}))
+        return out
+
+    def _split(self, stage: Stage, indices: Sequence[int]) -> None:
+        """Apply each layer's TP or SDP in place (its parameters become DTensors), then wire the layout hooks."""
+        self.check(stage, {i: self.plan[i] for i in indices})
         held = {layer.index: layer for layer in stage.layers}
-        out, edges = cls({}, {}), transitions(stage, plan)
-        for index in sorted(set(plan) & set(held)):
-            strategy, module = plan[index], held[index].module
+        for index in indices:
+            strategy, module = self.plan[index], held[index].module
             if strategy.kind == TP:
-                mesh = tp_meshes[strategy.degree]
-                tensor_parallel_block(module, mesh, *edges[index])
-                out.edges[index] = edges[index]
+                mesh = self.tp_meshes[strategy.degree]
+                tensor_parallel_block(module, mesh)
             else:
-                assert sdp_mesh is not None, "SDP needs the stage's dp mesh (num_replicas >= 2)"
-                mesh = sdp_mesh
+                assert self.sdp_mesh is not None, "SDP needs the stage's dp mesh (num_replicas >= 2)"
+                mesh = self.sdp_mesh
                 fully_shard(module, mesh=mesh, reshard_after_forward=True)
                 module.set_gradient_divide_factor(1.0)  # gradients are sums: the loss is divided once, globally
                 module.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
-            out.layers[index], out.meshes[index] = strategy, mesh
+            self.layers[index], self.meshes[index] = strategy, mesh
+        self.rewire(stage)
+
+    def rewire(self, stage: Stage) -> None:
+        """(Re)place every held TP layer's gather and slice for its current neighbours (after a plan change)."""
+        for handles in self.hooks.values():
+            for handle in handles:
+                handle.remove()
+        self.hooks.clear()
+        self.edges = transitions(stage, self.layers)
+        held = {layer.index: layer for layer in stage.layers}
+        for index, (gather_input, slice_output) in self.edges.items():
+            self.hooks[index] = layout_hooks(held[index].module, self.meshes[index], gather_input, slice_output)
+
+    def release(self, stage: Stage, leaving: Iterable[int], optimizer: torch.optim.Optimizer, info: ModelInfo,
+                device: torch.device) -> None:
+        """Turn the held TP/SDP layers in `leaving` back into plain modules holding the whole layer (from the meta
+        model, like an arriving layer), their full optimizer state put in `optimizer`, so live migration moves
+        them as any layer and the target splits them again (`reapply`). Collective over the stage's ranks:
+        every rank of the stage passes the same layers."""
+        going = sorted(set(leaving) & set(self.layers))
+        if not going:
+            return
+        full = self.full_layers(stage, optimizer.state, going, only=going)
+        for k, layer in enumerate(stage.layers):
+            if layer.index not in full:
+                continue
+            tensors = full[layer.index][1]
+            module = copy.deepcopy(info.dec.layers[layer.index].module).to_empty(device=device)
+            module.train(layer.module.training)
+            for name, p in module.named_parameters():
+                with torch.no_grad():
+                    p.copy_(tensors[f"param/{name}"])
+                state = {key.split("/", 2)[1]: value for key, value in tensors.items()
+                         if key.startswith("state/") and key.split("/", 2)[2] == name}
+                if state:
+                    optimizer.state[p] = {key: value if value.dim() == 0 else value.to(device)
+                                          for key, value in state.items()}
+            stage.layers[k] = replace(layer, module=module)
+            for table in (self.layers, self.meshes, self.edges):
+                table.pop(layer.index, None)
+            for handle in self.hooks.pop(layer.index, []):
+                handle.remove()
+
+    def reapply(self, stage: Stage, optimizer: torch.optim.Optimizer,
+                optimizer_config: Mapping[str, Any]) -> torch.optim.Optimizer:
+        """After a plan change: split the held layers the job makes TP/SDP that arrived whole, rewire every TP
+        layer's gather and slice for its new neighbours; the optimizer over the resulting parameters (state
+        carried by identity, the arrived layers' sliced from their full state)."""
+        arrived = [layer.index for layer in stage.layers if layer.index in self.plan and layer.index not in self.layers]
+        if not arrived:
+            self.rewire(stage)
+            return optimizer
+        captured = self.capture(stage, {i: self.plan[i] for i in arrived}, optimizer.state)
+        self._split(stage, arrived)
+        out = make_optimizer(stage.parameters(), dict(optimizer_config))
+        out.state.update({p: optimizer.state[p] for p in stage.parameters() if p in optimizer.state})
+        self.adopt(stage, captured, out)
         return out
 
     def parameter_ids(self, stage: Stage) -> set[int]:
@@ -248,14 +325,16 @@ class Hybrid:
             total += flat.numel() * flat.element_size()
         return total
 
-    def full_layers(self, stage: Stage, state: Mapping[nn.Parameter, Mapping[str, Any]],
-                    keep: Iterable[int]) -> dict[int, tuple[str, dict[str, Tensor]]]:
+    def full_layers(self, stage: Stage, state: Mapping[nn.Parameter, Mapping[str, Any]], keep: Iterable[int],
+                    only: Iterable[int] | None = None) -> dict[int, tuple[str, dict[str, Tensor]]]:
         """Unsharded parameters and optimizer state of the held TP/SDP layers in `keep`, in a checkpoint's
         per-layer form (`checkpoint.snapshot`'s), host copies. Collective: every rank of the stage calls it, and
-        gathers every hybrid layer in layer order; the layers it does not keep are dropped."""
+        gathers every hybrid layer (or those in `only`, the same on every rank) in layer order; the layers it
+        does not keep are dropped."""
         wanted, out = set(keep), {}
+        among = set(self.layers) if only is None else set(only) & set(self.layers)
         for layer in stage.layers:
-            if layer.index not in self.layers:
+            if layer.index not in among:
                 continue
             # only TP reorders the qkv rows (0 heads: leave every tensor as it is)
             heads = getattr(layer.module.attn, "heads", 0) if self.layers[layer.index].kind == TP else 0

@@ -392,16 +392,16 @@ class Trainer:
         # Layers leaving this stage or turning plain are unsharded first (their full state travels or stays as
         # plain DP's); layers staying under ZeRO keep their chunks through the change.
         moving = {i for i, _, _ in plan_moves(self.plan.stage_bounds, plan.stage_bounds, self.info.num_layers)}
-        fixed = sorted(moving & ({int(t[0]) for t in self.config.tp_layers} | set(self.config.sdp_layers)))
-        if fixed:  # every rank decides alike (the config is the job's), before any collective
-            raise RuntimeError(f"plan version {agreed} moves tensor- or sharded-data-parallel layers {fixed}; their "
-                               "live migration is not built yet (hybrid.py): keep them on their stage")
         flavours = plan.flavours()
         release = [i for i in self.stage.layer_indices if i in moving or flavours.get(i, PLAIN) == PLAIN]
+        # TP / SDP layers that move travel whole: gathered here (every rank of the stage), split again there.
+        if self.hybrid.layers and self.sharded.plain is not None:
+            self.hybrid.release(self.stage, moving, self.sharded.plain, self.info, self.device)
         optimizer = self.sharded.release(release, self.stage)
         applied = apply_plan(self.stage, optimizer, self.plan, plan, mesh=self.comms.mesh, info=self.info,
                              optimizer_config=self.config.optimizer, device=self.device, done=done, decided=decided)
-        self.sharded.adopt(applied.stage, applied.optimizer, flavours)
+        optimizer = self.hybrid.reapply(applied.stage, applied.optimizer, self.config.optimizer)
+        self.sharded.adopt(applied.stage, optimizer, flavours)
         self.install(applied.stage, plan)
         for event in applied.events:
             report({**event, **head})
