@@ -66,3 +66,7 @@ def test_too_few_devices_or_the_wrong_kind_says_how_many_are_needed():
 
 def test_backend_follows_the_device_kind():
     assert backend_for(plan(1, 1)) == "gloo" and backend_for(plan(1, 1, kind="nvidia-h100-80gb")) == "nccl"
+    # a GPU host whose agent declares gloo only (a CPU-only torch) gets gloo; undeclared hosts are taken as NCCL
+    gpu = plan(1, 1, kind="nvidia-h100-80gb")
+    both, gloo = fleet_pb2.Host(labels={"backends": "gloo,nccl"}), fleet_pb2.Host(labels={"backends": "gloo"})
+    assert backend_for(gpu, [both, fleet_pb2.Host()]) == "nccl" and backend_for(gpu, [both, gloo]) == "gloo"

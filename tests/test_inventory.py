@@ -27,3 +27,15 @@ def test_an_unknown_gpu_is_the_generic_kind():
 def test_without_gpus_the_host_offers_cpu_slots():
     slots = inventory.devices(cpu_slots=3)
     assert [d.index for d in slots] == [0, 1, 2] and {d.spec.kind for d in slots} == {"cpu"}
+
+
+def test_agents_declare_the_backends_their_workers_run(tmp_path, monkeypatch):
+    from services.executor import inventory
+
+    assert inventory.backends(tmp_path / "absent") == ["gloo"]  # no GPU: gloo only
+    (tmp_path / "gpus" / "0000:01:00.0").mkdir(parents=True)
+    monkeypatch.setattr(inventory, "_has_nccl", lambda: False)
+    assert inventory.backends(tmp_path / "gpus") == ["gloo"]  # GPUs but a CPU-only torch
+    monkeypatch.setattr(inventory, "_has_nccl", lambda: True)
+    assert inventory.backends(tmp_path / "gpus") == ["gloo", "nccl"]
+    assert inventory.host_labels()["backends"].split(",")[0] == "gloo"

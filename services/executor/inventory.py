@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -61,9 +62,31 @@ SUPPORTED = [common_pb2.PARALLEL_DIM_DP, common_pb2.PARALLEL_DIM_PP, common_pb2.
 
 def host_labels() -> dict[str, str]:
     """What a calibration's host class needs beyond the devices: the CPU cores this agent's workers share
-    (the scheduler's affinity mask where one is set, so a container's limit counts, not the machine's)."""
+    (the scheduler's affinity mask where one is set, so a container's limit counts, not the machine's); and the
+    torch.distributed backends its workers run ("backends": gloo always, nccl where CUDA and NCCL are there),
+    which the scheduler reads before it asks for NCCL."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = os.cpu_count() or 0
-    return {"cpu_cores": str(cores)}
+    return {"cpu_cores": str(cores), "backends": ",".join(backends())}
+
+
+def backends(gpu_dir: Path = _GPU_DIR) -> list[str]:
+    """gloo always; nccl where the driver lists GPUs and the installed torch carries NCCL (the CUDA wheels'
+    `nvidia.nccl` package or a libnccl in torch/lib), found without importing torch."""
+    out = ["gloo"]
+    if gpu_dir.is_dir() and any(gpu_dir.iterdir()) and _has_nccl():
+        out.append("nccl")
+    return out
+
+
+def _has_nccl() -> bool:
+    try:
+        if importlib.util.find_spec("nvidia.nccl") is not None:
+            return True
+    except (ImportError, ValueError):  # no `nvidia` namespace at all
+        pass
+    spec = importlib.util.find_spec("torch")
+    roots = spec.submodule_search_locations if spec is not None else None
+    return any(any((Path(root) / "lib").glob("libnccl*")) for root in roots or ())

@@ -10,6 +10,7 @@ Rank 0's host serves the torch.distributed rendezvous.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ballast.v1 import common_pb2, executor_pb2, fleet_pb2, plan_pb2
@@ -97,5 +98,10 @@ def place_on(plan: plan_pb2.Plan, slots: list[tuple[fleet_pb2.Host, int]]) -> li
     return [Placement(hosts[h], tuple(w)) for h, w in workers.items()]
 
 
-def backend_for(plan: plan_pb2.Plan) -> str:
-    return "gloo" if plan.fleet.device.kind in CPU_KINDS else "nccl"
+def backend_for(plan: plan_pb2.Plan, hosts: Sequence[fleet_pb2.Host] = ()) -> str:
+    """gloo on CPUs; NCCL on GPUs unless a placed host's agent declares it cannot run it (label "backends", the
+    torch.distributed backends its workers run; an agent that declares none is taken to run NCCL on a GPU)."""
+    if plan.fleet.device.kind in CPU_KINDS:
+        return "gloo"
+    declared = [h.labels["backends"].split(",") for h in hosts if "backends" in h.labels]
+    return "nccl" if all("nccl" in d for d in declared) else "gloo"

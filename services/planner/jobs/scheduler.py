@@ -274,9 +274,10 @@ class Scheduler(Recovery):
             self.admission.lost(job_id, None)
             running.morph_id = self._record_morph(moved, loss, stages, replicas, start_iteration)
         self.rebalancer.track(moved, plan, running.hosts)
+        backend = backend_for(plan, [p.host for p in placements])
         for p in placements:
             assign = executor_pb2.AssignInstruction(
-                plan=plan, rendezvous=rendezvous, world_size=world, workers=p.workers, backend=backend_for(plan),
+                plan=plan, rendezvous=rendezvous, world_size=world, workers=p.workers, backend=backend,
                 process_group_timeout_s=self._pg_timeout, spec=spec,
                 checkpoint_dir=str(self._root / job.id),
                 start_iteration=resume.iteration if resume else 0,
