@@ -253,6 +253,21 @@ def test_a_run_whose_layers_moved_or_switched_calibrates_nothing(store: Store, f
     assert store.count("calibrations") == 0
 
 
+def test_a_run_with_tp_or_sdp_layers_calibrates_nothing(store: Store, monkeypatch):
+    """The fit prices a run as pipeline x (ZeRO-)DP: an SDP run's time would skew the DP plans' calibration."""
+    from types import SimpleNamespace
+
+    from services.planner.jobs import calibrate_job
+
+    job = new_job(store, name="sharded")
+    plan = plan_pb2.Plan(layers=[plan_pb2.LayerStrategy(layer_index=0, dp=2),
+                                 plan_pb2.LayerStrategy(layer_index=1, sdp=2)])
+    monkeypatch.setattr(calibrate_job, "run_of", lambda store_, job_id: SimpleNamespace(plan=plan))
+    result = calibrate_job.calibrate_after({"job_id": job.id}, SimpleNamespace(store=store.as_(store.admin)))
+    assert result["calibrated"] is False and "TP or SDP layers" in result["why"]
+    assert store.count("calibrations") == 0
+
+
 def test_planning_takes_only_its_own_host_classes_calibration_with_enough_iterations(store: Store, monkeypatch):
     """One 2-core machine with two CPU devices: a 2-device plan is cpu/2c/2w, a 1-device plan cpu/2c/1w. Each
     gets its own class's calibration or none: never another class's (another core count, another co-location),

@@ -51,6 +51,9 @@ def calibrate_after(payload: dict[str, Any], task: durable.Task) -> dict[str, An
     run = run_of(store, job_id)
     if run is None:
         return {"job_id": job_id, "calibrated": False, "why": "no metrics under a stored plan"}
+    if any(x.tp > 1 or x.sdp > 1 for x in run.plan.layers):  # the fit prices a run as pipeline x (ZeRO-)DP
+        return {"job_id": job_id, "calibrated": False,
+                "why": "TP or SDP layers: the calibration's model of a run does not price them yet"}
     hosts = {lease.device.host_id for page in every_page(store.list_leases,
                                                          store_pb2.ListLeasesRequest(job_id=job_id))
              for lease in page.leases}
