@@ -191,6 +191,7 @@ def test_migration_0004_keeps_existing_profiles_and_downgrades_fully(empty_datab
         bare.memory_cap_bytes, bare.profiling_time_s = 0, 0.0
         for ly in bare.layers:
             ly.note, ly.measured_as, ly.batch_input_bytes, ly.max_micro_batch_size = "", 0, 0, 0
+            ly.tensor_parallel = False  # 0013's column, dropped with everything above 0003
         assert got == bare
         again = repo.create_profile(admin, store_pb2.CreateProfileRequest(profile=detailed_profile_msg(model.id)))
         assert repo.get_profile(admin, store_pb2.GetRequest(id=again.id)).memory_trace == detailed.memory_trace
@@ -211,5 +212,28 @@ def test_models_match_the_migrations(empty_database_url):
         with engine.connect() as conn:
             context = MigrationContext.configure(conn, opts={"compare_type": True, "compare_server_default": True})
             assert compare_metadata(context, Base.metadata) == []
+    finally:
+        engine.dispose()
+
+
+def test_migration_0013_adds_and_drops_tensor_parallel(empty_database_url):
+    """Profile layers stored before 0013 (or through a downgrade) read tensor_parallel false: no TP offered."""
+    url = empty_database_url
+    schema.upgrade(url)
+    engine = create_engine(url)
+    repo = Repository(engine, now=FakeClock())
+    admin = repo.ensure_admin(ADMIN_TOKEN)
+    model = repo.create_model(admin, store_pb2.CreateModelRequest(spec=gpt()))
+    stored = repo.create_profile(admin, store_pb2.CreateProfileRequest(profile=detailed_profile_msg(model.id)))
+    assert [ly.tensor_parallel for ly in stored.layers] == [False, True, False]
+    engine.dispose()
+    try:
+        schema.downgrade(url, "0012_plan_layer_dp_sharding")
+        assert "tensor_parallel" not in {c["name"] for c in sa.inspect(engine).get_columns("profile_layers")}
+        engine.dispose()
+        schema.upgrade(url)
+        schema.check_schema(engine)
+        got = repo.get_profile(admin, store_pb2.GetRequest(id=stored.id))
+        assert len(got.layers) == 3 and not any(ly.tensor_parallel for ly in got.layers)
     finally:
         engine.dispose()
