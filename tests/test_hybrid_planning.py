@@ -64,7 +64,7 @@ def test_bert_huge_default_plan_mixes_sdp_or_tp_and_beats_every_single_strategy_
     by_index = {layer.index: layer for layer in prof.layers}
     for x in hybrid:
         assert not by_index[x.layer_index].tied_with
-        assert x.tp == 1 or by_index[x.layer_index].tensor_parallel
+        assert x.tp == 1 or by_index[x.layer_index].tensor_parallel % x.tp == 0
 
 
 def test_layers_the_workers_cannot_split_get_no_tensor_parallelism(titans):
@@ -84,10 +84,12 @@ def test_executable_shapes():
     assert executable(c(("sdp", 8)))
     assert not executable(c(("tp", 2), ("dp", 4)))  # DP inside TP
     assert not executable(c(("sdp", 2), ("tp", 4))) and not executable(c(("tp", 2), ("sdp", 4)))
+    assert executable(Candidate(1, (("dp", 8),), False, "zero2"))
+    assert not executable(Candidate(1, (("dp", 2), ("tp", 4)), False, "zero1"))  # ZeRO only beside plain DP
 
 
 def test_a_job_kept_balanced_online_is_planned_without_tp_and_sdp():
-    """Live migration moves whole layers and cannot move a TP or SDP layer yet (hybrid.py)."""
+    """The online planner (srp.py) prices pipeline x (ZeRO-)DP plans only: it could not rebalance a hybrid one."""
     dims = runnable_dims([list(SUPPORTED)])
     online = job_pb2.Job(spec=job_pb2.JobSpec(online_repartition=True))
     assert {"tp", "sdp"} <= set(plan_inputs(job_pb2.Job(), dims).runnable_dims)

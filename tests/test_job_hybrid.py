@@ -74,7 +74,7 @@ def test_a_hybrid_plan_runs_through_submit_with_its_predictions_beside_what_it_m
     first_plan = client.planner.GetPlan(store_pb2.GetRequest(id=first.plan_id))
     # Unconstrained, DP is usually cheaper on CPU, but the measured profile decides (noise can tip it to SDP).
     profile = client.store.GetProfile(store_pb2.GetRequest(id=first_plan.profile_id))
-    assert [layer.tensor_parallel for layer in profile.layers] == [False, True, True, False]
+    assert [layer.tensor_parallel for layer in profile.layers] == [0, 4, 4, 0]  # gcd(4 heads, MLP 1024)
     budget = hybrid_budget(first, profile, first_plan.fleet)
 
     done = run(plane, spec("hybrid", iterations=4, budget=budget))

@@ -122,7 +122,7 @@ def test_profile_details_round_trip(store: Store):
         ("", 1, 0, 2**31 - 1),
         ("reused block.1", 1, (1 << 63) - 1, 0),
     ]
-    assert [ly.tensor_parallel for ly in got.layers] == [False, True, False]
+    assert [ly.tensor_parallel for ly in got.layers] == [0, 4, 0]
     with store.engine.connect() as conn:  # an empty note is stored as NULL, like other optional text
         notes = conn.execute(
             sa.text(f"SELECT layer_index, note FROM profile_layers WHERE profile_id = '{prof.id}' ORDER BY 1")
@@ -134,7 +134,7 @@ def test_profile_details_round_trip(store: Store):
     assert not bare.memory_trace and not bare.measured_micro_batch_sizes and not bare.comm.fits
     assert bare.memory_cap_bytes == 0 and bare.profiling_time_s == 0.0 and not bare.comm.unsupported
     assert all((ly.note, ly.measured_as, ly.batch_input_bytes, ly.max_micro_batch_size, ly.tensor_parallel)
-               == ("", 0, 0, 0, False) for ly in bare.layers)  # fmt: skip
+               == ("", 0, 0, 0, 0) for ly in bare.layers)  # fmt: skip
 
 
 def test_profile_details_out_of_range_are_invalid_argument(store: Store):

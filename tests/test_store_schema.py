@@ -191,7 +191,7 @@ def test_migration_0004_keeps_existing_profiles_and_downgrades_fully(empty_datab
         bare.memory_cap_bytes, bare.profiling_time_s = 0, 0.0
         for ly in bare.layers:
             ly.note, ly.measured_as, ly.batch_input_bytes, ly.max_micro_batch_size = "", 0, 0, 0
-            ly.tensor_parallel = False  # 0013's column, dropped with everything above 0003
+            ly.tensor_parallel = 0  # 0013's column, dropped with everything above 0003
         assert got == bare
         again = repo.create_profile(admin, store_pb2.CreateProfileRequest(profile=detailed_profile_msg(model.id)))
         assert repo.get_profile(admin, store_pb2.GetRequest(id=again.id)).memory_trace == detailed.memory_trace
@@ -217,7 +217,7 @@ def test_models_match_the_migrations(empty_database_url):
 
 
 def test_migration_0013_adds_and_drops_tensor_parallel(empty_database_url):
-    """Profile layers stored before 0013 (or through a downgrade) read tensor_parallel false: no TP offered."""
+    """Profile layers stored before 0013 (or through a downgrade) read tensor_parallel 0: no TP offered."""
     url = empty_database_url
     schema.upgrade(url)
     engine = create_engine(url)
@@ -225,7 +225,7 @@ def test_migration_0013_adds_and_drops_tensor_parallel(empty_database_url):
     admin = repo.ensure_admin(ADMIN_TOKEN)
     model = repo.create_model(admin, store_pb2.CreateModelRequest(spec=gpt()))
     stored = repo.create_profile(admin, store_pb2.CreateProfileRequest(profile=detailed_profile_msg(model.id)))
-    assert [ly.tensor_parallel for ly in stored.layers] == [False, True, False]
+    assert [ly.tensor_parallel for ly in stored.layers] == [0, 4, 0]
     engine.dispose()
     try:
         schema.downgrade(url, "0012_plan_layer_dp_sharding")

@@ -6,8 +6,9 @@ rank's share of the layer's parameters from the worker's "started" event).
 Tolerance: rtol 1e-5 as the issue asks. TP changes summation order (each row-parallel output is a sum of t
 partial products, all-reduced; each column shard's gradient is a separate matmul), SDP reduce-scatters instead of
 summing in one process; on these sizes the losses agree to about 1e-7 relative, so 1e-5 leaves room for the last
-bits and still fails on any real error (a wrong head layout or a gradient summed t times moves the losses by
-percents within two steps)."""
+bits and still fails on any real error: a wrong head layout moves the losses within two steps, and the SGD case
+(whose update is the gradient itself, where Adam's would not see a uniformly scaled one) catches a gradient
+summed the wrong number of times."""
 
 from __future__ import annotations
 
@@ -100,6 +101,17 @@ def test_tp2_x_dp2_equals_one_process():
     assert final[0] == final[2] and final[1] == final[3] and final[0] != final[1]
 
 
+def test_sgd_sees_a_wrongly_scaled_gradient_too():
+    """TP2 x DP2 and SDP in one run under SGD at a large rate: a gradient summed t times, or not summed over the
+    dp ranks, moves these losses by far more than 1e-5."""
+    sgd = {"name": "sgd", "learning_rate": 0.5}
+    events = run([[0, 4]], 4, tp_layers=[[1, 2]], sdp_layers=[2], optimizer=sgd)
+    with torch_threads(1):
+        expected = train_single(SPEC, DATA, SEED, MICRO * NUM_MICRO * 4, STEPS, sgd)
+    assert losses(events) == pytest.approx(expected, rel=1e-5)
+    assert abs(expected[-1] - expected[0]) > 1e-3  # the steps move the loss: the comparison has teeth
+
+
 def test_pp2_with_tp2_in_one_stage_and_dp2_in_the_other():
     events = run([[0, 2], [2, 4]], 2, tp_layers=[[1, 2]])
     assert losses(events) == pytest.approx(reference(2), rel=1e-5)
@@ -174,6 +186,22 @@ def test_head_major_reorder_keeps_the_block_function():
     to_head_major(block.attn)
     assert block.attn.head_major
     torch.testing.assert_close(block(x), before, rtol=0, atol=1e-6)
+
+
+def test_every_rank_refuses_tp_of_a_layer_it_cannot_split_before_the_rendezvous():
+    from services.executor.train.hybrid import Strategy, check_model
+    from services.executor.train.stage import model_info
+
+    check_model(model_info(SPEC, MICRO), {1: Strategy(TP, 4), 2: Strategy(SDP, 2)})  # 4 heads, MLP 128
+    with pytest.raises(ValueError, match="layer 1 \\(block.0\\): tp degree 8 must divide its 4 heads"):
+        check_model(model_info(SPEC, MICRO), {1: Strategy(TP, 8)})
+    with pytest.raises(ValueError, match="layer 0 \\(embed\\) shares a parameter"):  # held by stage 0 only
+        check_model(model_info(SPEC, MICRO), {0: Strategy(SDP, 2)})
+    dropout = model_pb2.ModelSpec()
+    dropout.CopyFrom(SPEC)
+    dropout.dropout = 0.1
+    with pytest.raises(ValueError, match="layer 2 \\(block.1\\): tensor-parallel layers need dropout 0"):
+        check_model(model_info(dropout, MICRO), {2: Strategy(TP, 2)})
 
 
 def test_strategies_name_the_field_and_the_fix():

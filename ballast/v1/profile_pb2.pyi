@@ -78,8 +78,8 @@ class LayerProfile(_message.Message):
     batch_input_bytes: int
     max_micro_batch_size: int
     optimizer_step_s: float
-    tensor_parallel: bool
-    def __init__(self, index: _Optional[int] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., parameter_count: _Optional[int] = ..., parameter_bytes: _Optional[int] = ..., gradient_bytes: _Optional[int] = ..., optimizer_state_bytes: _Optional[int] = ..., extra_inputs: _Optional[_Iterable[int]] = ..., tied_with: _Optional[_Iterable[int]] = ..., samples: _Optional[_Iterable[_Union[LayerSample, _Mapping]]] = ..., note: _Optional[str] = ..., measured_as: _Optional[int] = ..., batch_input_bytes: _Optional[int] = ..., max_micro_batch_size: _Optional[int] = ..., optimizer_step_s: _Optional[float] = ..., tensor_parallel: _Optional[bool] = ...) -> None: ...
+    tensor_parallel: int
+    def __init__(self, index: _Optional[int] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., parameter_count: _Optional[int] = ..., parameter_bytes: _Optional[int] = ..., gradient_bytes: _Optional[int] = ..., optimizer_state_bytes: _Optional[int] = ..., extra_inputs: _Optional[_Iterable[int]] = ..., tied_with: _Optional[_Iterable[int]] = ..., samples: _Optional[_Iterable[_Union[LayerSample, _Mapping]]] = ..., note: _Optional[str] = ..., measured_as: _Optional[int] = ..., batch_input_bytes: _Optional[int] = ..., max_micro_batch_size: _Optional[int] = ..., optimizer_step_s: _Optional[float] = ..., tensor_parallel: _Optional[int] = ...) -> None: ...
 
 class MemoryTracePoint(_message.Message):
     __slots__ = ("op_index", "op", "layer", "phase", "non_model_bytes")

@@ -32,7 +32,7 @@ class LayerCost:
     weight_elems_bwd: int | None = None  # weights read + gradients written; default 2x forward's
     extra_inputs: tuple[int, ...] = ()
     tied_with: tuple[int, ...] = ()
-    tensor_parallel: bool = False  # the executors can split it Megatron-style (zoo.base.tensor_parallel)
+    tensor_parallel: int = 0  # TP degrees dividing it are runnable (zoo.graph.Layer.tensor_parallel)
 
     def flops(self, phase: str, micro_batch: int) -> float:
         per_sample = self.flops_fwd_per_sample

@@ -92,7 +92,7 @@ class LayerMeasurement:
     warmup: int
     device: str
     dtype: str
-    tensor_parallel: bool = False  # the executors can split it Megatron-style (zoo.base.tensor_parallel)
+    tensor_parallel: int = 0  # TP degrees dividing it are runnable (zoo.graph.Layer.tensor_parallel)
 
     @property
     def forward_s(self) -> float:

@@ -19,6 +19,7 @@ Both kinds are marked in the data (projected=True, software says how). Pure Pyth
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -280,7 +281,7 @@ def block_cost(
         flops_fwd_per_sample=2 * params * s + 4 * s * s * h,
         traffic_elems_fwd_per_sample=(22 * h + 4 * f + 4 * scores) * s,
         boundary_elems_per_sample=h * s, stashed_elems_per_sample=(8 * h + 2 * f + scores) * s,
-        output_elems_per_sample=h * s, tensor_parallel=True,  # the zoo's Block: attention + MLP
+        output_elems_per_sample=h * s, tensor_parallel=math.gcd(heads, f),  # the zoo's Block, dropout 0
     )
 
 

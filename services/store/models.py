@@ -125,8 +125,8 @@ class ProfileLayer(Base):
     measured_as: Mapped[int] = mapped_column(default=0, server_default="0")
     batch_input_bytes: Mapped[int] = mapped_column(sa.BigInteger, default=0, server_default="0")
     max_micro_batch_size: Mapped[int] = mapped_column(default=0, server_default="0")
-    # Added by 0013: the executors can run the layer tensor-parallel (rows stored before read false).
-    tensor_parallel: Mapped[bool] = mapped_column(default=False, server_default=sa.false())
+    # Added by 0013: TP degrees dividing it are runnable, 0 none (rows stored before read 0).
+    tensor_parallel: Mapped[int] = mapped_column(default=0, server_default="0")
 
     samples: Mapped[list[ProfileLayerSample]] = relationship(
         order_by="ProfileLayerSample.micro_batch_size", cascade="all, delete-orphan"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+import math
 
 import torch
 import torch.nn.functional as F
@@ -88,9 +88,12 @@ class MLP(nn.Sequential):
 class Block(nn.Module):
     """Transformer block; pre-LN (GPT, ViT) or post-LN (BERT), with the family's LN epsilon."""
 
-    # The executors can split it Megatron-style (train/hybrid.py: `attn` a SelfAttention, `mlp` an MLP); T5's and
-    # Swin's blocks cannot (zoo.graph.Layer.tensor_parallel reads this).
-    tensor_parallel: ClassVar[bool] = True
+    def tensor_parallel_ways(self) -> int:
+        """The executors split it Megatron-style (train/hybrid.py) at degrees dividing this: the gcd of its heads
+        and MLP width; 0 with dropout, whose masks its tp ranks would draw apart (zoo.graph.Layer reads this; T5's
+        and Swin's blocks have none)."""
+        drops = [self.drop.p, self.attn.dropout, *(m.p for m in self.mlp.modules() if isinstance(m, nn.Dropout))]
+        return 0 if any(p > 0 for p in drops) else math.gcd(self.attn.heads, self.mlp[0].out_features)
 
     def __init__(
         self,

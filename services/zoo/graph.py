@@ -33,9 +33,11 @@ class Layer:
     tied_with: list[int] = field(default_factory=list)  # layers sharing a Parameter with this one
 
     @property
-    def tensor_parallel(self) -> bool:
-        """The executors can split this layer Megatron-style (a module declaring it, as zoo.base.Block does)."""
-        return bool(getattr(self.module, "tensor_parallel", False))
+    def tensor_parallel(self) -> int:
+        """TP degrees the executors can split this layer into divide this; 0 none (a module declares it through
+        `tensor_parallel_ways`, as zoo.base.Block does)."""
+        ways = getattr(self.module, "tensor_parallel_ways", None)
+        return int(ways()) if callable(ways) else 0
 
     @property
     def extra_inputs(self) -> list[int]:

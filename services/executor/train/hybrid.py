@@ -55,6 +55,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 
 from services.executor.train.stage import ModelInfo, Stage, make_optimizer
 from services.zoo.base import MLP, SelfAttention
+from services.zoo.graph import Layer
 
 TP, SDP = "tp", "sdp"
 
@@ -167,6 +168,39 @@ def transitions(stage: Stage, plan: Mapping[int, Strategy]) -> dict[int, tuple[b
     return out
 
 
+def check_layer(layer: Layer, strategy: Strategy, tied: bool) -> None:
+    """ValueError naming the layer when it cannot run `strategy`: a shared (tied) parameter under TP or SDP, TP
+    of a layer that is not a splittable block, or at a degree its `tensor_parallel_ways` (heads and MLP width;
+    0 with dropout) does not allow."""
+    if tied:
+        raise ValueError(f"layer {layer.index} ({layer.name}) shares a parameter with another layer; a shared "
+                         f"(tied) parameter stays data-parallel: plan layer {layer.index} as DP")
+    if strategy.kind != TP:
+        return
+    module = layer.module
+    attn, mlp, ways = getattr(module, "attn", None), getattr(module, "mlp", None), layer.tensor_parallel
+    if not (isinstance(attn, SelfAttention) and isinstance(mlp, MLP) and callable(module.tensor_parallel_ways)):
+        raise ValueError(f"layer {layer.index} ({layer.name}): tensor parallelism applies to transformer blocks "
+                         f"(self-attention + MLP); {type(module).__name__} is not one: plan it as DP or SDP")
+    if not ways:
+        raise ValueError(f"layer {layer.index} ({layer.name}): tensor-parallel layers need dropout 0 for now (the "
+                         "tp ranks would draw different masks); set the model's dropout to 0 or plan it as DP")
+    if ways % strategy.degree:
+        raise ValueError(f"layer {layer.index} ({layer.name}): tp degree {strategy.degree} must divide its "
+                         f"{attn.heads} heads and its MLP width {mlp[0].out_features}")
+
+
+def check_model(info: ModelInfo, plan: Mapping[int, Strategy]) -> None:
+    """`check_layer` over every layer of the model (its meta copy), so every rank of every stage refuses alike
+    before the rendezvous, not only the stage holding the layer."""
+    tied = {i for shared in info.dec.shared for i in shared.layers}
+    for index, strategy in sorted(plan.items()):
+        if not 0 <= index < info.num_layers:
+            raise ValueError(f"WorkerConfig.tp_layers / sdp_layers: {index} is not a layer of this "
+                             f"{info.num_layers}-layer model")
+        check_layer(info.dec.layers[index], strategy, index in tied)
+
+
 def local(t: Tensor) -> Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
@@ -185,29 +219,12 @@ class Hybrid:
 
     @staticmethod
     def check(stage: Stage, plan: Mapping[int, Strategy]) -> None:
-        """Refuse what this stage cannot run, before any process group exists (every rank fails alike): a TP or
-        SDP layer holding a shared parameter, a TP layer that is not a splittable block or whose heads or MLP
-        width its degree does not divide."""
+        """Refuse what this stage's layers cannot run (`check_layer`)."""
         shared = {id(t.parameter) for t in stage.tied} | {id(p) for layer in stage.layers for p in
                                                           shared_parameters(stage, layer.index)}
         for layer in stage.layers:
-            strategy, module = plan.get(layer.index), layer.module
-            if strategy is None:
-                continue
-            if any(id(p) in shared for p in module.parameters()):
-                raise ValueError(f"layer {layer.index} ({layer.name}) shares a parameter with another layer; a "
-                                 f"shared (tied) parameter stays data-parallel: plan layer {layer.index} as DP")
-            attn, mlp = getattr(module, "attn", None), getattr(module, "mlp", None)
-            if strategy.kind != TP:
-                continue
-            if not (getattr(module, "tensor_parallel", False) and isinstance(attn, SelfAttention)
-                    and isinstance(mlp, MLP)):
-                raise ValueError(f"layer {layer.index} ({layer.name}): tensor parallelism applies to transformer "
-                                 f"blocks (self-attention + MLP); {type(module).__name__} is not one: plan it as DP "
-                                 "or SDP")
-            if attn.heads % strategy.degree or mlp[0].out_features % strategy.degree:
-                raise ValueError(f"layer {layer.index} ({layer.name}): tp degree {strategy.degree} must divide its "
-                                 f"{attn.heads} heads and its MLP width {mlp[0].out_features}")
+            if layer.index in plan:
+                check_layer(layer, plan[layer.index], any(id(p) in shared for p in layer.module.parameters()))
 
     @classmethod
     def apply(cls, stage: Stage, plan: Mapping[int, Strategy], tp_meshes: Mapping[int, DeviceMesh],

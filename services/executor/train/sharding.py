@@ -50,6 +50,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 
 from services.executor.train.stage import Stage, make_optimizer
 
@@ -67,8 +68,13 @@ def flavours(zero1_layers: Iterable[int], zero2_layers: Iterable[int]) -> dict[i
     return out
 
 
+def local_bytes(t: Tensor) -> int:
+    """Bytes this rank holds of `t` (a DTensor's local shard, as TP and SDP parameters and their state are)."""
+    return (t.to_local() if isinstance(t, DTensor) else t).numel() * t.element_size()
+
+
 def state_bytes(state: Mapping[Any, State]) -> int:
-    return sum(v.numel() * v.element_size() for s in state.values() for v in s.values() if isinstance(v, Tensor))
+    return sum(local_bytes(v) for s in state.values() for v in s.values() if isinstance(v, Tensor))
 
 
 @dataclass(eq=False)
@@ -332,7 +338,7 @@ class Sharded:
     def gradient_bytes(self, parameters: Iterable[nn.Parameter]) -> int:
         """Bytes of gradients this rank holds now: parameters' gradients plus the ZeRO chunks' gradients."""
         grads = [p.grad for p in parameters] + [b.shard.grad for b in self.buckets.values()]
-        return sum(g.numel() * g.element_size() for g in grads if g is not None)
+        return sum(local_bytes(g) for g in grads if g is not None)
 
 
 def _rebuilt(params: list[nn.Parameter], states: Mapping[Any, State],

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 
 from ballast.v1 import model_pb2
 from services.executor.train.recompute import Segment
@@ -353,8 +354,11 @@ def build_stage(
 def make_optimizer(parameters: list[nn.Parameter], optimizer: dict[str, Any]) -> torch.optim.Optimizer:
     """The one optimizer factory shared by workers and the reference, so their updates are the same math."""
     lr, wd = float(optimizer["learning_rate"]), float(optimizer.get("weight_decay", 0.0))
+    # TP/SDP parameters are DTensors: a foreach kernel (CUDA's default) refuses a list mixing them with plain
+    # tensors, so such a stage steps parameter by parameter (the math CPU runs by default anyway).
+    foreach = False if any(isinstance(p, DTensor) for p in parameters) else None
     if optimizer["name"] == "adam":
-        return torch.optim.Adam(parameters, lr=lr, weight_decay=wd)
+        return torch.optim.Adam(parameters, lr=lr, weight_decay=wd, foreach=foreach)
     if optimizer["name"] == "sgd":
-        return torch.optim.SGD(parameters, lr=lr, weight_decay=wd)
+        return torch.optim.SGD(parameters, lr=lr, weight_decay=wd, foreach=foreach)
     raise ValueError(f"WorkerConfig.optimizer.name {optimizer['name']!r}: use 'adam' or 'sgd'")

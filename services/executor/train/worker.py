@@ -142,10 +142,8 @@ def run(config: WorkerConfig, report: Report, should_stop: Callable[[], bool] | 
     check_layers("tp_layers", [t[0] for t in config.tp_layers], stage.num_layers)
     check_layers("sdp_layers", config.sdp_layers, stage.num_layers)
     layer_strategies = hybrid.strategies(config.tp_layers, config.sdp_layers, config.num_replicas)
-    hybrid.Hybrid.check(stage, layer_strategies)  # before the rendezvous: every rank refuses alike
-    if config.tp_layers and config.spec().dropout > 0:
-        raise ValueError("WorkerConfig.tp_layers: tensor-parallel layers need the model's dropout at 0 for now (the "
-                         "tp ranks would draw different masks); set dropout 0 or plan those layers as DP")
+    # before the rendezvous, over the whole model: every rank of every stage refuses alike
+    hybrid.check_model(model_info(config.spec(), config.micro_batch_size), layer_strategies)
     inbox = PlanInbox(model_info(config.spec(), config.micro_batch_size), config.num_stages, Plan.initial(config))
     if config.online:  # otherwise no command is ever read, so every rank stays on the initial plan
         read_commands(commands, inbox)

@@ -162,7 +162,7 @@ class LayerView:
     table: LayerTable = field(default_factory=LayerTable)
     extra_inputs: tuple[int, ...] = ()  # earlier layers other than index-1 whose outputs this one reads
     tied_with: tuple[int, ...] = ()  # layers sharing weights with this one
-    tensor_parallel: bool = False  # the executors can split it Megatron-style (LayerProfile.tensor_parallel)
+    tensor_parallel: int = 0  # TP degrees dividing it are runnable by the executors (LayerProfile.tensor_parallel)
     batch_input_bytes: int = 0
     max_micro_batch_size: int = 0
     note: str = ""

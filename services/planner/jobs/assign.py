@@ -43,6 +43,7 @@ def pipeline_shape(plan: plan_pb2.Plan) -> tuple[int, int]:
         names = [PARALLEL_DIM_NAMES.get(x, "") for x in layer.order]
         names = [n for n in names if n and {"dp": dp, "sdp": sdp, "tp": tp}[n] > 1]
         shape_ok = names == ["sdp"] if sdp > 1 else (tp == 1 or names[-1:] == ["tp"])
+        shape_ok = shape_ok and (tp == sdp == 1 or not layer.dp_sharding)  # ZeRO-1/2 on plain DP layers only
         if dp * sdp * tp != d or not shape_ok:
             raise FailedPrecondition(
                 f"layer {layer.layer_index} of plan {plan.id} uses dp={layer.dp} sdp={layer.sdp} tp={layer.tp} "

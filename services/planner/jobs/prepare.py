@@ -128,12 +128,13 @@ def profile_request(job: job_pb2.Job, fleet: fleet_pb2.Fleet) -> services_pb2.Pr
 
 def plan_inputs(job: job_pb2.Job, dims: tuple[str, ...], devices: int = 0, engine: int = 0):
     """The search's inputs; a job kept balanced online (JobSpec.online_repartition) is planned without TP and SDP,
-    whose layers live migration cannot move yet; a pipeline depth the job asked for is dropped when a re-plan has
-    fewer devices, a pinned micro-batch count on any re-plan (the width changes, the global batch stays), and
+    whose plans the online planner (srp.py) does not price yet; a pipeline depth the job asked for is dropped when
+    a re-plan has fewer devices, a pinned micro-batch count on any re-plan (the width changes, the global batch
+    stays), and
     `engine` (a morph's re-plan: Varuna's P x D at the same global batch) stands in for an unset one."""
     spec = job.spec
     stages = spec.pipeline_stages if not devices or spec.pipeline_stages <= devices else 0
-    if spec.online_repartition:  # live migration moves whole layers; a TP or SDP layer cannot move yet
+    if spec.online_repartition:  # the online planner prices pipeline x (ZeRO-)DP plans only
         dims = tuple(d for d in dims if d not in ("tp", "sdp"))
     return PlanInputs(global_batch_size=spec.global_batch_size, memory_budget_bytes=spec.memory_budget_bytes,
                       engine=spec.engine or engine, schedule=spec.schedule, runnable_dims=dims,

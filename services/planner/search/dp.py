@@ -229,7 +229,9 @@ def runs_on_workers(layer: LayerView, st: LayerStrategy) -> bool:
     names = [d.value for d in st.order if st.degree(d) > 1]
     if ("sdp" in names and names != ["sdp"]) or ("tp" in names and names[-1] != "tp"):
         return False
-    if st.tp > 1 and not layer.tensor_parallel:
+    if (st.tp > 1 or st.sdp > 1) and st.sharded:  # the workers run ZeRO-1/2 on plain DP layers only
+        return False
+    if st.tp > 1 and (not layer.tensor_parallel or layer.tensor_parallel % st.tp):
         return False
     return not (layer.tied_with and (st.tp > 1 or st.sdp > 1))
 

@@ -35,7 +35,8 @@ class SearchOptions:
     # "zero2": space.FLAVOURS); PP is always allowed. The default is Galvatron-BMW's space (no ZeRO-1/2).
     dims: tuple[str, ...] = ("dp", "sdp", "tp")
     # Only what Ballast's workers run (space.executable, dp.layer_tables): TP innermost with DP outside it, SDP
-    # alone, TP only on layers whose profile says `tensor_parallel`, neither on a layer holding a tied weight.
+    # alone, TP only at degrees dividing a layer's profile `tensor_parallel`, neither on a layer holding a tied
+    # weight, no ZeRO-1/2 on a TP or SDP layer.
     # make_plan sets it for every plan but a what-if.
     executable_only: bool = False
     # Checkpointing choices per layer.

@@ -117,6 +117,8 @@ def executable(c: Candidate) -> bool:
     """A shape Ballast's workers run (services/executor/train/hybrid.py): DP alone, TP innermost with DP
     outside it, or SDP alone over the whole group (no TP beside SDP, no DP inside TP)."""
     names = c.order
+    if ("sdp" in names or "tp" in names) and c.dp_sharding != PLAIN:  # ZeRO-1/2 only beside plain DP layers
+        return False
     if "sdp" in names:
         return names == ("sdp",)
     return "tp" not in names or names[-1] == "tp"

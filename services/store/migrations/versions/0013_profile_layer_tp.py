@@ -3,9 +3,9 @@
 Revision ID: 0013_profile_layer_tp
 Revises: 0012_plan_layer_dp_sharding
 
-profile_layers gains tensor_parallel (LayerProfile.tensor_parallel): the planner offers TP for a layer only when
-its profile says the executors can split it. Rows stored before this revision read false, so plans made from
-older profiles keep their layers unsplit until the model is profiled again. Downgrade drops the column.
+profile_layers gains tensor_parallel (LayerProfile.tensor_parallel): the tensor-parallel degrees the executors
+can split the layer into are those dividing it (0: none). Rows stored before this revision read 0, so plans made
+from older profiles keep their layers unsplit until the model is profiled again. Downgrade drops the column.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ depends_on: str | Sequence[str] | None = None
 
 def upgrade() -> None:
     with op.batch_alter_table("profile_layers") as batch:
-        batch.add_column(sa.Column("tensor_parallel", sa.Boolean(), nullable=False, server_default=sa.false()))
+        batch.add_column(sa.Column("tensor_parallel", sa.Integer(), nullable=False, server_default="0"))
 
 
 def downgrade() -> None:
