@@ -204,6 +204,21 @@ def test_every_rank_refuses_tp_of_a_layer_it_cannot_split_before_the_rendezvous(
         check_model(model_info(dropout, MICRO), {2: Strategy(TP, 2)})
 
 
+def test_a_plan_command_cannot_put_a_tp_or_sdp_layer_under_zero_or_swap():
+    from services.executor.train.migration import Plan, PlanInbox, Rejected
+    from services.executor.train.stage import model_info
+
+    config = template([[0, 2], [2, 4]], tp_layers=[[1, 2]], sdp_layers=[2])
+    inbox = PlanInbox(model_info(SPEC, MICRO), 2, Plan.initial(config), hybrid=frozenset({1, 2}))
+    command = {"command": "plan", "version": 1, "not_before": 0, "stage_bounds": [[0, 3], [3, 4]],
+               "checkpoint_layers": [2], "swap_layers": []}
+    assert inbox.parse(command).stage_bounds == ((0, 3), (3, 4))  # moving and recomputing them is fine
+    with pytest.raises(Rejected, match="'zero1_layers': layers \\[1\\] are TP or SDP layers"):
+        inbox.parse({**command, "zero1_layers": [1]})
+    with pytest.raises(Rejected, match="'swap_layers': layers \\[2\\] are TP or SDP layers"):
+        inbox.parse({**command, "swap_layers": [2]})
+
+
 def test_strategies_name_the_field_and_the_fix():
     assert strategies([[1, 2]], [2], 4)[1].degree == 2
     with pytest.raises(ValueError, match="tp_layers: layer 1 has tp degree 3; it must be >= 2 and divide"):

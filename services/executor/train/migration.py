@@ -118,8 +118,9 @@ class Rejected(ValueError):
 class PlanInbox:
     """Accepted plans by version and rejection messages; `submit` may run on the reader thread."""
 
-    def __init__(self, info: ModelInfo, num_stages: int, initial: Plan) -> None:
+    def __init__(self, info: ModelInfo, num_stages: int, initial: Plan, hybrid: frozenset[int] = frozenset()) -> None:
         self.info, self.num_stages, self.initial = info, num_stages, initial
+        self.hybrid = hybrid  # the job's TP / SDP layers: no plan command puts them under ZeRO or swap
         self._tied = info.tied_stage_sets(initial.stage_bounds)
         self._plans: dict[int, Plan] = {}
         self._rejected: list[tuple[int, str]] = []  # (the command's version, or 0 if it had none; why)
@@ -159,6 +160,10 @@ class PlanInbox:
                  f"give a list of layer indices in [0, {n})")
         both = sorted(set(raw.get("zero1_layers", [])) & set(raw.get("zero2_layers", [])))
         need(not both, "zero2_layers", f"layers {both} are also in zero1_layers; give each layer one flavour")
+        for name in ("swap_layers", "zero1_layers", "zero2_layers"):
+            clash = sorted(self.hybrid & set(raw.get(name, [])))
+            need(not clash, name, f"layers {clash} are TP or SDP layers of this job; ZeRO-1/2 and activation swap "
+                 "do not combine with them (drop them from the list)")
         tied = self.info.tied_stage_sets(bounds)
         changed = sorted(k for k in tied if tied[k] != self._tied[k])
         need(not changed, "stage_bounds",

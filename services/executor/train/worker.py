@@ -144,7 +144,8 @@ def run(config: WorkerConfig, report: Report, should_stop: Callable[[], bool] | 
     layer_strategies = hybrid.strategies(config.tp_layers, config.sdp_layers, config.num_replicas)
     # before the rendezvous, over the whole model: every rank of every stage refuses alike
     hybrid.check_model(model_info(config.spec(), config.micro_batch_size), layer_strategies)
-    inbox = PlanInbox(model_info(config.spec(), config.micro_batch_size), config.num_stages, Plan.initial(config))
+    inbox = PlanInbox(model_info(config.spec(), config.micro_batch_size), config.num_stages, Plan.initial(config),
+                      hybrid=frozenset(layer_strategies))
     if config.online:  # otherwise no command is ever read, so every rank stays on the initial plan
         read_commands(commands, inbox)
     optimizer = make_optimizer(stage.parameters(), config.optimizer)
