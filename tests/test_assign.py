@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from ballast.v1 import fleet_pb2, plan_pb2
+from ballast.v1 import common_pb2, fleet_pb2, plan_pb2
 from services.planner.jobs.assign import backend_for, pipeline_shape, place
 from services.runtime.errors import FailedPrecondition
 
 
 def plan(stages: int, replicas: int, *, layers_per_stage: int = 2, kind: str = "cpu", micro_batch: int = 4,
-         **layer_kw) -> plan_pb2.Plan:
+         order: tuple[int, ...] = (), dp_sharding: int = 0, **layer_kw) -> plan_pb2.Plan:
     p = plan_pb2.Plan(id="pln-x", micro_batch_size=micro_batch, num_micro_batches=2)
     p.fleet.device.kind = kind
     for s in range(stages):
@@ -18,8 +18,11 @@ def plan(stages: int, replicas: int, *, layers_per_stage: int = 2, kind: str = "
                      devices=replicas)
         for i in range(s * layers_per_stage, (s + 1) * layers_per_stage):
             p.layers.add(layer_index=i, stage_index=s, dp=layer_kw.get("dp", replicas), sdp=layer_kw.get("sdp", 1),
-                         tp=layer_kw.get("tp", 1))
+                         tp=layer_kw.get("tp", 1), order=order, dp_sharding=dp_sharding)
     return p
+
+
+DP, SDP, TP = common_pb2.PARALLEL_DIM_DP, common_pb2.PARALLEL_DIM_SDP, common_pb2.PARALLEL_DIM_TP
 
 
 def host(name: str, slots: int, kind: str = "cpu") -> fleet_pb2.Host:
@@ -40,9 +43,18 @@ def test_spare_devices_stay_free_and_small_hosts_are_used_up():
     assert [(p.host.name, len(p.workers)) for p in placed] == [("a", 1), ("b", 2)]
 
 
+@pytest.mark.parametrize("good", [plan(2, 2, tp=2, dp=1), plan(2, 2, sdp=2, dp=1, order=(SDP,)),
+                                  plan(1, 4, tp=2, dp=2, order=(DP, TP)), plan(1, 4, dp_sharding=2)])
+def test_the_shapes_the_workers_run_are_accepted(good):
+    """TP innermost with DP outside it, SDP alone, ZeRO on plain DP (train/hybrid.py, workers.hybrid_layers)."""
+    assert pipeline_shape(good) == (len(good.stages), good.stages[0].devices)
+
+
 @pytest.mark.parametrize("bad, words", [
-    (plan(2, 2, tp=2, dp=1), "tp=2"),
-    (plan(2, 2, sdp=2, dp=1), "sdp=2"),
+    (plan(1, 4, tp=2, dp=2, order=(TP, DP)), "tp=2"),  # DP inside TP
+    (plan(1, 4, sdp=2, tp=2, dp=1, order=(SDP, TP)), "sdp=2"),  # SDP beside TP
+    (plan(1, 4, tp=2, dp=2, order=(DP, TP), dp_sharding=1), "TP innermost"),  # ZeRO on a TP layer
+    (plan(2, 2, tp=4, dp=1), "tp=4"),  # more devices than the stage has
     (plan(1, 4, micro_batch=2), "does not split"),
 ])
 def test_plans_executors_cannot_run_are_refused(bad, words):

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ballast.v1 import common_pb2, executor_pb2, fleet_pb2, plan_pb2
+from services.planner.search.space import executable_shape
 from services.runtime.errors import FailedPrecondition
 
 CPU_KINDS = ("cpu",)
@@ -42,9 +43,7 @@ def pipeline_shape(plan: plan_pb2.Plan) -> tuple[int, int]:
         dp, sdp, tp = max(layer.dp, 1), max(layer.sdp, 1), max(layer.tp, 1)
         names = [PARALLEL_DIM_NAMES.get(x, "") for x in layer.order]
         names = [n for n in names if n and {"dp": dp, "sdp": sdp, "tp": tp}[n] > 1]
-        shape_ok = names == ["sdp"] if sdp > 1 else (tp == 1 or names[-1:] == ["tp"])
-        shape_ok = shape_ok and (tp == sdp == 1 or not layer.dp_sharding)  # ZeRO-1/2 on plain DP layers only
-        if dp * sdp * tp != d or not shape_ok:
+        if dp * sdp * tp != d or not executable_shape(names, bool(layer.dp_sharding)):
             raise FailedPrecondition(
                 f"layer {layer.layer_index} of plan {plan.id} uses dp={layer.dp} sdp={layer.sdp} tp={layer.tp} "
                 f"(order {names}); executors run, on each stage's {d} device(s), DP, TP innermost with DP outside it, "

@@ -67,7 +67,7 @@ from services.planner.cost.layer import block_scope
 from services.planner.cost.profile_view import LayerView
 from services.planner.search.bounds import CostBound, PeakBound
 from services.planner.search.problem import PricedPlan, to_strategy
-from services.planner.search.space import Candidate
+from services.planner.search.space import Candidate, executable_shape
 
 INF = math.inf
 RESCORE = 20  # forward budgets the sweep reconstructs while their DP value could still beat the best found
@@ -226,10 +226,7 @@ def _layer_key(ctx: CostContext, index: int) -> tuple:
 def runs_on_workers(layer: LayerView, st: LayerStrategy) -> bool:
     """Whether Ballast's workers can run `layer` under `st` (train/hybrid.py): the shape (SDP alone, TP innermost
     with DP outside it), TP only where the profile says the layer splits, no TP or SDP on a tied weight."""
-    names = [d.value for d in st.order if st.degree(d) > 1]
-    if ("sdp" in names and names != ["sdp"]) or ("tp" in names and names[-1] != "tp"):
-        return False
-    if (st.tp > 1 or st.sdp > 1) and st.sharded:  # the workers run ZeRO-1/2 on plain DP layers only
+    if not executable_shape((d.value for d in st.order if st.degree(d) > 1), st.sharded):
         return False
     if st.tp > 1 and (not layer.tensor_parallel or layer.tensor_parallel % st.tp):
         return False

@@ -113,15 +113,20 @@ class Candidate:
         return f"PP{self.pp} · {inner}{zero}" + (" · ckpt" if self.checkpoint else "")
 
 
-def executable(c: Candidate) -> bool:
-    """A shape Ballast's workers run (services/executor/train/hybrid.py): DP alone, TP innermost with DP
-    outside it, or SDP alone over the whole group (no TP beside SDP, no DP inside TP)."""
-    names = c.order
-    if ("sdp" in names or "tp" in names) and c.dp_sharding != PLAIN:  # ZeRO-1/2 only beside plain DP layers
+def executable_shape(order: Iterable[str], zero: bool) -> bool:
+    """A layer shape Ballast's workers run (services/executor/train/hybrid.py): DP alone, TP innermost with DP
+    outside it, or SDP alone over the whole group (no TP beside SDP, no DP inside TP), ZeRO-1/2 (`zero`) only on
+    plain DP. `order`: the dims of degree > 1, outermost first."""
+    names = tuple(order)
+    if ("sdp" in names or "tp" in names) and zero:
         return False
     if "sdp" in names:
         return names == ("sdp",)
     return "tp" not in names or names[-1] == "tp"
+
+
+def executable(c: Candidate) -> bool:
+    return executable_shape(c.order, c.dp_sharding != PLAIN)
 
 
 def _count_arg(value: object, field: str) -> int:
