@@ -15,18 +15,17 @@ so the data, the p2p peers and the loss are unchanged). Per layer:
   samples; a forward hook slices its own samples back out (both left out between consecutive TP layers of one
   degree, `transitions`: the cost model prices a transformation only where the layout changes). Autograd runs
   both backwards: the gradient of the output is all-gathered, the input's is sliced, so every TP layer sees a
-  replicated gradient as Megatron's
-  column/row-parallel pair needs. Attention's fused qkv projection is column-parallel with its rows reordered
-  head-major ([head][q|k|v]), so each rank's shard holds whole heads; the output projection and the MLP's second
-  linear are row-parallel (one all-reduce of the output each). LayerNorms stay replicated. The layer's
-  gradients (local shards, and the LayerNorms') are summed over its W/t data-parallel ranks, the ranks with the
-  same tp index, not over the whole stage.
+  replicated gradient as Megatron's column/row-parallel pair needs. Attention's fused qkv projection is
+  column-parallel with its rows reordered head-major ([head][q|k|v]), so each rank's shard holds whole heads;
+  the output projection and the MLP's second linear are row-parallel (one all-reduce of the output each).
+  LayerNorms stay replicated. The layer's gradients (local shards, and the LayerNorms') are summed over its W/t
+  data-parallel ranks, the ranks with the same tp index, not over the whole stage.
 
-Limits of this first executed slice, each refused with a clear error where it is configured (config.py,
-worker.py): a TP or SDP layer holds no parameter shared with another layer (tied embeddings stay DP); TP
-applies to the zoo's transformer blocks (a `attn` SelfAttention and an `mlp` MLP); TP needs dropout 0 (its tp
-ranks would draw different masks); ZeRO-1/2 and activation swap do not combine with them. Activation
-checkpointing does.
+Limits, each refused with an error naming the layer before the rendezvous (`check_model`, config.py, plan
+commands in migration.py): a TP or SDP layer holds no parameter shared with another layer (tied embeddings stay
+DP); TP applies to the zoo's transformer blocks (an `attn` SelfAttention and an `mlp` MLP) at degrees dividing
+their heads and MLP width; TP needs dropout 0 (its tp ranks would draw different masks); ZeRO-1/2 and
+activation swap do not combine with TP or SDP. Activation checkpointing does.
 
 Live migration: a TP/SDP layer that a plan change moves is gathered whole on its stage (`release`: every rank of
 the stage takes part), travels as any layer (migration.py), and is split again on the target (`reapply`), where
