@@ -150,15 +150,21 @@ def test_migration_0003_renumbers_clashing_plans_and_releases_failed_keys(empty_
 # --- migration 0004: profile details ------------------------------------------------------------
 
 
-def test_migration_0004_keeps_existing_profiles_and_downgrades_fully(empty_database_url):
-    url = empty_database_url
+def stored_detailed_profile(url: str):
+    """A database at head holding one detailed profile: (engine, repo, admin, the profile as stored)."""
     schema.upgrade(url)
     engine = create_engine(url)
     repo = Repository(engine, now=FakeClock())
     admin = repo.ensure_admin(ADMIN_TOKEN)
     model = repo.create_model(admin, store_pb2.CreateModelRequest(spec=gpt()))
-    detailed = repo.create_profile(admin, store_pb2.CreateProfileRequest(profile=detailed_profile_msg(model.id)))
+    stored = repo.create_profile(admin, store_pb2.CreateProfileRequest(profile=detailed_profile_msg(model.id)))
     engine.dispose()
+    return engine, repo, admin, stored
+
+
+def test_migration_0004_keeps_existing_profiles_and_downgrades_fully(empty_database_url):
+    url = empty_database_url
+    engine, repo, admin, detailed = stored_detailed_profile(url)
 
     def columns(table: str) -> set[str]:
         return {c["name"] for c in sa.inspect(engine).get_columns(table)}
@@ -193,7 +199,8 @@ def test_migration_0004_keeps_existing_profiles_and_downgrades_fully(empty_datab
             ly.note, ly.measured_as, ly.batch_input_bytes, ly.max_micro_batch_size = "", 0, 0, 0
             ly.tensor_parallel = 0  # 0013's column, dropped with everything above 0003
         assert got == bare
-        again = repo.create_profile(admin, store_pb2.CreateProfileRequest(profile=detailed_profile_msg(model.id)))
+        request = store_pb2.CreateProfileRequest(profile=detailed_profile_msg(detailed.model_id))
+        again = repo.create_profile(admin, request)
         assert repo.get_profile(admin, store_pb2.GetRequest(id=again.id)).memory_trace == detailed.memory_trace
     finally:
         engine.dispose()
@@ -219,14 +226,8 @@ def test_models_match_the_migrations(empty_database_url):
 def test_migration_0013_adds_and_drops_tensor_parallel(empty_database_url):
     """Profile layers stored before 0013 (or through a downgrade) read tensor_parallel 0: no TP offered."""
     url = empty_database_url
-    schema.upgrade(url)
-    engine = create_engine(url)
-    repo = Repository(engine, now=FakeClock())
-    admin = repo.ensure_admin(ADMIN_TOKEN)
-    model = repo.create_model(admin, store_pb2.CreateModelRequest(spec=gpt()))
-    stored = repo.create_profile(admin, store_pb2.CreateProfileRequest(profile=detailed_profile_msg(model.id)))
+    engine, repo, admin, stored = stored_detailed_profile(url)
     assert [ly.tensor_parallel for ly in stored.layers] == [0, 4, 0]
-    engine.dispose()
     try:
         schema.downgrade(url, "0012_plan_layer_dp_sharding")
         assert "tensor_parallel" not in {c["name"] for c in sa.inspect(engine).get_columns("profile_layers")}

@@ -110,7 +110,7 @@ def qkv_rows(name: str, value: Tensor, heads: int, to_head_major: bool) -> Tenso
 def tensor_parallel_block(module: nn.Module, mesh: DeviceMesh) -> None:
     """Megatron-style TP of a zoo transformer block over `mesh["tp"]` (the batch gather and slice around it are
     `layout_hooks`)."""
-    attn = module.attn  # Hybrid.check vetted the block and the degree
+    attn = module.attn  # check_model vetted the block and the degree
     assert isinstance(attn, SelfAttention)
     to_head_major(attn)
     parallelize_module(module, mesh["tp"], {"attn.qkv": ColwiseParallel(), "attn.proj": RowwiseParallel(),
@@ -216,25 +216,15 @@ class Hybrid:
     sdp_mesh: DeviceMesh | None = None
     hooks: dict[int, list[Any]] = field(default_factory=dict)  # TP layer -> its layout hooks' handles
 
-    @staticmethod
-    def check(stage: Stage, plan: Mapping[int, Strategy]) -> None:
-        """Refuse what this stage's layers cannot run (`check_layer`)."""
-        shared = {id(t.parameter) for t in stage.tied} | {id(p) for layer in stage.layers for p in
-                                                          shared_parameters(stage, layer.index)}
-        for layer in stage.layers:
-            if layer.index in plan:
-                check_layer(layer, plan[layer.index], any(id(p) in shared for p in layer.module.parameters()))
-
     @classmethod
-    def apply(cls, stage: Stage, plan: Mapping[int, Strategy], tp_meshes: Mapping[int, DeviceMesh],
-              sdp_mesh: DeviceMesh | None) -> Hybrid:
-        out = cls({}, {}, plan=dict(plan), tp_meshes=dict(tp_meshes), sdp_mesh=sdp_mesh)
-        out._split(stage, sorted(set(plan) & {layer.index for layer in stage.layers}))
-        return out
+    def for_job(cls, plan: Mapping[int, Strategy], tp_meshes: Mapping[int, DeviceMesh],
+                sdp_mesh: DeviceMesh | None) -> Hybrid:
+        """The job's strategies with nothing split yet: `reapply` splits the held layers (at start, after a move).
+        `check_model` vetted every layer of `plan` before the rendezvous; the strategies never change."""
+        return cls({}, {}, plan=dict(plan), tp_meshes=dict(tp_meshes), sdp_mesh=sdp_mesh)
 
     def _split(self, stage: Stage, indices: Sequence[int]) -> None:
         """Apply each layer's TP or SDP in place (its parameters become DTensors), then wire the layout hooks."""
-        self.check(stage, {i: self.plan[i] for i in indices})
         held = {layer.index: layer for layer in stage.layers}
         for index in indices:
             strategy, module = self.plan[index], held[index].module
@@ -293,9 +283,10 @@ class Hybrid:
 
     def reapply(self, stage: Stage, optimizer: torch.optim.Optimizer,
                 optimizer_config: Mapping[str, Any]) -> torch.optim.Optimizer:
-        """After a plan change: split the held layers the job makes TP/SDP that arrived whole, rewire every TP
-        layer's gather and slice for its new neighbours; the optimizer over the resulting parameters (state
-        carried by identity, the arrived layers' sliced from their full state)."""
+        """At start, and after a plan change: split the held layers the job makes TP/SDP that are still whole (all
+        of them at start, the arrived ones after a move), rewire every TP layer's gather and slice for its
+        neighbours; the optimizer over the resulting parameters (state carried by identity, the split layers'
+        sliced from their full state: a resumed checkpoint's or a migrated layer's)."""
         arrived = [layer.index for layer in stage.layers if layer.index in self.plan and layer.index not in self.layers]
         if not arrived:
             self.rewire(stage)
@@ -421,11 +412,3 @@ class Hybrid:
                 **({"gathers_input": self.edges[layer.index][0], "slices_output": self.edges[layer.index][1]}
                    if layer.index in self.edges else {})}
         return out
-
-
-def shared_parameters(stage: Stage, index: int) -> list[nn.Parameter]:
-    """Parameters of layer `index` also held by another layer of this stage (a tied weight on one stage)."""
-    mine = {id(p) for layer in stage.layers if layer.index == index for p in layer.module.parameters()}
-    others = {id(p) for layer in stage.layers if layer.index != index for p in layer.module.parameters()}
-    return [p for layer in stage.layers if layer.index == index for p in layer.module.parameters()
-            if id(p) in mine & others]

@@ -166,12 +166,9 @@ def run(config: WorkerConfig, report: Report, should_stop: Callable[[], bool] | 
                     tp_degrees=hybrid.tp_degrees(config.tp_layers))
         applied = None
         if layer_strategies:  # parameters become DTensors: the optimizer is made over the new ones
-            captured = hybrid.Hybrid.capture(stage, layer_strategies, optimizer.state)
-            applied = hybrid.Hybrid.apply(stage, layer_strategies, {t: mesh.tp_mesh(t) for t in mesh.tp_degrees},
-                                          mesh.device_mesh["dp"] if config.num_replicas > 1 else None)
-            loaded, optimizer = optimizer, make_optimizer(stage.parameters(), config.optimizer)
-            optimizer.state.update({p: loaded.state[p] for p in stage.parameters() if p in loaded.state})
-            applied.adopt(stage, captured, optimizer)
+            applied = hybrid.Hybrid.for_job(layer_strategies, {t: mesh.tp_mesh(t) for t in mesh.tp_degrees},
+                                            mesh.device_mesh["dp"] if config.num_replicas > 1 else None)
+            optimizer = applied.reapply(stage, optimizer, config.optimizer)
         comms = Comms(mesh, stage, device)
         trainer = Trainer(config, stage, optimizer, comms, device, should_stop or (lambda: False), inbox,
                           should_drain or (lambda: False), hybrid=applied)
