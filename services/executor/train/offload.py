@@ -1,0 +1,205 @@
+"""Training with model data in chunks under a device budget (PatrickStar): the hooks that drive the chunk manager.
+
+The model runs its own `forward`; each decomposed layer's module gets a forward pre-hook (access its
+parameters: Alg. 1), a forward hook (release them HOLD_AFTER_FWD: Alg. 2, and hang a hook on the layer's
+output that accesses them again just before the layer's backward), and every parameter a post-accumulate-grad
+hook (its gradient moves into its slot on the last micro-batch). Activations autograd saves for backward are
+accounted on the device pool by `ActivationMeter`, so the budget covers non-model data too and a placement that
+would exceed it evicts chunks first (or fails).
+
+Data parallelism splits the global batch over `world` processes as the workers do (replica r takes samples
+[r*B/world, (r+1)*B/world), split into micro-batches, each micro-batch's dropout seeded by its global index),
+and sums gradients; the loss of an iteration is the global summed loss over the global label count, so it equals
+`reference.train_single`'s.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from ballast.v1 import model_pb2
+from services.executor.train.chunks import ChunkManager, TensorState, Traffic
+from services.executor.train.data import batch_for, dropout_seed
+from services.executor.train.device_pool import MemoryPool
+from services.zoo import build_model
+
+
+class _Saved:
+    __slots__ = ("meter", "key", "tensor")
+
+    def __init__(self, meter: ActivationMeter, key: int, tensor: Tensor) -> None:
+        self.meter, self.key, self.tensor = meter, key, tensor
+
+    def __del__(self) -> None:
+        self.meter.drop(self.key)
+
+
+class ActivationMeter:
+    """Accounts each storage autograd saves (once, however many views of it are saved) while it is alive."""
+
+    def __init__(self, pool: MemoryPool, manager: ChunkManager) -> None:
+        self.pool, self.manager = pool, manager
+        self._refs: dict[int, tuple[int, int]] = {}  # storage address -> (saved views alive, bytes)
+
+    def pack(self, t: Tensor) -> Tensor | _Saved:
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        if key == 0 or key in self.manager.resident_storages():
+            return t  # model data: accounted as its chunk
+        refs, nbytes = self._refs.get(key, (0, storage.nbytes()))
+        if refs == 0:
+            self.pool.reserve("activation", nbytes)
+        self._refs[key] = (refs + 1, nbytes)
+        return _Saved(self, key, t)
+
+    @staticmethod
+    def unpack(saved: Tensor | _Saved) -> Tensor:
+        return saved.tensor if isinstance(saved, _Saved) else saved
+
+    def drop(self, key: int) -> None:
+        refs, nbytes = self._refs[key]
+        if refs == 1:
+            del self._refs[key]
+            self.pool.release("activation", nbytes)
+        else:
+            self._refs[key] = (refs - 1, nbytes)
+
+    @contextmanager
+    def saving(self):  # noqa: ANN201 - a context manager
+        with torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack):
+            yield
+
+
+@dataclass
+class ChunkedRun:
+    losses: list[float]
+    traffic: list[Traffic]  # per iteration
+    device_peak: int  # bytes, the device pool's high-water mark
+    non_model_peak: int  # of which gradients and saved activations, at their own peak
+    host_peak: int
+    model_bytes: int  # parameters' bytes (every replica's share together)
+    chunks: int
+    optimizer_chunks_on_device: int
+
+
+def attach(model: nn.Module, manager: ChunkManager, last_micro_batch: list[bool]) -> list[Any]:
+    """Hooks that make the manager follow the model's layers; `last_micro_batch[0]` is read by the grad hooks."""
+    handles: list[Any] = []
+    for layer in model.decompose().layers:
+        params = list(dict.fromkeys(layer.module.parameters()))
+        if not params:
+            continue
+
+        def before(_m: nn.Module, _args: Any, params: list[nn.Parameter] = params) -> None:
+            manager.access(params)
+
+        def after(_m: nn.Module, _args: Any, out: Any, params: list[nn.Parameter] = params) -> None:
+            manager.release(params, TensorState.HOLD_AFTER_FWD)
+            if isinstance(out, Tensor) and out.requires_grad:
+                out.register_hook(lambda _g: manager.access(params))
+
+        handles += [layer.module.register_forward_pre_hook(before), layer.module.register_forward_hook(after)]
+    for p in dict.fromkeys(model.parameters()):
+        handles.append(p.register_post_accumulate_grad_hook(
+            lambda p: manager.grad_ready(p, last_micro_batch[0])))
+    return handles
+
+
+def train_chunked(spec: model_pb2.ModelSpec, data: dict[str, Any], seed: int, global_batch: int, iterations: int,
+                  optimizer: dict[str, Any], *, device_budget: int | None, chunk_bytes: int,
+                  micro_batches: int = 1, host_budget: int | None = None, device: str = "cpu", rank: int = 0,
+                  world: int = 1, group: object = None) -> ChunkedRun:
+    if global_batch % (world * micro_batches):
+        raise ValueError(f"global_batch {global_batch} must split into {world} replicas x {micro_batches} "
+                         "micro-batches")
+    model = build_model(spec, seed=seed, device=device)
+    model.train()
+    params = list(dict.fromkeys(model.parameters()))
+    model_bytes = sum(p.numel() * p.element_size() for p in params)
+    device_pool, host_pool = MemoryPool("device", device_budget), MemoryPool("host", host_budget)
+    manager = ChunkManager(params, chunk_bytes, device_pool, host_pool, optimizer=optimizer["name"], rank=rank,
+                           world=world, group=group)
+    last = [False]
+    attach(model, manager, last)
+    meter = ActivationMeter(device_pool, manager)
+    per_replica = global_batch // world
+    size = per_replica // micro_batches
+    losses, traffic = [], []
+    for iteration in range(iterations):
+        whole = batch_for(spec, data, seed, iteration, 0, global_batch, global_batch=global_batch)
+        count = max(model.loss_count(whole), 1)
+        total = 0.0
+        for k in range(micro_batches):
+            last[0] = k == micro_batches - 1
+            begin = rank * per_replica + k * size
+            batch = {key: v.to(device) for key, v in
+                     batch_for(spec, data, seed, iteration, begin, begin + size, global_batch=global_batch).items()}
+            torch.manual_seed(dropout_seed(seed, iteration, rank * micro_batches + k))
+            with meter.saving():
+                loss = model(batch)
+            manager.forward_done()
+            (loss / count).backward()
+            manager.backward_done(last[0])
+            total += float(loss.detach())
+        manager.step(optimizer)
+        manager.end_iteration()
+        if world > 1:
+            summed = torch.tensor([total], dtype=torch.float64)
+            dist.all_reduce(summed, group=group)
+            total = float(summed)
+        losses.append(total / count)
+        traffic.append(manager.traffic.take())
+    return ChunkedRun(losses, traffic, device_pool.peak, device_pool.peak_non_model, host_pool.peak, model_bytes,
+                      manager.layout.num_chunks, manager.os_on_device)
+
+
+def run_rank(config: dict[str, Any], rank: int, world: int, init_method: str) -> dict[str, Any]:
+    """One data-parallel rank of a chunked run on gloo (the benchmark's and the tests' entry point)."""
+    from google.protobuf.json_format import ParseDict
+
+    torch.set_num_threads(1)
+    if world > 1:
+        dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
+    try:
+        run = train_chunked(
+            ParseDict(config["model"], model_pb2.ModelSpec()), config.get("data", {"kind": "synthetic"}),
+            int(config["seed"]), int(config["global_batch"]), int(config["iterations"]), config["optimizer"],
+            device_budget=config.get("device_budget"), chunk_bytes=int(config["chunk_bytes"]),
+            micro_batches=int(config.get("micro_batches", 1)), host_budget=config.get("host_budget"),
+            rank=rank, world=world)
+    finally:
+        if world > 1:
+            dist.destroy_process_group()
+    return {"rank": rank, "losses": run.losses, "traffic": [vars(t) for t in run.traffic],
+            "device_peak": run.device_peak, "non_model_peak": run.non_model_peak, "host_peak": run.host_peak,
+            "model_bytes": run.model_bytes, "chunks": run.chunks,
+            "optimizer_chunks_on_device": run.optimizer_chunks_on_device}
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description="one rank of a chunked (PatrickStar) training run on the CPU")
+    parser.add_argument("--config", required=True, help="JSON file: model, seed, global_batch, iterations, "
+                        "optimizer, device_budget, chunk_bytes, micro_batches, host_budget")
+    parser.add_argument("--rank", type=int, default=0)
+    parser.add_argument("--world", type=int, default=1)
+    parser.add_argument("--init", default="", help="torch.distributed init_method (file:// or tcp://)")
+    parser.add_argument("--out", required=True, help="where this rank writes its JSON result")
+    args = parser.parse_args(argv)
+    with open(args.config, encoding="utf-8") as f:
+        config = json.load(f)
+    result = run_rank(config, args.rank, args.world, args.init)
+    with open(args.out, "w", encoding="utf-8") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()
