@@ -15,6 +15,7 @@ and sums gradients; the loss of an iteration is the global summed loss over the 
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -80,6 +81,7 @@ class ActivationMeter:
 class ChunkedRun:
     losses: list[float]
     traffic: list[Traffic]  # per iteration
+    iteration_s: list[float]  # wall time of each iteration (the first is the warm-up)
     device_peak: int  # bytes, the device pool's high-water mark
     non_model_peak: int  # of which gradients and saved activations, at their own peak
     host_peak: int
@@ -130,8 +132,9 @@ def train_chunked(spec: model_pb2.ModelSpec, data: dict[str, Any], seed: int, gl
     meter = ActivationMeter(device_pool, manager)
     per_replica = global_batch // world
     size = per_replica // micro_batches
-    losses, traffic = [], []
+    losses, traffic, seconds = [], [], []
     for iteration in range(iterations):
+        started = time.perf_counter()
         whole = batch_for(spec, data, seed, iteration, 0, global_batch, global_batch=global_batch)
         count = max(model.loss_count(whole), 1)
         total = 0.0
@@ -155,7 +158,8 @@ def train_chunked(spec: model_pb2.ModelSpec, data: dict[str, Any], seed: int, gl
             total = float(summed)
         losses.append(total / count)
         traffic.append(manager.traffic.take())
-    return ChunkedRun(losses, traffic, device_pool.peak, device_pool.peak_non_model, host_pool.peak, model_bytes,
+        seconds.append(time.perf_counter() - started)
+    return ChunkedRun(losses, traffic, seconds, device_pool.peak, device_pool.peak_non_model, host_pool.peak, model_bytes,
                       manager.layout.num_chunks, manager.os_on_device)
 
 
@@ -177,6 +181,7 @@ def run_rank(config: dict[str, Any], rank: int, world: int, init_method: str) ->
         if world > 1:
             dist.destroy_process_group()
     return {"rank": rank, "losses": run.losses, "traffic": [vars(t) for t in run.traffic],
+            "iteration_s": run.iteration_s,
             "device_peak": run.device_peak, "non_model_peak": run.non_model_peak, "host_peak": run.host_peak,
             "model_bytes": run.model_bytes, "chunks": run.chunks,
             "optimizer_chunks_on_device": run.optimizer_chunks_on_device}

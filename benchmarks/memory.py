@@ -1,0 +1,162 @@
+"""The largest GPT each memory mode trains under one device budget per worker, on this CPU (issue 19).
+
+Why: Ballast takes models larger than device memory (PatrickStar, Harmony). This measures how much larger, under
+an enforced budget B per worker and `--workers` data-parallel workers. Goal: chunks train >= 4x the parameters
+of plain DP under the same B.
+
+Modes (a zoo GPT of `--hidden` width; the layer count is what grows):
+- plain DP: every worker holds the whole model: parameters, gradients and Adam's two states (16 bytes per fp32
+  parameter) plus its activations. Its largest model is the largest L with 16 P(L) + A(L) <= B, where A(L) is
+  the peak of activations saved for backward, measured by the device pool on a short run of L layers (A is
+  linear in L; two runs fix it). Its throughput is measured by really training that model with the executor's
+  plain DP workers (`services.executor.train.launch`, one stage x `--workers` replicas).
+- chunks (PatrickStar, services/executor/train/chunks.py): `--workers` gloo ranks of
+  `python -m services.executor.train.offload` under the budget B, host memory unlimited; a model counts when
+  all ranks finish `--iterations` iterations (a placement over B raises and the rank exits non-zero). Probed
+  upwards from 4x plain's parameters in steps of `--step` layers until a run fails or `--max-layers`.
+- Harmony schedule: not built yet (the closing note of issue 19 says so); no row.
+
+Run from the repository root:
+
+    .venv/bin/python benchmarks/memory.py [--budget-mib 256] [--workers 2] [--hidden 512] [--heads 8]
+        [--vocab 4096] [--seq 64] [--micro-batch 1] [--iterations 3] [--chunk-mib 8] [--max-layers 40] [--step 8]
+
+A few minutes on a 2-core VM. Exits 1 if the goal is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from google.protobuf.json_format import MessageToDict, ParseDict  # noqa: E402
+
+from ballast.v1 import model_pb2  # noqa: E402
+from services.executor.train.config import WorkerConfig  # noqa: E402
+from services.executor.train.launch import plan_configs, run_local  # noqa: E402
+from services.executor.train.offload import train_chunked  # noqa: E402
+from services.runtime.allocator import STEADY_ALLOCATOR  # noqa: E402
+from services.zoo import build_model  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+ADAM = {"name": "adam", "learning_rate": 1e-4}
+MIB = 2**20
+
+
+def spec(args: argparse.Namespace, layers: int) -> model_pb2.ModelSpec:
+    return ParseDict({"name": f"gpt-{layers}x{args.hidden}", "family": "MODEL_FAMILY_GPT", "transformer": {
+        "num_layers": layers, "hidden_size": args.hidden, "num_heads": args.heads, "vocab_size": args.vocab,
+        "seq_length": args.seq, "tie_embeddings": True}}, model_pb2.ModelSpec())
+
+
+def parameters(args: argparse.Namespace, layers: int) -> int:
+    return sum(p.numel() for p in dict.fromkeys(build_model(spec(args, layers), device="meta").parameters()))
+
+
+def activation_peak(args: argparse.Namespace, layers: int) -> int:
+    run = train_chunked(spec(args, layers), {"kind": "synthetic"}, 1, args.micro_batch, 1, ADAM,
+                        device_budget=None, chunk_bytes=args.chunk_mib * MIB)
+    return run.non_model_peak
+
+
+def plain_largest(args: argparse.Namespace, budget: int) -> tuple[int, int]:
+    a1, a2 = activation_peak(args, 1), activation_peak(args, 2)
+    per_layer, base = a2 - a1, 2 * a1 - a2
+    layers = 0
+    while 16 * parameters(args, layers + 1) + base + per_layer * (layers + 1) <= budget:
+        layers += 1
+    return layers, 16 * parameters(args, layers) + base + per_layer * layers
+
+
+def plain_throughput(args: argparse.Namespace, layers: int) -> float:
+    model = spec(args, layers)
+    bounds = [[0, layers + 2]]
+    template = WorkerConfig(
+        job_id="bench-memory-plain", model=MessageToDict(model, preserving_proto_field_name=True),
+        stage_bounds=bounds, num_replicas=1, stage_index=0, replica_index=0, rank=0, world_size=1,
+        micro_batch_size=args.micro_batch, num_micro_batches=1, iterations=args.iterations, init_method="",
+        optimizer=ADAM, seed=1, data={"kind": "synthetic"}, timeout_s=300, online=False)
+    events = run_local(plan_configs(template, bounds, args.workers), env=STEADY_ALLOCATOR, timeout_s=600)
+    seconds = [e["iteration_s"] for e in events[0] if e["event"] == "iteration"][1:]
+    return args.workers * args.micro_batch / (sum(seconds) / len(seconds))
+
+
+def chunked(args: argparse.Namespace, layers: int, budget: int) -> dict | None:
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp, "config.json")
+        config.write_text(json.dumps({
+            "model": MessageToDict(spec(args, layers), preserving_proto_field_name=True), "seed": 1,
+            "global_batch": args.workers * args.micro_batch, "iterations": args.iterations, "optimizer": ADAM,
+            "device_budget": budget, "chunk_bytes": args.chunk_mib * MIB}))
+        procs = [subprocess.Popen(
+            [sys.executable, "-m", "services.executor.train.offload", "--config", str(config), "--rank", str(r),
+             "--world", str(args.workers), "--init", f"file://{tmp}/rendezvous", "--out", f"{tmp}/{r}.json"],
+            cwd=ROOT, env={**os.environ, **STEADY_ALLOCATOR}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            for r in range(args.workers)]
+        codes = [p.wait(timeout=900) for p in procs]
+        if any(codes):
+            errors = [p.stderr.read().decode().strip().splitlines()[-1:] for p in procs if p.stderr]
+            print(f"  chunks, {layers} layers: failed ({[e for e in errors if e]})")
+            return None
+        results = [json.loads(Path(tmp, f"{r}.json").read_text()) for r in range(args.workers)]
+    seconds = results[0]["iteration_s"][1:]
+    out = {"layers": layers, "parameters": results[0]["model_bytes"] // 4,
+           "samples_per_s": args.workers * args.micro_batch / (sum(seconds) / len(seconds)),
+           "device_peak": max(r["device_peak"] for r in results), "host_peak": max(r["host_peak"] for r in results),
+           "to_device": results[0]["traffic"][-1]["to_device"], "gathered": results[0]["traffic"][-1]["gathered"]}
+    print(f"  chunks, {layers} layers: {out['parameters'] / 1e6:.1f}M parameters, "
+          f"{out['samples_per_s']:.2f} samples/s, device peak {out['device_peak'] / MIB:.0f} MiB, "
+          f"host peak {out['host_peak'] / MIB:.0f} MiB per rank")
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--budget-mib", type=int, default=256)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--vocab", type=int, default=4096)
+    parser.add_argument("--seq", type=int, default=64)
+    parser.add_argument("--micro-batch", type=int, default=1)
+    parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument("--chunk-mib", type=int, default=8)
+    parser.add_argument("--max-layers", type=int, default=40)
+    parser.add_argument("--step", type=int, default=8)
+    args = parser.parse_args()
+    budget = args.budget_mib * MIB
+    started = time.perf_counter()
+    layers, need = plain_largest(args, budget)
+    plain_params = parameters(args, layers)
+    print(f"plain DP: {layers} layers, {plain_params / 1e6:.1f}M parameters, {need / MIB:.0f} MiB of "
+          f"{args.budget_mib} MiB per worker")
+    plain_rate = plain_throughput(args, layers) if layers else 0.0
+    print(f"  plain DP throughput: {plain_rate:.2f} samples/s ({args.workers} workers)")
+    best, candidate = None, layers + 1
+    while parameters(args, candidate) < 4 * plain_params:
+        candidate += 1
+    while candidate <= args.max_layers:
+        result = chunked(args, candidate, budget)
+        if result is None:
+            break
+        best = result
+        candidate += args.step
+    ratio = best["parameters"] / plain_params if best and plain_params else 0.0
+    met = ratio >= 4
+    print(f"chunks / plain DP parameters: {ratio:.1f}x (goal >= 4x: {'met' if met else 'MISSED'}); "
+          f"{time.perf_counter() - started:.0f} s")
+    print("command: .venv/bin/python benchmarks/memory.py " + shlex.join(sys.argv[1:]))
+    return 0 if met else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
