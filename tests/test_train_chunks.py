@@ -18,11 +18,14 @@ from google.protobuf.json_format import MessageToDict, ParseDict
 from torch import nn
 
 from ballast.v1 import model_pb2
-from services.executor.train.chunk_layout import plan_chunks
-from services.executor.train.chunks import ChunkManager, TensorState, _Trace
-from services.executor.train.device_pool import BudgetExceeded, MemoryPool
-from services.executor.train.offload import train_chunked
+from services.executor.train.chunks import ChunkManager
+from services.executor.train.offload import tensor_map, train_chunked
 from services.executor.train.reference import train_single
+from services.planner.sim.chunks import ChunkModel, ChunkOptions, ChunkSim, simulate_chunks
+from services.runtime.chunk_layout import plan_chunks
+from services.runtime.chunk_policy import TensorState, Trace
+from services.runtime.memory_pool import BudgetExceeded, MemoryPool
+from services.zoo import build_model
 from tests.harness import torch_threads
 
 SPEC = ParseDict({"name": "gpt-wide", "family": "MODEL_FAMILY_GPT", "transformer": {
@@ -77,10 +80,10 @@ def test_belady_evicts_the_chunk_needed_last():
     for p in params[:2]:
         manager.access([p])
         manager.release([p], TensorState.HOLD_AFTER_FWD)
-    manager.trace = _Trace.of([0, 1, 2, 0, 1])  # chunk 0 is needed again before chunk 1
+    manager.policy.trace = Trace.of([0, 1, 2, 0, 1])  # chunk 0 is needed again before chunk 1
     manager.access([params[2]])
-    assert [c.where for c in manager.chunks] == ["device", "host", "device"]
-    assert torch.equal(params[0].detach(), torch.zeros(10)) and manager.traffic.evictions == 1
+    assert [c.where for c in manager.policy.chunks] == ["device", "host", "device"]
+    assert torch.equal(params[0].detach(), torch.zeros(10)) and manager.policy.traffic.evictions == 1
     manager.release([params[2]], TensorState.HOLD_AFTER_FWD)
     manager.access([params[1]])  # the payload comes back intact
     assert torch.equal(params[1].detach(), torch.ones(10))
@@ -92,7 +95,7 @@ def test_warm_up_evicts_in_chunk_list_order():
     for p in params:
         manager.access([p])
         manager.release([p], TensorState.HOLD_AFTER_FWD)
-    assert [c.where for c in manager.chunks] == ["host", "device", "device"]
+    assert [c.where for c in manager.policy.chunks] == ["host", "device", "device"]
 
 
 def test_a_computing_chunk_is_never_evicted():
@@ -156,5 +159,38 @@ def test_data_parallel_chunks_on_two_gloo_ranks_equal_training_in_memory(tmp_pat
         assert result["device_peak"] <= 11_000_000 < result["model_bytes"]
         # the host holds this rank's local half of the chunks, in four lists (parameters, master, momentum, variance)
         assert result["host_peak"] <= result["chunks"] // 2 * 4 * 1_100_000 < 4 * result["model_bytes"]
-        for moved in result["traffic"]:
+        sim = simulated(result["activation_bytes"], ChunkOptions(1_100_000, 11_000_000, world=2), STEPS,
+                        rank=result["rank"])
+        for moved, predicted in zip(result["traffic"], sim.traffic, strict=True):
             assert moved["gathered"] > 0 and moved["reduced"] > 0
+            for key in ("to_device", "to_host", "gathered", "reduced"):
+                assert within(moved[key], getattr(predicted, key)), (key, moved, predicted)
+
+
+def simulated(run_activations: list, options: ChunkOptions, iterations: int, rank: int = 0) -> ChunkSim:
+    tensors, layers = tensor_map(build_model(SPEC, device="meta"))
+    model = ChunkModel(tuple(tensors), tuple(map(tuple, layers)), tuple(a[1] for a in run_activations),
+                       tuple(a[0] for a in run_activations))
+    return simulate_chunks(model, options, iterations=iterations, rank=rank)
+
+
+def within(measured: int, predicted: int, tolerance: float = 0.10) -> bool:
+    return abs(predicted - measured) <= tolerance * measured
+
+
+@pytest.mark.parametrize("micro_batches,budget", [(1, BUDGET), (2, 24_000_000)], ids=["one", "two-micro-batches"])
+def test_simulator_predicts_the_swap_bytes_the_runtime_moves(micro_batches, budget):
+    with torch_threads(1):
+        run = train_chunked(SPEC, DATA, SEED, 2 * micro_batches, STEPS, ADAM, device_budget=budget,
+                            chunk_bytes=CHUNK, micro_batches=micro_batches)
+    sim = simulated(run.activation_bytes, ChunkOptions(CHUNK, budget, micro_batches=micro_batches), STEPS)
+    assert sim.feasible, sim.reason
+    for measured, predicted in zip(run.traffic, sim.traffic, strict=True):
+        assert measured.to_device > 0
+        assert within(measured.to_device, predicted.to_device) and within(measured.to_host, predicted.to_host)
+    assert within(run.device_peak, sim.device_peak, 0.05)
+
+
+def test_simulator_refuses_what_the_runtime_refuses():
+    sim = simulated([(192, 192)] + [(262_528, 262_528)] * 4 + [(41_220, 41_220)], ChunkOptions(CHUNK, 3_000_000), 1)
+    assert not sim.feasible and "raise the device budget" in sim.reason

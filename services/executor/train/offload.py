@@ -25,9 +25,10 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from ballast.v1 import model_pb2
-from services.executor.train.chunks import ChunkManager, TensorState, Traffic
+from services.executor.train.chunks import ChunkManager
 from services.executor.train.data import batch_for, dropout_seed
-from services.executor.train.device_pool import MemoryPool
+from services.runtime.chunk_policy import TensorState, Traffic
+from services.runtime.memory_pool import MemoryPool
 from services.zoo import build_model
 
 
@@ -88,20 +89,30 @@ class ChunkedRun:
     model_bytes: int  # parameters' bytes (every replica's share together)
     chunks: int
     optimizer_chunks_on_device: int
+    activation_bytes: list[tuple[int, int]]  # per layer, first micro-batch: (peak above its start, held at its end)
 
 
-def attach(model: nn.Module, manager: ChunkManager, last_micro_batch: list[bool]) -> list[Any]:
-    """Hooks that make the manager follow the model's layers; `last_micro_batch[0]` is read by the grad hooks."""
+def attach(model: nn.Module, manager: ChunkManager, last_micro_batch: list[bool],
+           activations: list[tuple[int, int]] | None = None) -> list[Any]:
+    """Hooks that make the manager follow the model's layers; `last_micro_batch[0]` is read by the grad hooks.
+    `activations`, when given, receives each layer's saved activations in the first forward: (the highest bytes
+    they reached above the layer's start, the bytes still held at its end); autograd frees some on the way."""
     handles: list[Any] = []
-    for layer in model.decompose().layers:
+    layers = model.decompose().layers
+    pool = manager.policy.device_pool
+    for layer in layers:
         params = list(dict.fromkeys(layer.module.parameters()))
-        if not params:
-            continue
+        mark = [0]
 
-        def before(_m: nn.Module, _args: Any, params: list[nn.Parameter] = params) -> None:
+        def before(_m: nn.Module, _args: Any, params: list[nn.Parameter] = params, mark: list[int] = mark) -> None:
+            mark[0] = pool.by_kind["activation"]
             manager.access(params)
+            pool.mark()
 
-        def after(_m: nn.Module, _args: Any, out: Any, params: list[nn.Parameter] = params) -> None:
+        def after(_m: nn.Module, _args: Any, out: Any, params: list[nn.Parameter] = params,
+                  mark: list[int] = mark) -> None:
+            if activations is not None and len(activations) < len(layers):
+                activations.append((pool.window_peak("activation") - mark[0], pool.by_kind["activation"] - mark[0]))
             manager.release(params, TensorState.HOLD_AFTER_FWD)
             if isinstance(out, Tensor) and out.requires_grad:
                 out.register_hook(lambda _g: manager.access(params))
@@ -128,7 +139,8 @@ def train_chunked(spec: model_pb2.ModelSpec, data: dict[str, Any], seed: int, gl
     manager = ChunkManager(params, chunk_bytes, device_pool, host_pool, optimizer=optimizer["name"], rank=rank,
                            world=world, group=group)
     last = [False]
-    attach(model, manager, last)
+    activations: list[tuple[int, int]] = []
+    attach(model, manager, last, activations)
     meter = ActivationMeter(device_pool, manager)
     per_replica = global_batch // world
     size = per_replica // micro_batches
@@ -146,21 +158,21 @@ def train_chunked(spec: model_pb2.ModelSpec, data: dict[str, Any], seed: int, gl
             torch.manual_seed(dropout_seed(seed, iteration, rank * micro_batches + k))
             with meter.saving():
                 loss = model(batch)
-            manager.forward_done()
+            manager.policy.forward_done()
             (loss / count).backward()
-            manager.backward_done(last[0])
+            manager.policy.backward_done(last[0])
             total += float(loss.detach())
         manager.step(optimizer)
-        manager.end_iteration()
+        manager.policy.end_iteration()
         if world > 1:
             summed = torch.tensor([total], dtype=torch.float64)
             dist.all_reduce(summed, group=group)
             total = float(summed)
         losses.append(total / count)
-        traffic.append(manager.traffic.take())
+        traffic.append(manager.policy.traffic.take())
         seconds.append(time.perf_counter() - started)
-    return ChunkedRun(losses, traffic, seconds, device_pool.peak, device_pool.peak_non_model, host_pool.peak, model_bytes,
-                      manager.layout.num_chunks, manager.os_on_device)
+    return ChunkedRun(losses, traffic, seconds, device_pool.peak, device_pool.peak_non_model, host_pool.peak,
+                      model_bytes, manager.layout.num_chunks, manager.policy.os_on_device, activations)
 
 
 def run_rank(config: dict[str, Any], rank: int, world: int, init_method: str) -> dict[str, Any]:
@@ -184,7 +196,7 @@ def run_rank(config: dict[str, Any], rank: int, world: int, init_method: str) ->
             "iteration_s": run.iteration_s,
             "device_peak": run.device_peak, "non_model_peak": run.non_model_peak, "host_peak": run.host_peak,
             "model_bytes": run.model_bytes, "chunks": run.chunks,
-            "optimizer_chunks_on_device": run.optimizer_chunks_on_device}
+            "optimizer_chunks_on_device": run.optimizer_chunks_on_device, "activation_bytes": run.activation_bytes}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -208,3 +220,12 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def tensor_map(model: nn.Module) -> tuple[list[int], list[list[int]]]:
+    """(elements of every distinct parameter in initialisation order, per layer the indices it uses): the
+    shape of the model the chunk layout and the planner's chunk simulator see."""
+    params = list(dict.fromkeys(model.parameters()))
+    index = {id(p): i for i, p in enumerate(params)}
+    per_layer = [[index[id(p)] for p in dict.fromkeys(layer.module.parameters())] for layer in model.decompose().layers]
+    return [p.numel() for p in params], per_layer

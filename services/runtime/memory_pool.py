@@ -32,6 +32,14 @@ class MemoryPool:
         self.peak_by_kind = dict.fromkeys(KINDS, 0)
         self.peak_non_model = 0
         self.on_pressure: Callable[[int], None] | None = None
+        self._window_peak = dict.fromkeys(KINDS, 0)  # highest use of each kind since `mark`
+
+    def mark(self) -> None:
+        """Start a window: `window_peak(kind)` is the highest use of `kind` from now on."""
+        self._window_peak = dict(self.by_kind)
+
+    def window_peak(self, kind: str) -> int:
+        return self._window_peak[kind]
 
     @property
     def used(self) -> int:
@@ -59,6 +67,7 @@ class MemoryPool:
         self.by_kind[kind] += nbytes
         self.peak = max(self.peak, self.used)
         self.peak_by_kind[kind] = max(self.peak_by_kind[kind], self.by_kind[kind])
+        self._window_peak[kind] = max(self._window_peak[kind], self.by_kind[kind])
         self.peak_non_model = max(self.peak_non_model, self.non_model)
 
     def release(self, kind: str, nbytes: int) -> None:
