@@ -16,12 +16,18 @@ Modes (a zoo GPT of `--hidden` width; the layer count is what grows):
   upwards from 4x plain's parameters in steps of `--step` layers until a run fails or `--max-layers`.
 - Harmony schedule: not built yet (the closing note of issue 19 says so); no row.
 
+Swap bytes: each chunked run's steady iteration (rank 0: bytes to the device, to the host, gathered, reduced)
+beside the planner's chunk simulator (services/planner/sim/chunks.py) fed what the planner has: the model's
+parameter tensors and, per layer, the profile's stashed + boundary activation bytes at the micro-batch size
+(the profiler measures a 2-layer model of the same width once; every block of the larger ones is the same).
+Goal: within 10% each way.
+
 Run from the repository root:
 
     .venv/bin/python benchmarks/memory.py [--budget-mib 256] [--workers 2] [--hidden 512] [--heads 8]
         [--vocab 4096] [--seq 64] [--micro-batch 1] [--iterations 3] [--chunk-mib 8] [--max-layers 40] [--step 8]
 
-A few minutes on a 2-core VM. Exits 1 if the goal is missed.
+A few minutes on a 2-core VM. Exits 1 if a goal is missed.
 """
 
 from __future__ import annotations
@@ -40,10 +46,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from google.protobuf.json_format import MessageToDict, ParseDict  # noqa: E402
 
-from ballast.v1 import model_pb2  # noqa: E402
+from ballast.v1 import model_pb2, services_pb2  # noqa: E402
 from services.executor.train.config import WorkerConfig  # noqa: E402
 from services.executor.train.launch import plan_configs, run_local  # noqa: E402
-from services.executor.train.offload import train_chunked  # noqa: E402
+from services.executor.train.offload import tensor_map, train_chunked  # noqa: E402
+from services.planner.sim.chunks import ChunkModel, ChunkOptions, simulate_chunks  # noqa: E402
+from services.profiler import driver  # noqa: E402
 from services.runtime.allocator import STEADY_ALLOCATOR  # noqa: E402
 from services.zoo import build_model  # noqa: E402
 
@@ -90,7 +98,28 @@ def plain_throughput(args: argparse.Namespace, layers: int) -> float:
     return args.workers * args.micro_batch / (sum(seconds) / len(seconds))
 
 
-def chunked(args: argparse.Namespace, layers: int, budget: int) -> dict | None:
+def profiled_activations(args: argparse.Namespace) -> dict[str, int]:
+    """Saved activation bytes per layer kind at the micro-batch size, from the profiler (stashed + boundary)."""
+    request = services_pb2.ProfileRequest(options=services_pb2.ProfileOptions(
+        micro_batch_sizes=sorted({1, args.micro_batch}), intra_op_threads=1, skip_memory_trace=True))
+    profile = driver.profile(spec(args, 2), request)
+    out = {}
+    for layer in profile.layers:
+        sample = next(s for s in layer.samples if s.micro_batch_size == args.micro_batch)
+        out[layer.kind] = sample.stashed_activation_bytes + sample.boundary_activation_bytes
+    return out
+
+
+def simulated(args: argparse.Namespace, layers: int, budget: int, kinds: dict[str, int]) -> dict[str, int]:
+    model = build_model(spec(args, layers), device="meta")
+    tensors, per_layer = tensor_map(model)
+    acts = tuple(kinds[layer.kind] for layer in model.decompose().layers)
+    sim = simulate_chunks(ChunkModel(tuple(tensors), tuple(map(tuple, per_layer)), acts),
+                          ChunkOptions(args.chunk_mib * MIB, budget, world=args.workers), iterations=args.iterations)
+    return vars(sim.steady) if sim.feasible else {}
+
+
+def chunked(args: argparse.Namespace, layers: int, budget: int, kinds: dict[str, int]) -> dict | None:
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp, "config.json")
         config.write_text(json.dumps({
@@ -116,6 +145,14 @@ def chunked(args: argparse.Namespace, layers: int, budget: int) -> dict | None:
     print(f"  chunks, {layers} layers: {out['parameters'] / 1e6:.1f}M parameters, "
           f"{out['samples_per_s']:.2f} samples/s, device peak {out['device_peak'] / MIB:.0f} MiB, "
           f"host peak {out['host_peak'] / MIB:.0f} MiB per rank")
+    measured, predicted = results[0]["traffic"][-1], simulated(args, layers, budget, kinds)
+    errors = []
+    for key in ("to_device", "to_host", "gathered", "reduced"):
+        m, p = measured[key], predicted.get(key, 0)
+        errors.append(abs(p - m) / m if m else float(p != 0))
+        print(f"    {key}: measured {m / MIB:.1f} MiB, simulated {p / MIB:.1f} MiB ({(p - m) / m:+.1%})"
+              if m else f"    {key}: measured 0, simulated {p / MIB:.1f} MiB")
+    out["swap_error"] = max(errors)
     return out
 
 
@@ -141,18 +178,22 @@ def main() -> int:
           f"{args.budget_mib} MiB per worker")
     plain_rate = plain_throughput(args, layers) if layers else 0.0
     print(f"  plain DP throughput: {plain_rate:.2f} samples/s ({args.workers} workers)")
-    best, candidate = None, layers + 1
+    kinds = profiled_activations(args)
+    best, candidate, worst_swap = None, layers + 1, 0.0
     while parameters(args, candidate) < 4 * plain_params:
         candidate += 1
     while candidate <= args.max_layers:
-        result = chunked(args, candidate, budget)
+        result = chunked(args, candidate, budget, kinds)
         if result is None:
             break
         best = result
+        worst_swap = max(worst_swap, result["swap_error"])
         candidate += args.step
     ratio = best["parameters"] / plain_params if best and plain_params else 0.0
-    met = ratio >= 4
-    print(f"chunks / plain DP parameters: {ratio:.1f}x (goal >= 4x: {'met' if met else 'MISSED'}); "
+    swap_met = best is not None and worst_swap <= 0.10
+    met = ratio >= 4 and swap_met
+    print(f"chunks / plain DP parameters: {ratio:.1f}x (goal >= 4x: {'met' if ratio >= 4 else 'MISSED'}); "
+          f"swap bytes simulated within {worst_swap:.1%} (goal <= 10%: {'met' if swap_met else 'MISSED'}); "
           f"{time.perf_counter() - started:.0f} s")
     print("command: .venv/bin/python benchmarks/memory.py " + shlex.join(sys.argv[1:]))
     return 0 if met else 1
