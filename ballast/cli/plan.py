@@ -176,9 +176,24 @@ def show(plan: plan_pb2.Plan) -> None:
         f"predicted {p.iteration_time_s:.4g} s/iteration, {p.throughput_samples_per_s:.4g} samples/s, "
         f"peak {p.peak_memory_bytes / GiB:.2f} of {plan.memory_budget_bytes / GiB:.2f} GiB per device", markup=False)
     console.print(stage_table(plan))
+    if plan.HasField("offload"):
+        console.print(offload_table(plan.offload))
     console.print(layer_table(plan))
     console.print(alternatives_table(plan))
     console.print(plan.explanation, markup=False)
+
+
+def offload_table(off: plan_pb2.ChunkOffload) -> Table:
+    """A chunk-offload plan's layout and the simulator's swap prediction per iteration (rank 0's)."""
+    mib = float(1 << 20)
+    table = Table("chunks", "chunk MiB", "device budget MiB", "device peak MiB", "host MiB", "in MiB/it",
+                  "out MiB/it", "gathered MiB/it", "reduced MiB/it", "swap s/it", title="chunk offload (PatrickStar)")
+    table.add_row(str(off.chunks), f"{off.chunk_bytes / mib:.1f}", f"{off.device_budget_bytes / mib:.1f}",
+                  f"{off.predicted_device_peak_bytes / mib:.1f}", f"{off.predicted_host_bytes / mib:.1f}",
+                  f"{off.predicted_to_device_bytes / mib:.1f}", f"{off.predicted_to_host_bytes / mib:.1f}",
+                  f"{off.predicted_gathered_bytes / mib:.1f}", f"{off.predicted_reduced_bytes / mib:.1f}",
+                  f"{off.predicted_swap_s:.4g}")
+    return table
 
 
 def stage_table(plan: plan_pb2.Plan) -> Table:

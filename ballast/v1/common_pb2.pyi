@@ -32,6 +32,7 @@ class ParallelDim(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PARALLEL_DIM_PP: _ClassVar[ParallelDim]
     PARALLEL_DIM_ZERO1: _ClassVar[ParallelDim]
     PARALLEL_DIM_ZERO2: _ClassVar[ParallelDim]
+    PARALLEL_DIM_CHUNKS: _ClassVar[ParallelDim]
 
 class DpSharding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -53,6 +54,7 @@ PARALLEL_DIM_TP: ParallelDim
 PARALLEL_DIM_PP: ParallelDim
 PARALLEL_DIM_ZERO1: ParallelDim
 PARALLEL_DIM_ZERO2: ParallelDim
+PARALLEL_DIM_CHUNKS: ParallelDim
 DP_SHARDING_UNSPECIFIED: DpSharding
 DP_SHARDING_ZERO1: DpSharding
 DP_SHARDING_ZERO2: DpSharding

@@ -113,7 +113,7 @@ class PlanAlternative(_message.Message):
     def __init__(self, name: _Optional[str] = ..., engine: _Optional[_Union[PlanEngine, str]] = ..., prediction: _Optional[_Union[Prediction, _Mapping]] = ..., global_batch_size: _Optional[int] = ..., reason: _Optional[str] = ..., plan_id: _Optional[str] = ...) -> None: ...
 
 class Plan(_message.Message):
-    __slots__ = ("id", "tenant_id", "model_id", "profile_id", "job_id", "fleet", "engine", "version", "parent_plan_id", "global_batch_size", "micro_batch_size", "num_micro_batches", "schedule", "stages", "layers", "prediction", "alternatives", "explanation", "memory_budget_bytes", "created_at")
+    __slots__ = ("id", "tenant_id", "model_id", "profile_id", "job_id", "fleet", "engine", "version", "parent_plan_id", "global_batch_size", "micro_batch_size", "num_micro_batches", "schedule", "stages", "layers", "prediction", "alternatives", "explanation", "memory_budget_bytes", "created_at", "offload")
     ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
@@ -134,6 +134,7 @@ class Plan(_message.Message):
     EXPLANATION_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    OFFLOAD_FIELD_NUMBER: _ClassVar[int]
     id: str
     tenant_id: str
     model_id: str
@@ -154,7 +155,34 @@ class Plan(_message.Message):
     explanation: str
     memory_budget_bytes: int
     created_at: _timestamp_pb2.Timestamp
-    def __init__(self, id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., model_id: _Optional[str] = ..., profile_id: _Optional[str] = ..., job_id: _Optional[str] = ..., fleet: _Optional[_Union[_fleet_pb2.Fleet, _Mapping]] = ..., engine: _Optional[_Union[PlanEngine, str]] = ..., version: _Optional[int] = ..., parent_plan_id: _Optional[str] = ..., global_batch_size: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., num_micro_batches: _Optional[int] = ..., schedule: _Optional[_Union[Schedule, str]] = ..., stages: _Optional[_Iterable[_Union[Stage, _Mapping]]] = ..., layers: _Optional[_Iterable[_Union[LayerStrategy, _Mapping]]] = ..., prediction: _Optional[_Union[Prediction, _Mapping]] = ..., alternatives: _Optional[_Iterable[_Union[PlanAlternative, _Mapping]]] = ..., explanation: _Optional[str] = ..., memory_budget_bytes: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    offload: ChunkOffload
+    def __init__(self, id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., model_id: _Optional[str] = ..., profile_id: _Optional[str] = ..., job_id: _Optional[str] = ..., fleet: _Optional[_Union[_fleet_pb2.Fleet, _Mapping]] = ..., engine: _Optional[_Union[PlanEngine, str]] = ..., version: _Optional[int] = ..., parent_plan_id: _Optional[str] = ..., global_batch_size: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., num_micro_batches: _Optional[int] = ..., schedule: _Optional[_Union[Schedule, str]] = ..., stages: _Optional[_Iterable[_Union[Stage, _Mapping]]] = ..., layers: _Optional[_Iterable[_Union[LayerStrategy, _Mapping]]] = ..., prediction: _Optional[_Union[Prediction, _Mapping]] = ..., alternatives: _Optional[_Iterable[_Union[PlanAlternative, _Mapping]]] = ..., explanation: _Optional[str] = ..., memory_budget_bytes: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., offload: _Optional[_Union[ChunkOffload, _Mapping]] = ...) -> None: ...
+
+class ChunkOffload(_message.Message):
+    __slots__ = ("chunk_bytes", "device_budget_bytes", "predicted_to_device_bytes", "predicted_to_host_bytes", "predicted_gathered_bytes", "predicted_reduced_bytes", "predicted_swap_s", "chunks", "predicted_device_peak_bytes", "plain_peak_memory_bytes", "predicted_host_bytes")
+    CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_TO_DEVICE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_TO_HOST_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_GATHERED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_REDUCED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_SWAP_S_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_DEVICE_PEAK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PLAIN_PEAK_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_HOST_BYTES_FIELD_NUMBER: _ClassVar[int]
+    chunk_bytes: int
+    device_budget_bytes: int
+    predicted_to_device_bytes: int
+    predicted_to_host_bytes: int
+    predicted_gathered_bytes: int
+    predicted_reduced_bytes: int
+    predicted_swap_s: float
+    chunks: int
+    predicted_device_peak_bytes: int
+    plain_peak_memory_bytes: int
+    predicted_host_bytes: int
+    def __init__(self, chunk_bytes: _Optional[int] = ..., device_budget_bytes: _Optional[int] = ..., predicted_to_device_bytes: _Optional[int] = ..., predicted_to_host_bytes: _Optional[int] = ..., predicted_gathered_bytes: _Optional[int] = ..., predicted_reduced_bytes: _Optional[int] = ..., predicted_swap_s: _Optional[float] = ..., chunks: _Optional[int] = ..., predicted_device_peak_bytes: _Optional[int] = ..., plain_peak_memory_bytes: _Optional[int] = ..., predicted_host_bytes: _Optional[int] = ...) -> None: ...
 
 class Calibration(_message.Message):
     __slots__ = ("id", "host_class", "device_kind", "cores", "colocated", "version", "forward_scale", "forward_fixed_s", "backward_scale", "backward_fixed_s", "allreduce_scale", "update_scale", "iteration_fixed_s", "memory_scale", "memory_fixed_bytes", "iterations", "residual", "residual_before", "job_ids", "fitted_at", "notes")

@@ -72,6 +72,7 @@ from services.profiler.versions import software
 from services.runtime.errors import FailedPrecondition, InvalidArgument
 from services.specs import catalog
 from services.zoo import Decomposition, build_model, check_spec, example_input
+from services.zoo.graph import parameter_tensors
 
 T = TypeVar("T")
 log = logging.getLogger("ballast.profiler.driver")
@@ -453,6 +454,7 @@ def profile(
     top, to_measure = _sizes(session, request, report, t0)
 
     layers = [_layer_profile(session, i, top, dt) for i in range(session.n)]
+    _parameter_tensors(layers, decomposition)
     measured = sorted({m for g in session.groups for m in g.samples if m <= top})
     out = profile_pb2.Profile(
         device=hw,
@@ -585,6 +587,17 @@ def _capped(session: _Session, request: services_pb2.ProfileRequest, report: _Re
         last = (m, time.perf_counter() - t0 - elapsed)
         measured.append(m)
     return top, measured, why
+
+
+def _parameter_tensors(layers: list[profile_pb2.LayerProfile], decomposition: Decomposition) -> None:
+    """Each layer's parameter tensors as chunk offload lays them out (zoo.graph.parameter_tensors)."""
+    params, used = parameter_tensors(decomposition)
+    owned: set[int] = set()
+    for layer, indices in zip(layers, used, strict=True):
+        layer.parameter_tensors.extend(indices)
+        mine = [i for i in indices if i not in owned]
+        layer.parameter_numels.extend(params[i].numel() for i in mine)
+        owned.update(mine)
 
 
 def _layer_profile(session: _Session, index: int, top: int, dtype: torch.dtype) -> profile_pb2.LayerProfile:

@@ -127,6 +127,9 @@ class ProfileLayer(Base):
     max_micro_batch_size: Mapped[int] = mapped_column(default=0, server_default="0")
     # Added by 0013: TP degrees dividing it are runnable, 0 none (rows stored before read 0).
     tensor_parallel: Mapped[int] = mapped_column(default=0, server_default="0")
+    # Added by 0014: the parameter tensors the layer owns (elements) and uses (model-wide indices).
+    parameter_numels: Mapped[list[Any]] = mapped_column(default=list, server_default="[]")
+    parameter_tensors: Mapped[list[Any]] = mapped_column(default=list, server_default="[]")
 
     samples: Mapped[list[ProfileLayerSample]] = relationship(
         order_by="ProfileLayerSample.micro_batch_size", cascade="all, delete-orphan"
@@ -218,6 +221,7 @@ class Plan(Base):
     explanation: Mapped[str] = mapped_column(sa.Text, default="")
     created_at: Mapped[datetime] = mapped_column(index=True)
     request_id: Mapped[str | None] = mapped_column(Id)  # added by 0005
+    offload: Mapped[dict[str, Any] | None]  # added by 0014: Plan.offload (chunk offload), NULL without
 
     layers: Mapped[list[PlanLayer]] = relationship(
         order_by="PlanLayer.layer_index", cascade="all, delete-orphan"
@@ -328,6 +332,12 @@ class IterationMetric(Base):
     overhead_s: Mapped[float | None]
     predicted_peak_memory_bytes: Mapped[int | None] = mapped_column(sa.BigInteger)
     predicted_stage_compute_s: Mapped[float | None]
+    # Added by 0014 (chunk offload; NULL for earlier rows, 0 without offload).
+    swap_in_bytes: Mapped[int | None] = mapped_column(sa.BigInteger)
+    swap_out_bytes: Mapped[int | None] = mapped_column(sa.BigInteger)
+    swap_s: Mapped[float | None]
+    predicted_swap_in_bytes: Mapped[int | None] = mapped_column(sa.BigInteger)
+    predicted_swap_out_bytes: Mapped[int | None] = mapped_column(sa.BigInteger)
 
 
 class LayerMigration(Base):

@@ -116,6 +116,19 @@ def decompose(model: nn.Module, layers: list[Layer]) -> Decomposition:
     return Decomposition(layers, relay, shared)
 
 
+def parameter_tensors(decomposition: Decomposition) -> tuple[list[nn.Parameter], list[list[int]]]:
+    """The model's distinct parameters ordered by the first layer using each (module order within it), and per
+    layer the indices of those it uses. The chunk layout (executor) and the chunk simulator (planner, through
+    the profile's LayerProfile.parameter_numels / parameter_tensors) both see the model this way."""
+    ordered: dict[int, nn.Parameter] = {}
+    for layer in decomposition.layers:
+        for p in layer.module.parameters():
+            ordered.setdefault(id(p), p)
+    index = {key: i for i, key in enumerate(ordered)}
+    return list(ordered.values()), [[index[id(p)] for p in dict.fromkeys(layer.module.parameters())]
+                                    for layer in decomposition.layers]
+
+
 def run_layers(decomposition: Decomposition, inputs: Inputs) -> Tensor:
     """Run the model one layer at a time through an explicit env of outputs; returns the loss."""
     env: dict[int, Tensor] = {}

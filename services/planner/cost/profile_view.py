@@ -167,6 +167,8 @@ class LayerView:
     max_micro_batch_size: int = 0
     note: str = ""
     optimizer_step_s: float = 0.0  # measured optimizer step over the whole layer, once per iteration
+    parameter_numels: tuple[int, ...] = ()  # elements of the parameter tensors it owns (chunk offload's layout)
+    parameter_tensors: tuple[int, ...] = ()  # model-wide indices of the parameter tensors it uses
 
     @property
     def fits(self) -> bool:
@@ -326,6 +328,8 @@ def from_profile(profile: profile_pb2.Profile) -> ModelView:
             batch_input_bytes=lp.batch_input_bytes,
             max_micro_batch_size=lp.max_micro_batch_size,
             optimizer_step_s=lp.optimizer_step_s,
+            parameter_numels=tuple(lp.parameter_numels),
+            parameter_tensors=tuple(lp.parameter_tensors),
             note=lp.note,
         ))
     slowdown = profile.comm.overlap_slowdown

@@ -55,7 +55,10 @@ def iteration_metric(st: executor_pb2.StageStats, plan: plan_pb2.Plan | None) ->
         predicted_iteration_time_s=plan.prediction.iteration_time_s if plan is not None else 0.0,
         recompute_s=st.recompute_s, p2p_s=st.p2p_s, allreduce_s=st.allreduce_s, optimizer_s=st.optimizer_s,
         overhead_s=st.overhead_s, predicted_peak_memory_bytes=predicted_memory(plan, stage),
-        predicted_stage_compute_s=predicted_compute(plan, stage))
+        predicted_stage_compute_s=predicted_compute(plan, stage),
+        swap_in_bytes=st.swap_in_bytes, swap_out_bytes=st.swap_out_bytes, swap_s=st.swap_s,
+        predicted_swap_in_bytes=plan.offload.predicted_to_device_bytes if plan is not None else 0,
+        predicted_swap_out_bytes=plan.offload.predicted_to_host_bytes if plan is not None else 0)
 
 
 def observe_iteration(row: job_pb2.IterationMetric) -> None:

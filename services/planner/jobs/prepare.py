@@ -26,7 +26,7 @@ from typing import Any
 from ballast.v1 import fleet_pb2, job_pb2, plan_pb2, services_pb2, store_pb2
 from services.planner.plans.calibrate import from_proto, host_class
 from services.planner.plans.fleet import executor_dims, online_hosts
-from services.planner.plans.make import PlanInputs, make_plan
+from services.planner.plans.make import PlanInputs, make_plan, search_dims
 from services.planner.plans.operations import check_profile
 from services.planner.queue import durable
 from services.runtime.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
@@ -134,10 +134,11 @@ def plan_inputs(job: job_pb2.Job, dims: tuple[str, ...], devices: int = 0, engin
     `engine` (a morph's re-plan: Varuna's P x D at the same global batch) stands in for an unset one."""
     spec = job.spec
     stages = spec.pipeline_stages if not devices or spec.pipeline_stages <= devices else 0
-    if spec.online_repartition:  # the online planner prices pipeline x (ZeRO-)DP plans only
-        dims = tuple(d for d in dims if d not in ("tp", "sdp"))
+    dims, offload = search_dims(dims)
+    if spec.online_repartition:  # the online planner prices pipeline x (ZeRO-)DP plans only, and nothing offloaded
+        dims, offload = tuple(d for d in dims if d not in ("tp", "sdp")), False
     return PlanInputs(global_batch_size=spec.global_batch_size, memory_budget_bytes=spec.memory_budget_bytes,
-                      engine=spec.engine or engine, schedule=spec.schedule, runnable_dims=dims,
+                      engine=spec.engine or engine, schedule=spec.schedule, runnable_dims=dims, offload=offload,
                       pipeline_stages=stages, micro_batches=0 if devices else spec.micro_batches,
                       # the executors allreduce (and ZeRO-2 reduce-scatters) after the stage's last backward
                       overlap_grad_sync=False, zero2_reduce_scatter_per_layer=False)

@@ -8,7 +8,7 @@ neither reaches into the other for it.
 from __future__ import annotations
 
 from ballast.v1 import fleet_pb2, store_pb2
-from services.planner.plans.make import runnable_dims
+from services.planner.plans.make import OFFLOAD, offload_runnable, runnable_dims
 from services.runtime.store_api import Store, every_page
 
 
@@ -25,5 +25,7 @@ def online_hosts(store: Store) -> list[fleet_pb2.Host]:
 
 
 def executor_dims(store: Store) -> tuple[str, ...]:
-    """Parallel dims and DP flavours every online executor host runs (make.runnable_dims); none online: ("dp",)."""
-    return runnable_dims([list(h.supported_parallelism) for h in online_hosts(store)])
+    """Parallel dims and DP flavours every online executor host runs (make.runnable_dims), and "chunks" when every
+    one runs chunk offload (PlanInputs.offload); none online: ("dp",)."""
+    hosts = [list(h.supported_parallelism) for h in online_hosts(store)]
+    return runnable_dims(hosts) + ((OFFLOAD,) if offload_runnable(hosts) else ())

@@ -33,7 +33,7 @@ from ballast.v1 import (
     store_pb2,
 )
 from services.planner.plans.fleet import executor_dims
-from services.planner.plans.make import PlanInputs, make_plan
+from services.planner.plans.make import PlanInputs, make_plan, search_dims
 from services.planner.queue import durable
 from services.runtime.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound
 from services.runtime.store_api import Store
@@ -97,7 +97,8 @@ def inputs_of(payload: dict[str, Any], *, what_if: bool = False):
         memory_budget_bytes=int(payload.get("memory_budget_bytes", 0)),
         engine=plan_pb2.PlanEngine.Value(payload.get("engine", "PLAN_ENGINE_UNSPECIFIED")),
         schedule=plan_pb2.Schedule.Value(payload.get("schedule", "SCHEDULE_UNSPECIFIED")),
-        runnable_dims=tuple(payload.get("runnable_dims", ("dp",))),
+        runnable_dims=search_dims(payload.get("runnable_dims", ("dp",)))[0],
+        offload=search_dims(payload.get("runnable_dims", ()))[1],
         what_if=what_if,
     )
 

@@ -27,6 +27,8 @@ def plan_pb(row: m.Plan) -> plan_pb2.Plan:
     )
     if row.fleet:
         out.fleet.CopyFrom(from_json(row.fleet, fleet_pb2.Fleet))
+    if row.offload:
+        out.offload.CopyFrom(from_json(row.offload, plan_pb2.ChunkOffload))
     for layer in row.layers:
         out.layers.add(**shared_fields(layer, plan_pb2.LayerStrategy))
     for cand in row.candidates:  # the prediction's headline numbers are columns of the candidate
@@ -130,6 +132,7 @@ class PlanStore(RepositoryBase):
                 fleet=to_json(pl.fleet),
                 stages=[to_json(st) for st in pl.stages],
                 prediction=to_json(pl.prediction),
+                offload=to_json(pl.offload) if pl.HasField("offload") else None,
                 created_at=self.now(),
                 request_id=key,
             )
