@@ -55,9 +55,12 @@ def devices(cpu_slots: int = 1) -> list[fleet_pb2.Device]:
 
 # ZeRO-1 / ZeRO-2 are per-layer data-parallel flavours the workers run (train/sharding.py) with torch.distributed's
 # reduce-scatter and all-gather; TP and SDP per layer inside a stage (train/hybrid.py: DTensor tensor parallelism,
-# FSDP2 sharding), in the shapes the planner's executable_only search keeps. Gloo and NCCL alike.
+# FSDP2 sharding), in the shapes the planner's executable_only search keeps. Gloo and NCCL alike. CHUNKS is a
+# capability, not a mesh dim: the workers run a Plan.offload (PatrickStar chunks, train/worker.py chunk mode), so
+# the planner may fall back to it for a model that fits no plan in device memory.
 SUPPORTED = [common_pb2.PARALLEL_DIM_DP, common_pb2.PARALLEL_DIM_PP, common_pb2.PARALLEL_DIM_ZERO1,
-             common_pb2.PARALLEL_DIM_ZERO2, common_pb2.PARALLEL_DIM_TP, common_pb2.PARALLEL_DIM_SDP]
+             common_pb2.PARALLEL_DIM_ZERO2, common_pb2.PARALLEL_DIM_TP, common_pb2.PARALLEL_DIM_SDP,
+             common_pb2.PARALLEL_DIM_CHUNKS]
 
 
 def host_labels() -> dict[str, str]:

@@ -79,7 +79,15 @@ def worker_config(assign: executor_pb2.AssignInstruction, worker: executor_pb2.W
         "plan_version": plan.version,
         "online": spec.online_repartition,
         "predicted_iteration_s": plan.prediction.iteration_time_s,
+        **offload(plan),
     }
+
+
+def offload(plan: plan_pb2.Plan) -> dict[str, int]:
+    """A chunk-offload plan's layout as the worker runs it (chunk mode, train/worker.py); nothing otherwise."""
+    if not plan.HasField("offload"):
+        return {}
+    return {"chunk_bytes": plan.offload.chunk_bytes, "device_budget_bytes": plan.offload.device_budget_bytes}
 
 
 def policies(plan: plan_pb2.Plan) -> dict[str, list[int]]:
@@ -142,7 +150,9 @@ def stage_stats(event: dict, job_id: str) -> executor_pb2.StageStats:
         swapped_bytes=int(event.get("swapped_bytes", 0)),
         active_layers=[int(i) for i in event.get("active_layers", event.get("layers", []))],
         p2p_s=float(event.get("p2p_s", 0.0)), allreduce_s=float(event.get("allreduce_s", 0.0)),
-        optimizer_s=float(event.get("optimizer_s", 0.0)), overhead_s=float(event.get("overhead_s", 0.0)))
+        optimizer_s=float(event.get("optimizer_s", 0.0)), overhead_s=float(event.get("overhead_s", 0.0)),
+        swap_in_bytes=int(event.get("swap_in_bytes", 0)), swap_out_bytes=int(event.get("swap_out_bytes", 0)),
+        swap_s=float(event.get("swap_s", 0.0)))
 
 
 @dataclass
@@ -349,6 +359,10 @@ class Workers:
                     to_stage=int(event["to_stage"]), bytes=int(event.get("bytes", 0)),
                     duration_s=float(event.get("duration_s", 0.0)), iteration=int(event.get("iteration", 0)),
                     plan_version=int(event.get("plan_version", 0))))))
+        elif kind == "started":
+            for warning in event.get("warnings") or []:  # what the worker does not honour (chunk mode's checkpoints)
+                log.warning("worker warning", extra={"job_id": w.job_id, "rank": w.assignment.rank,
+                                                     "warning": str(warning)})
         elif kind == "done":
             w.done = True
         elif kind in ("error", "stopped"):

@@ -12,13 +12,19 @@ chunk's optimizer states are and then copies the updated master into the slots. 
 are gathered with `dist.all_gather` and gradients summed into their owner with `dist.reduce` per chunk (the
 reduce-scatter's volume; gloo has it).
 
+Every `Mover` method is timed (`seconds`, by kind) so a worker can report its swap time and tell the gathers and
+reductions apart from the compute around them; on a GPU each timed call ends with a device sync, so the copies and
+collectives it launched are inside its span.
+
 Precision: the compute list has the model's dtype (fp32 on CPU). A GPU run would keep it in half precision with
 the fp32 master list; the code is written for both but only the CPU path is tested here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -30,6 +36,8 @@ from torch.optim import sgd as sgd_fn
 from services.runtime.chunk_layout import plan_chunks
 from services.runtime.chunk_policy import OS_KINDS, Chunk, ChunkPolicy, Mover, TensorState
 from services.runtime.memory_pool import MemoryPool
+
+MOVER_KINDS = ("move", "gather", "reduce")
 
 
 def _resize(t: Tensor, numel: int) -> None:
@@ -51,6 +59,8 @@ class ChunkManager(Mover):
         self.group_ranks = list(group_ranks) if group_ranks is not None else list(range(world))
         self.slot_of = {id(p): i for i, p in enumerate(self.params)}
         device = self.params[0].device if self.params else torch.device("cpu")
+        self.device_type = device.type
+        self.seconds = dict.fromkeys(MOVER_KINDS, 0.0)  # inside the Mover's methods since the last take_swap_s
         n = self.layout.chunk_numel
         kinds = OS_KINDS if optimizer == "adam" else OS_KINDS[:1]
         self.policy = ChunkPolicy(self.layout, size, device_pool, host_pool, os_kinds=kinds, rank=rank, mover=self)
@@ -75,24 +85,48 @@ class ChunkManager(Mover):
         self.steps = {i: torch.tensor(0.0) for i, s in enumerate(self.layout.slots)
                       if self.layout.owner(s.chunk) == rank}
 
+    @property
+    def comm_s(self) -> float:
+        """Seconds in gathers and reductions since the last `take_swap_s` (collectives, not host copies)."""
+        return self.seconds["gather"] + self.seconds["reduce"]
+
+    def take_swap_s(self) -> float:
+        """Seconds moving, gathering and reducing chunks since the last call (a worker calls it per iteration)."""
+        total = sum(self.seconds.values())
+        self.seconds = dict.fromkeys(MOVER_KINDS, 0.0)
+        return total
+
+    @contextmanager
+    def _timed(self, kind: str) -> Iterator[None]:
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.device_type == "cuda":
+                torch.cuda.synchronize()
+            self.seconds[kind] += time.perf_counter() - began
+
     # -- Mover: what the policy's decisions do to the tensors ----------------------------------------------------
     def move(self, chunk: Chunk, to: str) -> None:
         src, dst = (self.host, self.device) if to == "device" else (self.device, self.host)
         source, target = src[chunk.key], dst[chunk.key]
-        _resize(target, self.layout.chunk_numel)
-        with torch.no_grad():
-            target.copy_(source)
-        _resize(source, 0)
+        with self._timed("move"):
+            _resize(target, self.layout.chunk_numel)
+            with torch.no_grad():
+                target.copy_(source)
+            _resize(source, 0)
 
     def gather(self, members: list[Chunk]) -> None:
-        for m in members:
-            if not m.local:
-                _resize(self.device[m.key], self.layout.chunk_numel)
-        local = next(m for m in members if m.local)
-        dist.all_gather([self.device[m.key] for m in members], self.device[local.key], group=self.group)
+        with self._timed("gather"):
+            for m in members:
+                if not m.local:
+                    _resize(self.device[m.key], self.layout.chunk_numel)
+            local = next(m for m in members if m.local)
+            dist.all_gather([self.device[m.key] for m in members], self.device[local.key], group=self.group)
 
     def reduce(self, chunk: Chunk, owner: int) -> None:
-        dist.reduce(self.device[chunk.key], self.group_ranks[owner], op=dist.ReduceOp.SUM, group=self.group)
+        with self._timed("reduce"):
+            dist.reduce(self.device[chunk.key], self.group_ranks[owner], op=dist.ReduceOp.SUM, group=self.group)
 
     def free(self, chunk: Chunk) -> None:
         _resize(self.device[chunk.key], 0)
@@ -147,6 +181,11 @@ class ChunkManager(Mover):
                         param.copy_(new)
             finally:
                 self.policy.finish_step(c, members)
+
+    def local_payloads(self) -> list[Tensor]:
+        """This process's own parameter chunks, wherever each is now (what its fingerprint covers)."""
+        return [self.device[c.key] if c.where == "device" else self.host[c.key]
+                for c in self.policy.chunks if c.local]
 
     def _views(self, chunk: Chunk, slots: list[int]) -> list[Tensor]:
         buf = self.device[chunk.key] if chunk.where == "device" else self.host[chunk.key]

@@ -16,6 +16,7 @@ count and replica count never change.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
@@ -82,6 +83,8 @@ class WorkerConfig:
     # migration groups, exist only then.
     online: bool = True
     predicted_iteration_s: float = 0.0
+    chunk_bytes: int = 0  # > 0: chunk offload with chunks of this many bytes; 0: the model stays in device memory
+    device_budget_bytes: int = 0  # chunk offload's device memory per worker; 0: no budget
 
     @property
     def num_stages(self) -> int:
@@ -177,6 +180,24 @@ class WorkerConfig:
         need(all(isinstance(t, list | tuple) and len(t) == 3 and all(is_int(v) for v in t) and t[1] >= 0
                  and t[2] in (0, 1) for t in self.layer_toggles), "layer_toggles",
              "each entry is [layer_index, iteration >= 0, active 0 or 1]")
+        self._validate_chunks(need)
+
+    def _validate_chunks(self, need: Callable[[bool, str, str], None]) -> None:
+        need(is_int(self.chunk_bytes) and self.chunk_bytes >= 0, "chunk_bytes",
+             "must be an integer >= 0 (0 = no chunk offload)")
+        need(is_int(self.device_budget_bytes) and self.device_budget_bytes >= 0, "device_budget_bytes",
+             "must be an integer >= 0 (0 = no budget)")
+        if self.chunk_bytes == 0:
+            need(self.device_budget_bytes == 0, "device_budget_bytes",
+                 "a device budget applies to chunk offload only: set chunk_bytes too, or leave it 0")
+            return
+        need(self.num_stages == 1, "stage_bounds",
+             f"chunk offload runs one stage holding every layer, got {self.num_stages} stages")
+        need(not self.resume_from, "resume_from", "chunk offload does not resume from checkpoints yet: leave it empty")
+        need(not self.layer_toggles, "layer_toggles", "chunk offload runs every layer every iteration: leave it empty")
+        for name in ("checkpoint_layers", "swap_layers", "zero1_layers", "zero2_layers", "tp_layers", "sdp_layers"):
+            need(not getattr(self, name), name, "chunk offload runs every layer as plain data parallel with its "
+                 "model data in chunks: leave it empty")
 
 
 def is_int(value: Any) -> bool:

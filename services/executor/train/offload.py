@@ -11,11 +11,15 @@ Data parallelism splits the global batch over `world` processes as the workers d
 [r*B/world, (r+1)*B/world), split into micro-batches, each micro-batch's dropout seeded by its global index),
 and sums gradients; the loss of an iteration is the global summed loss over the global label count, so it equals
 `reference.train_single`'s.
+
+`ChunkedTrainer` steps one iteration at a time with its timings split as the stage trainer's (the worker's chunk
+mode reports each); `train_chunked` runs it to the end for the benchmark and the tests.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -124,55 +128,110 @@ def attach(model: nn.Module, manager: ChunkManager, last_micro_batch: list[bool]
     return handles
 
 
+@dataclass
+class ChunkedStep:
+    """One iteration: the global loss, this rank's chunk traffic and its timings in seconds. forward_s,
+    backward_s, optimizer_s and allreduce_s are disjoint spans (the gathers and reductions the hooks run are taken
+    out of forward and backward); the rest of iteration_s is batch building and Python. swap_s is the time inside
+    the chunk moves, gathers and reductions, wherever they ran (it overlaps the spans)."""
+
+    loss: float
+    traffic: Traffic
+    iteration_s: float
+    forward_s: float
+    backward_s: float
+    optimizer_s: float
+    allreduce_s: float  # gathers, reductions and the loss sum
+    swap_s: float
+    stop: bool  # some rank voted to stop at this boundary
+
+
+class ChunkedTrainer:
+    """A model whose data lives in chunks under a device budget, stepped one iteration at a time (the worker
+    reports each; `train_chunked` collects them)."""
+
+    def __init__(self, spec: model_pb2.ModelSpec, data: dict[str, Any], seed: int, global_batch: int,
+                 optimizer: dict[str, Any], *, device_budget: int | None, chunk_bytes: int, micro_batches: int = 1,
+                 host_budget: int | None = None, device: str | torch.device = "cpu", rank: int = 0, world: int = 1,
+                 group: object = None) -> None:
+        if global_batch % (world * micro_batches):
+            raise ValueError(f"global_batch {global_batch} must split into {world} replicas x {micro_batches} "
+                             "micro-batches")
+        self.spec, self.data, self.seed, self.global_batch = spec, data, seed, global_batch
+        self.optimizer, self.micro_batches, self.device = optimizer, micro_batches, torch.device(device)
+        self.rank, self.world, self.group = rank, world, group
+        self.model = build_model(spec, seed=seed, device=self.device)
+        self.model.train()
+        self.params = list(dict.fromkeys(self.model.parameters()))
+        self.model_bytes = sum(p.numel() * p.element_size() for p in self.params)
+        self.device_pool, self.host_pool = MemoryPool("device", device_budget), MemoryPool("host", host_budget)
+        self.manager = ChunkManager(self.params, chunk_bytes, self.device_pool, self.host_pool,
+                                    optimizer=optimizer["name"], rank=rank, world=world, group=group)
+        self.last = [False]
+        self.activations: list[tuple[int, int]] = []
+        attach(self.model, self.manager, self.last, self.activations)
+        self.meter = ActivationMeter(self.device_pool, self.manager)
+
+    def step(self, iteration: int, vote: Callable[[], bool] | None = None) -> ChunkedStep:
+        """Iteration `iteration` (0-based) of this replica; `vote`, asked at its end, True asks every rank to stop
+        after it (the vote rides on the loss sum, so all ranks learn it at the same boundary)."""
+        manager, model, per_replica = self.manager, self.model, self.global_batch // self.world
+        size = per_replica // self.micro_batches
+        started = time.perf_counter()
+        manager.take_swap_s()
+        whole = batch_for(self.spec, self.data, self.seed, iteration, 0, self.global_batch,
+                          global_batch=self.global_batch)
+        count = max(model.loss_count(whole), 1)
+        total = 0.0
+        forward_s = backward_s = 0.0
+        for k in range(self.micro_batches):
+            self.last[0] = k == self.micro_batches - 1
+            begin = self.rank * per_replica + k * size
+            batch = {key: v.to(self.device) for key, v in batch_for(
+                self.spec, self.data, self.seed, iteration, begin, begin + size,
+                global_batch=self.global_batch).items()}
+            torch.manual_seed(dropout_seed(self.seed, iteration, self.rank * self.micro_batches + k))
+            t, comm = time.perf_counter(), manager.comm_s
+            with self.meter.saving():
+                loss = model(batch)
+            manager.policy.forward_done()
+            forward_s += time.perf_counter() - t - (manager.comm_s - comm)
+            t, comm = time.perf_counter(), manager.comm_s
+            (loss / count).backward()
+            manager.policy.backward_done(self.last[0])
+            total += float(loss.detach())
+            backward_s += time.perf_counter() - t - (manager.comm_s - comm)
+        t, comm = time.perf_counter(), manager.comm_s
+        manager.step(self.optimizer)
+        manager.policy.end_iteration()
+        optimizer_s = time.perf_counter() - t - (manager.comm_s - comm)
+        chunk_comm_s = manager.comm_s
+        t = time.perf_counter()
+        votes = float(vote is not None and vote())
+        if self.world > 1:
+            summed = torch.tensor([total, votes], dtype=torch.float64, device=self.device)
+            dist.all_reduce(summed, group=self.group)
+            total, votes = summed.tolist()
+        loss_sum_s = time.perf_counter() - t
+        if self.device.type == "cuda":  # the iteration's kernels are inside its time (the stage trainer's way)
+            torch.cuda.synchronize(self.device)
+        return ChunkedStep(total / count, manager.policy.traffic.take(), time.perf_counter() - started, forward_s,
+                           backward_s, optimizer_s, chunk_comm_s + loss_sum_s, manager.take_swap_s(), votes > 0)
+
+
 def train_chunked(spec: model_pb2.ModelSpec, data: dict[str, Any], seed: int, global_batch: int, iterations: int,
                   optimizer: dict[str, Any], *, device_budget: int | None, chunk_bytes: int,
                   micro_batches: int = 1, host_budget: int | None = None, device: str = "cpu", rank: int = 0,
                   world: int = 1, group: object = None) -> ChunkedRun:
-    if global_batch % (world * micro_batches):
-        raise ValueError(f"global_batch {global_batch} must split into {world} replicas x {micro_batches} "
-                         "micro-batches")
-    model = build_model(spec, seed=seed, device=device)
-    model.train()
-    params = list(dict.fromkeys(model.parameters()))
-    model_bytes = sum(p.numel() * p.element_size() for p in params)
-    device_pool, host_pool = MemoryPool("device", device_budget), MemoryPool("host", host_budget)
-    manager = ChunkManager(params, chunk_bytes, device_pool, host_pool, optimizer=optimizer["name"], rank=rank,
-                           world=world, group=group)
-    last = [False]
-    activations: list[tuple[int, int]] = []
-    attach(model, manager, last, activations)
-    meter = ActivationMeter(device_pool, manager)
-    per_replica = global_batch // world
-    size = per_replica // micro_batches
-    losses, traffic, seconds = [], [], []
-    for iteration in range(iterations):
-        started = time.perf_counter()
-        whole = batch_for(spec, data, seed, iteration, 0, global_batch, global_batch=global_batch)
-        count = max(model.loss_count(whole), 1)
-        total = 0.0
-        for k in range(micro_batches):
-            last[0] = k == micro_batches - 1
-            begin = rank * per_replica + k * size
-            batch = {key: v.to(device) for key, v in
-                     batch_for(spec, data, seed, iteration, begin, begin + size, global_batch=global_batch).items()}
-            torch.manual_seed(dropout_seed(seed, iteration, rank * micro_batches + k))
-            with meter.saving():
-                loss = model(batch)
-            manager.policy.forward_done()
-            (loss / count).backward()
-            manager.policy.backward_done(last[0])
-            total += float(loss.detach())
-        manager.step(optimizer)
-        manager.policy.end_iteration()
-        if world > 1:
-            summed = torch.tensor([total], dtype=torch.float64)
-            dist.all_reduce(summed, group=group)
-            total = float(summed)
-        losses.append(total / count)
-        traffic.append(manager.policy.traffic.take())
-        seconds.append(time.perf_counter() - started)
-    return ChunkedRun(losses, traffic, seconds, device_pool.peak, device_pool.peak_non_model, host_pool.peak,
-                      model_bytes, manager.layout.num_chunks, manager.policy.os_on_device, activations)
+    trainer = ChunkedTrainer(spec, data, seed, global_batch, optimizer, device_budget=device_budget,
+                             chunk_bytes=chunk_bytes, micro_batches=micro_batches, host_budget=host_budget,
+                             device=device, rank=rank, world=world, group=group)
+    steps = [trainer.step(iteration) for iteration in range(iterations)]
+    manager = trainer.manager
+    return ChunkedRun([s.loss for s in steps], [s.traffic for s in steps], [s.iteration_s for s in steps],
+                      trainer.device_pool.peak, trainer.device_pool.peak_non_model, trainer.host_pool.peak,
+                      trainer.model_bytes, manager.layout.num_chunks, manager.policy.os_on_device,
+                      trainer.activations)
 
 
 def run_rank(config: dict[str, Any], rank: int, world: int, init_method: str) -> dict[str, Any]:

@@ -17,7 +17,10 @@ goes to stdout, one JSON object per line; every event carries "event", "job_id",
   peak during the iteration, the first one's including the worker's setup; sampled by a thread when the
   environment sets BALLAST_HEAP_PEAK=1, heap.py; else 0), bytes_sent / bytes_received (p2p), allreduce_bytes,
   replica_allreduces, tied_allreduces, loss and has_loss (the iteration's global mean loss, on the last stage only),
-  samples_per_s (global batch / s), swapped_bytes (activation bytes moved to host memory this iteration),
+  samples_per_s (global batch / s), swapped_bytes (activation bytes moved to host memory this iteration; in
+  chunk mode the chunk bytes moved out, = swap_out_bytes), swap_in_bytes / swap_out_bytes (chunk mode: chunk
+  bytes moved host -> device / device -> host this iteration, optimizer states included; else 0 or absent),
+  swap_s (chunk mode: seconds inside the chunk moves, gathers and reductions; they lie within the other parts),
   active_layers (held layers that computed: layer_toggles can make one the identity), layers (held during
   this iteration; plan_version is the version in force during it). With more than one replica also
   zero1_layers / zero2_layers (held layers under ZeRO-1 / ZeRO-2), optimizer_state_bytes (optimizer state
@@ -46,6 +49,16 @@ goes to stdout, one JSON object per line; every event carries "event", "job_id",
   drain reaching a worker before its handler is installed (while it imports torch) kills it, as SIGTERM does.
 - "error" (exit 1): message, infrastructure (true when a collective or transfer broke: a peer or the network
   was lost, not the model), traceback (the last few KiB).
+Chunk mode (`chunk_bytes` > 0, PatrickStar, offload.py): one stage holds every layer, every rank is a
+data-parallel replica of the whole model (rank = replica), its model data in chunks of `chunk_bytes` under
+`device_budget_bytes` of device memory, host memory unlimited. The events are those above, with: "started" adds
+offload (chunk_bytes, device_budget_bytes, chunks, model_bytes) and warnings (a checkpoint_every that is not
+honoured: chunk mode writes no checkpoints yet); "iteration" has recompute_s = p2p_s = 0, allreduce_s = comm_s
+(the chunk all-gathers and reductions, taken out of forward_s and backward_s, and the loss sum), loss on every
+rank, plus gathered_bytes, reduced_bytes, evictions and device_budget_peak_bytes (the budget's high-water mark);
+no ZeRO fields; "done" hashes and sums this rank's own chunks. Stdin commands each get a "command_rejected"
+(training goes on). SIGTERM and SIGUSR2 both stop every rank at one agreed iteration boundary, drained false (no
+checkpoint to drain to). resume_from, per-layer policies and layer toggles are refused (WorkerConfig.validate).
 `kill -USR1 PID` writes every thread's stack to CONFIG.stacks (beside CONFIG.json) and training goes on.
 `resume_from` may be a directory path, a file:// URI, or the manifest itself.
 
@@ -57,6 +70,7 @@ from __future__ import annotations
 
 import errno
 import faulthandler
+import hashlib
 import json
 import os
 import signal
@@ -75,11 +89,12 @@ import torch.distributed as dist
 from services.executor.train import checkpoint as ckpt
 from services.executor.train import heap, hybrid
 from services.executor.train.comms import Comms
-from services.executor.train.config import WorkerConfig
+from services.executor.train.config import WorkerConfig, is_int
 from services.executor.train.mesh import Mesh
 from services.executor.train.migration import Plan, PlanInbox, read_commands
+from services.executor.train.offload import ChunkedTrainer
 from services.executor.train.stage import build_stage, check_layers, make_optimizer, model_info
-from services.executor.train.trainer import Report, Stopped, Trainer
+from services.executor.train.trainer import Report, Stopped, Trainer, memory
 
 STOPPED_EXIT = 143
 AGENT_PID_ENV = "BALLAST_AGENT_PID"  # set by the agent: the worker dies with it (no orphan left training)
@@ -124,7 +139,8 @@ def run(config: WorkerConfig, report: Report, should_stop: Callable[[], bool] | 
         commands: TextIO | None = None, should_drain: Callable[[], bool] | None = None) -> None:
     """Train this worker's stage from `start_iteration` (or the resumed checkpoint) until `iterations`;
     `commands` (stdin under the CLI) is read for plan commands; `should_drain` (default never) asks every rank
-    to checkpoint and stop at an agreed boundary (Stopped.drained)."""
+    to checkpoint and stop at an agreed boundary (Stopped.drained). With `chunk_bytes` > 0 the whole model
+    trains with its data in chunks instead (chunk mode above)."""
     config.validate()
     head = {"job_id": config.job_id, "rank": config.rank, "stage": config.stage_index,
             "replica": config.replica_index}
@@ -134,6 +150,28 @@ def run(config: WorkerConfig, report: Report, should_stop: Callable[[], bool] | 
     device = torch.device(config.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    stop, drain = should_stop or (lambda: False), should_drain or (lambda: False)
+    # Everything that can fail on the configuration or the model happens before the rendezvous: every rank
+    # refuses alike and fast.
+    if config.chunk_bytes > 0:
+        train = prepare_chunks(config, device, head, report, stop, commands, drain)
+    else:
+        train = prepare_stage(config, device, head, report, stop, commands, drain)
+    dist.init_process_group(config.backend, init_method=config.init_method, rank=config.rank,
+                            world_size=config.world_size, timeout=timedelta(seconds=config.timeout_s))
+    try:
+        train()
+    except Stopped as e:
+        if e.between_iterations:  # nothing in flight on our side
+            dist.destroy_process_group()
+        raise
+    dist.destroy_process_group()  # other failures leave it: a peer may be stuck mid-collective with us
+
+
+def prepare_stage(config: WorkerConfig, device: torch.device, head: dict[str, Any], report: Report,
+                  should_stop: Callable[[], bool], commands: TextIO | None,
+                  should_drain: Callable[[], bool]) -> Callable[[], None]:
+    """Build the stage (and load the resumed checkpoint); returns what trains it once the group exists."""
     stage = build_stage(config.spec(), config.stage_bounds, config.stage_index, seed=config.seed,
                         micro_batch_size=config.micro_batch_size, checkpoint_layers=config.checkpoint_layers,
                         swap_layers=config.swap_layers, layer_toggles=config.layer_toggles, device=device)
@@ -142,7 +180,7 @@ def run(config: WorkerConfig, report: Report, should_stop: Callable[[], bool] | 
     check_layers("tp_layers", [t[0] for t in config.tp_layers], stage.num_layers)
     check_layers("sdp_layers", config.sdp_layers, stage.num_layers)
     layer_strategies = hybrid.strategies(config.tp_layers, config.sdp_layers, config.num_replicas)
-    # before the rendezvous, over the whole model: every rank of every stage refuses alike
+    # over the whole model: every rank of every stage refuses alike
     hybrid.check_model(model_info(config.spec(), config.micro_batch_size), layer_strategies)
     inbox = PlanInbox(model_info(config.spec(), config.micro_batch_size), config.num_stages, Plan.initial(config),
                       hybrid=frozenset(layer_strategies))
@@ -150,7 +188,7 @@ def run(config: WorkerConfig, report: Report, should_stop: Callable[[], bool] | 
         read_commands(commands, inbox)
     optimizer = make_optimizer(stage.parameters(), config.optimizer)
     start = config.start_iteration
-    if config.resume_from:  # before the rendezvous, so a bad checkpoint fails fast on every rank
+    if config.resume_from:  # a bad checkpoint fails fast on every rank
         manifest = ckpt.read_manifest(config.resume_from)
         ckpt.check_compatible(manifest, config.model, config.optimizer["name"], stage.num_layers)
         if start not in (0, manifest["next_iteration"]):
@@ -159,25 +197,127 @@ def run(config: WorkerConfig, report: Report, should_stop: Callable[[], bool] | 
         zero = config.num_replicas > 1 and bool(config.zero1_layers or config.zero2_layers)  # sliced on the host
         ckpt.load_layers(config.resume_from, manifest, stage.layers, stage.aliases, optimizer, state_on_host=zero)
         start = manifest["next_iteration"]
-    dist.init_process_group(config.backend, init_method=config.init_method, rank=config.rank,
-                            world_size=config.world_size, timeout=timedelta(seconds=config.timeout_s))
-    try:
+
+    def train() -> None:
         mesh = Mesh(config.dims, config.rank, device.type, tied_sets=stage.tied_sets, online=config.online,
                     tp_degrees=hybrid.tp_degrees(config.tp_layers))
-        applied = None
+        applied, stage_optimizer = None, optimizer
         if layer_strategies:  # parameters become DTensors: the optimizer is made over the new ones
             applied = hybrid.Hybrid.for_job(layer_strategies, {t: mesh.tp_mesh(t) for t in mesh.tp_degrees},
                                             mesh.device_mesh["dp"] if config.num_replicas > 1 else None)
-            optimizer = applied.reapply(stage, optimizer, config.optimizer)
+            stage_optimizer = applied.reapply(stage, optimizer, config.optimizer)
         comms = Comms(mesh, stage, device)
-        trainer = Trainer(config, stage, optimizer, comms, device, should_stop or (lambda: False), inbox,
-                          should_drain or (lambda: False), hybrid=applied)
+        trainer = Trainer(config, stage, stage_optimizer, comms, device, should_stop, inbox, should_drain,
+                          hybrid=applied)
         trainer.train(start, head, report)
-    except Stopped as e:
-        if e.between_iterations:  # nothing in flight on our side
-            dist.destroy_process_group()
-        raise
-    dist.destroy_process_group()  # other failures leave it: a peer may be stuck mid-collective with us
+
+    return train
+
+
+CHUNKS_TAKE_NO_PLANS = ("plan command field 'command': chunk offload takes no plan commands (its plan is one stage "
+                        "of every layer, data parallel, with the model data in chunks); training goes on unchanged")
+
+
+class Refusals:
+    """Chunk mode's stdin: every command is refused (a "command_rejected" at the next boundary), none applied."""
+
+    def __init__(self, stream: TextIO | None) -> None:
+        self._lock = threading.Lock()
+        self._rejected: list[tuple[int, str]] = []
+        if stream is not None:
+            threading.Thread(target=self._read, args=(stream,), name="ballast-commands", daemon=True).start()
+
+    def _read(self, stream: TextIO) -> None:
+        try:
+            for line in stream:
+                if line.strip():
+                    self.refuse(line)
+        except (OSError, ValueError):  # closed or unreadable stdin: no more commands
+            pass
+
+    def refuse(self, line: str) -> None:
+        try:
+            raw = json.loads(line)
+        except json.JSONDecodeError:
+            raw = None
+        version = raw.get("version") if isinstance(raw, dict) and is_int(raw.get("version")) else 0
+        with self._lock:
+            self._rejected.append((version, CHUNKS_TAKE_NO_PLANS))  # the version lets the agent fail that instruction
+
+    def take(self) -> list[tuple[int, str]]:
+        with self._lock:
+            out, self._rejected = self._rejected, []
+        return out
+
+
+def prepare_chunks(config: WorkerConfig, device: torch.device, head: dict[str, Any], report: Report,
+                   should_stop: Callable[[], bool], commands: TextIO | None,
+                   should_drain: Callable[[], bool]) -> Callable[[], None]:
+    """Chunk mode: the whole model, this rank a data-parallel replica (rank = replica), its model data in chunks
+    under the device budget (offload.py). Built here, before the rendezvous (the chunk layout needs no group)."""
+    trainer = ChunkedTrainer(config.spec(), config.data, config.seed, config.global_batch, config.optimizer,
+                             device_budget=config.device_budget_bytes or None, chunk_bytes=config.chunk_bytes,
+                             micro_batches=config.num_micro_batches, device=device, rank=config.replica_index,
+                             world=config.num_replicas)
+    layers = list(range(len(trainer.model.decompose().layers)))
+    if config.bounds != (0, len(layers)):
+        raise ValueError(f"WorkerConfig.stage_bounds: chunk offload's one stage holds every layer, [0, {len(layers)}), "
+                         f"got {list(config.bounds)}")
+    refusals = Refusals(commands)
+    return lambda: train_chunks(config, trainer, layers, head, report, refusals,
+                                lambda: should_stop() or should_drain())
+
+
+def train_chunks(config: WorkerConfig, trainer: ChunkedTrainer, layers: list[int], head: dict[str, Any],
+                 report: Report, refusals: Refusals, should_stop: Callable[[], bool]) -> None:
+    """The chunk-mode loop: one "iteration" event per iteration; a stop (or a drain: nothing to checkpoint)
+    takes effect at the first boundary every rank agreed on, voted with the loss sum."""
+    start, device = config.start_iteration, trainer.device
+    parameters = sum(p.numel() for p in trainer.params)
+    manager = trainer.manager
+    warnings = [f"WorkerConfig.checkpoint_every {config.checkpoint_every}: chunk offload does not checkpoint yet; "
+                "training goes on without checkpoints"] if config.checkpoint_every else []
+    report({"event": "started", **head, "world_size": config.world_size, "num_stages": 1,
+            "num_replicas": config.num_replicas, "layers": layers, "parameters": parameters, "start_iteration": start,
+            "iterations": config.iterations, "schedule": config.schedule, "global_batch": config.global_batch,
+            "plan_version": config.plan_version, "predicted_iteration_s": config.predicted_iteration_s,
+            "device": str(device), "pid": os.getpid(), "hybrid": {},
+            "offload": {"chunk_bytes": config.chunk_bytes, "device_budget_bytes": config.device_budget_bytes,
+                        "chunks": manager.layout.num_chunks, "model_bytes": trainer.model_bytes},
+            "warnings": warnings})
+
+    def refused(done: int) -> None:
+        for version, message in refusals.take():
+            report({"event": "command_rejected", **head, "iteration": done, "version": version, "message": message})
+
+    for iteration in range(start, config.iterations):
+        done = iteration + 1
+        step = trainer.step(iteration, vote=should_stop)
+        iteration_s = step.iteration_s
+        parts = step.forward_s + step.backward_s + step.allreduce_s + step.optimizer_s
+        overhead = max(iteration_s - parts, 0.0)  # disjoint spans: the rest is batch building and Python
+        current, peak = memory(device)
+        moved = step.traffic
+        report({"event": "iteration", **head, "iteration": done, "plan_version": config.plan_version,
+                "iteration_s": iteration_s, "forward_s": step.forward_s, "backward_s": step.backward_s,
+                "recompute_s": 0.0, "p2p_s": 0.0, "allreduce_s": step.allreduce_s, "comm_s": step.allreduce_s,
+                "optimizer_s": step.optimizer_s, "overhead_s": overhead, "idle_s": overhead, "memory_bytes": current,
+                "peak_memory_bytes": peak, "heap_peak_bytes": heap.take_peak(), "loss": step.loss, "has_loss": True,
+                "samples_per_s": config.global_batch / iteration_s if iteration_s > 0 else 0.0,
+                "swapped_bytes": moved.to_host, "swap_in_bytes": moved.to_device, "swap_out_bytes": moved.to_host,
+                "swap_s": step.swap_s, "gathered_bytes": moved.gathered, "reduced_bytes": moved.reduced,
+                "evictions": moved.evictions, "device_budget_peak_bytes": trainer.device_pool.peak,
+                "active_layers": layers, "layers": layers})
+        refused(done)
+        if step.stop:
+            raise Stopped(done, between_iterations=True)
+    refused(config.iterations)
+    payloads = manager.local_payloads()
+    digest = hashlib.sha256()
+    for payload in payloads:
+        digest.update(payload.detach().cpu().contiguous().numpy().tobytes())
+    report({"event": "done", **head, "iteration": config.iterations, "parameters": parameters,
+            "param_sha256": digest.hexdigest(), "param_sum": sum(float(p.double().sum()) for p in payloads)})
 
 
 def main(argv: list[str] | None = None) -> int:

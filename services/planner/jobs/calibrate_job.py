@@ -54,6 +54,9 @@ def calibrate_after(payload: dict[str, Any], task: durable.Task) -> dict[str, An
     if any(x.tp > 1 or x.sdp > 1 for x in run.plan.layers):  # the fit prices a run as pipeline x (ZeRO-)DP
         return {"job_id": job_id, "calibrated": False,
                 "why": "TP or SDP layers: the calibration's model of a run does not price them yet"}
+    if run.plan.HasField("offload"):  # its time is mostly chunk traffic, which the fit does not model
+        return {"job_id": job_id, "calibrated": False,
+                "why": "chunk offload: the calibration's model of a run does not price chunk moves"}
     hosts = {lease.device.host_id for page in every_page(store.list_leases,
                                                          store_pb2.ListLeasesRequest(job_id=job_id))
              for lease in page.leases}
