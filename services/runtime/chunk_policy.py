@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import bisect
 import enum
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from services.runtime.chunk_layout import ChunkLayout
@@ -53,6 +54,18 @@ class Chunk:
     where: str | None  # "device", "host", or None (a remote chunk not gathered)
     local: bool
     pinned: int = 0
+
+
+@contextmanager
+def _pinned(chunks: Sequence[Chunk]) -> Iterator[None]:
+    """Keep `chunks` where they are (not evicted) while a group operation places its members."""
+    for chunk in chunks:
+        chunk.pinned += 1
+    try:
+        yield
+    finally:
+        for chunk in chunks:
+            chunk.pinned -= 1
 
 
 class Mover:
@@ -268,9 +281,7 @@ class ChunkPolicy:
     # -- Algorithms 3 and 4 ------------------------------------------------------------------------------------
     def _gather(self, c: int) -> None:
         members = [self.chunks[g] for g in self.layout.group(c)]
-        for m in members:
-            m.pinned += 1
-        try:
+        with _pinned(members):
             for m in members:
                 if m.local:
                     self.move(m, "device")
@@ -283,9 +294,6 @@ class ChunkPolicy:
                 for i in self._slots_of[m.index]:
                     if self.state[i] == TensorState.FREE:
                         self.state[i] = TensorState.HOLD
-        finally:
-            for m in members:
-                m.pinned -= 1
 
     def _release_group(self, c: int, state: TensorState, *, reduce: bool) -> None:
         members = [self.chunks[g] for g in self.layout.group(c)]
@@ -294,17 +302,12 @@ class ChunkPolicy:
         if not all(self.state[i] == state for m in members for i in self._slots_of[m.index]):
             return
         if reduce:
-            for m in members:
-                m.pinned += 1
-            try:
+            with _pinned(members):
                 for m in members:
                     if m.local:
                         self.move(m, "device")
                     self.mover.reduce(m, self.layout.owner(m.index))
                     self.traffic.reduced += m.nbytes
-            finally:
-                for m in members:
-                    m.pinned -= 1
         self._free_remote(members)
 
     def _free_remote(self, members: Iterable[Chunk]) -> None:
