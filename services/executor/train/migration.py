@@ -68,7 +68,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 import torch
 import torch.distributed as dist
@@ -213,7 +213,13 @@ class PlanInbox:
             return self._plans[version]
 
 
-def read_commands(stream: TextIO | None, inbox: PlanInbox) -> threading.Thread | None:
+class Inbox(Protocol):
+    """Whatever takes the worker's stdin commands, one line at a time (PlanInbox; chunk mode's refusals)."""
+
+    def submit(self, line: str) -> None: ...
+
+
+def read_commands(stream: TextIO | None, inbox: Inbox) -> threading.Thread | None:
     """Feed `stream`'s lines to `inbox` on a daemon thread until EOF; never raises."""
     if stream is None:
         return None

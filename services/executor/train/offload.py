@@ -34,6 +34,7 @@ from services.executor.train.data import batch_for, dropout_seed
 from services.runtime.chunk_policy import TensorState, Traffic
 from services.runtime.memory_pool import MemoryPool
 from services.zoo import build_model
+from services.zoo.graph import parameter_tensors
 
 
 class _Saved:
@@ -162,7 +163,7 @@ class ChunkedTrainer:
         self.rank, self.world, self.group = rank, world, group
         self.model = build_model(spec, seed=seed, device=self.device)
         self.model.train()
-        self.params = list(dict.fromkeys(self.model.parameters()))
+        self.params = parameter_tensors(self.model.decompose())[0]  # the layout the planner's profile lists
         self.model_bytes = sum(p.numel() * p.element_size() for p in self.params)
         self.device_pool, self.host_pool = MemoryPool("device", device_budget), MemoryPool("host", host_budget)
         self.manager = ChunkManager(self.params, chunk_bytes, self.device_pool, self.host_pool,
@@ -282,9 +283,7 @@ if __name__ == "__main__":
 
 
 def tensor_map(model: nn.Module) -> tuple[list[int], list[list[int]]]:
-    """(elements of every distinct parameter in initialisation order, per layer the indices it uses): the
-    shape of the model the chunk layout and the planner's chunk simulator see."""
-    params = list(dict.fromkeys(model.parameters()))
-    index = {id(p): i for i, p in enumerate(params)}
-    per_layer = [[index[id(p)] for p in dict.fromkeys(layer.module.parameters())] for layer in model.decompose().layers]
+    """(elements of every distinct parameter in layout order, per layer the indices it uses): the shape of the
+    model the chunk layout and the planner's chunk simulator see (zoo.graph.parameter_tensors)."""
+    params, per_layer = parameter_tensors(model.decompose())
     return [p.numel() for p in params], per_layer

@@ -224,18 +224,9 @@ class Refusals:
     def __init__(self, stream: TextIO | None) -> None:
         self._lock = threading.Lock()
         self._rejected: list[tuple[int, str]] = []
-        if stream is not None:
-            threading.Thread(target=self._read, args=(stream,), name="ballast-commands", daemon=True).start()
+        read_commands(stream, self)
 
-    def _read(self, stream: TextIO) -> None:
-        try:
-            for line in stream:
-                if line.strip():
-                    self.refuse(line)
-        except (OSError, ValueError):  # closed or unreadable stdin: no more commands
-            pass
-
-    def refuse(self, line: str) -> None:
+    def submit(self, line: str) -> None:
         try:
             raw = json.loads(line)
         except json.JSONDecodeError:
