@@ -36,7 +36,8 @@ PURE_CORE = (
     "services.planner.admission",
 )
 PURE_MAY_IMPORT = PURE_CORE + ("ballast.v1", "services.runtime.errors", "services.runtime.chunk_layout",
-                                "services.runtime.chunk_policy", "services.runtime.memory_pool")
+                                "services.runtime.chunk_policy", "services.runtime.memory_pool",
+                                "services.runtime.harmony")
 PURE_NEVER_IMPORTS = ("grpc", "sqlalchemy", "celery", "torch")  # third-party packages that mean I/O or devices
 
 
