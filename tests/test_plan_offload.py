@@ -66,7 +66,7 @@ def test_a_model_over_device_memory_is_planned_with_chunks(profile):
 
 
 def test_without_executors_that_run_chunks_nothing_fits_and_says_why(profile):
-    with pytest.raises(FailedPrecondition, match="do not run chunk offload"):
+    with pytest.raises(FailedPrecondition, match="run neither chunk offload .* nor Harmony"):
         make_plan(profile, fleet(profile), PlanInputs(global_batch_size=4))
 
 
@@ -95,4 +95,4 @@ def test_offload_is_runnable_only_where_every_executor_declares_it():
     chunks = [common_pb2.PARALLEL_DIM_DP, common_pb2.PARALLEL_DIM_CHUNKS]
     assert offload_runnable([chunks, chunks]) and not offload_runnable([chunks, [common_pb2.PARALLEL_DIM_DP]])
     assert not offload_runnable([])
-    assert search_dims(("dp", "zero1", OFFLOAD)) == (("dp", "zero1"), True)
+    assert search_dims(("dp", "zero1", OFFLOAD)) == (("dp", "zero1"), True, False)

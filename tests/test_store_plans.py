@@ -169,3 +169,23 @@ def test_concurrent_create_plan_with_one_request_id_stores_one_plan(store: Store
         t.join()
     assert not errors and len(set(ids)) == 1 and len(ids) == 4
     assert store.count("plans") == 1
+
+
+def test_offload_and_harmony_plans_read_back_exactly(store: Store):
+    """Plan.offload (chunks) and Plan.harmony (Harmony's swap schedule) are kept whole (plans.offload / harmony)."""
+    a, job = store.as_(store.a), new_job(store)
+    chunked = plan_msg(job.model_id, job_id=job.id)
+    chunked.offload.CopyFrom(plan_pb2.ChunkOffload(chunk_bytes=1 << 20, device_budget_bytes=8 << 20, chunks=12,
+                                                   predicted_to_device_bytes=5 << 20))
+    swapped = plan_msg(job.model_id, job_id=job.id)
+    swapped.harmony.CopyFrom(plan_pb2.HarmonySwap(
+        forward_micro_batch=2, forward_packs=[plan_pb2.LayerSpan(begin=0, end=3)], backward_micro_batch=1,
+        backward_packs=[plan_pb2.LayerSpan(begin=0, end=2), plan_pb2.LayerSpan(begin=2, end=4)], devices=2,
+        prefetch=True, device_budget_bytes=4 << 20, predicted_peer_bytes=65536, predicted_iteration_s=0.25,
+        configurations_explored=18))
+    for sent in (chunked, swapped):
+        stored = a.create_plan(store_pb2.CreatePlanRequest(plan=sent))
+        back = a.get_plan(store_pb2.GetRequest(id=stored.id))
+        assert back.offload == sent.offload and back.harmony == sent.harmony
+        assert back.HasField("offload") == sent.HasField("offload")
+        assert back.HasField("harmony") == sent.HasField("harmony")

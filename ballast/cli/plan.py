@@ -178,6 +178,8 @@ def show(plan: plan_pb2.Plan) -> None:
     console.print(stage_table(plan))
     if plan.HasField("offload"):
         console.print(offload_table(plan.offload))
+    if plan.HasField("harmony"):
+        console.print(harmony_table(plan.harmony))
     console.print(layer_table(plan))
     console.print(alternatives_table(plan))
     console.print(plan.explanation, markup=False)
@@ -193,6 +195,24 @@ def offload_table(off: plan_pb2.ChunkOffload) -> Table:
                   f"{off.predicted_to_device_bytes / mib:.1f}", f"{off.predicted_to_host_bytes / mib:.1f}",
                   f"{off.predicted_gathered_bytes / mib:.1f}", f"{off.predicted_reduced_bytes / mib:.1f}",
                   f"{off.predicted_swap_s:.4g}")
+    return table
+
+
+def harmony_table(h: plan_pb2.HarmonySwap) -> Table:
+    """A Harmony plan's four-tuple and the estimator's prediction per iteration (all devices together)."""
+    mib = float(1 << 20)
+
+    def packs(spans) -> str:  # noqa: ANN001 - repeated LayerSpan
+        return " ".join(f"{s.begin}-{s.end - 1}" for s in spans)
+
+    table = Table("devices", "forward packs (U_F)", "backward packs (U_B)", "prefetch", "device budget MiB",
+                  "device peak MiB", "in MiB/it", "out MiB/it", "peer MiB/it", "s/it",
+                  title="Harmony swap schedule (wrap-around pipeline)")
+    table.add_row(str(h.devices), f"{packs(h.forward_packs) or '-'} ({h.forward_micro_batch})",
+                  f"{packs(h.backward_packs)} ({h.backward_micro_batch})", "yes" if h.prefetch else "no",
+                  f"{h.device_budget_bytes / mib:.1f}", f"{h.predicted_device_peak_bytes / mib:.1f}",
+                  f"{h.predicted_to_device_bytes / mib:.1f}", f"{h.predicted_to_host_bytes / mib:.1f}",
+                  f"{h.predicted_peer_bytes / mib:.1f}", f"{h.predicted_iteration_s:.4g}")
     return table
 
 

@@ -113,7 +113,7 @@ class PlanAlternative(_message.Message):
     def __init__(self, name: _Optional[str] = ..., engine: _Optional[_Union[PlanEngine, str]] = ..., prediction: _Optional[_Union[Prediction, _Mapping]] = ..., global_batch_size: _Optional[int] = ..., reason: _Optional[str] = ..., plan_id: _Optional[str] = ...) -> None: ...
 
 class Plan(_message.Message):
-    __slots__ = ("id", "tenant_id", "model_id", "profile_id", "job_id", "fleet", "engine", "version", "parent_plan_id", "global_batch_size", "micro_batch_size", "num_micro_batches", "schedule", "stages", "layers", "prediction", "alternatives", "explanation", "memory_budget_bytes", "created_at", "offload")
+    __slots__ = ("id", "tenant_id", "model_id", "profile_id", "job_id", "fleet", "engine", "version", "parent_plan_id", "global_batch_size", "micro_batch_size", "num_micro_batches", "schedule", "stages", "layers", "prediction", "alternatives", "explanation", "memory_budget_bytes", "created_at", "offload", "harmony")
     ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
@@ -135,6 +135,7 @@ class Plan(_message.Message):
     MEMORY_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     OFFLOAD_FIELD_NUMBER: _ClassVar[int]
+    HARMONY_FIELD_NUMBER: _ClassVar[int]
     id: str
     tenant_id: str
     model_id: str
@@ -156,7 +157,46 @@ class Plan(_message.Message):
     memory_budget_bytes: int
     created_at: _timestamp_pb2.Timestamp
     offload: ChunkOffload
-    def __init__(self, id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., model_id: _Optional[str] = ..., profile_id: _Optional[str] = ..., job_id: _Optional[str] = ..., fleet: _Optional[_Union[_fleet_pb2.Fleet, _Mapping]] = ..., engine: _Optional[_Union[PlanEngine, str]] = ..., version: _Optional[int] = ..., parent_plan_id: _Optional[str] = ..., global_batch_size: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., num_micro_batches: _Optional[int] = ..., schedule: _Optional[_Union[Schedule, str]] = ..., stages: _Optional[_Iterable[_Union[Stage, _Mapping]]] = ..., layers: _Optional[_Iterable[_Union[LayerStrategy, _Mapping]]] = ..., prediction: _Optional[_Union[Prediction, _Mapping]] = ..., alternatives: _Optional[_Iterable[_Union[PlanAlternative, _Mapping]]] = ..., explanation: _Optional[str] = ..., memory_budget_bytes: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., offload: _Optional[_Union[ChunkOffload, _Mapping]] = ...) -> None: ...
+    harmony: HarmonySwap
+    def __init__(self, id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., model_id: _Optional[str] = ..., profile_id: _Optional[str] = ..., job_id: _Optional[str] = ..., fleet: _Optional[_Union[_fleet_pb2.Fleet, _Mapping]] = ..., engine: _Optional[_Union[PlanEngine, str]] = ..., version: _Optional[int] = ..., parent_plan_id: _Optional[str] = ..., global_batch_size: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., num_micro_batches: _Optional[int] = ..., schedule: _Optional[_Union[Schedule, str]] = ..., stages: _Optional[_Iterable[_Union[Stage, _Mapping]]] = ..., layers: _Optional[_Iterable[_Union[LayerStrategy, _Mapping]]] = ..., prediction: _Optional[_Union[Prediction, _Mapping]] = ..., alternatives: _Optional[_Iterable[_Union[PlanAlternative, _Mapping]]] = ..., explanation: _Optional[str] = ..., memory_budget_bytes: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., offload: _Optional[_Union[ChunkOffload, _Mapping]] = ..., harmony: _Optional[_Union[HarmonySwap, _Mapping]] = ...) -> None: ...
+
+class LayerSpan(_message.Message):
+    __slots__ = ("begin", "end")
+    BEGIN_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    begin: int
+    end: int
+    def __init__(self, begin: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
+
+class HarmonySwap(_message.Message):
+    __slots__ = ("forward_micro_batch", "forward_packs", "backward_micro_batch", "backward_packs", "devices", "prefetch", "device_budget_bytes", "predicted_to_device_bytes", "predicted_to_host_bytes", "predicted_peer_bytes", "predicted_iteration_s", "predicted_device_peak_bytes", "configurations_explored")
+    FORWARD_MICRO_BATCH_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_PACKS_FIELD_NUMBER: _ClassVar[int]
+    BACKWARD_MICRO_BATCH_FIELD_NUMBER: _ClassVar[int]
+    BACKWARD_PACKS_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    PREFETCH_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_TO_DEVICE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_TO_HOST_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_PEER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_ITERATION_S_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_DEVICE_PEAK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CONFIGURATIONS_EXPLORED_FIELD_NUMBER: _ClassVar[int]
+    forward_micro_batch: int
+    forward_packs: _containers.RepeatedCompositeFieldContainer[LayerSpan]
+    backward_micro_batch: int
+    backward_packs: _containers.RepeatedCompositeFieldContainer[LayerSpan]
+    devices: int
+    prefetch: bool
+    device_budget_bytes: int
+    predicted_to_device_bytes: int
+    predicted_to_host_bytes: int
+    predicted_peer_bytes: int
+    predicted_iteration_s: float
+    predicted_device_peak_bytes: int
+    configurations_explored: int
+    def __init__(self, forward_micro_batch: _Optional[int] = ..., forward_packs: _Optional[_Iterable[_Union[LayerSpan, _Mapping]]] = ..., backward_micro_batch: _Optional[int] = ..., backward_packs: _Optional[_Iterable[_Union[LayerSpan, _Mapping]]] = ..., devices: _Optional[int] = ..., prefetch: _Optional[bool] = ..., device_budget_bytes: _Optional[int] = ..., predicted_to_device_bytes: _Optional[int] = ..., predicted_to_host_bytes: _Optional[int] = ..., predicted_peer_bytes: _Optional[int] = ..., predicted_iteration_s: _Optional[float] = ..., predicted_device_peak_bytes: _Optional[int] = ..., configurations_explored: _Optional[int] = ...) -> None: ...
 
 class ChunkOffload(_message.Message):
     __slots__ = ("chunk_bytes", "device_budget_bytes", "predicted_to_device_bytes", "predicted_to_host_bytes", "predicted_gathered_bytes", "predicted_reduced_bytes", "predicted_swap_s", "chunks", "predicted_device_peak_bytes", "plain_peak_memory_bytes", "predicted_host_bytes")

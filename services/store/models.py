@@ -222,6 +222,7 @@ class Plan(Base):
     created_at: Mapped[datetime] = mapped_column(index=True)
     request_id: Mapped[str | None] = mapped_column(Id)  # added by 0005
     offload: Mapped[dict[str, Any] | None]  # added by 0014: Plan.offload (chunk offload), NULL without
+    harmony: Mapped[dict[str, Any] | None]  # added by 0015: Plan.harmony (Harmony's swap schedule), NULL without
 
     layers: Mapped[list[PlanLayer]] = relationship(
         order_by="PlanLayer.layer_index", cascade="all, delete-orphan"

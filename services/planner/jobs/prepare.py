@@ -134,11 +134,12 @@ def plan_inputs(job: job_pb2.Job, dims: tuple[str, ...], devices: int = 0, engin
     `engine` (a morph's re-plan: Varuna's P x D at the same global batch) stands in for an unset one."""
     spec = job.spec
     stages = spec.pipeline_stages if not devices or spec.pipeline_stages <= devices else 0
-    dims, offload = search_dims(dims)
+    dims, offload, harmony = search_dims(dims)
     if spec.online_repartition:  # the online planner prices pipeline x (ZeRO-)DP plans only, and nothing offloaded
-        dims, offload = tuple(d for d in dims if d not in ("tp", "sdp")), False
+        dims, offload, harmony = tuple(d for d in dims if d not in ("tp", "sdp")), False, False
     return PlanInputs(global_batch_size=spec.global_batch_size, memory_budget_bytes=spec.memory_budget_bytes,
                       engine=spec.engine or engine, schedule=spec.schedule, runnable_dims=dims, offload=offload,
+                      harmony=harmony,
                       pipeline_stages=stages, micro_batches=0 if devices else spec.micro_batches,
                       # the executors allreduce (and ZeRO-2 reduce-scatters) after the stage's last backward
                       overlap_grad_sync=False, zero2_reduce_scatter_per_layer=False)

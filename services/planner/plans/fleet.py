@@ -7,8 +7,8 @@ neither reaches into the other for it.
 
 from __future__ import annotations
 
-from ballast.v1 import fleet_pb2, store_pb2
-from services.planner.plans.make import OFFLOAD, offload_runnable, runnable_dims
+from ballast.v1 import common_pb2, fleet_pb2, store_pb2
+from services.planner.plans.make import HARMONY, OFFLOAD, offload_runnable, runnable_dims
 from services.runtime.store_api import Store, every_page
 
 
@@ -25,7 +25,9 @@ def online_hosts(store: Store) -> list[fleet_pb2.Host]:
 
 
 def executor_dims(store: Store) -> tuple[str, ...]:
-    """Parallel dims and DP flavours every online executor host runs (make.runnable_dims), and "chunks" when every
-    one runs chunk offload (PlanInputs.offload); none online: ("dp",)."""
+    """Parallel dims and DP flavours every online executor host runs (make.runnable_dims), "chunks" when every
+    one runs chunk offload (PlanInputs.offload) and "harmony" when every one runs Harmony's swap schedule
+    (PlanInputs.harmony); none online: ("dp",)."""
     hosts = [list(h.supported_parallelism) for h in online_hosts(store)]
-    return runnable_dims(hosts) + ((OFFLOAD,) if offload_runnable(hosts) else ())
+    return (runnable_dims(hosts) + ((OFFLOAD,) if offload_runnable(hosts) else ())
+            + ((HARMONY,) if offload_runnable(hosts, common_pb2.PARALLEL_DIM_HARMONY) else ()))

@@ -28,8 +28,7 @@ from services.planner.cost import (
     stage_layer_costs,
 )
 from services.planner.cost.calibration import Calibration
-from services.planner.cost.offload import ChunkPrice, price_chunks
-from services.planner.cost.strategy import LayerStrategy
+from services.planner.plans import offload
 from services.planner.search import baselines as baseline_engine
 from services.planner.search import galvatron, varuna
 from services.planner.search.dp import plan_runs_on_workers
@@ -38,7 +37,6 @@ from services.planner.search.space import CAPABILITIES, global_batch_fits, neare
 from services.planner.sim import Schedule
 from services.runtime.errors import FailedPrecondition, InvalidArgument
 
-GiB = float(1 << 30)
 ENGINE = {
     "galvatron": plan_pb2.PLAN_ENGINE_GALVATRON,
     "varuna": plan_pb2.PLAN_ENGINE_VARUNA,
@@ -55,6 +53,7 @@ DIM_NAMES = {common_pb2.PARALLEL_DIM_DP: "dp", common_pb2.PARALLEL_DIM_SDP: "sdp
              common_pb2.PARALLEL_DIM_ZERO1: "zero1", common_pb2.PARALLEL_DIM_ZERO2: "zero2"}
 ALL_DIMS = CAPABILITIES  # the strategy space's non-pipeline dims and DP flavours: what --what-if searches
 OFFLOAD = "chunks"  # in a dims tuple: every executor runs chunk offload (PlanInputs.offload)
+HARMONY = "harmony"  # in a dims tuple: every executor runs Harmony's swap schedule (PlanInputs.harmony)
 ZERO_NAMES = {  # DP flavour: (name, what its dp replicas shard)
     DpSharding.ZERO1: ("ZeRO-1", "optimizer states"),
     DpSharding.ZERO2: ("ZeRO-2", "optimizer states and gradients"),
@@ -86,6 +85,9 @@ class PlanInputs:
     # Every executor runs chunk offload (PARALLEL_DIM_CHUNKS): a model that fits no plan in device memory is
     # planned with its model data in chunks moving between device and host (PatrickStar) instead of refused.
     offload: bool = False
+    # Every executor runs Harmony's swap schedule (PARALLEL_DIM_HARMONY): such a model may also be planned as a
+    # wrap-around pipeline over one server's devices; the faster of the two wins.
+    harmony: bool = False
 
 
 @dataclass(frozen=True)
@@ -100,14 +102,14 @@ class Breakdown:
     bubble_fraction: float
 
 
-def search_dims(dims: Sequence[str]) -> tuple[tuple[str, ...], bool]:
-    """(the dims the search spans, whether chunk offload runs) from executor_dims' tuple."""
-    return tuple(d for d in dims if d != OFFLOAD), OFFLOAD in dims
+def search_dims(dims: Sequence[str]) -> tuple[tuple[str, ...], bool, bool]:
+    """(the dims the search spans, whether chunk offload runs, whether Harmony runs) from executor_dims' tuple."""
+    return tuple(d for d in dims if d not in (OFFLOAD, HARMONY)), OFFLOAD in dims, HARMONY in dims
 
 
-def offload_runnable(hosts_parallelism: Sequence[Sequence[int]]) -> bool:
-    """Whether every host runs chunk offload (no host known: no)."""
-    return bool(hosts_parallelism) and all(common_pb2.PARALLEL_DIM_CHUNKS in dims for dims in hosts_parallelism)
+def offload_runnable(hosts_parallelism: Sequence[Sequence[int]], dim: int = common_pb2.PARALLEL_DIM_CHUNKS) -> bool:
+    """Whether every host runs `dim` (chunk offload, or PARALLEL_DIM_HARMONY) (no host known: no)."""
+    return bool(hosts_parallelism) and all(dim in dims for dims in hosts_parallelism)
 
 
 def runnable_dims(hosts_parallelism: Sequence[Sequence[int]]) -> tuple[str, ...]:
@@ -144,14 +146,17 @@ def make_plan(profile: profile_pb2.Profile, fleet: fleet_pb2.Fleet, inputs: Plan
                        and options.micro_batches in (0, p.num_micro_batches)), key=lambda p: -p.throughput)
     if not feasible:
         why = _nothing_fits(ctx, fleet, options)
-        if inputs.offload or inputs.what_if:
+        if inputs.offload or inputs.harmony or inputs.what_if:
             batch = inputs.global_batch_size or devices
-            chunks = price_chunks(ctx, devices, batch, budget)
-            if chunks.feasible:
-                return _offload_plan(ctx, profile, fleet, chunks, batch, budget, why, inputs)
-            why += f"; chunk offload does not fit either: {chunks.reason}"
+            chosen = offload.plan(ctx, profile, fleet, batch, budget, why,
+                                  chunks=inputs.offload or inputs.what_if, harmony=inputs.harmony or inputs.what_if,
+                                  calibration_note=inputs.calibration_note)
+            if isinstance(chosen, plan_pb2.Plan):
+                return chosen
+            why += chosen
         else:
-            why += "; the executors do not run chunk offload (PARALLEL_DIM_CHUNKS), which would not need it to fit"
+            why += ("; the executors run neither chunk offload (PARALLEL_DIM_CHUNKS) nor Harmony's swap schedule "
+                    "(PARALLEL_DIM_HARMONY), which would not need it to fit")
         raise FailedPrecondition(why, field="memory_budget_bytes",
                                  fix="raise the budget, add devices, or plan for a larger device")
     best = feasible[0]
@@ -237,55 +242,6 @@ def _options(inputs: PlanInputs, budget: int) -> SearchOptions:
         pipeline_stages=inputs.pipeline_stages,
         micro_batches=inputs.micro_batches,
     )
-
-
-def _offload_plan(ctx: CostContext, profile: profile_pb2.Profile, fleet: fleet_pb2.Fleet, price: ChunkPrice,
-                  batch: int, budget: int, why: str, inputs: PlanInputs) -> plan_pb2.Plan:
-    """One stage of every layer, data parallel over every device, model data in chunks (PatrickStar)."""
-    devices = fleet.nodes * fleet.devices_per_node
-    sim = price.sim
-    assert sim is not None
-    steady = sim.steady
-    layers = len(profile.layers)
-    peak = sim.device_peak
-    plan = plan_pb2.Plan(
-        model_id=profile.model_id, profile_id=profile.id, engine=plan_pb2.PLAN_ENGINE_PATRICKSTAR, version=1,
-        global_batch_size=batch, micro_batch_size=batch, num_micro_batches=1, schedule=plan_pb2.SCHEDULE_1F1B,
-        memory_budget_bytes=budget,
-        prediction=plan_pb2.Prediction(iteration_time_s=price.iteration_s,
-                                       throughput_samples_per_s=batch / price.iteration_s if price.iteration_s else 0.0,
-                                       peak_memory_bytes=peak),
-    )
-    plan.fleet.CopyFrom(fleet)
-    plan.stages.append(plan_pb2.Stage(index=0, layer_begin=0, layer_end=layers, devices=devices,
-                                      predicted_time_s=price.compute_s, predicted_peak_memory_bytes=peak))
-    strategy = LayerStrategy(dp=devices)
-    plan.layers.extend(strategy.to_proto(i, 0) for i in range(layers))
-    plain = sum(layer.parameter_bytes + layer.gradient_bytes + layer.optimizer_state_bytes for layer in ctx.view.layers)
-    plan.offload.CopyFrom(plan_pb2.ChunkOffload(
-        chunk_bytes=price.chunk_bytes, device_budget_bytes=budget, predicted_to_device_bytes=steady.to_device,
-        predicted_to_host_bytes=steady.to_host, predicted_gathered_bytes=steady.gathered,
-        predicted_reduced_bytes=steady.reduced, predicted_swap_s=price.swap_s + price.collective_s,
-        chunks=sim.chunks, predicted_device_peak_bytes=peak, plain_peak_memory_bytes=plain,
-        predicted_host_bytes=sim.host_peak))
-    lines = [
-        f"Chosen: chunk offload (PatrickStar): every layer on one stage, data parallel over {devices} device(s), "
-        f"global batch {batch} = {batch // devices} per device, model data in {sim.chunks} chunks of "
-        f"{_size(price.chunk_bytes)} moving between device and host memory.",
-        f"Why: {why}. Model states alone need {_size(plain)} per device as plain data parallel; chunks keep the "
-        f"device at or under the {_size(budget)} budget (predicted peak {_size(peak)}) and hold "
-        f"{_size(sim.host_peak)} per device in host memory.",
-        f"Predicted {price.iteration_s:.4g} s per iteration, {batch / price.iteration_s:.4g} samples/s: compute "
-        f"{price.compute_s:.4g} s, optimizer step {price.optimizer_s:.4g} s, chunk moves {price.swap_s:.4g} s "
-        f"({_size(steady.to_device)} in, {_size(steady.to_host)} out per iteration), gathers and reductions "
-        f"{price.collective_s:.4g} s ({_size(steady.gathered)} gathered, {_size(steady.reduced)} reduced).",
-    ]
-    if price.note:
-        lines.append(price.note + ".")
-    if inputs.calibration_note:
-        lines.append(inputs.calibration_note)
-    plan.explanation = "\n".join(lines)
-    return plan
 
 
 def _run_engines(ctx: CostContext, devices: int, options: SearchOptions, inputs: PlanInputs) -> list[PricedPlan]:
@@ -423,12 +379,7 @@ def explain(
     return "\n".join(lines)
 
 
-def _size(n: float) -> str:
-    """Bytes in the largest binary unit that keeps a readable number (budgets range from MiB to TiB)."""
-    for unit, scale in (("GiB", GiB), ("MiB", float(1 << 20)), ("KiB", 1024.0)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n:.0f} B"
+_size = offload.human_bytes
 
 
 def _terms(t: Breakdown) -> str:

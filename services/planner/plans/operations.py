@@ -99,6 +99,7 @@ def inputs_of(payload: dict[str, Any], *, what_if: bool = False):
         schedule=plan_pb2.Schedule.Value(payload.get("schedule", "SCHEDULE_UNSPECIFIED")),
         runnable_dims=search_dims(payload.get("runnable_dims", ("dp",)))[0],
         offload=search_dims(payload.get("runnable_dims", ()))[1],
+        harmony=search_dims(payload.get("runnable_dims", ()))[2],
         what_if=what_if,
     )
 

@@ -29,6 +29,8 @@ def plan_pb(row: m.Plan) -> plan_pb2.Plan:
         out.fleet.CopyFrom(from_json(row.fleet, fleet_pb2.Fleet))
     if row.offload:
         out.offload.CopyFrom(from_json(row.offload, plan_pb2.ChunkOffload))
+    if row.harmony:
+        out.harmony.CopyFrom(from_json(row.harmony, plan_pb2.HarmonySwap))
     for layer in row.layers:
         out.layers.add(**shared_fields(layer, plan_pb2.LayerStrategy))
     for cand in row.candidates:  # the prediction's headline numbers are columns of the candidate
@@ -133,6 +135,7 @@ class PlanStore(RepositoryBase):
                 stages=[to_json(st) for st in pl.stages],
                 prediction=to_json(pl.prediction),
                 offload=to_json(pl.offload) if pl.HasField("offload") else None,
+                harmony=to_json(pl.harmony) if pl.HasField("harmony") else None,
                 created_at=self.now(),
                 request_id=key,
             )
