@@ -13,11 +13,21 @@ are gathered with `dist.all_gather` and gradients summed into their owner with `
 reduce-scatter's volume; gloo has it).
 
 Every `Mover` method is timed (`seconds`, by kind) so a worker can report its swap time and tell the gathers and
-reductions apart from the compute around them; on a GPU each timed call ends with a device sync, so the copies and
-collectives it launched are inside its span.
+reductions apart from the compute around them; on a GPU a gather or reduction ends with a device sync, so the
+collective it launched is inside its span, and a move counts its copy's own time, read from CUDA events.
+
+CUDA path (the CPU path is as above, unchanged): host buffers are pinned and never resized, so a copy can run on
+the copy engine while compute goes on (the caching host allocator keeps freed pinned blocks anyway, so resizing
+them would save no memory, only re-pinning time). Moves run on one copy stream with `non_blocking=True`:
+- to the device: the buffer is allocated on the compute stream, whose earlier kernels may have used that block,
+  so the copy stream waits for compute first; compute then waits on the copy's event before any kernel reads it;
+- to the host: the copy stream waits for compute (which wrote the gradients or the step), and the host waits on
+  the copy's event before the device buffer's storage is resized to 0: that hands the block back to the caching
+  allocator, which could give it to a compute kernel while the copy still reads it, and the host side is read
+  next (the step on the host). So an eviction is synchronous; a move in is not.
 
 Precision: the compute list has the model's dtype (fp32 on CPU). A GPU run would keep it in half precision with
-the fp32 master list; the code is written for both but only the CPU path is tested here.
+the fp32 master list; the code is written for both, the GPU path is exercised by benchmarks/memory_gpu.py in fp32.
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ from services.runtime.chunk_policy import OS_KINDS, Chunk, ChunkPolicy, Mover, T
 from services.runtime.memory_pool import MemoryPool
 
 MOVER_KINDS = ("move", "gather", "reduce")
+MIB = 2**20
 
 
 def _resize(t: Tensor, numel: int) -> None:
@@ -47,7 +58,10 @@ def _resize(t: Tensor, numel: int) -> None:
 class ChunkManager(Mover):
     def __init__(self, params: Sequence[nn.Parameter], chunk_bytes: int, device_pool: MemoryPool,
                  host_pool: MemoryPool, *, optimizer: str = "adam", rank: int = 0, world: int = 1,
-                 group: object = None, group_ranks: Sequence[int] | None = None) -> None:
+                 group: object = None, group_ranks: Sequence[int] | None = None,
+                 device: str | torch.device | None = None) -> None:
+        """`device` is where chunks compute (default: the parameters'); parameters built on the host for a CUDA
+        device never take the whole model's room there, one chunk at a time passes through it."""
         dtypes = {p.dtype for p in params}
         if len(dtypes) != 1:
             raise ValueError(f"chunks need parameters of one dtype, got {sorted(map(str, dtypes))}")
@@ -58,30 +72,34 @@ class ChunkManager(Mover):
         self.group = group
         self.group_ranks = list(group_ranks) if group_ranks is not None else list(range(world))
         self.slot_of = {id(p): i for i, p in enumerate(self.params)}
-        device = self.params[0].device if self.params else torch.device("cpu")
+        if device is None:
+            device = self.params[0].device if self.params else torch.device("cpu")
+        device = torch.device(device)
         self.device_type = device.type
+        self.streams = CopyStreams.for_device(device)
         self.seconds = dict.fromkeys(MOVER_KINDS, 0.0)  # inside the Mover's methods since the last take_swap_s
         n = self.layout.chunk_numel
         kinds = OS_KINDS if optimizer == "adam" else OS_KINDS[:1]
         self.policy = ChunkPolicy(self.layout, size, device_pool, host_pool, os_kinds=kinds, rank=rank, mover=self)
         self.device: dict[int, Tensor] = {}  # chunk key -> flat device buffer (storage 0 while away)
         self.host: dict[int, Tensor] = {}
-        for chunk in self.policy.chunks:
-            self.device[chunk.key] = torch.empty(n, dtype=dtype, device=device)  # emptied once the views exist
-            self.host[chunk.key] = torch.zeros(n, dtype=dtype) if chunk.local else torch.empty(0, dtype=dtype)
-        for p, slot in zip(self.params, self.layout.slots, strict=True):
-            chunk = self.policy.chunks[slot.chunk]
-            if chunk.local:
-                self.host[chunk.key][slot.offset:slot.offset + slot.numel].copy_(p.detach().reshape(-1))
-            p.data = self.device[chunk.key][slot.offset:slot.offset + slot.numel].view(p.shape)
-        for chunk in self.policy.chunks:
-            _resize(self.device[chunk.key], 0)
+        pin = self.streams is not None
+        for chunk in self.policy.chunks:  # one chunk's device buffer at a time: emptied once its views exist
+            buffer = self.device[chunk.key] = torch.empty(n, dtype=dtype, device=device)
+            host = self.host[chunk.key] = _host_buffer(n if chunk.local else 0, dtype, pin)
+            for i in self.layout.slots_of(chunk.index):
+                p, slot = self.params[i], self.layout.slots[i]
+                if chunk.local:
+                    host[slot.offset:slot.offset + slot.numel].copy_(p.detach().reshape(-1))
+                p.data = buffer[slot.offset:slot.offset + slot.numel].view(p.shape)
+            _resize(buffer, 0)
         for c, states in self.policy.os.items():
             for kind, chunk in states.items():
                 self.device[chunk.key] = torch.empty(n, dtype=torch.float32, device=device)
                 _resize(self.device[chunk.key], 0)
-                source = self.host[self.policy.chunks[c].key]
-                self.host[chunk.key] = source.float().clone() if kind == "master" else torch.zeros(n)
+                host = self.host[chunk.key] = _host_buffer(n, torch.float32, pin)
+                if kind == "master":
+                    host.copy_(self.host[self.policy.chunks[c].key])
         self.steps = {i: torch.tensor(0.0) for i, s in enumerate(self.layout.slots)
                       if self.layout.owner(s.chunk) == rank}
 
@@ -91,7 +109,10 @@ class ChunkManager(Mover):
         return self.seconds["gather"] + self.seconds["reduce"]
 
     def take_swap_s(self) -> float:
-        """Seconds moving, gathering and reducing chunks since the last call (a worker calls it per iteration)."""
+        """Seconds moving, gathering and reducing chunks since the last call (a worker calls it per iteration).
+        On CUDA the moves' seconds are their copies' event times, read here (this waits for pending copies)."""
+        if self.streams is not None:
+            self.seconds["move"] += self.streams.take_seconds()
         total = sum(self.seconds.values())
         self.seconds = dict.fromkeys(MOVER_KINDS, 0.0)
         return total
@@ -108,6 +129,9 @@ class ChunkManager(Mover):
 
     # -- Mover: what the policy's decisions do to the tensors ----------------------------------------------------
     def move(self, chunk: Chunk, to: str) -> None:
+        if self.streams is not None:
+            self._move_cuda(chunk, to, self.streams)
+            return
         src, dst = (self.host, self.device) if to == "device" else (self.device, self.host)
         source, target = src[chunk.key], dst[chunk.key]
         with self._timed("move"):
@@ -115,6 +139,16 @@ class ChunkManager(Mover):
             with torch.no_grad():
                 target.copy_(source)
             _resize(source, 0)
+
+    def _move_cuda(self, chunk: Chunk, to: str, streams: CopyStreams) -> None:
+        """The CUDA move: pinned host buffers stay allocated; see the module's docstring for the ordering."""
+        device, host = self.device[chunk.key], self.host[chunk.key]
+        if to == "device":
+            _resize(device, self.layout.chunk_numel)  # on the compute stream: the copy waits for it (in `copy`)
+            streams.copy(device, host, blocking=False)
+        else:
+            streams.copy(host, device, blocking=True)  # done before the block is freed and the host reads it
+            _resize(device, 0)
 
     def gather(self, members: list[Chunk]) -> None:
         with self._timed("gather"):
@@ -130,6 +164,13 @@ class ChunkManager(Mover):
 
     def free(self, chunk: Chunk) -> None:
         _resize(self.device[chunk.key], 0)
+
+    def close(self) -> None:
+        """Free every device buffer once the pending copies are done (the manager is not used after this)."""
+        if self.streams is not None:
+            self.streams.take_seconds()
+        for buffer in self.device.values():
+            _resize(buffer, 0)
 
     # -- what the training hooks call ----------------------------------------------------------------------------
     def slots(self, params: Iterable[nn.Parameter]) -> list[int]:
@@ -190,3 +231,76 @@ class ChunkManager(Mover):
     def _views(self, chunk: Chunk, slots: list[int]) -> list[Tensor]:
         buf = self.device[chunk.key] if chunk.where == "device" else self.host[chunk.key]
         return [buf[s.offset:s.offset + s.numel] for s in (self.layout.slots[i] for i in slots)]
+
+
+def _host_buffer(numel: int, dtype: torch.dtype, pin: bool) -> Tensor:
+    """A zeroed host buffer; pinned for a CUDA device, so copies from and to it can be asynchronous."""
+    return torch.zeros(numel, dtype=dtype, pin_memory=pin)
+
+
+class CopyStreams:
+    """A CUDA device's compute stream and one copy stream, with the events that order them and time the copies."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.compute = torch.cuda.current_stream(device)
+        self.copier = torch.cuda.Stream(device)
+        self._pending: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    @classmethod
+    def for_device(cls, device: torch.device) -> CopyStreams | None:
+        """Streams for a CUDA device; None elsewhere (the CPU moves synchronously, nothing to overlap)."""
+        return cls(device) if device.type == "cuda" else None
+
+    def copy(self, target: Tensor, source: Tensor, *, blocking: bool) -> None:
+        """`target.copy_(source)` on the copy stream, after the compute stream's work so far (it may have written
+        `source` or used `target`'s block); compute waits for the copy before its next kernel. With `blocking`
+        the host waits too (the caller frees or reads a side next)."""
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        self.copier.wait_stream(self.compute)
+        with torch.cuda.stream(self.copier), torch.no_grad():
+            start.record(self.copier)
+            target.copy_(source, non_blocking=True)
+            end.record(self.copier)
+        self.compute.wait_event(end)
+        self._pending.append((start, end))
+        if blocking:
+            end.synchronize()
+
+    def take_seconds(self) -> float:
+        """Seconds the copies since the last call took on the copy stream (waits for the last of them)."""
+        seconds = 0.0
+        for start, end in self._pending:
+            end.synchronize()
+            seconds += start.elapsed_time(end) / 1000
+        self._pending = []
+        return seconds
+
+
+def pool_budget(budget: int, runtime_bytes: int, chunk_bytes: int) -> int:
+    """The device pool's share of a CUDA budget `budget`: what the pool does not see must fit in the rest.
+
+    The pool accounts chunks, held gradients and saved activations. Besides them the allocator holds
+    `runtime_bytes` (measured by `runtime_reserve`: cuBLAS/cuBLASLt workspaces and whatever else stays allocated
+    with no model data), transients the pool never sees -- a gradient between autograd and its slot (the tied
+    embedding's sums over the whole backward, beside one layer's), an on-device step's temporaries, each at most
+    a chunk: two chunks -- and the caching allocator's rounding: a large block up to 1 MiB over its request, one
+    per chunk that fits (plus one)."""
+    rounding = (budget // chunk_bytes + 1) * MIB
+    share = budget - runtime_bytes - 2 * chunk_bytes - rounding
+    if share <= 0:
+        raise ValueError(f"device budget {budget / MIB:.0f} MiB leaves nothing for the chunks: the runtime holds "
+                         f"{runtime_bytes / MIB:.1f} MiB and transients take {(2 * chunk_bytes + rounding) / MIB:.0f} "
+                         "MiB; raise the budget or lower chunk_bytes")
+    return share
+
+
+def runtime_reserve(device: torch.device) -> int:
+    """Bytes allocated on a CUDA device with no model data, after a warm-up linear layer's forward and backward:
+    the cuBLAS and cuBLASLt workspaces, allocated on first use, stay allocated for good and count in
+    `max_memory_allocated`. Whatever this process already holds there counts too (it is not the pool's)."""
+    x = torch.ones(8, 64, device=device, requires_grad=True)
+    w = torch.ones(64, 64, device=device, requires_grad=True)
+    torch.nn.functional.linear(x, w, torch.zeros(64, device=device)).sum().backward()
+    del x, w
+    torch.cuda.synchronize(device)
+    return torch.cuda.memory_allocated(device)

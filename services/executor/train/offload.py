@@ -14,6 +14,12 @@ and sums gradients; the loss of an iteration is the global summed loss over the 
 
 `ChunkedTrainer` steps one iteration at a time with its timings split as the stage trainer's (the worker's chunk
 mode reports each); `train_chunked` runs it to the end for the benchmark and the tests.
+
+On a CUDA device the model is built on the host (its initial values are the CPU build's, seeded as ever) and
+enters the device a chunk at a time, since a model larger than the budget could not be built there; and the
+budget is the whole device's: the pool gets what `chunks.pool_budget` leaves after the runtime's own allocations
+(`chunks.runtime_reserve`) and the transients it does not see, so `torch.cuda.max_memory_allocated` stays within
+the budget (benchmarks/memory_gpu.py measures it).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from ballast.v1 import model_pb2
-from services.executor.train.chunks import ChunkManager
+from services.executor.train.chunks import ChunkManager, pool_budget, runtime_reserve
 from services.executor.train.data import batch_for, dropout_seed
 from services.runtime.chunk_policy import TensorState, Traffic
 from services.runtime.memory_pool import MemoryPool
@@ -95,6 +101,8 @@ class ChunkedRun:
     chunks: int
     optimizer_chunks_on_device: int
     activation_bytes: list[tuple[int, int]]  # per layer, first micro-batch: (peak above its start, held at its end)
+    pool_budget: int | None = None  # the device pool's budget: device_budget less the CUDA reserve (else the same)
+    runtime_bytes: int = 0  # CUDA: what the runtime held with no model data when the pool's budget was set
 
 
 def attach(model: nn.Module, manager: ChunkManager, last_micro_batch: list[bool],
@@ -161,17 +169,32 @@ class ChunkedTrainer:
         self.spec, self.data, self.seed, self.global_batch = spec, data, seed, global_batch
         self.optimizer, self.micro_batches, self.device = optimizer, micro_batches, torch.device(device)
         self.rank, self.world, self.group = rank, world, group
-        self.model = build_model(spec, seed=seed, device=self.device)
+        cuda = self.device.type == "cuda"
+        self.model = build_model(spec, seed=seed, device="cpu" if cuda else self.device)
         self.model.train()
         self.params = parameter_tensors(self.model.decompose())[0]  # the layout the planner's profile lists
         self.model_bytes = sum(p.numel() * p.element_size() for p in self.params)
-        self.device_pool, self.host_pool = MemoryPool("device", device_budget), MemoryPool("host", host_budget)
+        self.runtime_bytes = runtime_reserve(self.device) if cuda and device_budget is not None else 0
+        self.pool_budget = (pool_budget(device_budget, self.runtime_bytes, chunk_bytes)
+                            if cuda and device_budget is not None else device_budget)
+        self.device_pool, self.host_pool = MemoryPool("device", self.pool_budget), MemoryPool("host", host_budget)
         self.manager = ChunkManager(self.params, chunk_bytes, self.device_pool, self.host_pool,
-                                    optimizer=optimizer["name"], rank=rank, world=world, group=group)
+                                    optimizer=optimizer["name"], rank=rank, world=world, group=group,
+                                    device=self.device)
+        self.model.to(self.device)  # buffers; the parameters are views of device chunks already
         self.last = [False]
         self.activations: list[tuple[int, int]] = []
-        attach(self.model, self.manager, self.last, self.activations)
+        self.handles = attach(self.model, self.manager, self.last, self.activations)
         self.meter = ActivationMeter(self.device_pool, self.manager)
+
+    def close(self) -> None:
+        """Remove the hooks and free the device buffers; the trainer is done. Why: autograd's C++ side holds the
+        parameters' grad hooks, which hold the manager, so the garbage collector never frees a trainer left to it
+        and its chunks would stay on the device for the rest of the process."""
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+        self.manager.close()
 
     def step(self, iteration: int, vote: Callable[[], bool] | None = None) -> ChunkedStep:
         """Iteration `iteration` (0-based) of this replica; `vote`, asked at its end, True asks every rank to stop
@@ -227,12 +250,15 @@ def train_chunked(spec: model_pb2.ModelSpec, data: dict[str, Any], seed: int, gl
     trainer = ChunkedTrainer(spec, data, seed, global_batch, optimizer, device_budget=device_budget,
                              chunk_bytes=chunk_bytes, micro_batches=micro_batches, host_budget=host_budget,
                              device=device, rank=rank, world=world, group=group)
-    steps = [trainer.step(iteration) for iteration in range(iterations)]
+    try:
+        steps = [trainer.step(iteration) for iteration in range(iterations)]
+    finally:
+        trainer.close()
     manager = trainer.manager
     return ChunkedRun([s.loss for s in steps], [s.traffic for s in steps], [s.iteration_s for s in steps],
                       trainer.device_pool.peak, trainer.device_pool.peak_non_model, trainer.host_pool.peak,
                       trainer.model_bytes, manager.layout.num_chunks, manager.policy.os_on_device,
-                      trainer.activations)
+                      trainer.activations, trainer.pool_budget, trainer.runtime_bytes)
 
 
 def run_rank(config: dict[str, Any], rank: int, world: int, init_method: str) -> dict[str, Any]:
