@@ -22,7 +22,8 @@ from ballast.v1 import common_pb2, fleet_pb2, job_pb2, model_pb2, plan_pb2, serv
 
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
-ENGINES = {"galvatron": plan_pb2.PLAN_ENGINE_GALVATRON, "varuna": plan_pb2.PLAN_ENGINE_VARUNA}
+ENGINES = {"galvatron": plan_pb2.PLAN_ENGINE_GALVATRON, "varuna": plan_pb2.PLAN_ENGINE_VARUNA,
+           "harmony": plan_pb2.PLAN_ENGINE_HARMONY, "patrickstar": plan_pb2.PLAN_ENGINE_PATRICKSTAR}
 SCHEDULES = {"gpipe": plan_pb2.SCHEDULE_GPIPE, "1f1b": plan_pb2.SCHEDULE_1F1B, "varuna": plan_pb2.SCHEDULE_VARUNA}
 DTYPES = {"fp32": common_pb2.DTYPE_FP32, "fp16": common_pb2.DTYPE_FP16, "bf16": common_pb2.DTYPE_BF16}
 PROFILE_KINDS = ("auto", "measured", "projected", "analytical")

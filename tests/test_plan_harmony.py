@@ -98,3 +98,17 @@ def test_a_budget_below_one_layer_is_refused_with_both_reasons(profile):
 
 def test_executor_dims_name_harmony_apart_from_the_search_dims():
     assert search_dims(("dp", OFFLOAD, HARMONY)) == (("dp",), True, True)
+
+
+def test_an_offload_engine_asked_for_is_the_only_one_planned(profile):
+    roomy = fleet(profile, devices=2, memory=1 << 30)  # the model would fit in device memory
+    plan = make_plan(profile, roomy, PlanInputs(global_batch_size=4, harmony=True,
+                                                engine=plan_pb2.PLAN_ENGINE_HARMONY))
+    assert plan.HasField("harmony") and "engine PLAN_ENGINE_HARMONY was asked for" in plan.explanation
+    plan = make_plan(profile, fleet(profile, devices=2, memory=BUDGET),
+                     PlanInputs(global_batch_size=4, offload=True, harmony=True,
+                                engine=plan_pb2.PLAN_ENGINE_PATRICKSTAR))
+    assert plan.HasField("offload") and not plan.HasField("harmony")
+    with pytest.raises(FailedPrecondition, match="the executors do not run Harmony") as err:
+        make_plan(profile, roomy, PlanInputs(global_batch_size=4, engine=plan_pb2.PLAN_ENGINE_HARMONY))
+    assert err.value.field == "engine"

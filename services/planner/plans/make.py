@@ -137,6 +137,8 @@ def make_plan(profile: profile_pb2.Profile, fleet: fleet_pb2.Fleet, inputs: Plan
         overlap_grad_sync=inputs.overlap_grad_sync, calibration=inputs.calibration,
         zero2_reduce_scatter_per_layer=inputs.zero2_reduce_scatter_per_layer))
     options = _options(inputs, budget)
+    if inputs.engine in (plan_pb2.PLAN_ENGINE_HARMONY, plan_pb2.PLAN_ENGINE_PATRICKSTAR):
+        return _pinned_offload(ctx, profile, fleet, inputs, budget)
     engines = _run_engines(ctx, devices, options, inputs)
     base = baseline_engine.baselines(ctx, devices, options)
     # Baselines are priced whatever they need (the table compares them); only runnable ones may be chosen.
@@ -244,6 +246,24 @@ def _options(inputs: PlanInputs, budget: int) -> SearchOptions:
     )
 
 
+def _pinned_offload(ctx: CostContext, profile: profile_pb2.Profile, fleet: fleet_pb2.Fleet, inputs: PlanInputs,
+                    budget: int) -> plan_pb2.Plan:
+    """The engine asked for is an offload one (PatrickStar's chunks, Harmony's swap schedule): plan with it alone,
+    whether or not the model would fit in device memory."""
+    harmony = inputs.engine == plan_pb2.PLAN_ENGINE_HARMONY
+    name = "Harmony's swap schedule (PARALLEL_DIM_HARMONY)" if harmony else "chunk offload (PARALLEL_DIM_CHUNKS)"
+    if not (inputs.what_if or (inputs.harmony if harmony else inputs.offload)):
+        raise FailedPrecondition(f"engine {plan_pb2.PlanEngine.Name(inputs.engine)}: the executors do not run "
+                                 f"{name}", field="engine", fix="leave the engine unset, or plan with --what-if")
+    batch = inputs.global_batch_size or fleet.nodes * fleet.devices_per_node
+    why = f"engine {plan_pb2.PlanEngine.Name(inputs.engine)} was asked for"
+    chosen = offload.plan(ctx, profile, fleet, batch, budget, why, chunks=not harmony, harmony=harmony,
+                          calibration_note=inputs.calibration_note)
+    if isinstance(chosen, plan_pb2.Plan):
+        return chosen
+    raise FailedPrecondition(why + chosen, field="engine", fix="raise the budget or leave the engine unset")
+
+
 def _run_engines(ctx: CostContext, devices: int, options: SearchOptions, inputs: PlanInputs) -> list[PricedPlan]:
     want = inputs.engine
     plans: list[PricedPlan] = []
@@ -264,7 +284,7 @@ def _run_engines(ctx: CostContext, devices: int, options: SearchOptions, inputs:
                                   fix="set global_batch_size")
     if want not in (plan_pb2.PLAN_ENGINE_UNSPECIFIED, plan_pb2.PLAN_ENGINE_GALVATRON, plan_pb2.PLAN_ENGINE_VARUNA):
         raise InvalidArgument(f"engine {plan_pb2.PlanEngine.Name(want)} is not a search engine", field="engine",
-                              fix="GALVATRON, VARUNA or unspecified")
+                              fix="GALVATRON, VARUNA, HARMONY, PATRICKSTAR or unspecified")
     return plans
 
 
