@@ -33,6 +33,7 @@ PURE_CORE = (
     "services.planner.search",
     "services.planner.online",
     "services.planner.plans.make",
+    "services.planner.plans.offload",
     "services.planner.admission",
 )
 PURE_MAY_IMPORT = PURE_CORE + ("ballast.v1", "services.runtime.errors", "services.runtime.chunk_layout",

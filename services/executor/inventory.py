@@ -57,10 +57,11 @@ def devices(cpu_slots: int = 1) -> list[fleet_pb2.Device]:
 # reduce-scatter and all-gather; TP and SDP per layer inside a stage (train/hybrid.py: DTensor tensor parallelism,
 # FSDP2 sharding), in the shapes the planner's executable_only search keeps. Gloo and NCCL alike. CHUNKS is a
 # capability, not a mesh dim: the workers run a Plan.offload (PatrickStar chunks, train/worker.py chunk mode), so
-# the planner may fall back to it for a model that fits no plan in device memory.
+# the planner may fall back to it for a model that fits no plan in device memory. HARMONY likewise: the workers
+# run a Plan.harmony (the wrap-around swap schedule over one host's devices, train/worker.py Harmony mode).
 SUPPORTED = [common_pb2.PARALLEL_DIM_DP, common_pb2.PARALLEL_DIM_PP, common_pb2.PARALLEL_DIM_ZERO1,
              common_pb2.PARALLEL_DIM_ZERO2, common_pb2.PARALLEL_DIM_TP, common_pb2.PARALLEL_DIM_SDP,
-             common_pb2.PARALLEL_DIM_CHUNKS]
+             common_pb2.PARALLEL_DIM_CHUNKS, common_pb2.PARALLEL_DIM_HARMONY]
 
 
 def host_labels() -> dict[str, str]:

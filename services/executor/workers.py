@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,6 +39,7 @@ STOP_GRACE_S = 3.0
 DRAIN_GRACE_S = 120.0  # a drain waits for up to two iterations (agreed one boundary late) plus a checkpoint
 REMEMBERED_JOBS = 64  # jobs whose worker exits are replayed to a planner that (re)connects
 SCHEDULES = {plan_pb2.SCHEDULE_GPIPE: "gpipe", plan_pb2.SCHEDULE_1F1B: "1f1b"}
+SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")  # what a job id may put into a file name
 Emit = Callable[[executor_pb2.AgentMessage], None]
 
 
@@ -80,6 +83,7 @@ def worker_config(assign: executor_pb2.AssignInstruction, worker: executor_pb2.W
         "online": spec.online_repartition,
         "predicted_iteration_s": plan.prediction.iteration_time_s,
         **offload(plan),
+        **harmony(plan, job_id),  # last: a Harmony plan overrides the batch split, backend and device above
     }
 
 
@@ -88,6 +92,29 @@ def offload(plan: plan_pb2.Plan) -> dict[str, int]:
     if not plan.HasField("offload"):
         return {}
     return {"chunk_bytes": plan.offload.chunk_bytes, "device_budget_bytes": plan.offload.device_budget_bytes}
+
+
+def harmony(plan: plan_pb2.Plan, job_id: str) -> dict:
+    """A Harmony plan as the worker runs it (Harmony mode, train/worker.py); nothing otherwise. Its workers are the
+    devices of one pipeline over the whole batch (not replicas splitting it), exchange CPU tensors on gloo (the
+    Harmony worker has no CUDA path yet) and share the host store of this job and plan version."""
+    if not plan.HasField("harmony"):
+        return {}
+    h = plan.harmony
+    return {"micro_batch_size": plan.micro_batch_size, "backend": "gloo", "device": "cpu", "harmony": {
+        "forward_micro_batch": h.forward_micro_batch,
+        "forward_packs": [[p.begin, p.end] for p in h.forward_packs],
+        "backward_micro_batch": h.backward_micro_batch,
+        "backward_packs": [[p.begin, p.end] for p in h.backward_packs],
+        "devices": h.devices, "prefetch": h.prefetch, "device_budget_bytes": h.device_budget_bytes,
+        "store_dir": harmony_store_dir(job_id, plan.version)}}
+
+
+def harmony_store_dir(job_id: str, version: int) -> str:
+    """The host store of a job's plan version: one path for every rank on the host, another for each job and
+    version (a re-planned job never maps the last version's files); shared memory where the host has it."""
+    root = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    return os.path.join(root, f"ballast-harmony-{SAFE_NAME.sub('_', job_id)}-v{version}")
 
 
 def policies(plan: plan_pb2.Plan) -> dict[str, list[int]]:
@@ -169,6 +196,7 @@ class Worker:
     traceback: str = ""
     drained: bool = False  # it reported a drained stop: a complete checkpoint of `iteration` exists
     plan_version: int = 0  # the plan version this worker runs under (bumped by applied repartitions)
+    store_dir: str = ""  # Harmony's host store: removed once every worker of the job has exited
     reader: threading.Thread | None = field(default=None, repr=False)
 
 
@@ -216,14 +244,16 @@ class Workers:
         folder = self._dir / job_id
         folder.mkdir(parents=True, exist_ok=True)
         config = folder / f"rank-{assignment.rank}.json"
-        config.write_text(json.dumps(worker_config(assign, assignment, job_id)))
+        settings = worker_config(assign, assignment, job_id)
+        config.write_text(json.dumps(settings))
         env = {**STEADY_ALLOCATOR, **os.environ, "OMP_NUM_THREADS": "1", AGENT_PID_ENV: str(os.getpid())}
         if assign.backend == "nccl":
             env["CUDA_VISIBLE_DEVICES"] = str(assignment.device_index)
         stderr = tempfile.TemporaryFile()  # a file: a chatty worker never blocks on a full pipe
         proc = subprocess.Popen([*self._command, str(config)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=stderr, text=True, env=env, start_new_session=True)
-        return Worker(job_id, assignment, proc, stderr, plan_version=assign.plan.version)
+        return Worker(job_id, assignment, proc, stderr, plan_version=assign.plan.version,
+                      store_dir=settings.get("harmony", {}).get("store_dir", ""))
 
     def repartition(self, message: executor_pb2.PlannerMessage) -> executor_pb2.InstructionAck | None:
         """Hand a new plan version to the job's workers (a JSON line on each one's stdin). The ack comes later,
@@ -327,9 +357,13 @@ class Workers:
         self._emit(executor_pb2.AgentMessage(worker_exit=exit_))
         with self._lock:
             workers = self._jobs.get(w.job_id, [])
-            if all(x.proc.poll() is not None for x in workers):
+            ended = all(x.proc.poll() is not None for x in workers)
+            if ended:
                 self._jobs.pop(w.job_id, None)
                 self._pending = {k: v for k, v in self._pending.items() if k[0] != w.job_id}
+        if ended:  # rank 0 removes it as the run ends; not when it was killed or died first
+            for store in {x.store_dir for x in workers if x.store_dir}:
+                shutil.rmtree(store, ignore_errors=True)
 
     def _report(self, w: Worker, event: dict) -> None:
         kind = event.get("event")

@@ -29,6 +29,8 @@ SCHEDULES = ("1f1b", "gpipe")
 OPTIMIZERS = ("adam", "sgd")
 BACKENDS = ("gloo", "nccl")
 DATA_KINDS = ("synthetic", "tokens")
+HARMONY_KEYS = frozenset({"forward_micro_batch", "forward_packs", "backward_micro_batch", "backward_packs", "devices",
+                          "prefetch", "device_budget_bytes", "store_dir"})
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,11 @@ class WorkerConfig:
     predicted_iteration_s: float = 0.0
     chunk_bytes: int = 0  # > 0: chunk offload with chunks of this many bytes; 0: the model stays in device memory
     device_budget_bytes: int = 0  # chunk offload's device memory per worker; 0: no budget
+    # Harmony's swap schedule (train/harmony.py): {} = off; else HARMONY_KEYS: the schedule (forward_micro_batch,
+    # forward_packs [[begin, end], ...], backward_micro_batch, backward_packs, devices), prefetch,
+    # device_budget_bytes (0: no budget) and store_dir (the host store every rank of the job maps). Ranks are the
+    # devices of one pipeline over the whole minibatch, not replicas: global_batch is not multiplied by them.
+    harmony: dict[str, Any] = field(default_factory=dict)
 
     @property
     def num_stages(self) -> int:
@@ -92,6 +99,8 @@ class WorkerConfig:
 
     @property
     def global_batch(self) -> int:
+        if self.harmony:  # one wrap-around pipeline over the minibatch: the ranks are its devices
+            return self.micro_batch_size * self.num_micro_batches
         return self.micro_batch_size * self.num_micro_batches * self.num_replicas
 
     @property
@@ -180,7 +189,46 @@ class WorkerConfig:
         need(all(isinstance(t, list | tuple) and len(t) == 3 and all(is_int(v) for v in t) and t[1] >= 0
                  and t[2] in (0, 1) for t in self.layer_toggles), "layer_toggles",
              "each entry is [layer_index, iteration >= 0, active 0 or 1]")
+        if self.harmony:
+            self._validate_harmony(need)
         self._validate_chunks(need)
+
+    def _validate_harmony(self, need: Callable[[bool, str, str], None]) -> None:
+        h = self.harmony
+        need(isinstance(h, dict), "harmony", f"give a JSON object with {sorted(HARMONY_KEYS)}")
+        missing, unknown = sorted(HARMONY_KEYS - set(h)), sorted(set(h) - HARMONY_KEYS)
+        need(not missing, "harmony", f"missing {missing}: the plan's HarmonySwap and the store directory set them")
+        need(not unknown, "harmony", f"unknown keys {unknown}: remove them (known: {sorted(HARMONY_KEYS)})")
+        for key in ("forward_micro_batch", "backward_micro_batch", "devices"):
+            need(is_int(h[key]) and h[key] >= 1, f"harmony.{key}", "must be an integer >= 1")
+        for key in ("forward_packs", "backward_packs"):
+            need(isinstance(h[key], list) and all(isinstance(p, list) and len(p) == 2 and all(is_int(v) for v in p)
+                                                  for p in h[key]), f"harmony.{key}", "give [begin, end) layer pairs")
+        need(bool(h["backward_packs"]), "harmony.backward_packs", "give at least one pack (the last ends the model)")
+        for key in ("forward_micro_batch", "backward_micro_batch"):
+            need(self.global_batch % h[key] == 0, f"harmony.{key}",
+                 f"must divide the minibatch of {self.global_batch} samples (micro_batch_size x num_micro_batches)")
+        need(h["devices"] == self.world_size, "harmony.devices",
+             f"must equal world_size {self.world_size}: one worker per device of the schedule")
+        need(isinstance(h["prefetch"], bool), "harmony.prefetch", "must be true or false")
+        need(is_int(h["device_budget_bytes"]) and h["device_budget_bytes"] >= 0, "harmony.device_budget_bytes",
+             "must be an integer >= 0 (0 = no budget)")
+        need(isinstance(h["store_dir"], str) and h["store_dir"].startswith("/"), "harmony.store_dir",
+             "give an absolute directory path, the same for every rank of the job (e.g. under /dev/shm)")
+        need(self.chunk_bytes == 0, "chunk_bytes",
+             "Harmony's swap schedule and chunk offload exclude each other: set chunk_bytes 0 or harmony {}")
+        need(self.device_budget_bytes == 0, "device_budget_bytes",
+             "Harmony's budget is harmony.device_budget_bytes: leave this 0")
+        need(self.num_stages == 1, "stage_bounds",
+             f"Harmony runs one stage holding every layer (its packs split it), got {self.num_stages} stages")
+        need(self.backend == "gloo", "backend", "the Harmony worker sends CPU tensors between its ranks: use 'gloo'")
+        need(self.device == "cpu", "device", "the Harmony worker computes on the CPU under its budgeted device pool "
+             "(train/harmony.py has no CUDA path yet): set device 'cpu'")
+        need(not self.resume_from, "resume_from", "Harmony does not resume from checkpoints yet: leave it empty")
+        need(not self.layer_toggles, "layer_toggles", "Harmony runs every layer every iteration: leave it empty")
+        for name in ("checkpoint_layers", "swap_layers", "zero1_layers", "zero2_layers", "tp_layers", "sdp_layers"):
+            need(not getattr(self, name), name, "Harmony's schedule decides what moves and what is recomputed: "
+                 "leave it empty")
 
     def _validate_chunks(self, need: Callable[[bool, str, str], None]) -> None:
         need(is_int(self.chunk_bytes) and self.chunk_bytes >= 0, "chunk_bytes",

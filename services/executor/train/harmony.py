@@ -26,6 +26,7 @@ import os
 import tempfile
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,11 +141,21 @@ class HostStore:
 
 @dataclass
 class Counters:
+    """Bytes moved and seconds spent over one iteration. forward_s / backward_s are the forward and backward tasks
+    less their peer_s and (backward) their updates' optimizer_s; recompute_s (inside backward_s) is a backward
+    task's forward of its pack again; allreduce_s is the loss sum that ends the iteration. Those five are disjoint;
+    swap_s lies within them."""
+
     to_device: int = 0
     to_host: int = 0
     peer: int = 0
     swap_s: float = 0.0
     peer_s: float = 0.0
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    recompute_s: float = 0.0
+    optimizer_s: float = 0.0
+    allreduce_s: float = 0.0
 
     def take(self) -> dict[str, float]:
         out = dict(vars(self))
@@ -164,6 +175,7 @@ class HarmonyStep:
     loss: float
     iteration_s: float
     traffic: dict[str, float]  # this rank's counters over the iteration
+    stop: bool = False  # some rank voted to stop at this boundary
 
 
 @dataclass
@@ -416,10 +428,13 @@ class HarmonyRank:
         a, b = task.span
         if x is not None:
             x.requires_grad_(True)
+        began = time.perf_counter()
         with self.meter.saving():
             y = x
             for i in range(a, b):
                 y = run_layer(self.layers[i], y, batch)
+        if task.kind != FORWARD_BACKWARD:  # the pack's forward already ran in a forward task
+            self.counters.recompute_s += time.perf_counter() - began
         assert y is not None
         loss = 0.0
         if task.kind == FORWARD_BACKWARD:
@@ -439,6 +454,7 @@ class HarmonyRank:
 
     def update(self, span: tuple[int, int], iteration: int) -> None:
         """Just-in-time update, layer by layer: bring its states, step, write weights and states back."""
+        updating = time.perf_counter()
         lr = float(self.optimizer["learning_rate"])
         wd = float(self.optimizer.get("weight_decay", 0.0))
         for i in range(*span):
@@ -470,14 +486,18 @@ class HarmonyRank:
             self.counters.swap_s += time.perf_counter() - began
             self.pool.release("optimizer", nbytes)
             self.drop((i, i + 1), write_back=True)
+        self.counters.optimizer_s += time.perf_counter() - updating
 
-    def step(self, iteration: int, group: Any = None) -> HarmonyStep:
+    def step(self, iteration: int, group: Any = None, vote: Callable[[], bool] | None = None) -> HarmonyStep:
         """Run this rank's tasks of iteration `iteration`; every rank learns the loss (the all-reduce that ends
-        the iteration is the pipeline flush: the next forward reads weights the updates wrote)."""
+        the iteration is the pipeline flush: the next forward reads weights the updates wrote). `vote`, asked at
+        the end, True asks every rank to stop after this iteration: it rides on the loss sum, so all ranks learn
+        it at the same boundary (HarmonyStep.stop)."""
         started = time.perf_counter()
         count = max(self.model_loss_count(self.batch(iteration, 0, self.minibatch)), 1)
         total = 0.0
         for k, task in enumerate(self.mine):
+            began, waited, updated = time.perf_counter(), self.counters.peer_s, self.counters.optimizer_s
             self.load(task.span)
             if k + 1 < len(self.mine):
                 self.prefetch(self.mine[k + 1].span)
@@ -486,10 +506,19 @@ class HarmonyRank:
                 self.drop(task.span, write_back=False)
             else:
                 total += self.backward(task, iteration, count)
-        summed = torch.tensor([total], dtype=torch.float64)
+            spent = (time.perf_counter() - began - (self.counters.peer_s - waited)
+                     - (self.counters.optimizer_s - updated))
+            if task.kind == FORWARD:
+                self.counters.forward_s += spent
+            else:
+                self.counters.backward_s += spent
+        summed = torch.tensor([total, float(vote is not None and vote())], dtype=torch.float64)
+        began = time.perf_counter()
         if dist.is_initialized():
             dist.all_reduce(summed, group=group)
-        return HarmonyStep(float(summed[0]) / count, time.perf_counter() - started, self.counters.take())
+        self.counters.allreduce_s += time.perf_counter() - began
+        return HarmonyStep(float(summed[0]) / count, time.perf_counter() - started, self.counters.take(),
+                           stop=bool(summed[1] > 0))
 
     def close(self) -> None:
         if self.copier is not None:

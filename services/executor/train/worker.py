@@ -59,6 +59,19 @@ rank, plus gathered_bytes, reduced_bytes, evictions and device_budget_peak_bytes
 no ZeRO fields; "done" hashes and sums this rank's own chunks. Stdin commands each get a "command_rejected"
 (training goes on). SIGTERM and SIGUSR2 both stop every rank at one agreed iteration boundary, drained false (no
 checkpoint to drain to). resume_from, per-layer policies and layer toggles are refused (WorkerConfig.validate).
+Harmony mode (`harmony` set, train/harmony.py): one stage holds every layer, every rank is one device of one
+wrap-around pipeline over the whole minibatch (rank = replica = device; global_batch is not multiplied by the
+ranks), running its tasks of the schedule under `harmony.device_budget_bytes`; every layer's weights and optimizer
+states live in the host store `harmony.store_dir` (shared memory files every rank of the job maps; rank 0 writes
+the initial weights before the first barrier and removes the directory when the run ends, after a last barrier
+when it ends cleanly). The events are chunk mode's, with: "started" adds harmony (schedule, devices, prefetch,
+device_budget_bytes, model_bytes, tasks: this rank's) and the same warnings; "iteration" has p2p_s (blocked on
+activation and gradient transfers between ranks), bytes_sent (those bytes), allreduce_s = the loss sum,
+comm_s = p2p_s + allreduce_s, recompute_s (inside backward_s: backward tasks running their pack's forward
+again), swap_in_bytes / swap_out_bytes (weights, states and stashed activations host -> device / device -> host),
+swapped_bytes = swap_out_bytes, swap_s (within forward_s, backward_s and optimizer_s), loss on every rank and
+device_budget_peak_bytes (the pool's high-water mark); "done" hashes and sums the host store's weights (the same
+on every rank). Commands, stops and refusals are chunk mode's.
 `kill -USR1 PID` writes every thread's stack to CONFIG.stacks (beside CONFIG.json) and training goes on.
 `resume_from` may be a directory path, a file:// URI, or the manifest itself.
 
@@ -73,6 +86,7 @@ import faulthandler
 import hashlib
 import json
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -90,11 +104,13 @@ from services.executor.train import checkpoint as ckpt
 from services.executor.train import heap, hybrid
 from services.executor.train.comms import Comms
 from services.executor.train.config import WorkerConfig, is_int
+from services.executor.train.harmony import HarmonyRank, HarmonyStep, check_model, schedule_from
 from services.executor.train.mesh import Mesh
 from services.executor.train.migration import Plan, PlanInbox, read_commands
 from services.executor.train.offload import ChunkedTrainer
 from services.executor.train.stage import build_stage, check_layers, make_optimizer, model_info
 from services.executor.train.trainer import Report, Stopped, Trainer, memory
+from services.zoo import build_model
 
 STOPPED_EXIT = 143
 AGENT_PID_ENV = "BALLAST_AGENT_PID"  # set by the agent: the worker dies with it (no orphan left training)
@@ -140,7 +156,7 @@ def run(config: WorkerConfig, report: Report, should_stop: Callable[[], bool] | 
     """Train this worker's stage from `start_iteration` (or the resumed checkpoint) until `iterations`;
     `commands` (stdin under the CLI) is read for plan commands; `should_drain` (default never) asks every rank
     to checkpoint and stop at an agreed boundary (Stopped.drained). With `chunk_bytes` > 0 the whole model
-    trains with its data in chunks instead (chunk mode above)."""
+    trains with its data in chunks instead (chunk mode above); with `harmony` set, on Harmony's schedule."""
     config.validate()
     head = {"job_id": config.job_id, "rank": config.rank, "stage": config.stage_index,
             "replica": config.replica_index}
@@ -153,7 +169,9 @@ def run(config: WorkerConfig, report: Report, should_stop: Callable[[], bool] | 
     stop, drain = should_stop or (lambda: False), should_drain or (lambda: False)
     # Everything that can fail on the configuration or the model happens before the rendezvous: every rank
     # refuses alike and fast.
-    if config.chunk_bytes > 0:
+    if config.harmony:
+        train = prepare_harmony(config, head, report, stop, commands, drain)
+    elif config.chunk_bytes > 0:
         train = prepare_chunks(config, device, head, report, stop, commands, drain)
     else:
         train = prepare_stage(config, device, head, report, stop, commands, drain)
@@ -218,10 +236,16 @@ CHUNKS_TAKE_NO_PLANS = ("plan command field 'command': chunk offload takes no pl
                         "of every layer, data parallel, with the model data in chunks); training goes on unchanged")
 
 
-class Refusals:
-    """Chunk mode's stdin: every command is refused (a "command_rejected" at the next boundary), none applied."""
+HARMONY_TAKES_NO_PLANS = ("plan command field 'command': Harmony's swap schedule takes no plan commands (its plan "
+                          "is one wrap-around pipeline of layer packs over every device); training goes on unchanged")
 
-    def __init__(self, stream: TextIO | None) -> None:
+
+class Refusals:
+    """Chunk and Harmony modes' stdin: every command is refused (a "command_rejected" at the next boundary), none
+    applied."""
+
+    def __init__(self, stream: TextIO | None, message: str = CHUNKS_TAKE_NO_PLANS) -> None:
+        self._message = message
         self._lock = threading.Lock()
         self._rejected: list[tuple[int, str]] = []
         read_commands(stream, self)
@@ -233,7 +257,7 @@ class Refusals:
             raw = None
         version = raw.get("version") if isinstance(raw, dict) and is_int(raw.get("version")) else 0
         with self._lock:
-            self._rejected.append((version, CHUNKS_TAKE_NO_PLANS))  # the version lets the agent fail that instruction
+            self._rejected.append((version, self._message))  # the version lets the agent fail that instruction
 
     def take(self) -> list[tuple[int, str]]:
         with self._lock:
@@ -309,6 +333,117 @@ def train_chunks(config: WorkerConfig, trainer: ChunkedTrainer, layers: list[int
         digest.update(payload.detach().cpu().contiguous().numpy().tobytes())
     report({"event": "done", **head, "iteration": config.iterations, "parameters": parameters,
             "param_sha256": digest.hexdigest(), "param_sum": sum(float(p.double().sum()) for p in payloads)})
+
+
+def prepare_harmony(config: WorkerConfig, head: dict[str, Any], report: Report, should_stop: Callable[[], bool],
+                    commands: TextIO | None, should_drain: Callable[[], bool]) -> Callable[[], None]:
+    """Harmony mode: refuse what the schedule cannot run from the model's shape alone (no weights, no store: every
+    rank alike), then build this device's HarmonyRank over the host store; rank 0 writes the initial weights there."""
+    spec, h = config.spec(), config.harmony
+    dec = build_model(spec, device="meta").decompose()
+    check_model(spec, dec)
+    if config.bounds != (0, len(dec.layers)):
+        raise ValueError(f"WorkerConfig.stage_bounds: Harmony's one stage holds every layer, [0, {len(dec.layers)}), "
+                         f"got {list(config.bounds)}")
+    schedule = schedule_from({"schedule": h})
+    try:
+        schedule.check(len(dec.layers), config.global_batch)
+    except ValueError as e:
+        raise ValueError(f"WorkerConfig.harmony: {e}") from None
+    store = Path(h["store_dir"])
+    store.mkdir(parents=True, exist_ok=True)  # every rank maps its files in the constructor, rank 0 or not
+    try:
+        runner = HarmonyRank(spec, config.data, config.seed, config.global_batch, config.optimizer, schedule, store,
+                             device_budget=h["device_budget_bytes"] or None, rank=config.rank,
+                             prefetch=h["prefetch"])
+    except BaseException:
+        remove_store(config)
+        raise
+    refusals = Refusals(commands, HARMONY_TAKES_NO_PLANS)
+    return lambda: train_harmony(config, runner, head, report, refusals, lambda: should_stop() or should_drain())
+
+
+def remove_store(config: WorkerConfig) -> None:
+    """Rank 0 removes the job's host store (a peer still mapping its files keeps them until it lets go)."""
+    if config.rank == 0:
+        shutil.rmtree(config.harmony["store_dir"], ignore_errors=True)
+
+
+def train_harmony(config: WorkerConfig, runner: HarmonyRank, head: dict[str, Any], report: Report,
+                  refusals: Refusals, should_stop: Callable[[], bool]) -> None:
+    """The Harmony loop, once the group exists: the first barrier orders rank 0's initial weights before every
+    rank's first read; the store goes when the run ends, however it ends."""
+    try:
+        dist.barrier()
+        harmony_iterations(config, runner, head, report, refusals, should_stop)
+    finally:
+        runner.close()
+        remove_store(config)
+
+
+def harmony_iterations(config: WorkerConfig, runner: HarmonyRank, head: dict[str, Any], report: Report,
+                       refusals: Refusals, should_stop: Callable[[], bool]) -> None:
+    """One "iteration" event per iteration; a stop (or a drain: nothing to checkpoint) takes effect at the first
+    boundary every rank agreed on, voted with the loss sum; a last barrier lets rank 0 remove the store."""
+    start, h, device = config.start_iteration, config.harmony, torch.device("cpu")
+    layers = list(range(len(runner.layers)))
+    parameters = sum(w.numel() for w in runner.store.weights)
+    warnings = [f"WorkerConfig.checkpoint_every {config.checkpoint_every}: Harmony does not checkpoint yet; "
+                "training goes on without checkpoints"] if config.checkpoint_every else []
+    schedule = {k: h[k] for k in ("forward_micro_batch", "forward_packs", "backward_micro_batch", "backward_packs",
+                                  "devices")}
+    report({"event": "started", **head, "world_size": config.world_size, "num_stages": 1,
+            "num_replicas": config.num_replicas, "layers": layers, "parameters": parameters, "start_iteration": start,
+            "iterations": config.iterations, "schedule": "harmony", "global_batch": config.global_batch,
+            "plan_version": config.plan_version, "predicted_iteration_s": config.predicted_iteration_s,
+            "device": str(device), "pid": os.getpid(), "hybrid": {},
+            "harmony": {"schedule": schedule, "devices": h["devices"], "prefetch": h["prefetch"],
+                        "device_budget_bytes": h["device_budget_bytes"], "model_bytes": runner.model_bytes,
+                        "tasks": len(runner.mine)},
+            "warnings": warnings})
+
+    def refused(done: int) -> None:
+        for version, message in refusals.take():
+            report({"event": "command_rejected", **head, "iteration": done, "version": version, "message": message})
+
+    stopped = None
+    for iteration in range(start, config.iterations):
+        done = iteration + 1
+        step = runner.step(iteration, vote=should_stop)
+        current, peak = memory(device)
+        report({"event": "iteration", **head, "iteration": done, "plan_version": config.plan_version,
+                **harmony_split(step), "memory_bytes": current, "peak_memory_bytes": peak,
+                "heap_peak_bytes": heap.take_peak(), "loss": step.loss, "has_loss": True,
+                "samples_per_s": config.global_batch / step.iteration_s if step.iteration_s > 0 else 0.0,
+                "swapped_bytes": step.traffic["to_host"], "swap_in_bytes": step.traffic["to_device"],
+                "swap_out_bytes": step.traffic["to_host"], "swap_s": step.traffic["swap_s"],
+                "bytes_sent": step.traffic["peer"], "device_budget_peak_bytes": runner.pool.peak,
+                "active_layers": layers, "layers": layers})
+        refused(done)
+        if step.stop:
+            stopped = Stopped(done, between_iterations=True)
+            break
+    digest, total = hashlib.sha256(), 0.0
+    for flat in runner.store.weights if stopped is None else []:  # the same files on every rank
+        digest.update(flat.numpy().tobytes())
+        total += float(flat.double().sum())
+    dist.barrier()  # every rank is done with the host store: rank 0 may remove it
+    if stopped is not None:
+        raise stopped
+    refused(config.iterations)
+    report({"event": "done", **head, "iteration": config.iterations, "parameters": parameters,
+            "param_sha256": digest.hexdigest(), "param_sum": total})
+
+
+def harmony_split(step: HarmonyStep) -> dict[str, float]:
+    """An iteration's time in the event's disjoint parts (they add up to iteration_s; swap_s lies within them)."""
+    t = step.traffic
+    parts = t["forward_s"] + t["backward_s"] + t["optimizer_s"] + t["peer_s"] + t["allreduce_s"]
+    overhead = max(step.iteration_s - parts, 0.0)  # batch building, the loss count, Python
+    return {"iteration_s": step.iteration_s, "forward_s": t["forward_s"], "backward_s": t["backward_s"],
+            "recompute_s": t["recompute_s"], "p2p_s": t["peer_s"], "allreduce_s": t["allreduce_s"],
+            "comm_s": t["peer_s"] + t["allreduce_s"], "optimizer_s": t["optimizer_s"], "overhead_s": overhead,
+            "idle_s": overhead}
 
 
 def main(argv: list[str] | None = None) -> int:
