@@ -53,6 +53,8 @@ def test_a_model_over_device_memory_is_planned_as_a_harmony_schedule(profile):
     assert (h.predicted_to_device_bytes, h.predicted_to_host_bytes, h.predicted_peer_bytes) == (
         moved["to_device"], moved["to_host"], moved["peer"])
     assert h.predicted_to_device_bytes > sum(x.weights for x in layers)  # weights come twice, states once
+    assert list(h.predicted_to_device_by_device) == list(traffic(schedule, [x.bytes() for x in layers], 4).to_device)
+    assert sum(h.predicted_to_host_by_device) == h.predicted_to_host_bytes
     assert plan.prediction.iteration_time_s == h.predicted_iteration_s > 0 and h.configurations_explored > 1
     assert "Harmony's swap schedule" in plan.explanation and "no plan fits" in plan.explanation
     assert "The executors do not run chunk offload" in plan.explanation

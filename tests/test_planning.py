@@ -101,6 +101,9 @@ def test_bad_requests_name_the_field(profile, fleet):
         make_plan(profile, fleet, PlanInputs(engine=plan_pb2.PLAN_ENGINE_VARUNA))
     assert err.value.field == "global_batch_size"
     with pytest.raises(InvalidArgument) as err:
+        make_plan(profile, fleet, PlanInputs(engine=plan_pb2.PLAN_ENGINE_VPIPE))
+    assert err.value.field == "engine"
+    with pytest.raises(FailedPrecondition, match="the executors do not run Harmony") as err:
         make_plan(profile, fleet, PlanInputs(engine=plan_pb2.PLAN_ENGINE_HARMONY))
     assert err.value.field == "engine"
     with pytest.raises(InvalidArgument) as err:

@@ -41,7 +41,7 @@ def test_a_job_spec_from_a_spec_file_and_named_options() -> None:
     ({"min_devices": 4, "max_devices": 2}, "min_devices", "e.g. min_devices=2 max_devices=4"),
     ({"batch": 0}, "batch", "whole number >= 1"),
     ({"iterations": 2.5}, "iterations", "whole number >= 1"),
-    ({"engine": "zero"}, "engine", "use one of galvatron, varuna"),
+    ({"engine": "zero"}, "engine", "use one of galvatron, harmony, patrickstar, varuna"),
     ({"schedule": "pipedream"}, "schedule", "use one of 1f1b, gpipe, varuna"),
     ({"memory": "lots"}, "memory", "16GiB"),
     ({"memory": -1}, "memory", "must not be negative"),

@@ -169,7 +169,7 @@ class LayerSpan(_message.Message):
     def __init__(self, begin: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
 
 class HarmonySwap(_message.Message):
-    __slots__ = ("forward_micro_batch", "forward_packs", "backward_micro_batch", "backward_packs", "devices", "prefetch", "device_budget_bytes", "predicted_to_device_bytes", "predicted_to_host_bytes", "predicted_peer_bytes", "predicted_iteration_s", "predicted_device_peak_bytes", "configurations_explored")
+    __slots__ = ("forward_micro_batch", "forward_packs", "backward_micro_batch", "backward_packs", "devices", "prefetch", "device_budget_bytes", "predicted_to_device_bytes", "predicted_to_host_bytes", "predicted_peer_bytes", "predicted_iteration_s", "predicted_device_peak_bytes", "configurations_explored", "predicted_to_device_by_device", "predicted_to_host_by_device")
     FORWARD_MICRO_BATCH_FIELD_NUMBER: _ClassVar[int]
     FORWARD_PACKS_FIELD_NUMBER: _ClassVar[int]
     BACKWARD_MICRO_BATCH_FIELD_NUMBER: _ClassVar[int]
@@ -183,6 +183,8 @@ class HarmonySwap(_message.Message):
     PREDICTED_ITERATION_S_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_DEVICE_PEAK_BYTES_FIELD_NUMBER: _ClassVar[int]
     CONFIGURATIONS_EXPLORED_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_TO_DEVICE_BY_DEVICE_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_TO_HOST_BY_DEVICE_FIELD_NUMBER: _ClassVar[int]
     forward_micro_batch: int
     forward_packs: _containers.RepeatedCompositeFieldContainer[LayerSpan]
     backward_micro_batch: int
@@ -196,7 +198,9 @@ class HarmonySwap(_message.Message):
     predicted_iteration_s: float
     predicted_device_peak_bytes: int
     configurations_explored: int
-    def __init__(self, forward_micro_batch: _Optional[int] = ..., forward_packs: _Optional[_Iterable[_Union[LayerSpan, _Mapping]]] = ..., backward_micro_batch: _Optional[int] = ..., backward_packs: _Optional[_Iterable[_Union[LayerSpan, _Mapping]]] = ..., devices: _Optional[int] = ..., prefetch: _Optional[bool] = ..., device_budget_bytes: _Optional[int] = ..., predicted_to_device_bytes: _Optional[int] = ..., predicted_to_host_bytes: _Optional[int] = ..., predicted_peer_bytes: _Optional[int] = ..., predicted_iteration_s: _Optional[float] = ..., predicted_device_peak_bytes: _Optional[int] = ..., configurations_explored: _Optional[int] = ...) -> None: ...
+    predicted_to_device_by_device: _containers.RepeatedScalarFieldContainer[int]
+    predicted_to_host_by_device: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, forward_micro_batch: _Optional[int] = ..., forward_packs: _Optional[_Iterable[_Union[LayerSpan, _Mapping]]] = ..., backward_micro_batch: _Optional[int] = ..., backward_packs: _Optional[_Iterable[_Union[LayerSpan, _Mapping]]] = ..., devices: _Optional[int] = ..., prefetch: _Optional[bool] = ..., device_budget_bytes: _Optional[int] = ..., predicted_to_device_bytes: _Optional[int] = ..., predicted_to_host_bytes: _Optional[int] = ..., predicted_peer_bytes: _Optional[int] = ..., predicted_iteration_s: _Optional[float] = ..., predicted_device_peak_bytes: _Optional[int] = ..., configurations_explored: _Optional[int] = ..., predicted_to_device_by_device: _Optional[_Iterable[int]] = ..., predicted_to_host_by_device: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ChunkOffload(_message.Message):
     __slots__ = ("chunk_bytes", "device_budget_bytes", "predicted_to_device_bytes", "predicted_to_host_bytes", "predicted_gathered_bytes", "predicted_reduced_bytes", "predicted_swap_s", "chunks", "predicted_device_peak_bytes", "plain_peak_memory_bytes", "predicted_host_bytes")

@@ -57,8 +57,20 @@ def iteration_metric(st: executor_pb2.StageStats, plan: plan_pb2.Plan | None) ->
         overhead_s=st.overhead_s, predicted_peak_memory_bytes=predicted_memory(plan, stage),
         predicted_stage_compute_s=predicted_compute(plan, stage),
         swap_in_bytes=st.swap_in_bytes, swap_out_bytes=st.swap_out_bytes, swap_s=st.swap_s,
-        predicted_swap_in_bytes=plan.offload.predicted_to_device_bytes if plan is not None else 0,
-        predicted_swap_out_bytes=plan.offload.predicted_to_host_bytes if plan is not None else 0)
+        predicted_swap_in_bytes=predicted_swap(plan, st.replica_index)[0],
+        predicted_swap_out_bytes=predicted_swap(plan, st.replica_index)[1])
+
+
+def predicted_swap(plan: plan_pb2.Plan | None, replica: int) -> tuple[int, int]:
+    """(host -> device, device -> host) bytes the plan predicts for one worker's iteration: chunk offload's
+    rank-0 steady state, or Harmony's for that device (replica = device); 0 without offload."""
+    if plan is None:
+        return 0, 0
+    if plan.HasField("harmony"):
+        h = plan.harmony
+        ins, outs = h.predicted_to_device_by_device, h.predicted_to_host_by_device
+        return (ins[replica] if replica < len(ins) else 0), (outs[replica] if replica < len(outs) else 0)
+    return plan.offload.predicted_to_device_bytes, plan.offload.predicted_to_host_bytes
 
 
 def observe_iteration(row: job_pb2.IterationMetric) -> None:

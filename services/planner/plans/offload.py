@@ -129,7 +129,8 @@ def _harmony_plan(ctx: CostContext, profile: profile_pb2.Profile, fleet: fleet_p
         devices=s.devices, prefetch=choice.prefetch, device_budget_bytes=budget,
         predicted_to_device_bytes=moved["to_device"], predicted_to_host_bytes=moved["to_host"],
         predicted_peer_bytes=moved["peer"], predicted_iteration_s=choice.iteration_s,
-        predicted_device_peak_bytes=peak, configurations_explored=choice.explored))
+        predicted_device_peak_bytes=peak, configurations_explored=choice.explored,
+        predicted_to_device_by_device=choice.traffic.to_device, predicted_to_host_by_device=choice.traffic.to_host))
     lines = [
         f"Chosen: Harmony's swap schedule: a wrap-around pipeline over {s.devices} device(s) of one server, "
         f"{len(s.forward_packs)} forward pack(s) of micro-batch {s.forward_micro_batch} and "
