@@ -107,6 +107,7 @@ def test_an_offload_engine_asked_for_is_the_only_one_planned(profile):
     plan = make_plan(profile, roomy, PlanInputs(global_batch_size=4, harmony=True,
                                                 engine=plan_pb2.PLAN_ENGINE_HARMONY))
     assert plan.HasField("harmony") and "engine PLAN_ENGINE_HARMONY was asked for" in plan.explanation
+    assert "chunk offload" not in plan.explanation.lower()  # not priced, so not mentioned
     plan = make_plan(profile, fleet(profile, devices=2, memory=BUDGET),
                      PlanInputs(global_batch_size=4, offload=True, harmony=True,
                                 engine=plan_pb2.PLAN_ENGINE_PATRICKSTAR))

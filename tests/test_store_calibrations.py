@@ -293,3 +293,19 @@ def test_planning_takes_only_its_own_host_classes_calibration_with_enough_iterat
     one = prepare.with_calibration(admin, PlanInputs(), prepare.shrink(fleet, 1), analytical=False)
     assert one.calibration is None and one.calibration_note == ""
     assert prepare.with_calibration(admin, PlanInputs(), fleet, analytical=True).calibration is None
+
+
+@pytest.mark.parametrize(("offload", "why"), [("offload", "chunk offload"), ("harmony", "Harmony's swap schedule")])
+def test_an_offloaded_run_calibrates_nothing(store: Store, monkeypatch, offload: str, why: str):
+    """Chunk moves and Harmony's swaps dominate such a run's time; the fit prices neither."""
+    from types import SimpleNamespace
+
+    from services.planner.jobs import calibrate_job
+
+    job = new_job(store, name=f"offloaded-{offload}")
+    plan = plan_pb2.Plan(layers=[plan_pb2.LayerStrategy(layer_index=0, dp=1)])
+    getattr(plan, offload).SetInParent()
+    monkeypatch.setattr(calibrate_job, "run_of", lambda store_, job_id: SimpleNamespace(plan=plan))
+    result = calibrate_job.calibrate_after({"job_id": job.id}, SimpleNamespace(store=store.as_(store.admin)))
+    assert result["calibrated"] is False and why in result["why"]
+    assert store.count("calibrations") == 0

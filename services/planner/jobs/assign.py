@@ -48,7 +48,7 @@ def pipeline_shape(plan: plan_pb2.Plan) -> tuple[int, int]:
                 f"layer {layer.layer_index} of plan {plan.id} uses dp={layer.dp} sdp={layer.sdp} tp={layer.tp} "
                 f"(order {names}); executors run, on each stage's {d} device(s), DP, TP innermost with DP outside it, "
                 "or SDP alone", field="plan_id", fix="plan with the executors' runnable dims (not a what-if plan)")
-    if plan.micro_batch_size % d:
+    if plan.micro_batch_size % d and not plan.HasField("harmony"):  # Harmony's devices are one pipeline's
         raise FailedPrecondition(f"micro-batch {plan.micro_batch_size} does not split over {d} replicas",
                                  field="plan_id", fix="plan the job again")
     return len(plan.stages), d

@@ -57,6 +57,9 @@ def calibrate_after(payload: dict[str, Any], task: durable.Task) -> dict[str, An
     if run.plan.HasField("offload"):  # its time is mostly chunk traffic, which the fit does not model
         return {"job_id": job_id, "calibrated": False,
                 "why": "chunk offload: the calibration's model of a run does not price chunk moves"}
+    if run.plan.HasField("harmony"):  # its time is swaps and a wrap-around pipeline the fit does not model
+        return {"job_id": job_id, "calibrated": False,
+                "why": "Harmony's swap schedule: the calibration's model of a run does not price its swaps"}
     hosts = {lease.device.host_id for page in every_page(store.list_leases,
                                                          store_pb2.ListLeasesRequest(job_id=job_id))
              for lease in page.leases}

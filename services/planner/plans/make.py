@@ -258,7 +258,7 @@ def _pinned_offload(ctx: CostContext, profile: profile_pb2.Profile, fleet: fleet
     batch = inputs.global_batch_size or fleet.nodes * fleet.devices_per_node
     why = f"engine {plan_pb2.PlanEngine.Name(inputs.engine)} was asked for"
     chosen = offload.plan(ctx, profile, fleet, batch, budget, why, chunks=not harmony, harmony=harmony,
-                          calibration_note=inputs.calibration_note)
+                          calibration_note=inputs.calibration_note, pinned=True)
     if isinstance(chosen, plan_pb2.Plan):
         return chosen
     raise FailedPrecondition(why + chosen, field="engine", fix="raise the budget or leave the engine unset")

@@ -25,8 +25,9 @@ def human_bytes(n: float) -> str:
 
 
 def plan(ctx: CostContext, profile: profile_pb2.Profile, fleet: fleet_pb2.Fleet, batch: int, budget: int, why: str,
-         *, chunks: bool, harmony: bool, calibration_note: str = "") -> plan_pb2.Plan | str:
-    """The faster runnable offload plan, or the text saying why neither fits (to append to `why`)."""
+         *, chunks: bool, harmony: bool, calibration_note: str = "", pinned: bool = False) -> plan_pb2.Plan | str:
+    """The faster runnable offload plan, or the text saying why neither fits (to append to `why`); `pinned`: one
+    was asked for by engine, so the other is not mentioned."""
     devices = fleet.nodes * fleet.devices_per_node
     chunk = price_chunks(ctx, devices, batch, budget) if chunks else None
     swap = price_harmony(ctx, batch, budget) if harmony else None
@@ -36,12 +37,12 @@ def plan(ctx: CostContext, profile: profile_pb2.Profile, fleet: fleet_pb2.Fleet,
         assert swap is not None
         other = (f"Chunk offload was priced at {chunk_s:.4g} s per iteration." if chunk_s is not None else
                  _not(chunk, "chunk offload"))
-        return _harmony_plan(ctx, profile, fleet, swap, batch, budget, why, other, calibration_note)
+        return _harmony_plan(ctx, profile, fleet, swap, batch, budget, why, "" if pinned else other, calibration_note)
     if chunk_s is not None:
         assert chunk is not None
         other = (f"Harmony's swap schedule was priced at {swap_s:.4g} s per iteration." if swap_s is not None else
                  _not(swap, "Harmony's swap schedule"))
-        return _chunk_plan(ctx, profile, fleet, chunk, batch, budget, why, other, calibration_note)
+        return _chunk_plan(ctx, profile, fleet, chunk, batch, budget, why, "" if pinned else other, calibration_note)
     reasons = [f"chunk offload does not fit either: {chunk.reason}" if chunk is not None else
                "the executors do not run chunk offload (PARALLEL_DIM_CHUNKS)",
                f"Harmony's swap schedule does not fit either: {swap.reason}" if swap is not None else
@@ -108,7 +109,7 @@ def _chunk_plan(ctx: CostContext, profile: profile_pb2.Profile, fleet: fleet_pb2
         f"{human_bytes(steady.reduced)} reduced).",
         other,
     ]
-    out.explanation = "\n".join(lines + [x for x in (price.note and price.note + ".", calibration_note) if x])
+    out.explanation = "\n".join(x for x in [*lines, price.note and price.note + ".", calibration_note] if x)
     return out
 
 
@@ -146,5 +147,5 @@ def _harmony_plan(ctx: CostContext, profile: profile_pb2.Profile, fleet: fleet_p
         "iteration.",
         other,
     ]
-    out.explanation = "\n".join(lines + [x for x in (price.note and price.note + ".", calibration_note) if x])
+    out.explanation = "\n".join(x for x in [*lines, price.note and price.note + ".", calibration_note] if x)
     return out
