@@ -22,7 +22,15 @@ from services.executor.train.harmony import measure_layers, train_harmony
 from services.executor.train.reference import train_single
 from services.planner.sim.harmony_search import Machine, balanced_packs, estimate, search
 from services.runtime.errors import InvalidArgument
-from services.runtime.harmony import BACKWARD, FORWARD, FORWARD_BACKWARD, HarmonyLayer, HarmonySchedule, traffic
+from services.runtime.harmony import (
+    BACKWARD,
+    FORWARD,
+    FORWARD_BACKWARD,
+    HarmonyLayer,
+    HarmonySchedule,
+    host_bytes,
+    traffic,
+)
 from services.runtime.memory_pool import BudgetExceeded
 from services.zoo import build_model
 from tests.harness import torch_threads
@@ -138,6 +146,8 @@ def test_harmony_on_one_device_equals_training_in_memory_and_moves_what_the_sche
     assert run.device_peak <= BUDGET < run.model_bytes
     assert run.device_peak <= choice.peak_bytes[0]  # the search's memory model is not optimistic
     predicted = traffic(choice.schedule, [c.bytes() for c in costs], MINIBATCH)
+    stored = sum(f.stat().st_size for f in tmp_path.iterdir() if f.suffix != ".json")
+    assert stored == host_bytes(choice.schedule, [c.bytes() for c in costs], MINIBATCH)  # what the planner checks
     for step in run.steps:
         assert step.traffic["to_device"] == predicted.to_device[0] > 0
         assert step.traffic["to_host"] == predicted.to_host[0] > 0

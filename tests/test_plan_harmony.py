@@ -115,3 +115,14 @@ def test_an_offload_engine_asked_for_is_the_only_one_planned(profile):
     with pytest.raises(FailedPrecondition, match="the executors do not run Harmony") as err:
         make_plan(profile, roomy, PlanInputs(global_batch_size=4, engine=plan_pb2.PLAN_ENGINE_HARMONY))
     assert err.value.field == "engine"
+
+
+def test_host_memory_limits_both_offloads(profile):
+    small_host = fleet(profile, devices=2, memory=BUDGET)
+    small_host.host_memory_bytes_per_node = 8_000_000  # under the 26 MB of weights and Adam states
+    with pytest.raises(FailedPrecondition, match="host_memory_bytes_per_node") as err:
+        make_plan(profile, small_host, PlanInputs(global_batch_size=4, harmony=True, offload=True))
+    assert "Harmony's swap schedule does not fit either: it keeps" in str(err.value)
+    roomy = fleet(profile, devices=2, memory=BUDGET)
+    roomy.host_memory_bytes_per_node = 1 << 30
+    assert make_plan(profile, roomy, PlanInputs(global_batch_size=4, harmony=True)).HasField("harmony")

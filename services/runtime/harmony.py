@@ -148,3 +148,10 @@ def traffic(schedule: HarmonySchedule, layers: Sequence[LayerBytes], minibatch: 
             boundary = a if task.kind != BACKWARD else tasks[task.source].span[0]
             peer[tasks[task.source].device] += layers[boundary].input_per_sample * minibatch
     return Traffic(tuple(down), tuple(up), tuple(peer))
+
+
+def host_bytes(schedule: HarmonySchedule, layers: Sequence[LayerBytes], minibatch: int) -> int:
+    """What the host store holds for `schedule`: every layer's weights and optimizer states, and the stashed
+    input of every backward pack but the first for the whole minibatch."""
+    stashed = sum(layers[a].input_per_sample for a, _ in schedule.backward_packs[:-1] if a > 0) * minibatch
+    return sum(x.weights + x.states for x in layers) + stashed

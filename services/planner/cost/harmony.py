@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from services.planner.cost.context import CostContext
 from services.planner.sim.harmony_search import HarmonyChoice, Machine, search
-from services.runtime.harmony import HarmonyLayer
+from services.runtime.harmony import HarmonyLayer, host_bytes
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,7 @@ class HarmonyPrice:
     choice: HarmonyChoice | None = None
     compute_s: float = 0.0  # every layer's forward, recompute and backward over the minibatch, on one device
     note: str = ""
+    host_bytes: int = 0  # the host store: weights, optimizer states and stashed pack inputs
 
 
 def harmony_layers(ctx: CostContext, optimizer: str = "adam") -> tuple[HarmonyLayer, ...] | None:
@@ -67,4 +68,5 @@ def price_harmony(ctx: CostContext, global_batch: int, device_budget: int, optim
     missing = [name for name, link in (("host link", fleet.host_link), ("intra-node link", fleet.intra_node))
                if link is None and (name == "host link" or fleet.devices_per_node > 1)]
     note = f"{' and '.join(missing)} bandwidth unknown for this fleet: priced at 0 s" if missing else ""
-    return HarmonyPrice(True, "", choice, compute, note)
+    stored = host_bytes(choice.schedule, [x.bytes() for x in layers], global_batch)
+    return HarmonyPrice(True, "", choice, compute, note, stored)

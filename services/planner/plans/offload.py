@@ -7,6 +7,9 @@ where the chosen one's time goes. Pure: no I/O.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import TypeVar
+
 from ballast.v1 import fleet_pb2, plan_pb2, profile_pb2
 from services.planner.cost import CostContext
 from services.planner.cost.harmony import HarmonyPrice, price_harmony
@@ -14,6 +17,7 @@ from services.planner.cost.offload import ChunkPrice, price_chunks
 from services.planner.cost.strategy import LayerStrategy
 
 GiB = float(1 << 30)
+P = TypeVar("P", ChunkPrice, HarmonyPrice)
 
 
 def human_bytes(n: float) -> str:
@@ -29,8 +33,8 @@ def plan(ctx: CostContext, profile: profile_pb2.Profile, fleet: fleet_pb2.Fleet,
     """The faster runnable offload plan, or the text saying why neither fits (to append to `why`); `pinned`: one
     was asked for by engine, so the other is not mentioned."""
     devices = fleet.nodes * fleet.devices_per_node
-    chunk = price_chunks(ctx, devices, batch, budget) if chunks else None
-    swap = price_harmony(ctx, batch, budget) if harmony else None
+    chunk = _host_fits(price_chunks(ctx, devices, batch, budget), fleet) if chunks else None
+    swap = _host_fits(price_harmony(ctx, batch, budget), fleet) if harmony else None
     chunk_s = chunk.iteration_s if chunk is not None and chunk.feasible else None
     swap_s = swap.choice.iteration_s if swap is not None and swap.feasible and swap.choice else None
     if swap_s is not None and (chunk_s is None or swap_s < chunk_s):
@@ -48,6 +52,24 @@ def plan(ctx: CostContext, profile: profile_pb2.Profile, fleet: fleet_pb2.Fleet,
                f"Harmony's swap schedule does not fit either: {swap.reason}" if swap is not None else
                "the executors do not run Harmony's swap schedule (PARALLEL_DIM_HARMONY)"]
     return "; " + "; ".join(reasons)
+
+
+def _host_fits(price: P, fleet: fleet_pb2.Fleet) -> P:
+    """`price`, made infeasible when what it keeps in host memory per node exceeds the fleet's (when known)."""
+    limit = fleet.host_memory_bytes_per_node
+    if not limit or not price.feasible:
+        return price
+    if isinstance(price, ChunkPrice):
+        assert price.sim is not None
+        need = price.sim.host_peak * fleet.devices_per_node
+    else:
+        assert price.choice is not None
+        need = price.host_bytes
+    if need <= limit:
+        return price
+    return dataclasses.replace(price, feasible=False, reason=(
+        f"it keeps {human_bytes(need)} in host memory per node, over the fleet's host_memory_bytes_per_node "
+        f"{human_bytes(limit)}"))
 
 
 def _not(price: ChunkPrice | HarmonyPrice | None, name: str) -> str:
@@ -140,7 +162,8 @@ def _harmony_plan(ctx: CostContext, profile: profile_pb2.Profile, fleet: fleet_p
         f"per visit and updated right after its backward{'; the next pack is prefetched' if choice.prefetch else ''}.",
         f"Why: {why}. Model states alone need {human_bytes(_plain_bytes(ctx))} per device as plain data parallel; "
         f"the schedule keeps every device at or under the {human_bytes(budget)} budget (predicted peak "
-        f"{human_bytes(peak)}); {choice.explored} configurations searched.",
+        f"{human_bytes(peak)}) and the host holds {human_bytes(price.host_bytes)} (weights, optimizer states and "
+        f"stashed pack inputs); {choice.explored} configurations searched.",
         f"Predicted {choice.iteration_s:.4g} s per iteration, {batch / choice.iteration_s:.4g} samples/s: compute "
         f"{price.compute_s:.4g} s over all devices, {human_bytes(moved['to_device'])} to the devices and "
         f"{human_bytes(moved['to_host'])} back to the host, {human_bytes(moved['peer'])} device to device per "
