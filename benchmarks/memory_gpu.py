@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from ballast.v1 import common_pb2  # noqa: E402
 from benchmarks.memory import ADAM, MIB, parameters, spec  # noqa: E402
 from services.executor.train.data import batch_for, dropout_seed  # noqa: E402
 from services.executor.train.offload import ChunkedTrainer  # noqa: E402
@@ -128,16 +129,21 @@ def plain_largest(args: argparse.Namespace) -> tuple[dict[str, Any] | None, list
     raise RuntimeError("plain: the fitting layer count did not settle in 8 runs; the peak is not near linear")
 
 
-def chunk_run(args: argparse.Namespace, layers: int) -> dict[str, Any]:
-    """Train `layers` layers with the chunk trainer under the budget; `fits` when it ran and stayed within it."""
+def chunk_run(args: argparse.Namespace, layers: int, bf16: bool = False) -> dict[str, Any]:
+    """Train `layers` layers with the chunk trainer under the budget; `fits` when it ran and stayed within it.
+    `bf16`: mixed precision (bf16 chunks and compute, fp32 master and Adam states)."""
     settle()
     budget = args.budget_mib * MIB
     began = time.perf_counter()
-    out: dict[str, Any] = {"mode": "chunks", "layers": layers, "parameters": parameters(args, layers)}
+    out: dict[str, Any] = {"mode": "chunks bf16" if bf16 else "chunks", "layers": layers,
+                           "parameters": parameters(args, layers)}
     out["allocated_at_start"] = torch.cuda.memory_allocated()  # the runtime's alone: earlier runs freed theirs
+    model = spec(args, layers)
+    if bf16:
+        model.dtype = common_pb2.DTYPE_BF16
     trainer = None
     try:
-        trainer = ChunkedTrainer(spec(args, layers), DATA, SEED, args.micro_batch, ADAM, device_budget=budget,
+        trainer = ChunkedTrainer(model, DATA, SEED, args.micro_batch, ADAM, device_budget=budget,
                                  chunk_bytes=args.chunk_mib * MIB, device=DEVICE)
         steps = [trainer.step(it) for it in range(args.iterations)]
     except BudgetExceeded as exc:
@@ -156,8 +162,9 @@ def chunk_run(args: argparse.Namespace, layers: int) -> dict[str, Any]:
                host_peak=trainer.host_pool.peak, swap_s=[s.swap_s for s in steps],
                to_device=steps[-1].traffic.to_device, to_host=steps[-1].traffic.to_host,
                optimizer_chunks_on_device=trainer.manager.policy.os_on_device)
-    print(f"  chunks {layers} layers: {out['parameters'] / 1e6:.1f}M parameters, allocator peak {peak / MIB:.0f} "
-          f"MiB of {args.budget_mib} (pool peak {out['pool_peak'] / MIB:.0f} of {out['pool_budget'] / MIB:.0f} MiB, "
+    print(f"  {out['mode']} {layers} layers: {out['parameters'] / 1e6:.1f}M parameters, allocator peak "
+          f"{peak / MIB:.0f} MiB of {args.budget_mib} (pool peak {out['pool_peak'] / MIB:.0f} of "
+          f"{out['pool_budget'] / MIB:.0f} MiB, "
           f"runtime {out['runtime_bytes'] / MIB:.1f} MiB), {samples:.2f} samples/s, swap "
           f"{out['swap_s'][-1]:.2f} s/iteration, {out['seconds']:.0f} s", flush=True)
     return out
@@ -185,6 +192,8 @@ def chunk_probe(args: argparse.Namespace, start: int, started: float) -> list[di
 def row(mode: str, run: dict[str, Any] | None, args: argparse.Namespace, note: str = "") -> str:
     if run is None:
         return f"| {mode} | none fits | — | — | — | — | {note} |"
+    if "samples_per_s" not in run:
+        return f"| {mode} | {run['layers']} layers: refused | {run['parameters'] / 1e6:.1f}M | — | — | — | {note} |"
     pool = (f"{run['pool_peak'] / MIB:.0f} of {run['pool_budget'] / MIB:.0f} MiB" if "pool_peak" in run else "—")
     return (f"| {mode} | {run['layers']} layers | {run['parameters'] / 1e6:.1f}M | {run['samples_per_s']:.2f} "
             f"samples/s ({run['tokens_per_s']:.0f} tokens/s) | {run['allocator_peak'] / MIB:.0f} MiB of "
@@ -226,6 +235,12 @@ def main(argv: list[str] | None = None) -> int:
         abs(c - p) <= 1e-5 * abs(p) for c, p in zip(common["losses"], plain["losses"], strict=True))
     print(f"losses at {plain['layers']} layers: plain {plain['losses']}, chunks {common.get('losses')} "
           f"({'equal' if losses_equal else 'DIFFER'} at rtol 1e-5)", flush=True)
+    # mixed precision against fp32 chunks on the same model, before any refused run
+    mixed = chunk_run(args, plain["layers"], bf16=True)
+    mixed_close = mixed["fits"] and common["fits"] and all(
+        abs(m - c) <= 2e-2 * abs(c) for m, c in zip(mixed["losses"], common["losses"], strict=True))
+    print(f"bf16 losses at {plain['layers']} layers: {mixed.get('losses')} ({'within' if mixed_close else 'NOT within'}"
+          " 2% of fp32 chunks)", flush=True)
     start = plain["layers"] + 1
     while parameters(args, start) < 4 * plain["parameters"]:
         start += 1
@@ -238,7 +253,10 @@ def main(argv: list[str] | None = None) -> int:
     limit = ("not probed: 4x plain's parameters is past --max-layers" if not probes else
              "a failed run above it" if not probes[-1]["fits"] else
              "the probe's end (--max-layers or the time guard), not a failure")
+    mixed_best = chunk_run(args, best["layers"], bf16=True) if best else None
+    dishonest += [r for r in (mixed, mixed_best) if r is not None and r.get("honest") is False]
     summary = {
+        "mixed_precision": {"common_size": mixed, "largest_fp32_size": mixed_best, "losses_close": mixed_close},
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "budget_mib": args.budget_mib,
         "config": {k: v for k, v in vars(args).items() if k != "json"}, "plain": plain, "chunks": best,
         "common_size": common, "losses_equal": losses_equal, "parameter_ratio": ratio, "throughput_ratio": speed,
@@ -253,10 +271,13 @@ def main(argv: list[str] | None = None) -> int:
     print(row("chunks, same size", common, args, "losses " + ("equal" if losses_equal else "DIFFER")))
     print(row("chunks", best, args, f"{ratio:.1f}x the parameters, {speed:.3f}x the samples/s; "
                                     + summary["chunk_limit"]))
+    print(row("chunks bf16, plain's size", mixed, args, "losses " + ("within 2% of fp32" if mixed_close else
+                                                                      "NOT within 2%")))
+    print(row("chunks bf16, fp32's largest", mixed_best, args))
     print(f"\nchunks / plain parameters {ratio:.1f}x; allocator peak within the budget in every chunked run: "
           f"{'yes' if not dishonest else 'NO'}; {summary['seconds']:.0f} s")
     print("command: python benchmarks/memory_gpu.py " + shlex.join(sys.argv[1:] if argv is None else argv))
-    return 0 if losses_equal and not dishonest else 1
+    return 0 if losses_equal and mixed_close and not dishonest else 1
 
 
 if __name__ == "__main__":

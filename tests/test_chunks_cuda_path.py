@@ -127,3 +127,20 @@ def test_a_closed_trainer_frees_its_device_buffers_and_is_collected():
     del trainer
     gc.collect()
     assert ref() is None  # the grad hooks autograd held are gone, so nothing keeps the chunks alive
+
+
+
+def test_chunks_compute_in_bf16_on_a_gpu_and_in_fp32_on_the_cpu():
+    """Mixed precision is the GPU's: a bf16 model keeps bf16 chunks there (fp32 master and states beside them);
+    on the CPU every model trains in fp32; fp16 is refused until loss scaling exists."""
+    from ballast.v1 import common_pb2, model_pb2
+    from services.executor.train.offload import compute_dtype
+
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    bf16, fp16, fp32 = (model_pb2.ModelSpec(dtype=d) for d in (common_pb2.DTYPE_BF16, common_pb2.DTYPE_FP16,
+                                                               common_pb2.DTYPE_FP32))
+    assert compute_dtype(bf16, cuda) == torch.bfloat16
+    assert compute_dtype(fp32, cuda) == compute_dtype(model_pb2.ModelSpec(), cuda) == torch.float32
+    assert compute_dtype(bf16, cpu) == compute_dtype(fp16, cpu) == torch.float32
+    with pytest.raises(ValueError, match="ModelSpec.dtype DTYPE_FP16: .* use DTYPE_BF16"):
+        compute_dtype(fp16, cuda)

@@ -26,8 +26,10 @@ them would save no memory, only re-pinning time). Moves run on one copy stream w
   allocator, which could give it to a compute kernel while the copy still reads it, and the host side is read
   next (the step on the host). So an eviction is synchronous; a move in is not.
 
-Precision: the compute list has the model's dtype (fp32 on CPU). A GPU run would keep it in half precision with
-the fp32 master list; the code is written for both, the GPU path is exercised by benchmarks/memory_gpu.py in fp32.
+Precision: the compute list has the model's dtype: fp32 on the CPU, bf16 on a GPU for a bf16 model (mixed
+precision: `offload.compute_dtype`), beside the fp32 master, momentum and variance lists, which the step updates
+from the gradients cast to fp32 before it copies the master back into the compute slots (rounded to their
+dtype). benchmarks/memory_gpu.py runs both precisions on the GPU.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from ballast.v1 import model_pb2
+from ballast.v1 import common_pb2, model_pb2
 from services.executor.train.chunks import ChunkManager, pool_budget, runtime_reserve
 from services.executor.train.data import batch_for, dropout_seed
 from services.runtime.chunk_policy import TensorState, Traffic
@@ -105,6 +105,17 @@ class ChunkedRun:
     runtime_bytes: int = 0  # CUDA: what the runtime held with no model data when the pool's budget was set
 
 
+def compute_dtype(spec: model_pb2.ModelSpec, device: torch.device) -> torch.dtype:
+    """The chunks' and the compute's precision: the model's own on a GPU when that is bf16 (mixed precision: the
+    fp32 master and Adam states live in the chunk manager's optimizer lists), fp32 otherwise and on the CPU."""
+    if device.type != "cuda" or spec.dtype in (common_pb2.DTYPE_UNSPECIFIED, common_pb2.DTYPE_FP32):
+        return torch.float32
+    if spec.dtype == common_pb2.DTYPE_BF16:
+        return torch.bfloat16
+    raise ValueError(f"ModelSpec.dtype {common_pb2.DType.Name(spec.dtype)}: chunk offload has no loss scaling for "
+                     "fp16 yet; use DTYPE_BF16 (mixed precision) or DTYPE_FP32")
+
+
 def attach(model: nn.Module, manager: ChunkManager, last_micro_batch: list[bool],
            activations: list[tuple[int, int]] | None = None) -> list[Any]:
     """Hooks that make the manager follow the model's layers; `last_micro_batch[0]` is read by the grad hooks.
@@ -170,7 +181,8 @@ class ChunkedTrainer:
         self.optimizer, self.micro_batches, self.device = optimizer, micro_batches, torch.device(device)
         self.rank, self.world, self.group = rank, world, group
         cuda = self.device.type == "cuda"
-        self.model = build_model(spec, seed=seed, device="cpu" if cuda else self.device)
+        self.dtype = compute_dtype(spec, self.device)
+        self.model = build_model(spec, seed=seed, device="cpu" if cuda else self.device).to(self.dtype)
         self.model.train()
         self.params = parameter_tensors(self.model.decompose())[0]  # the layout the planner's profile lists
         self.model_bytes = sum(p.numel() * p.element_size() for p in self.params)
@@ -186,6 +198,12 @@ class ChunkedTrainer:
         self.activations: list[tuple[int, int]] = []
         self.handles = attach(self.model, self.manager, self.last, self.activations)
         self.meter = ActivationMeter(self.device_pool, self.manager)
+
+    @property
+    def mixed(self) -> bool:
+        """Mixed precision: bf16 chunks and compute, autocast keeping the loss and norms in fp32, and the step on
+        the fp32 master and Adam states (the chunk manager's own lists, as ever)."""
+        return self.dtype != torch.float32
 
     def close(self) -> None:
         """Remove the hooks and free the device buffers; the trainer is done. Why: autograd's C++ side holds the
@@ -216,7 +234,7 @@ class ChunkedTrainer:
                 global_batch=self.global_batch).items()}
             torch.manual_seed(dropout_seed(self.seed, iteration, self.rank * self.micro_batches + k))
             t, comm = time.perf_counter(), manager.comm_s
-            with self.meter.saving():
+            with self.meter.saving(), torch.autocast(self.device.type, self.dtype, enabled=self.mixed):
                 loss = model(batch)
             manager.policy.forward_done()
             forward_s += time.perf_counter() - t - (manager.comm_s - comm)
