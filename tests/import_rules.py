@@ -35,6 +35,7 @@ PURE_CORE = (
     "services.planner.plans.make",
     "services.planner.plans.offload",
     "services.planner.admission",
+    "services.planner.elastic",
 )
 PURE_MAY_IMPORT = PURE_CORE + ("ballast.v1", "services.runtime.errors", "services.runtime.chunk_layout",
                                 "services.runtime.chunk_policy", "services.runtime.memory_pool",

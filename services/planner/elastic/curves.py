@@ -1,0 +1,142 @@
+"""Scaling curves: a job's predicted throughput on every device count it may be given.
+
+Ballast keeps a job's global batch fixed (its convergence must not change) and adapts only devices and
+plan, so one curve per (model, global batch) says what each extra device is worth. A job given n devices
+may run the best plan for any count up to n, so `rate(n)` is the best throughput at or below n: the curve
+never drops as devices are added, and a count no plan fits gives 0 (the job cannot run on it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+from ballast.v1 import fleet_pb2, profile_pb2
+from services.planner.plans.make import PlanInputs, make_plan
+from services.runtime.errors import FailedPrecondition, InvalidArgument
+
+
+@dataclass(frozen=True)
+class ScalingCurve:
+    """Predicted samples/s per device count for one (model, global batch); absent counts are unplanned."""
+
+    model: str
+    global_batch: int
+    throughput: Mapping[int, float]
+    _best: tuple[float, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        top = max(self.throughput, default=0)
+        best, level = [0.0], 0.0
+        for n in range(1, top + 1):
+            level = max(level, self.throughput.get(n, 0.0))
+            best.append(level)
+        object.__setattr__(self, "_best", tuple(best))
+
+    @property
+    def max_devices(self) -> int:
+        """Beyond this count the curve knows nothing, so extra devices are worth nothing."""
+        return len(self._best) - 1
+
+    @property
+    def min_devices(self) -> int:
+        """The fewest devices any plan runs on (0: none does)."""
+        return next((n for n, r in enumerate(self._best) if r > 0), 0)
+
+    def rate(self, devices: int) -> float:
+        """Samples/s with `devices` devices: the best plan using at most that many."""
+        if devices <= 0:
+            return 0.0
+        return self._best[min(devices, len(self._best) - 1)]
+
+    def iteration_s(self, devices: int) -> float:
+        """Seconds per iteration on `devices` devices (infinite where nothing runs)."""
+        r = self.rate(devices)
+        return self.global_batch / r if r > 0 else math.inf
+
+
+def amdahl_curve(
+    model: str,
+    global_batch: int,
+    max_devices: int,
+    single_device_samples_per_s: float,
+    serial_fraction: float,
+    comm_fraction: float = 0.0,
+) -> ScalingCurve:
+    """A synthetic curve for tests and benchmarks: Amdahl's law with a per-doubling communication cost,
+    time(n) = s + (1 - s) / n + c * log2(n) in units of the one-device time."""
+    if not 0 <= serial_fraction <= 1 or comm_fraction < 0 or single_device_samples_per_s <= 0:
+        raise InvalidArgument("serial_fraction in [0, 1], comm_fraction >= 0, throughput > 0", field="serial_fraction",
+                              fix="e.g. amdahl_curve('gpt', 64, 64, 100.0, 0.05)")
+    rates = {n: single_device_samples_per_s / (serial_fraction + (1 - serial_fraction) / n
+                                               + comm_fraction * math.log2(n))
+             for n in range(1, max_devices + 1)}
+    return ScalingCurve(model, global_batch, rates)
+
+
+def fleet_of(template: fleet_pb2.Fleet, devices: int) -> fleet_pb2.Fleet | None:
+    """`template`'s device, links and precision with `devices` devices: one node when they fit in one,
+    else whole nodes; None for a count that is not a whole number of nodes (the planner's fleets are
+    uniform)."""
+    per_node = max(1, template.devices_per_node)
+    if devices > per_node and devices % per_node:
+        return None
+    fleet = fleet_pb2.Fleet()
+    fleet.CopyFrom(template)
+    fleet.nodes, fleet.devices_per_node = (1, devices) if devices <= per_node else (devices // per_node, per_node)
+    return fleet
+
+
+def planner_curve(
+    profile: profile_pb2.Profile,
+    fleet_template: fleet_pb2.Fleet,
+    global_batch: int,
+    devices: Iterable[int],
+    *,
+    model: str = "",
+    inputs: PlanInputs | None = None,
+) -> ScalingCurve:
+    """The curve the planner predicts: make_plan's best throughput for each count in `devices` (with
+    the calibration in `inputs`), the global batch pinned. Counts no plan fits, or that are not whole
+    nodes of the template, are left out. Costs one plan search per count: tens of ms for small GPTs,
+    seconds for a 15B model on tens of devices, so callers cache curves and ask for few counts."""
+    base = inputs or PlanInputs()
+    pinned = replace(base, global_batch_size=global_batch,
+                     max_global_batch_size=max(global_batch, base.max_global_batch_size), top_k=1)
+    rates: dict[int, float] = {}
+    for n in sorted(set(devices)):
+        fleet = fleet_of(fleet_template, n) if n >= 1 else None
+        if fleet is None:
+            continue
+        try:
+            plan = make_plan(profile, fleet, pinned)
+        except (FailedPrecondition, InvalidArgument):
+            continue  # nothing fits this count, or the batch does not split over it
+        rates[n] = plan.prediction.throughput_samples_per_s
+    return ScalingCurve(model or profile.model_id, global_batch, rates)
+
+
+class CurveCache:
+    """Planner curves kept until what they were priced on changes: the key holds the profile, the fleet
+    template, the batch, the counts and the plan inputs (calibration included), so a new calibration or
+    a changed fleet builds a new curve instead of serving a stale one."""
+
+    def __init__(self) -> None:
+        self._curves: dict[tuple, ScalingCurve] = {}
+        self.built = 0  # plan searches run for curves (hits run none)
+
+    def get(self, profile: profile_pb2.Profile, fleet_template: fleet_pb2.Fleet, global_batch: int,
+            devices: Iterable[int], *, model: str = "", inputs: PlanInputs | None = None) -> ScalingCurve:
+        counts = tuple(sorted(set(devices)))
+        key = (_digest(profile), _digest(fleet_template), global_batch, counts, model, inputs or PlanInputs())
+        if key not in self._curves:
+            self._curves[key] = planner_curve(profile, fleet_template, global_batch, counts, model=model,
+                                              inputs=inputs)
+            self.built += 1
+        return self._curves[key]
+
+
+def _digest(message: profile_pb2.Profile | fleet_pb2.Fleet) -> str:
+    return hashlib.sha256(message.SerializeToString(deterministic=True)).hexdigest()

@@ -1,0 +1,281 @@
+"""Elastic fleet (issue 20): trace validation, scaling curves, allocation policies and the fleet simulator."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+from google.protobuf.json_format import ParseDict
+
+from ballast.v1 import fleet_pb2, model_pb2
+from services.planner.cost.calibration import Calibration
+from services.planner.elastic import (
+    BACKFILL,
+    ELASTIC,
+    FIFO,
+    CurveCache,
+    ElasticPolicy,
+    JobState,
+    ScalingCurve,
+    TraceError,
+    TraceJob,
+    allocate,
+    amdahl_curve,
+    generate_trace,
+    parse_trace,
+    planner_curve,
+    simulate,
+    write_trace,
+)
+from services.planner.plans.make import PlanInputs
+from services.runtime.errors import FailedPrecondition, InvalidArgument
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ("gpt-tiny", "bert-huge-32")
+HEADER = "name,submit_time_s,model,global_batch,iterations,requested_devices,min_devices,max_devices,tenant,priority"
+GOOD = "a,0,gpt-tiny,64,100,4,2,8,prod,0"
+
+
+def trace_text(*rows: str, header: str = HEADER) -> str:
+    return "\n".join([header, *rows]) + "\n"
+
+
+# --- trace ---------------------------------------------------------------------------------------------
+
+
+def test_a_written_trace_parses_back_unchanged():
+    jobs = generate_trace(30, 7, MODELS, fleet_devices=16)
+    assert parse_trace(write_trace(jobs), MODELS, 16) == jobs
+
+
+def test_the_generator_is_seeded_and_draws_sensible_jobs():
+    one, same, other = (generate_trace(200, s, MODELS, fleet_devices=64) for s in (3, 3, 4))
+    assert one == same and one != other
+    assert [j.submit_time_s for j in one] == sorted(j.submit_time_s for j in one)
+    for j in one:
+        assert j.requested_devices & (j.requested_devices - 1) == 0  # a power of two
+        assert 1 <= j.min_devices <= j.requested_devices <= j.max_devices <= 64
+        assert j.iterations >= 1 and j.model in MODELS
+    iterations = sorted(j.iterations for j in one)
+    assert iterations[-1] > 5 * iterations[len(iterations) // 2]  # heavy-tailed
+
+
+@pytest.mark.parametrize("text, line, field", [
+    (trace_text(GOOD, header=HEADER.replace(",tenant", "")), 1, "tenant"),
+    (trace_text(GOOD, "b,1,gpt-huge,64,100,4,2,8,prod,0"), 3, "model"),
+    (trace_text("b,1,gpt-tiny,64,100,4,8,2,prod,0"), 2, "min_devices"),
+    (trace_text(GOOD, "b,1,gpt-tiny,64,100,16,2,8,prod,0"), 3, "requested_devices"),
+    (trace_text("b,-5,gpt-tiny,64,100,4,2,8,prod,0"), 2, "submit_time_s"),
+    (trace_text("b,nan,gpt-tiny,64,100,4,2,8,prod,0"), 2, "submit_time_s"),
+    (trace_text("b,1,gpt-tiny,64,-3,4,2,8,prod,0"), 2, "iterations"),
+    (trace_text("b,1,gpt-tiny,6.5,100,4,2,8,prod,0"), 2, "global_batch"),
+    (trace_text(GOOD, GOOD.replace("a,", "b,"), "c,1,gpt-tiny,64,100,32,2,32,prod,0"), 4, "requested_devices"),
+    (trace_text("c,1,gpt-tiny,64,100,4,2,32,prod,0"), 2, "max_devices"),
+    (trace_text(GOOD, "b,1,gpt-tiny,64,100,4,2,8,prod,0", GOOD), 4, "name"),
+    (trace_text(GOOD, "b,1,gpt-tiny,64,100,4,2,8,,0"), 3, "tenant"),
+    (trace_text(GOOD, "b,1,gpt-tiny,64"), 3, "iterations"),
+    (trace_text("b,1,gpt-tiny,64,100,4,2,8,prod,high"), 2, "priority"),
+])
+def test_a_bad_trace_names_its_line_and_field_and_the_fix(text, line, field):
+    with pytest.raises(TraceError) as caught:
+        parse_trace(text, MODELS, 16)
+    err = caught.value
+    assert isinstance(err, InvalidArgument)
+    assert (err.line, err.field) == (line, field)
+    assert f"line {line}" in str(err) and str(err).startswith(f"{field}: ") and err.fix
+
+
+def test_a_trace_without_jobs_is_refused():
+    with pytest.raises(TraceError, match="no jobs"):
+        parse_trace(trace_text(), MODELS, 16)
+
+
+# --- curves --------------------------------------------------------------------------------------------
+
+
+def test_a_curve_never_drops_and_prices_an_iteration():
+    curve = ScalingCurve("m", 64, {2: 10.0, 4: 32.0, 8: 20.0})
+    assert (curve.min_devices, curve.max_devices) == (2, 8)
+    assert [curve.rate(n) for n in range(0, 10)] == [0, 0, 10, 10, 32, 32, 32, 32, 32, 32]
+    assert curve.iteration_s(1) == math.inf and curve.iteration_s(4) == pytest.approx(2.0)
+
+
+def test_amdahl_curves_differ_in_how_well_they_scale():
+    good, poor = amdahl_curve("a", 64, 16, 10.0, 0.0), amdahl_curve("b", 64, 16, 10.0, 0.5, 0.05)
+    assert good.rate(16) == pytest.approx(160.0)
+    assert poor.rate(16) < 3 * poor.rate(1)
+    with pytest.raises(InvalidArgument):
+        amdahl_curve("c", 64, 8, 10.0, 1.5)
+
+
+@pytest.fixture(scope="module")
+def tiny_on_a100():
+    from services.profiler.projection import analytical_profile
+    from services.specs.fleet import load_fleet
+
+    spec = ParseDict(yaml.safe_load((ROOT / "examples" / "gpt-tiny.yaml").read_text()), model_pb2.ModelSpec())
+    profile = analytical_profile(spec, "nvidia-a100-80gb", "fp32")
+    return profile, load_fleet(ROOT / "examples" / "fleet-2x8xA100.yaml", dtype="fp32")
+
+
+def test_the_planner_prices_a_zoo_model_on_every_whole_fleet(tiny_on_a100):
+    profile, template = tiny_on_a100
+    curve = planner_curve(profile, template, 64, (1, 2, 4, 12, 16), model="gpt-tiny")
+    assert sorted(curve.throughput) == [1, 2, 4, 16]  # 12 is not a whole number of 8-device nodes
+    rates = [curve.throughput[n] for n in (1, 2, 4, 16)]
+    assert rates == sorted(rates) and rates[-1] > 2 * rates[0]
+    assert curve.model == "gpt-tiny" and curve.global_batch == 64
+
+
+def test_cached_curves_are_rebuilt_when_the_fleet_or_the_calibration_changes(tiny_on_a100):
+    profile, template = tiny_on_a100
+    cache = CurveCache()
+    first = cache.get(profile, template, 64, (1, 2))
+    assert cache.get(profile, template, 64, (2, 1)) is first and cache.built == 1
+    thin_links = fleet_pb2.Fleet()
+    thin_links.CopyFrom(template)
+    thin_links.intra_node.bandwidth_bytes_per_s /= 1000
+    assert cache.get(profile, thin_links, 64, (1, 2)).rate(2) < first.rate(2) and cache.built == 2
+    slower = Calibration(host_class="nvidia-a100-80gb", forward_scale=3.0, backward_scale=3.0)
+    calibrated = PlanInputs(calibration=slower)
+    assert cache.get(profile, template, 64, (1, 2), inputs=calibrated).rate(1) < first.rate(1)
+    assert cache.built == 3
+
+
+# --- policies ------------------------------------------------------------------------------------------
+
+GOOD_CURVE = amdahl_curve("good", 64, 16, 10.0, 0.0)
+POOR_CURVE = amdahl_curve("poor", 64, 16, 10.0, 0.5, 0.05)
+CURVES = {("good", 64): GOOD_CURVE, ("poor", 64): POOR_CURVE}
+
+
+def job(name: str, model: str = "good", *, submit: float = 0.0, iterations: float = 1000.0, want: int = 2,
+        lo: int = 1, hi: int = 16, tenant: str = "t", priority: int = 0, resized: float = -math.inf) -> JobState:
+    return JobState(name, tenant, priority, submit, model, 64, iterations, want, lo, hi, resized)
+
+
+def test_a_job_that_scales_well_gets_more_devices():
+    out = allocate(16, [job("g", "good"), job("p", "poor")], CURVES, 0.0, ElasticPolicy(), {}, 60.0)
+    assert out["g"] > out["p"] >= 1 and sum(out.values()) <= 16
+
+
+def test_hysteresis_blocks_a_resize_worth_less_than_its_morph():
+    running = [job("r", iterations=100, want=4)]
+    # 100 iterations on 4 devices take 160 s; 8 devices save 80 s.
+    assert allocate(8, running, CURVES, 1e4, ElasticPolicy(), {"r": 4}, 60.0) == {"r": 4}  # 80 < 2 x 60
+    assert allocate(8, running, CURVES, 1e4, ElasticPolicy(), {"r": 4}, 30.0) == {"r": 8}  # 80 > 2 x 30
+    recent = [replace(running[0], last_resize_s=1e4 - 10)]
+    assert allocate(8, recent, CURVES, 1e4, ElasticPolicy(), {"r": 4}, 1.0) == {"r": 4}  # too soon after the last
+
+
+def test_quotas_and_max_devices_hold():
+    jobs = [job("a1", tenant="a"), job("a2", tenant="a"), job("b", tenant="b", hi=3)]
+    out = allocate(16, jobs, CURVES, 0.0, ElasticPolicy(quotas={"a": 6}), {}, 60.0)
+    assert out["a1"] + out["a2"] <= 6 and out["b"] == 3
+
+
+def test_a_queued_job_is_admitted_by_shrinking_a_running_one_of_no_higher_priority():
+    running = job("r", want=8, lo=2)
+    queued = job("q", submit=5.0, lo=2, hi=2)
+    out = allocate(8, [running, queued], CURVES, 1e4, ElasticPolicy(), {"r": 8}, 60.0)
+    assert out == {"r": 6, "q": 2}
+    urgent = replace(running, priority=10)
+    assert allocate(8, [urgent, queued], CURVES, 1e4, ElasticPolicy(), {"r": 8}, 60.0) == {"r": 8}
+
+
+def test_priorities_decide_who_is_admitted():
+    jobs = [job("low", submit=0.0, lo=4, hi=4), job("high", submit=1.0, lo=4, hi=4, priority=10)]
+    assert allocate(4, jobs, CURVES, 2.0, ElasticPolicy(), {}, 60.0) == {"high": 4}
+
+
+def test_fifo_blocks_the_head_of_the_line_and_backfill_does_not():
+    jobs = [job("r", want=6), job("big", submit=1.0, want=4), job("small", submit=2.0, iterations=10, want=1)]
+    current = {"r": 6}
+    assert allocate(8, jobs, CURVES, 3.0, ElasticPolicy(name=FIFO), current, 60.0) == {"r": 6}
+    assert allocate(8, jobs, CURVES, 3.0, ElasticPolicy(name=BACKFILL), current, 60.0) == {"r": 6, "small": 1}
+
+
+def test_an_unknown_policy_is_refused():
+    with pytest.raises(InvalidArgument, match="unknown policy"):
+        allocate(8, [job("a")], CURVES, 0.0, ElasticPolicy(name="lottery"), {}, 60.0)
+
+
+# --- simulator -----------------------------------------------------------------------------------------
+
+SCALING = {"gpt-tiny": (0.3, 0.02), "bert-huge-32": (0.0, 0.0)}
+
+
+def mixed_trace(jobs: int = 40, seed: int = 11, devices: int = 16) -> tuple[list[TraceJob], dict]:
+    trace = generate_trace(jobs, seed, MODELS, fleet_devices=devices, mean_interarrival_s=300.0,
+                           median_iterations=300.0)
+    curves = {(j.model, j.global_batch): amdahl_curve(j.model, j.global_batch, devices, 50.0, *SCALING[j.model])
+              for j in trace}
+    return trace, curves
+
+
+@pytest.fixture(scope="module")
+def replay():
+    trace, curves = mixed_trace()
+    return trace, simulate(trace, 16, curves=curves)
+
+
+def test_every_job_finishes_and_the_fleet_is_never_oversubscribed(replay):
+    trace, results = replay
+    assert list(results) == [FIFO, BACKFILL, ELASTIC]
+    for r in results.values():
+        assert set(r.jct_s) == {j.name for j in trace}
+        assert all(w >= 0 for w in r.wait_s.values())
+        assert all(0 <= n <= 16 for _, n in r.utilisation_series) and r.peak_devices <= 16
+        times = [t for t, _ in r.utilisation_series]
+        assert times == sorted(times) and r.utilisation_series[-1][1] == 0
+        assert 0 < r.utilisation <= 1 and r.p99_jct_s >= r.average_jct_s > 0
+    for name in (FIFO, BACKFILL):
+        assert results[name].morphs == 0
+        assert min(results[name].fairness.values()) >= 1 - 1e-9  # a static job never beats running alone
+
+
+def test_elastic_finishes_jobs_of_mixed_scalability_sooner_than_fifo(replay):
+    _, results = replay
+    assert results[ELASTIC].average_jct_s <= results[FIFO].average_jct_s
+    assert results[ELASTIC].morphs > 0
+
+
+def test_one_job_alone_runs_exactly_its_predicted_time():
+    spec = TraceJob("solo", 10.0, "gpt-tiny", 64, 500, 4, 4, 4, "t", 0)
+    curves = {("gpt-tiny", 64): amdahl_curve("gpt-tiny", 64, 8, 20.0, 0.1)}
+    result = simulate([spec], 8, curves=curves)
+    expected = 500 * curves[("gpt-tiny", 64)].iteration_s(4)
+    for r in result.values():
+        assert r.jct_s["solo"] == pytest.approx(expected) and r.fairness["solo"] == pytest.approx(1.0)
+        assert r.makespan_s == pytest.approx(expected) and r.utilisation == pytest.approx(0.5)
+
+
+def test_a_resize_pauses_the_job_for_its_morph():
+    first = TraceJob("first", 0.0, "bert-huge-32", 64, 10_000, 4, 4, 8, "t", 0)
+    second = TraceJob("second", 0.0, "bert-huge-32", 64, 100, 4, 4, 4, "t", 0)
+    curves = {("bert-huge-32", 64): amdahl_curve("bert-huge-32", 64, 8, 64.0, 0.0)}
+    policy = ElasticPolicy(min_interval_s=0.0)
+    fast, slow = (simulate([first, second], 8, [policy], curves, morph_cost_s=c)[ELASTIC] for c in (1.0, 50.0))
+    assert fast.morphs == slow.morphs == 1  # "first" grows to 8 once "second" is done
+    assert slow.jct_s["first"] == pytest.approx(fast.jct_s["first"] + 49.0)
+
+
+def test_a_replay_is_deterministic_and_refuses_a_job_without_a_curve():
+    trace, curves = mixed_trace(12, 5, 8)
+    again = simulate(trace, 8, curves=curves)
+    assert again == simulate(trace, 8, curves=curves)
+    with pytest.raises(InvalidArgument, match="no scaling curve"):
+        simulate(trace, 8, curves={})
+
+
+def test_a_job_that_can_never_start_stops_the_replay_instead_of_a_partial_result():
+    spec = TraceJob("capped", 0.0, "gpt-tiny", 64, 10, 4, 4, 4, "t", 0)
+    curves = {("gpt-tiny", 64): amdahl_curve("gpt-tiny", 64, 8, 20.0, 0.1)}
+    for name in (BACKFILL, ELASTIC):  # a quota below the job's minimum: it waits forever
+        with pytest.raises(FailedPrecondition, match="waits forever"):
+            simulate([spec], 8, [ElasticPolicy(name=name, quotas={"t": 2})], curves)
+    with pytest.raises(InvalidArgument, match="twice"):
+        simulate([spec, spec], 8, curves=curves)
