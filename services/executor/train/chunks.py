@@ -204,7 +204,6 @@ class ChunkManager(Mover):
 
     def step(self, optimizer: dict[str, Any]) -> None:
         """Update every local chunk where its optimizer states are, then copy the fp32 master into the slots."""
-        lr, wd = float(optimizer["learning_rate"]), float(optimizer.get("weight_decay", 0.0))
         for c, _where in self.policy.step_chunks():
             members = self.policy.prepare_step(c)
             try:
@@ -212,14 +211,8 @@ class ChunkManager(Mover):
                 views = {kind: self._views(chunk, slots) for kind, chunk in self.policy.os[c].items()}
                 grads = self._views(self.policy.chunks[c], slots)
                 with torch.no_grad():
-                    if optimizer["name"] == "adam":
-                        adam_fn.adam(views["master"], [g.float() for g in grads], views["momentum"], views["variance"],
-                                     [], [self.steps[i] for i in slots], foreach=False, amsgrad=False, beta1=0.9,
-                                     beta2=0.999, lr=lr, weight_decay=wd, eps=1e-8, maximize=False)
-                    else:
-                        sgd_fn.sgd(views["master"], [g.float() for g in grads], [None] * len(slots), foreach=False,
-                                   weight_decay=wd, momentum=0.0, lr=lr, dampening=0.0, nesterov=False,
-                                   maximize=False)
+                    functional_step(optimizer, views["master"], [g.float() for g in grads], views.get("momentum", []),
+                                    views.get("variance", []), [self.steps[i] for i in slots])
                     for param, new in zip(grads, views["master"], strict=True):
                         param.copy_(new)
             finally:
@@ -233,6 +226,20 @@ class ChunkManager(Mover):
     def _views(self, chunk: Chunk, slots: list[int]) -> list[Tensor]:
         buf = self.device[chunk.key] if chunk.where == "device" else self.host[chunk.key]
         return [buf[s.offset:s.offset + s.numel] for s in (self.layout.slots[i] for i in slots)]
+
+
+def functional_step(optimizer: dict[str, Any], params: list[Tensor], grads: list[Tensor], momentum: list[Tensor],
+                    variance: list[Tensor], steps: list[Tensor]) -> None:
+    """One Adam (or plain SGD) step on tensors the caller placed, with the math `stage.make_optimizer`'s
+    optimizers run (so offloaded training equals the in-memory reference): the chunk manager steps its fp32
+    master lists with it, Harmony each layer right after its backward. Adam's `steps` are incremented."""
+    lr, wd = float(optimizer["learning_rate"]), float(optimizer.get("weight_decay", 0.0))
+    if optimizer["name"] == "adam":
+        adam_fn.adam(params, grads, momentum, variance, [], steps, foreach=False, amsgrad=False, beta1=0.9,
+                     beta2=0.999, lr=lr, weight_decay=wd, eps=1e-8, maximize=False)
+    else:
+        sgd_fn.sgd(params, grads, [None] * len(params), foreach=False, weight_decay=wd, momentum=0.0, lr=lr,
+                   dampening=0.0, nesterov=False, maximize=False)
 
 
 def _host_buffer(numel: int, dtype: torch.dtype, pin: bool) -> Tensor:

@@ -35,10 +35,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.optim import adam as adam_fn
-from torch.optim import sgd as sgd_fn
 
 from ballast.v1 import model_pb2
+from services.executor.train.chunks import functional_step
 from services.executor.train.data import batch_for
 from services.executor.train.offload import ActivationMeter
 from services.runtime.errors import InvalidArgument
@@ -455,8 +454,6 @@ class HarmonyRank:
     def update(self, span: tuple[int, int], iteration: int) -> None:
         """Just-in-time update, layer by layer: bring its states, step, write weights and states back."""
         updating = time.perf_counter()
-        lr = float(self.optimizer["learning_rate"])
-        wd = float(self.optimizer.get("weight_decay", 0.0))
         for i in range(*span):
             params = [p for p in self.params[i] if p.grad is not None]
             grads = [p.grad for p in params]
@@ -468,14 +465,11 @@ class HarmonyRank:
             self.counters.to_device += nbytes
             self.counters.swap_s += time.perf_counter() - began
             with torch.no_grad():
-                if self.optimizer["name"] == "adam":
-                    adam_fn.adam([p.data for p in params], grads, _views(states["momentum"], params),
-                                 _views(states["variance"], params), [],
-                                 [torch.tensor(float(iteration)) for _ in params], foreach=False, amsgrad=False,
-                                 beta1=0.9, beta2=0.999, lr=lr, weight_decay=wd, eps=1e-8, maximize=False)
-                else:
-                    sgd_fn.sgd([p.data for p in params], grads, [None] * len(params), foreach=False,
-                               weight_decay=wd, momentum=0.0, lr=lr, dampening=0.0, nesterov=False, maximize=False)
+                adam = self.optimizer["name"] == "adam"
+                functional_step(self.optimizer, [p.data for p in params], grads,
+                                _views(states["momentum"], params) if adam else [],
+                                _views(states["variance"], params) if adam else [],
+                                [torch.tensor(float(iteration)) for _ in params])
             for p in params:
                 p.grad = None
             self.pool.release("grad", self._numel(i) * 4)
