@@ -228,14 +228,14 @@ class Client:
                memory: int | str = 0, engine: str | None = None, schedule: str | None = None, stages: int = 0,
                online: bool = False, toggles: Iterable[job_pb2.LayerToggle] = (), priority: str = "",
                min_devices: int | None = None, max_devices: int | None = None, micro_batches: int = 0,
-               checkpoint_every: int = 0) -> job_pb2.Job:
+               checkpoint_every: int = 0, elastic: bool = False) -> job_pb2.Job:
         """Submit a training job (`ballast submit`): a model spec (or its YAML path) and the options, or a whole
         JobSpec as is. Returns the stored job (SUBMITTED); `watch(job.id)` follows it."""
         spec = model if isinstance(model, job_pb2.JobSpec) else sdk.job_spec(
             model, batch=batch, iterations=iterations, fleet=fleet, name=name, seed=seed, memory=memory,
             engine=engine, schedule=schedule, stages=stages, online=online, toggles=toggles, priority=priority,
             min_devices=min_devices, max_devices=max_devices, micro_batches=micro_batches,
-            checkpoint_every=checkpoint_every)
+            checkpoint_every=checkpoint_every, elastic=elastic)
         return self._call("jobs", "Submit", services_pb2.SubmitJobRequest(spec=spec))
 
     def job(self, job_id: str) -> job_pb2.Job:

@@ -66,6 +66,13 @@ class Settings:
     # ... or this much where CPU workers share one machine's cores (the OS scheduler alone skews them ~40%)
     straggler_shared_cpu_threshold: float = 0.5
     checkpoint_max_interval_s: float = 1800.0
+    # elastic jobs (--elastic): how often the scheduler re-allocates devices among them, and the least time
+    # between two resizes of one job (hysteresis: a resize is a morph, a drain to a checkpoint and a restart)
+    elastic_interval_s: float = 10.0
+    elastic_min_resize_interval_s: float = 600.0
+    # no job is shrunk so far, nor started so late, that its predicted finish-time fairness (completion time
+    # against running alone on its requested devices) passes this; 0 turns the guard off
+    elastic_fairness_bound: float = 1.5
     # a host class's calibration (learnt from runs) is used when planning once fitted on this many iterations;
     # 0 plans from profiles alone
     calibration_min_iterations: int = 20

@@ -132,11 +132,15 @@ def job_spec(model: model_pb2.ModelSpec | str | os.PathLike[str], *, batch: int 
              fleet: fleet_pb2.Fleet | None = None, name: str = "", seed: int = 0, memory: int | str = 0,
              engine: str | None = None, schedule: str | None = None, stages: int = 0, online: bool = False,
              toggles: Iterable[job_pb2.LayerToggle] = (), priority: str = "", min_devices: int | None = None,
-             max_devices: int | None = None, micro_batches: int = 0, checkpoint_every: int = 0) -> job_pb2.JobSpec:
+             max_devices: int | None = None, micro_batches: int = 0, checkpoint_every: int = 0,
+             elastic: bool = False) -> job_pb2.JobSpec:
     """The JobSpec `ballast submit` sends, from values (see its flags); InvalidInput before anything is sent."""
     problem = device_range_problem(min_devices, max_devices)
     if problem:
         raise InvalidInput(problem, field="max_devices" if max_devices is None else "min_devices")
+    if elastic and min_devices is None:
+        raise InvalidInput("an elastic job is resized within its device range: give min_devices and max_devices",
+                           field="min_devices", fix="e.g. elastic=True, min_devices=1, max_devices=4")
     for field, value, least in (("batch", batch, 1), ("iterations", iterations, 1), ("stages", stages, 0),
                                 ("micro_batches", micro_batches, 0), ("checkpoint_every", checkpoint_every, 0),
                                 ("min_devices", min_devices or 1, 1), ("max_devices", max_devices or 1, 1)):
@@ -147,7 +151,7 @@ def job_spec(model: model_pb2.ModelSpec | str | os.PathLike[str], *, batch: int 
                           engine=choice(ENGINES, engine, "engine"), schedule=choice(SCHEDULES, schedule, "schedule"),
                           online_repartition=online, layer_toggles=list(toggles), pipeline_stages=stages,
                           priority_class=priority, min_devices=min_devices or 0, max_devices=max_devices or 0,
-                          micro_batches=micro_batches, checkpoint_every=checkpoint_every)
+                          micro_batches=micro_batches, checkpoint_every=checkpoint_every, elastic=elastic)
     if fleet is not None:
         job.fleet.CopyFrom(fleet)
     return job

@@ -68,6 +68,8 @@ def test_a_negative_count_written_apart_is_a_value_not_an_option(capsys) -> None
                              "--max-devices 3 for exactly 3)"),
     (["--max-devices", "8"], "--max-devices 8 needs --min-devices too: give both (e.g. --min-devices 1 "
                              "--max-devices 8 for any count up to 8)"),
+    (["--elastic"], "--elastic needs the range the job may be resized within: give --min-devices and "
+                    "--max-devices too"),
 ])
 def test_a_bad_device_range_stops_main_before_any_rpc(flags, words, capsys, tmp_path) -> None:
     # main() would need a planner for anything past parsing; there is none at this data dir
@@ -84,7 +86,9 @@ def test_submit_flags_fill_the_job_spec() -> None:
     plain = job_spec(parse_args(SUBMIT))
     assert (plain.priority_class, plain.min_devices, plain.max_devices) == ("", 0, 0)
     exact = job_spec(parse_args([*SUBMIT, "--min-devices", "3", "--max-devices", "3"]))
-    assert (exact.min_devices, exact.max_devices) == (3, 3)
+    assert (exact.min_devices, exact.max_devices, exact.elastic) == (3, 3, False)
+    elastic = job_spec(parse_args([*SUBMIT, "--elastic", "--min-devices", "1", "--max-devices", "4"]))
+    assert (elastic.min_devices, elastic.max_devices, elastic.elastic) == (1, 4, True)
 
 
 def test_policy_and_fleet_commands_parse() -> None:

@@ -153,8 +153,9 @@ CURVES = {("good", 64): GOOD_CURVE, ("poor", 64): POOR_CURVE}
 
 
 def job(name: str, model: str = "good", *, submit: float = 0.0, iterations: float = 1000.0, want: int = 2,
-        lo: int = 1, hi: int = 16, tenant: str = "t", priority: int = 0, resized: float = -math.inf) -> JobState:
-    return JobState(name, tenant, priority, submit, model, 64, iterations, want, lo, hi, resized)
+        lo: int = 1, hi: int = 16, tenant: str = "t", priority: int = 0, resized: float = -math.inf,
+        submitted: int = 0) -> JobState:
+    return JobState(name, tenant, priority, submit, model, 64, iterations, want, lo, hi, resized, submitted)
 
 
 def test_a_job_that_scales_well_gets_more_devices():
@@ -184,6 +185,33 @@ def test_a_queued_job_is_admitted_by_shrinking_a_running_one_of_no_higher_priori
     assert out == {"r": 6, "q": 2}
     urgent = replace(running, priority=10)
     assert allocate(8, [urgent, queued], CURVES, 1e4, ElasticPolicy(), {"r": 8}, 60.0) == {"r": 8}
+
+
+def test_a_job_behind_takes_back_what_a_higher_priority_holds_beyond_its_request():
+    """`big` (priority 10) asked for 2 and grew to all 8; `late` has waited 100 s for a 320 s run, so it is
+    behind its fairness bound and takes 2 of the 6 lent devices. A job behind that its quota keeps out
+    blocks nobody."""
+    big = job("big", submit=990.0, iterations=10_000, want=2, hi=8, priority=10, submitted=10_000)
+    late = job("late", submit=900.0, iterations=100, want=2, lo=2, hi=2, tenant="u", submitted=100)
+    assert allocate(8, [big, late], CURVES, 1000.0, ElasticPolicy(), {"big": 8}, 60.0) == {"big": 6, "late": 2}
+    unguarded = ElasticPolicy(fairness_bound=0.0)
+    assert allocate(8, [big, late], CURVES, 1000.0, unguarded, {"big": 8}, 60.0) == {"big": 8}
+    capped, other = ElasticPolicy(quotas={"u": 1}), job("other", submit=950.0, want=1, lo=1, hi=1, tenant="v")
+    out = allocate(8, [replace(big, priority=0), late, other], CURVES, 1000.0, capped, {"big": 7}, 60.0)
+    assert "late" not in out and out["other"] == 1
+    with pytest.raises(InvalidArgument, match="fairness_bound"):
+        ElasticPolicy(fairness_bound=0.5)
+
+
+def test_a_long_job_lends_a_device_to_a_short_arrival_but_not_past_the_bound():
+    """`long` (4,800 s alone on its 2 devices) lends one to `short` for its 256 s run on the other: a 5 s
+    morph and 128 s lost keep it within the bound. Already late, near its end, the same loan would not."""
+    long = job("long", iterations=1485, want=2, hi=2, submitted=1500)
+    short = job("short", submit=20.0, iterations=40, want=2, hi=2, submitted=40)
+    assert allocate(2, [long, short], CURVES, 25.0, ElasticPolicy(), {"long": 2}, 5.0) == {"long": 1, "short": 1}
+    late = replace(long, remaining_iterations=30)  # rho 1.499 on both devices at 7,100 s
+    arriving = replace(short, submit_time_s=7090.0)
+    assert allocate(2, [late, arriving], CURVES, 7100.0, ElasticPolicy(), {"long": 2}, 5.0) == {"long": 2}
 
 
 def test_priorities_decide_who_is_admitted():
@@ -279,3 +307,20 @@ def test_a_job_that_can_never_start_stops_the_replay_instead_of_a_partial_result
             simulate([spec], 8, [ElasticPolicy(name=name, quotas={"t": 2})], curves)
     with pytest.raises(InvalidArgument, match="twice"):
         simulate([spec, spec], 8, curves=curves)
+
+
+def test_a_short_job_is_not_starved_by_a_job_just_resized():
+    """`long` starts alone on all 8 devices and shrinks to 6 for `mid` (its one resize); `short` then
+    arrives while `long` may not be resized for 600 s. fifo runs `short` at once on its 2 devices; elastic
+    without the fairness guard made it wait out the interval, 12x its run time alone."""
+    trace = [TraceJob("long", 0.0, "bert-huge-32", 64, 16_000, 4, 4, 8, "t", 0),
+             TraceJob("mid", 100.0, "bert-huge-32", 64, 4_000, 2, 2, 2, "t", 0),
+             TraceJob("short", 150.0, "bert-huge-32", 64, 100, 2, 2, 2, "t", 0)]
+    curves = {("bert-huge-32", 64): amdahl_curve("bert-huge-32", 64, 8, 64.0, 0.0)}
+    results = simulate(trace, 8, [FIFO, ELASTIC], curves)
+    fifo, elastic = results[FIFO], results[ELASTIC]
+    assert fifo.fairness["short"] == pytest.approx(1.0)
+    assert elastic.wait_s["short"] < 1.0 and elastic.fairness["short"] <= 2.0
+    assert all(elastic.fairness[n] <= 2 * fifo.fairness[n] for n in fifo.fairness)
+    unguarded = simulate(trace, 8, [ElasticPolicy(fairness_bound=0.0)], curves)[ELASTIC]
+    assert unguarded.fairness["short"] > 10  # the starvation the guard removes

@@ -39,6 +39,7 @@ def test_a_job_spec_from_a_spec_file_and_named_options() -> None:
     ({"min_devices": 2}, "max_devices", "min_devices=2 needs max_devices too"),
     ({"max_devices": 3}, "min_devices", "max_devices=3 needs min_devices too"),
     ({"min_devices": 4, "max_devices": 2}, "min_devices", "e.g. min_devices=2 max_devices=4"),
+    ({"elastic": True}, "min_devices", "an elastic job is resized within its device range"),
     ({"batch": 0}, "batch", "whole number >= 1"),
     ({"iterations": 2.5}, "iterations", "whole number >= 1"),
     ({"engine": "zero"}, "engine", "use one of galvatron, harmony, patrickstar, varuna"),

@@ -223,6 +223,9 @@ def test_submit_checks_the_priority_class_and_the_device_range(store: Store):
     with pytest.raises(InvalidArgument) as err:
         new_job(store, name="x", max_devices=2)
     assert err.value.field == "spec.min_devices"
+    with pytest.raises(InvalidArgument) as err:  # elastic: resized within a range it must give
+        new_job(store, name="x", elastic=True)
+    assert err.value.field == "spec.min_devices" and "--elastic" in err.value.fix
     assert store.count("jobs") == 1
     job = new_job(store, name="ok", priority_class="low", min_devices=1, max_devices=2)
     with store.engine.connect() as conn:

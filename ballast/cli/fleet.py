@@ -47,12 +47,15 @@ def add_queue_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the devices and the policy as JSON")
-    actions = p.add_subparsers(dest="action", metavar="{clear}")  # optional: plain `ballast fleet` shows it
+    actions = p.add_subparsers(dest="action", metavar="{clear,simulate,trace}")  # optional: plain `fleet` shows it
     clear = actions.add_parser("clear", help="clear a host's degraded mark, giving its devices back (platform admin)")
     clear.add_argument("host", help="host name or id (as `ballast fleet` shows it)")
     clear.add_argument("--reason", required=True, help='why it is healthy again, e.g. "replaced the GPU"')
     clear.add_argument("--data-dir", type=Path, default=argparse.SUPPRESS,
                        help="data directory (default $BALLAST_DATA_DIR or ~/.ballast)")
+    from ballast.cli.fleet_simulate import add_arguments as add_simulate_arguments
+
+    add_simulate_arguments(actions)
 
 
 def add_policy_arguments(p: argparse.ArgumentParser) -> None:
@@ -341,8 +344,13 @@ def tenant_names(client: Client) -> dict[str, str]:
 
 
 def run_fleet(settings: Settings, args: argparse.Namespace) -> int:
-    if getattr(args, "action", None) == "clear":
+    action = getattr(args, "action", None)
+    if action == "clear":
         return run_fleet_clear(settings, args)
+    if action in ("simulate", "trace"):  # local: no server
+        from ballast.cli.fleet_simulate import run_simulate, run_trace
+
+        return run_simulate(args) if action == "simulate" else run_trace(args)
     with _client(settings) as client:
         try:
             reply = client.fleet_view()

@@ -45,6 +45,9 @@ def add_submit_arguments(p: argparse.ArgumentParser) -> None:
                         "sooner (default: exactly the devices its plan needs)")
     p.add_argument("--max-devices", type=device_count("--max-devices"), default=None, metavar="N",
                    help="upper end of the device range (see --min-devices); the first plan uses at most N devices")
+    p.add_argument("--elastic", action="store_true",
+                   help="with --min-devices/--max-devices: the scheduler may resize the running job within the range "
+                        "(by morphing it) when that lowers the fleet's predicted average completion time")
     p.add_argument("--micro-batches", type=device_count("--micro-batches", 0, "micro-batches"), default=0, metavar="NM",
                    help="micro-batches per iteration per pipeline replica, planned by the Varuna engine (default 0: "
                         "the planner chooses)")
@@ -73,7 +76,11 @@ def device_count(flag: str, least: int = 1, what: str = "devices"):
 
 
 def device_range_problem(args: argparse.Namespace) -> str | None:
-    """Why --min-devices/--max-devices cannot go together (checked after parsing, before any RPC), or None."""
+    """Why --min-devices/--max-devices (and --elastic) cannot go together (checked after parsing, before any
+    RPC), or None."""
+    if getattr(args, "elastic", False) and getattr(args, "min_devices", None) is None:
+        return ("--elastic needs the range the job may be resized within: give --min-devices and --max-devices "
+                "too, e.g. --elastic --min-devices 1 --max-devices 4")
     return sdk.device_range_problem(getattr(args, "min_devices", None), getattr(args, "max_devices", None),
                                     flags=True)
 
@@ -101,7 +108,8 @@ def job_spec(args: argparse.Namespace) -> job_pb2.JobSpec:
                         stages=getattr(args, "stages", 0), priority=getattr(args, "priority", "") or "",
                         min_devices=getattr(args, "min_devices", None), max_devices=getattr(args, "max_devices", None),
                         micro_batches=getattr(args, "micro_batches", 0) or 0,
-                        checkpoint_every=getattr(args, "checkpoint_every", 0) or 0)
+                        checkpoint_every=getattr(args, "checkpoint_every", 0) or 0,
+                        elastic=getattr(args, "elastic", False))
 
 
 def run_submit(settings: Settings, args: argparse.Namespace) -> int:

@@ -53,7 +53,7 @@ class OptimizerSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., learning_rate: _Optional[float] = ..., weight_decay: _Optional[float] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "model", "fleet", "global_batch_size", "iterations", "optimizer", "memory_budget_bytes", "engine", "schedule", "seed", "checkpoint_every", "online_repartition", "layer_toggles", "pipeline_stages", "priority_class", "min_devices", "max_devices", "micro_batches")
+    __slots__ = ("name", "model", "fleet", "global_batch_size", "iterations", "optimizer", "memory_budget_bytes", "engine", "schedule", "seed", "checkpoint_every", "online_repartition", "layer_toggles", "pipeline_stages", "priority_class", "min_devices", "max_devices", "micro_batches", "elastic")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     FLEET_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +72,7 @@ class JobSpec(_message.Message):
     MIN_DEVICES_FIELD_NUMBER: _ClassVar[int]
     MAX_DEVICES_FIELD_NUMBER: _ClassVar[int]
     MICRO_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    ELASTIC_FIELD_NUMBER: _ClassVar[int]
     name: str
     model: _model_pb2.ModelSpec
     fleet: _fleet_pb2.Fleet
@@ -90,7 +91,8 @@ class JobSpec(_message.Message):
     min_devices: int
     max_devices: int
     micro_batches: int
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[_Union[_model_pb2.ModelSpec, _Mapping]] = ..., fleet: _Optional[_Union[_fleet_pb2.Fleet, _Mapping]] = ..., global_batch_size: _Optional[int] = ..., iterations: _Optional[int] = ..., optimizer: _Optional[_Union[OptimizerSpec, _Mapping]] = ..., memory_budget_bytes: _Optional[int] = ..., engine: _Optional[_Union[_plan_pb2.PlanEngine, str]] = ..., schedule: _Optional[_Union[_plan_pb2.Schedule, str]] = ..., seed: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., online_repartition: _Optional[bool] = ..., layer_toggles: _Optional[_Iterable[_Union[LayerToggle, _Mapping]]] = ..., pipeline_stages: _Optional[int] = ..., priority_class: _Optional[str] = ..., min_devices: _Optional[int] = ..., max_devices: _Optional[int] = ..., micro_batches: _Optional[int] = ...) -> None: ...
+    elastic: bool
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[_Union[_model_pb2.ModelSpec, _Mapping]] = ..., fleet: _Optional[_Union[_fleet_pb2.Fleet, _Mapping]] = ..., global_batch_size: _Optional[int] = ..., iterations: _Optional[int] = ..., optimizer: _Optional[_Union[OptimizerSpec, _Mapping]] = ..., memory_budget_bytes: _Optional[int] = ..., engine: _Optional[_Union[_plan_pb2.PlanEngine, str]] = ..., schedule: _Optional[_Union[_plan_pb2.Schedule, str]] = ..., seed: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., online_repartition: _Optional[bool] = ..., layer_toggles: _Optional[_Iterable[_Union[LayerToggle, _Mapping]]] = ..., pipeline_stages: _Optional[int] = ..., priority_class: _Optional[str] = ..., min_devices: _Optional[int] = ..., max_devices: _Optional[int] = ..., micro_batches: _Optional[int] = ..., elastic: _Optional[bool] = ...) -> None: ...
 
 class LayerToggle(_message.Message):
     __slots__ = ("layer_index", "iteration", "active")

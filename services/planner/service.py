@@ -65,7 +65,10 @@ def build_server(settings: Settings, address: str | None = None, send: durable.S
                           checkpoint_max_interval_s=settings.checkpoint_max_interval_s,
                           degraded_parole_s=settings.degraded_parole_s, calibrate=calibrate,
                           straggler_thresholds=(settings.straggler_threshold,
-                                                settings.straggler_shared_cpu_threshold))
+                                                settings.straggler_shared_cpu_threshold),
+                          elastic_interval_s=settings.elastic_interval_s,
+                          elastic_min_resize_interval_s=settings.elastic_min_resize_interval_s,
+                          elastic_fairness_bound=settings.elastic_fairness_bound)
     registry = AgentRegistry(as_platform, listener=scheduler.on_message)
     sweeper = durable.Sweeper(as_platform, send, settings.sweep_interval_s, settings.requeue_unclaimed_s)
 

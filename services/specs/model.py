@@ -187,6 +187,10 @@ def validate_job_spec(spec: job_pb2.JobSpec, allowed_factories: Iterable[str] = 
 def _device_range(spec: job_pb2.JobSpec) -> None:
     """min/max devices come as a pair of counts >= 1, low before high (both 0: no re-plan range)."""
     low, high = spec.min_devices, spec.max_devices
+    if spec.elastic and not (low and high):
+        raise InvalidArgument("an elastic job needs the device range it may be resized within",
+                              field="spec.min_devices" if not low else "spec.max_devices",
+                              fix="set --min-devices and --max-devices with --elastic")
     if not low and not high:
         return
     if not low or not high:

@@ -5,7 +5,16 @@ count is worth to a (model, global batch); `policy` allocates devices (fifo, bac
 replays a trace through the policies and reports completion times, utilisation, waits, morphs and fairness.
 """
 
-from services.planner.elastic.curves import CurveCache, ScalingCurve, amdahl_curve, fleet_of, planner_curve
+from services.planner.elastic.curves import (
+    DEFAULT_SHAPE,
+    SYNTHETIC_SHAPES,
+    CurveCache,
+    ScalingCurve,
+    amdahl_curve,
+    fleet_of,
+    planner_curve,
+    synthetic_curve,
+)
 from services.planner.elastic.policy import (
     BACKFILL,
     ELASTIC,
@@ -24,12 +33,14 @@ __all__ = [
     "COLUMNS",
     "CurveCache",
     "DEFAULT_MORPH_COST_S",
+    "DEFAULT_SHAPE",
     "ELASTIC",
     "FIFO",
     "POLICIES",
     "ElasticPolicy",
     "JobState",
     "PolicyResult",
+    "SYNTHETIC_SHAPES",
     "ScalingCurve",
     "TraceError",
     "TraceJob",
@@ -41,5 +52,6 @@ __all__ = [
     "planner_curve",
     "remaining_s",
     "simulate",
+    "synthetic_curve",
     "write_trace",
 ]

@@ -76,6 +76,27 @@ def amdahl_curve(
     return ScalingCurve(model, global_batch, rates)
 
 
+# Synthetic shapes of the example zoo models (examples/*.yaml): samples/s on one device, serial share at global
+# batch 64, communication share per doubling. Invented to span good to poor scaling, not measured: for the
+# benchmark and `ballast fleet simulate --curves synthetic`, where pricing every count with the planner is not
+# wanted. A larger global batch splits into more work per device, so both shares shrink in proportion.
+SYNTHETIC_SHAPES: dict[str, tuple[float, float, float]] = {
+    "gpt-tiny": (400.0, 0.25, 0.02),  # small layers: communication dominates past a few devices
+    "t5-large-32": (50.0, 0.10, 0.01),
+    "vit-huge-32": (60.0, 0.05, 0.006),
+    "bert-huge-32": (40.0, 0.03, 0.004),
+    "swin-huge-32": (45.0, 0.02, 0.002),
+}
+DEFAULT_SHAPE = (50.0, 0.05, 0.005)  # any other model: a middling scaler
+
+
+def synthetic_curve(model: str, global_batch: int, max_devices: int) -> ScalingCurve:
+    """`model`'s synthetic Amdahl curve (SYNTHETIC_SHAPES, DEFAULT_SHAPE for others) at `global_batch`."""
+    rate, serial, comm = SYNTHETIC_SHAPES.get(model, DEFAULT_SHAPE)
+    scale = 64 / global_batch
+    return amdahl_curve(model, global_batch, max_devices, rate, min(1.0, serial * scale), comm * scale)
+
+
 def fleet_of(template: fleet_pb2.Fleet, devices: int) -> fleet_pb2.Fleet | None:
     """`template`'s device, links and precision with `devices` devices: one node when they fit in one,
     else whole nodes; None for a count that is not a whole number of nodes (the planner's fleets are

@@ -173,7 +173,7 @@ def _finish(j: _Job, now: float, curves: Curves) -> float:
 def _state(j: _Job) -> JobState:
     s = j.spec
     return JobState(s.name, s.tenant, s.priority, s.submit_time_s, s.model, s.global_batch, max(0.0, j.remaining),
-                    s.requested_devices, s.min_devices, s.max_devices, j.last_resize)
+                    s.requested_devices, s.min_devices, s.max_devices, j.last_resize, s.iterations)
 
 
 def _apply(jobs: dict[str, _Job], out: dict[str, int], now: float, devices: int, policy: str,

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from ballast.v1 import job_pb2
 
 WORKER_LOST, HOST_LOST, STRAGGLER, GROW = "worker_lost", "host_lost", "straggler", "grow"
+RESIZE = "resize"  # an elastic job moved to the device count the allocation policy gave it (elastic.py)
+CHOSEN = (GROW, RESIZE)  # morphs the scheduler chose, not losses: they spend no retry budget
 HOUR_S = 3600.0
 
 
@@ -30,12 +32,13 @@ class Loss:
     from_plan_version: int
     failed_iteration: int
     lost_hosts: tuple[str, ...] = ()
+    to_devices: int = 0  # a chosen morph's device count (grow, resize); 0: what is free
 
     def attributes(self) -> dict[str, str]:
         return {"cause": self.cause, "detail": self.detail[:500], "detected_at": f"{self.detected_at:.6f}",
                 "from_stages": str(self.from_stages), "from_replicas": str(self.from_replicas),
                 "from_plan_version": str(self.from_plan_version), "failed_iteration": str(self.failed_iteration),
-                "lost_hosts": ",".join(self.lost_hosts)}
+                "lost_hosts": ",".join(self.lost_hosts), "to_devices": str(self.to_devices)}
 
     @classmethod
     def from_attributes(cls, a: dict[str, str]) -> Loss:
@@ -44,7 +47,8 @@ class Loss:
                    from_replicas=int(a.get("from_replicas", "1")),
                    from_plan_version=int(a.get("from_plan_version", "1")),
                    failed_iteration=int(a.get("failed_iteration", "0")),
-                   lost_hosts=tuple(h for h in a.get("lost_hosts", "").split(",") if h))
+                   lost_hosts=tuple(h for h in a.get("lost_hosts", "").split(",") if h),
+                   to_devices=int(a.get("to_devices", "0") or 0))
 
 
 def pending_loss(events: list[job_pb2.JobEvent]) -> Loss | None:
@@ -60,7 +64,7 @@ def pending_loss(events: list[job_pb2.JobEvent]) -> Loss | None:
 def losses_since(events: list[job_pb2.JobEvent], since: float) -> int:
     """Losses the job morphed through after `since` (epoch seconds): its infrastructure retry budget's use
     (growing onto devices that came back is no loss)."""
-    return sum(1 for e in events if e.type == "MORPHING" and e.attributes.get("cause") != GROW
+    return sum(1 for e in events if e.type == "MORPHING" and e.attributes.get("cause") not in CHOSEN
                and e.created_at.ToMicroseconds() / 1e6 >= since)
 
 

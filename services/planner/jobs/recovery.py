@@ -160,7 +160,8 @@ class Recovery:
             free[slot.kind] = free.get(slot.kind, 0) + 1
         with self._lock:
             candidates = [r for r in self._running.values() if not r.stopping and r.target > r.world
-                          and len(r.recent) == GROW_WINDOW and r.job.state == S.JOB_STATE_RUNNING]
+                          and len(r.recent) == GROW_WINDOW and r.job.state == S.JOB_STATE_RUNNING
+                          and not r.job.spec.elastic]  # the elastic pass sizes elastic jobs (elastic.py)
         for r in candidates:
             kind = r.plan.fleet.device.kind
             if free.get(kind, 0) < r.target - r.world:
@@ -190,7 +191,7 @@ class Recovery:
         gain = (now - target) * (r.job.spec.iterations - r.iteration)
         return gain, self._morph_cost(r.job.id) if gain > 0 else DEFAULT_MORPH_COST_S
 
-    def _drain_morph(self, r: Running, cause: str, detail: str) -> None:
+    def _drain_morph(self, r: Running, cause: str, detail: str, to_devices: int = 0) -> None:
         """MORPHING with every worker alive (grow, or leaving a straggler out): they drain to a checkpoint at an
         agreed boundary (nothing is trained again), then the job is re-planned and resumes -- onto its target
         when it grows, onto the devices free (a degraded host's are not) when it sheds a straggler."""
@@ -199,7 +200,7 @@ class Recovery:
             if r.stopping:
                 return
             r.loss = morph.Loss(cause, detail, time.time(), stages, replicas,
-                                r.job.plan_version or r.plan.version, r.iteration)
+                                r.job.plan_version or r.plan.version, r.iteration, to_devices=to_devices)
             r.stopping = f"morphing: {cause.replace('_', ' ')}"
         moved = self._transition(r.job, S.JOB_STATE_MORPHING, f"{cause}: {detail}; draining to a checkpoint",
                                  "MORPHING", r.loss.attributes())
@@ -403,8 +404,11 @@ class Recovery:
         moved = self._transition(running.job, S.JOB_STATE_QUEUED, f"waiting to resume {where} on the devices "
                                  "free", "QUEUED", {"reason": "morphing",
                                                     "checkpoint_iteration": str(resume.iteration if resume else 0)})
-        if moved is not None and running.loss is not None and running.loss.cause == morph.GROW:
-            self._replan_for(moved, running.target, None)  # planned for the devices it grows onto
+        if moved is not None and running.loss is not None and running.loss.cause in morph.CHOSEN:
+            # planned for the devices it grows onto, or the count the elastic allocation gave it
+            resize = running.loss.cause == morph.RESIZE
+            self._replan_for(moved, running.loss.to_devices or running.target, None,
+                             "the count the elastic allocation gave it" if resize else "")
 
     def _record_morph(self, job: job_pb2.Job, loss: morph.Loss, stages: int, replicas: int,
                       resume_iteration: int) -> str:

@@ -33,6 +33,7 @@ from services.planner.jobs import morph, stutter
 from services.planner.jobs.admit import HOLDING, Reader, Snapshot, epoch_s
 from services.planner.jobs.assign import backend_for, pipeline_shape, place_on
 from services.planner.jobs.control import TRANSIENT
+from services.planner.jobs.elastic import ELASTIC_INTERVAL_S, FAIRNESS_BOUND, MIN_RESIZE_INTERVAL_S, ElasticPass
 from services.planner.jobs.lifecycle import TERMINAL
 from services.planner.jobs.metrics import RetainedRows, iteration_metric, observe_iteration
 from services.planner.jobs.rebalance import Rebalancer
@@ -55,7 +56,7 @@ log = logging.getLogger("ballast.scheduler")
 S = job_pb2.JobState
 LOCAL_ADDRESSES = {"127.0.0.1", "localhost", "::1", ""}
 Send = Callable[[str, executor_pb2.PlannerMessage], None]
-class Scheduler(Recovery):
+class Scheduler(Recovery, ElasticPass):
     def __init__(self, store: Store, send: Send, connected: Callable[[], list[str]],
                  checkpoint_root: Path, *, interval_s: float = 0.5,
                  process_group_timeout_s: int = 60, online: OnlineOptions | None = None,
@@ -63,7 +64,10 @@ class Scheduler(Recovery):
                  host_lost_s: float = HOST_LOST_S, max_morphs_per_hour: int = MAX_MORPHS_PER_HOUR,
                  checkpoint_max_interval_s: float = 1800.0, degraded_parole_s: float = 0.0,
                  calibrate: Callable[[job_pb2.Job], None] | None = None,
-                 straggler_thresholds: tuple[float, float] = (stutter.THRESHOLD, stutter.SHARED_CPU_THRESHOLD)):
+                 straggler_thresholds: tuple[float, float] = (stutter.THRESHOLD, stutter.SHARED_CPU_THRESHOLD),
+                 elastic_interval_s: float = ELASTIC_INTERVAL_S,
+                 elastic_min_resize_interval_s: float = MIN_RESIZE_INTERVAL_S,
+                 elastic_fairness_bound: float = FAIRNESS_BOUND):
         self._store, self._send, self._connected = store, send, connected
         self.latest: Snapshot | None = None  # the last admission snapshot (Prometheus reads it: jobs/gauges.py)
         if min(straggler_thresholds) <= 0:
@@ -94,6 +98,7 @@ class Scheduler(Recovery):
         self._wake = threading.Event()  # set when an online job has a full window to decide on
         self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
         self.rebalancer = Rebalancer(store, send, self._transition, online)
+        self._elastic_setup(elastic_interval_s, elastic_min_resize_interval_s, elastic_fairness_bound)
 
     # --- loop -----------------------------------------------------------------------------------------
     def start(self) -> Scheduler:
@@ -126,9 +131,11 @@ class Scheduler(Recovery):
         self._rows.flush()  # what a store that was away could not take
         self._watch_hosts()
         self._parole()
-        snap = self.admit()
+        snap, idle = self.admit()
         if snap is not None:
-            self._grow(snap)
+            if idle:  # devices free and nobody waiting for them
+                self._grow(snap)
+            self._elastic(snap)
         for job in self._jobs(S.JOB_STATE_CANCELLING):
             self._cancel(job)
         self.rebalance()
@@ -152,18 +159,19 @@ class Scheduler(Recovery):
         self.latest = self.admission.snapshot(set(self._connected()), draining)
         return self.latest
 
-    def admit(self) -> Snapshot | None:
+    def admit(self) -> tuple[Snapshot | None, bool]:
         """One admission pass: free the leases of jobs no longer running, refuse plans the fleet can never
         run, then start, preempt for, and queue jobs as the engine decides. Returns the snapshot it decided on
-        when nothing waited (so the devices it saw free are still free), else None."""
+        unless the pass changed the fleet under it (None: the devices it saw free may not be), and whether
+        nothing waited."""
         snap = self.snapshot()
         if self._release_stale(snap):
-            return None  # the fleet changed under this snapshot: decide on a fresh one next tick
+            return None, False  # the fleet changed under this snapshot: decide on a fresh one next tick
         for job_id, why in sorted(snap.unrunnable.items()):
             self._transition(snap.jobs[job_id], S.JOB_STATE_FAILED, f"cannot run on this fleet: {why}", "FAILED",
                              {"step": "admission"})
         if not snap.queue:
-            return snap
+            return snap, True
         decision = snap.decide()
         for job_id, slots in decision.admit:
             self._start(snap, job_id, slots)
@@ -176,9 +184,9 @@ class Scheduler(Recovery):
             if job.state == S.JOB_STATE_SCHEDULED:
                 self._transition(job, S.JOB_STATE_QUEUED, f"waiting: {wait.detail}", "QUEUED",
                                  {"reason": wait.reason, "priority_class": snap.classes.get(job_id, "")})
-        return None
+        return (None if decision.admit or decision.preempt or decision.replan else snap), False
 
-    def _replan_for(self, job: job_pb2.Job, devices: int, snap: Snapshot | None) -> None:
+    def _replan_for(self, job: job_pb2.Job, devices: int, snap: Snapshot | None, why: str = "") -> None:
         """The devices its plan asks for are busy but `devices` are free and the job allows that many:
         plan it again for them (QUEUED -> PLANNING -> SCHEDULED, the next plan version)."""
         if self._replan is None:
@@ -188,7 +196,9 @@ class Scheduler(Recovery):
                                    "QUEUED", {"reason": adm.REPLANNING}) or job
         demand = next((d for d in snap.queue if d.job_id == job.id), None) if snap else None
         planned = demand.devices if demand else 0
-        if demand is None:  # growing back onto the devices it was first planned for
+        if why:
+            why = f"re-planning for {devices} device(s): {why}"
+        elif demand is None:  # growing back onto the devices it was first planned for
             why = f"re-planning for the {devices} device(s) it grows onto"
         else:
             allows = (f"the job allows {demand.min_devices}-{demand.max_devices}" if job.spec.max_devices

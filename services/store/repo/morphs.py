@@ -20,7 +20,7 @@ from services.store import models as m
 from services.store.convert import shared_fields, to_datetime
 from services.store.repo.base import RepositoryBase, new_id, quote
 
-MORPH_CAUSES = ("worker_lost", "host_lost", "straggler", "grow")
+MORPH_CAUSES = ("worker_lost", "host_lost", "straggler", "grow", "resize")
 SERVER_SET = ("id", "lost_iterations", "first_iteration_at", "recovery_s")
 
 
