@@ -161,9 +161,16 @@ def test_demo(tmp_path: Path) -> None:
     out = demo.stdout
     for words in ("PLAN_CHOSEN", "ASSIGNED", "SUCCEEDED", "trained 8 iteration(s)", "iteration time: predicted",
                   "prediction: uncalibrated", "calibration cal-",
-                  "loss curve", "live rebalancing", "REPARTITION ", "MIGRATION", "REPARTITIONED",
-                  "FROM layer_migrations", "stopped 7 processes"):  # with the dashboard
+                  "loss curve", "live rebalancing", "REPARTITION", "FROM layer_migrations",
+                  "stopped 7 processes"):  # with the dashboard
         assert words in out, out
+    # The live decision shows either way. Whether the first move beats the repartitioner's margin (5%, or the
+    # measurements' noise when larger) is this host's call: on a busy 2-core machine the demo's gain sits near
+    # it. The migration itself is asserted where the workload makes it certain (tests/test_job_online.py).
+    if "REPARTITION " in out:
+        assert "MIGRATION" in out and "REPARTITIONED" in out, out
+    else:
+        assert "REPARTITION_SKIPPED" in out and "no layer was migrated" in out, out
     assert (settings.data_dir / "loss.png").read_bytes().startswith(b"\x89PNG")
     assert State.load(settings) is None
 

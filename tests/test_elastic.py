@@ -281,6 +281,14 @@ def test_one_job_alone_runs_exactly_its_predicted_time():
         assert r.makespan_s == pytest.approx(expected) and r.utilisation == pytest.approx(0.5)
 
 
+def test_a_start_costs_each_job_its_start_up_before_its_first_iteration():
+    spec = TraceJob("solo", 10.0, "gpt-tiny", 64, 500, 4, 4, 4, "t", 0)
+    curves = {("gpt-tiny", 64): amdahl_curve("gpt-tiny", 64, 8, 20.0, 0.1)}
+    plain, costly = (simulate([spec], 8, curves=curves, start_cost_s=c) for c in (0.0, 7.5))
+    for policy, result in costly.items():
+        assert result.jct_s["solo"] == pytest.approx(plain[policy].jct_s["solo"] + 7.5)
+
+
 def test_a_resize_pauses_the_job_for_its_morph():
     first = TraceJob("first", 0.0, "bert-huge-32", 64, 10_000, 4, 4, 8, "t", 0)
     second = TraceJob("second", 0.0, "bert-huge-32", 64, 100, 4, 4, 4, "t", 0)

@@ -73,12 +73,15 @@ def simulate(
     curves: Curves | None = None,
     *,
     morph_cost_s: float = DEFAULT_MORPH_COST_S,
+    start_cost_s: float = 0.0,
 ) -> dict[str, PolicyResult]:
-    """Each policy's replay of `trace` on `devices` devices, keyed by policy name."""
+    """Each policy's replay of `trace` on `devices` devices, keyed by policy name. `start_cost_s` is what a
+    job's start costs before its first iteration (workers spawned, the process group formed, the model built):
+    negligible against hours of training, not against the minutes of a test plane's jobs."""
     curves = curves or {}
     chosen = [p if isinstance(p, ElasticPolicy) else ElasticPolicy(name=p) for p in policies]
     _check(trace, devices, curves)
-    return {p.name: _replay(trace, devices, p, curves, morph_cost_s) for p in chosen}
+    return {p.name: _replay(trace, devices, p, curves, morph_cost_s, start_cost_s) for p in chosen}
 
 
 def _check(trace: Sequence[TraceJob], devices: int, curves: Curves) -> None:
@@ -100,7 +103,7 @@ def _check(trace: Sequence[TraceJob], devices: int, curves: Curves) -> None:
 
 
 def _replay(trace: Sequence[TraceJob], devices: int, policy: ElasticPolicy, curves: Curves,
-            morph_cost_s: float) -> PolicyResult:
+            morph_cost_s: float, start_cost_s: float) -> PolicyResult:
     arrivals = sorted(trace, key=lambda j: (j.submit_time_s, j.name))
     ticking = policy.name == ELASTIC
     jobs: dict[str, _Job] = {}
@@ -142,7 +145,7 @@ def _replay(trace: Sequence[TraceJob], devices: int, policy: ElasticPolicy, curv
             out = allocate(devices, [_state(j) for j in jobs.values()], curves, now, policy, current, morph_cost_s)
         else:
             out = current  # a static policy keeps running jobs as they are: only free devices and a queue change it
-        morphs += _apply(jobs, out, now, devices, policy.name, morph_cost_s)
+        morphs += _apply(jobs, out, now, devices, policy.name, morph_cost_s, start_cost_s)
         started.update((name, now) for name, j in jobs.items() if j.devices and name not in started)
         held = sum(j.devices for j in jobs.values())
         if held != series[-1][1]:
@@ -177,7 +180,7 @@ def _state(j: _Job) -> JobState:
 
 
 def _apply(jobs: dict[str, _Job], out: dict[str, int], now: float, devices: int, policy: str,
-           morph_cost_s: float) -> int:
+           morph_cost_s: float, start_cost_s: float = 0.0) -> int:
     """Take the new allocation: starts, and resizes that pause for the morph; the number of morphs.
     A policy that oversubscribes the fleet, stops a running job or exceeds a job's range is a bug, and
     raises rather than producing a result."""
@@ -199,5 +202,7 @@ def _apply(jobs: dict[str, _Job], out: dict[str, int], now: float, devices: int,
             j.paused_until = max(now, j.paused_until) + morph_cost_s
             j.last_resize = now
             morphs += 1
+        else:
+            j.paused_until = now + start_cost_s
         j.devices = new
     return morphs
