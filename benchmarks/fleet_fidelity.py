@@ -1,0 +1,184 @@
+"""Fidelity of the fleet simulator (issue 20): a 6-job trace replayed for real, against the simulator's
+prediction for the same trace.
+
+Target: each policy's measured average job completion time within 20% of the simulator's prediction, and
+elastic measured faster than the static policy.
+
+Plane: the tests' harness with two executor agents on this machine (one CPU device each), a Celery worker and
+real worker processes over gloo; the scheduler's elastic pass every --interval seconds, at most one resize per
+job per --min-resize seconds (the simulator gets the same knobs). The trace is
+benchmarks/traces/fleet-fidelity-6.csv: gpt-tiny at global batch 8 and 16, requests of 1 and 2 devices,
+arrivals over a minute. First the scaling curves are measured, not predicted: each (model, batch) trains 40
+iterations on both devices alone, then on one device while the other batch trains on the other (as jobs
+share the machine in the replay); the median iteration time after 3 warm-up iterations gives the throughput
+on 1 and 2 devices, and the seconds from admission to the first iteration the start cost. The simulator then
+replays the trace under `backfill` (the live admission engine: priorities, backfilling) and `elastic`; `fifo`
+is shown beside them. Then the trace is submitted for real twice at its arrival times: every job on exactly
+its requested devices (static), then every job `--elastic` within its range. A job's completion time is its
+SUCCEEDED event's time less its SUBMITTED event's.
+Run from the repository root: `.venv/bin/python benchmarks/fleet_fidelity.py [--interval 2] [--min-resize 30]
+[--morph-cost 10]`. Exits 1 if a target is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ballast.v1 import job_pb2, services_pb2, store_pb2  # noqa: E402
+from services.planner.elastic import (  # noqa: E402
+    BACKFILL,
+    ELASTIC,
+    FIFO,
+    ElasticPolicy,
+    ScalingCurve,
+    TraceJob,
+    parse_trace,
+    simulate,
+)
+from services.planner.plans.calibrate import measured_iteration_s  # noqa: E402
+from services.specs.model import load_model_spec  # noqa: E402
+from tests.harness import ROOT, executor_plane, job_story, wait_for  # noqa: E402
+
+S = job_pb2.JobState
+ENDED = (S.JOB_STATE_SUCCEEDED, S.JOB_STATE_FAILED, S.JOB_STATE_CANCELLED)
+TRACE = ROOT / "benchmarks" / "traces" / "fleet-fidelity-6.csv"
+DEVICES = 2
+MEASURE_ITERATIONS = 40
+TARGET = 0.20
+
+
+def spec(job: TraceJob, name: str, low: int, high: int, elastic: bool = False) -> job_pb2.JobSpec:
+    return job_pb2.JobSpec(name=name, model=load_model_spec(ROOT / "examples" / f"{job.model}.yaml"),
+                           global_batch_size=job.global_batch, iterations=job.iterations, seed=1,
+                           checkpoint_every=20, min_devices=low, max_devices=high, elastic=elastic)
+
+
+def events(plane, job_id: str) -> list[job_pb2.JobEvent]:
+    return list(plane.client().store.ListJobEvents(store_pb2.ListJobEventsRequest(job_id=job_id)).events)
+
+
+def wait_all(plane, ids: list[str]) -> None:
+    client = plane.client()
+    for job_id in ids:
+        wait_for(lambda j=job_id: client.jobs.Get(store_pb2.GetRequest(id=j)).state in ENDED, timeout=1200,
+                 what=f"job {job_id} to end", story=lambda j=job_id: job_story(client, j, plane.settings.data_dir))
+        done = client.jobs.Get(store_pb2.GetRequest(id=job_id))
+        if done.state != S.JOB_STATE_SUCCEEDED:
+            raise SystemExit(f"job {done.spec.name} ended {S.Name(done.state)}: {done.message}")
+
+
+def seconds(ts) -> float:
+    return ts.ToMicroseconds() / 1e6
+
+
+def measured(plane, job_id: str) -> tuple[float, float]:
+    """(median iteration seconds after 3 warm-up iterations, seconds from admission to the first iteration)."""
+    job = plane.client().jobs.Get(store_pb2.GetRequest(id=job_id))
+    rows = list(plane.client().iteration_metrics(job_id))
+    admitted = next(seconds(e.created_at) for e in events(plane, job_id) if e.type == "ADMITTED")
+    first = min((m for m in rows if m.iteration == 0), key=lambda m: seconds(m.recorded_at))
+    return (measured_iteration_s(rows, job.plan_version, 3),
+            seconds(first.recorded_at) - first.iteration_time_s - admitted)
+
+
+def measure_curves(plane, trace: list[TraceJob]) -> tuple[dict, float]:
+    """Scaling curves per (model, batch) on 1 and 2 devices, as the replay will run them, and the start cost."""
+    client = plane.client()
+    keys = sorted({(j.model, j.global_batch) for j in trace})
+    probe = {k: next(j for j in trace if (j.model, j.global_batch) == k) for k in keys}
+    times: dict[tuple[str, int], dict[int, float]] = {k: {} for k in keys}
+    starts = []
+    for k in keys:  # both devices, alone
+        job = replace(probe[k], iterations=MEASURE_ITERATIONS)
+        job_id = client.jobs.Submit(services_pb2.SubmitJobRequest(spec=spec(job, f"measure-{k[1]}-2", 2, 2))).id
+        wait_all(plane, [job_id])
+        times[k][2], start = measured(plane, job_id)
+        starts.append(start)
+    ids = {}  # one device each, side by side
+    for k in keys:
+        job = replace(probe[k], iterations=MEASURE_ITERATIONS)
+        ids[k] = client.jobs.Submit(services_pb2.SubmitJobRequest(spec=spec(job, f"measure-{k[1]}-1", 1, 1))).id
+    wait_all(plane, list(ids.values()))
+    for k, job_id in ids.items():
+        times[k][1], start = measured(plane, job_id)
+        starts.append(start)
+    curves = {k: ScalingCurve(k[0], k[1], {n: k[1] / t for n, t in times[k].items()}) for k in keys}
+    for k in keys:
+        print(f"  measured {k[0]} batch {k[1]}: {times[k][1] * 1e3:.1f} ms/iteration on 1 device, "
+              f"{times[k][2] * 1e3:.1f} ms on 2", flush=True)
+    return curves, statistics.median(starts)
+
+
+def replay(plane, trace: list[TraceJob], elastic: bool) -> dict[str, float]:
+    """Submit the trace at its arrival times; each job's completion time (s)."""
+    client, tag = plane.client(), "elastic" if elastic else "static"
+    ids: dict[str, str] = {}
+    begin = time.time()
+    for job in sorted(trace, key=lambda j: j.submit_time_s):
+        time.sleep(max(0.0, begin + job.submit_time_s - time.time()))
+        low, high = (job.min_devices, job.max_devices) if elastic else (job.requested_devices,) * 2
+        ids[job.name] = client.jobs.Submit(services_pb2.SubmitJobRequest(
+            spec=spec(job, f"{tag}-{job.name}", low, high, elastic))).id
+    wait_all(plane, list(ids.values()))
+    jct = {}
+    for name, job_id in ids.items():
+        found = {e.type: seconds(e.created_at) for e in events(plane, job_id)}
+        jct[name] = found["SUCCEEDED"] - found["SUBMITTED"]
+    return jct
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--interval", type=float, default=2.0, help="seconds between the elastic pass's decisions")
+    parser.add_argument("--min-resize", type=float, default=30.0, help="least seconds between two resizes of a job")
+    parser.add_argument("--morph-cost", type=float, default=10.0,
+                        help="seconds a resize costs in the simulator (the scheduler's default before it measured one)")
+    args = parser.parse_args()
+    trace = parse_trace(TRACE.read_text(), [p.stem for p in (ROOT / "examples").glob("*.yaml")], DEVICES)
+    with executor_plane(Path(tempfile.mkdtemp(prefix="ballast-fleet-fidelity-")), f"ff-{uuid.uuid4().hex[:8]}",
+                        elastic_interval_s=args.interval, elastic_min_resize_interval_s=args.min_resize) as plane:
+        curves, start_s = measure_curves(plane, trace)
+        elastic_policy = ElasticPolicy(name=ELASTIC, min_interval_s=args.min_resize, tick_s=args.interval)
+        predicted = simulate(trace, DEVICES, [ElasticPolicy(name=FIFO), ElasticPolicy(name=BACKFILL), elastic_policy],
+                             curves, morph_cost_s=args.morph_cost, start_cost_s=start_s)
+        print(f"  start cost {start_s:.1f} s (admission to the first iteration, median); morph cost "
+              f"{args.morph_cost:g} s", flush=True)
+        live = {BACKFILL: replay(plane, trace, elastic=False), ELASTIC: replay(plane, trace, elastic=True)}
+        morphs = [m for m in plane.client().store.ListMorphs(store_pb2.ListMorphsRequest()).morphs
+                  if m.cause == "resize"]
+    print(f"fleet_fidelity: {TRACE.name}, {len(trace)} jobs on {DEVICES} CPU devices; {platform.machine()} "
+          f"({os.cpu_count()} cores); elastic pass every {args.interval:g} s, a resize at most every "
+          f"{args.min_resize:g} s")
+    print(f"  {'policy':<10} {'predicted avg JCT':>18} {'measured avg JCT':>17} {'error':>7}   per job measured / "
+          "predicted s")
+    missed = False
+    for policy, jct in live.items():
+        sim = predicted[policy].jct_s
+        avg_live, avg_sim = statistics.fmean(jct.values()), statistics.fmean(sim.values())
+        err = (avg_sim - avg_live) / avg_live
+        missed |= abs(err) > TARGET
+        label = "static" if policy == BACKFILL else policy
+        print(f"  {label:<10} {avg_sim:16.1f} s {avg_live:15.1f} s {err:+7.1%}   "
+              + ", ".join(f"{n} {jct[n]:.0f}/{sim[n]:.0f}" for n in sorted(jct)))
+    print(f"  simulator's fifo (head-of-line blocking, not run live): {predicted[FIFO].average_jct_s:.1f} s")
+    faster = statistics.fmean(live[ELASTIC].values()) < statistics.fmean(live[BACKFILL].values())
+    print(f"  elastic measured {'faster' if faster else 'NOT faster'} than static; {len(morphs)} resize morph(s), "
+          f"recovery {', '.join(f'{m.recovery_s:.1f}' for m in morphs) or '-'} s")
+    if missed or not faster:
+        print("  MISSED a target")
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
