@@ -18,12 +18,13 @@ import logging
 import math
 import statistics
 
-from ballast.v1 import job_pb2, plan_pb2, profile_pb2, store_pb2
+from ballast.v1 import fleet_pb2, job_pb2, plan_pb2, profile_pb2, store_pb2
 from services.planner.admission import Demand
 from services.planner.elastic import ELASTIC, CurveCache, ElasticPolicy, JobState, ScalingCurve, allocate, remaining_s
 from services.planner.elastic.curves import fleet_of
 from services.planner.jobs import morph
 from services.planner.jobs.admit import Snapshot, epoch_s
+from services.planner.jobs.lifecycle import TERMINAL
 from services.planner.jobs.prepare import MEASURED_KINDS, fleet_of_hosts, plan_inputs, with_calibration
 from services.planner.jobs.running import DEFAULT_MORPH_COST_S, GROW_WINDOW, Running
 from services.planner.plans.fleet import executor_dims, online_hosts
@@ -34,7 +35,6 @@ ELASTIC_INTERVAL_S = 10.0  # how often the pass runs (a plan search per new curv
 MIN_RESIZE_INTERVAL_S = 600.0  # hysteresis: a job is resized at most once in this long
 FAIRNESS_BOUND = 1.5  # predicted finish-time fairness past which a job is behind (policy.py; 0: no guard)
 UNDER_WAY_S = 600.0  # a resize or re-plan not in effect after this long is no longer waited for
-ENDED = (S.JOB_STATE_SUCCEEDED, S.JOB_STATE_FAILED, S.JOB_STATE_CANCELLED)
 
 
 class ElasticPass:
@@ -75,7 +75,10 @@ class ElasticPass:
         pool = free + sum(r.world for r in steady)
         priority = {h.job_id: h.priority for h in snap.running} | {d.job_id: d.priority for d in queued}
         states, curves, plans = [], {}, {}
-        predicted = {r.job.id: self._curve(r.job, r.plan, pool) for r in steady}
+        # what every curve of this pass is priced on, read once: the executors' dims and this kind's hosts
+        dims = executor_dims(self._store)
+        hosts = [h for h in online_hosts(self._store) if any(d.spec.kind == kind for d in h.devices)]
+        predicted = {r.job.id: self._curve(r.job, r.plan, pool, dims, hosts) for r in steady}
         # the predictions as the jobs measured them: each running job's curve scaled by its measured iteration
         # time against its prediction on the devices it holds; a queued job's by the median of those
         slow = {r.job.id: statistics.median(r.recent) / predicted[r.job.id].iteration_s(r.world) for r in steady
@@ -83,7 +86,7 @@ class ElasticPass:
         typical = statistics.median(slow.values()) if slow else 1.0
         for job, plan, current in [(r.job, r.plan, r) for r in steady] + [
                 (snap.jobs[d.job_id], snap.plans[d.job_id], None) for d in queued]:
-            curve = predicted[job.id] if current else self._curve(job, plan, pool)
+            curve = predicted[job.id] if current else self._curve(job, plan, pool, dims, hosts)
             if curve is None:
                 continue
             factor = slow.get(job.id, typical)
@@ -128,7 +131,7 @@ class ElasticPass:
                 continue
             if on.get(job_id) == n or waiting.get(job_id) == n or snap.now - at > UNDER_WAY_S or (
                     job_id not in on and job_id not in waiting and self._store.get_job(
-                        store_pb2.GetRequest(id=job_id)).state in ENDED):
+                        store_pb2.GetRequest(id=job_id)).state in TERMINAL):
                 del self._under_way[job_id]
         return not any(of_kind == kind for of_kind, _, _ in self._under_way.values())
 
@@ -149,7 +152,8 @@ class ElasticPass:
             self._resized_at[r.job.id] = now
             self._under_way[r.job.id] = (r.plan.fleet.device.kind, n, now)
 
-    def _curve(self, job: job_pb2.Job, plan: plan_pb2.Plan, pool: int) -> ScalingCurve | None:
+    def _curve(self, job: job_pb2.Job, plan: plan_pb2.Plan, pool: int, dims: tuple[str, ...],
+               hosts: list[fleet_pb2.Host]) -> ScalingCurve | None:
         """The job's predicted throughput on each count of its range the pool could give it: one plan search
         per count (a morph's re-plan: Varuna's P x D at the same global batch), under the calibration of
         the host class of that count; None when no count has a plan."""
@@ -157,11 +161,8 @@ class ElasticPass:
         if profile is None:
             profile = self._profiles[plan.profile_id] = self._store.get_profile(
                 store_pb2.GetRequest(id=plan.profile_id))
-        dims = executor_dims(self._store)
         # counts are priced on the fleet the job was submitted for (its plan's may be cut to fewer devices)
-        template = job.spec.fleet if job.spec.HasField("fleet") else fleet_of_hosts(
-            [h for h in online_hosts(self._store) if any(d.spec.kind == plan.fleet.device.kind for d in h.devices)],
-            job.spec.model.dtype)
+        template = job.spec.fleet if job.spec.HasField("fleet") else fleet_of_hosts(hosts, job.spec.model.dtype)
         analytical = plan.fleet.device.kind not in MEASURED_KINDS  # as prepare decided
         rates: dict[int, float] = {}
         for n in range(max(1, job.spec.min_devices), min(job.spec.max_devices, pool) + 1):
