@@ -18,6 +18,10 @@ RPC_SECONDS = Histogram("ballast_rpc_duration_seconds", "Time to answer a gRPC c
 STORE_TRANSACTION_SECONDS = Histogram("ballast_store_transaction_duration_seconds",
                                       "Time a store transaction held its connection, by read or write",
                                       ["kind"], buckets=RPC_BUCKETS)
+STORE_WRITE_WAIT_SECONDS = Histogram("ballast_store_write_wait_seconds",
+                                     "Time a store write waited for SQLite's one writer, by lane (foreground: a "
+                                     "caller waits on it; background: a service's own work)",
+                                     ["lane"], buckets=RPC_BUCKETS)
 ITERATION_SECONDS = Histogram("ballast_iteration_duration_seconds",
                               "Measured training iteration time (each stage and replica's report)",
                               buckets=STEP_BUCKETS)

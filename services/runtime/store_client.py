@@ -76,7 +76,8 @@ def forwarded(settings: Settings) -> tuple[tuple[str, str], ...]:
 
 def remote_stores(settings: Settings) -> tuple[RemoteStore, RemoteStore]:
     """(as_caller, as_platform): the first forwards the incoming call's token and deadline, the second
-    uses the service's own token (background work such as the lease sweeper)."""
+    uses the service's own token and marks its calls background work (the lease sweeper, the worker's
+    preparation, heartbeats, audit records), which the store's writes let calls someone waits on go before."""
     address = settings.address("store")
     service_token = settings.resolved_token()
     transport = client_transport(settings)
@@ -84,7 +85,9 @@ def remote_stores(settings: Settings) -> tuple[RemoteStore, RemoteStore]:
         address, lambda: context.caller_token() or service_token, deadline_source=context.remaining_time,
         transport=transport, metadata=forwarded(settings),
     )
-    return RemoteStore(as_caller), RemoteStore(open_channel(address, service_token, transport=transport))
+    background = ((context.LANE_HEADER, context.BACKGROUND),)  # no caller waits: the store serves it after them
+    return RemoteStore(as_caller), RemoteStore(open_channel(address, service_token, transport=transport,
+                                                            metadata=background))
 
 
 def anonymous_store(settings: Settings) -> RemoteStore:

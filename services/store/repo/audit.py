@@ -43,8 +43,10 @@ class AuditStore(RepositoryBase):
         if not rows:
             return store_pb2.RecordAuditResponse()
         with self._tx(write=True) as s:
-            stored = s.execute(self._insert(m.AuditRecord.__table__).values(rows)
-                               .on_conflict_do_nothing(index_elements=["uid"]).returning(m.AuditRecord.id))
+            # Rows as executemany parameters, not .values(rows): a multi-row VALUES is a new statement to compile
+            # for every batch size, and compiling it was 5% of a loaded store's CPU.
+            stored = s.execute(self._insert(m.AuditRecord.__table__)
+                               .on_conflict_do_nothing(index_elements=["uid"]).returning(m.AuditRecord.id), rows)
             return store_pb2.RecordAuditResponse(recorded=len(stored.all()))
 
     def list_audit(self, p: Principal, req: store_pb2.ListAuditRequest) -> store_pb2.ListAuditResponse:

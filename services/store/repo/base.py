@@ -12,7 +12,6 @@ import base64
 import binascii
 import json
 import math
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -26,6 +25,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from ballast.v1 import common_pb2
+from services.runtime import context
 from services.runtime.auth import Principal, PrincipalCache
 from services.runtime.errors import (
     BallastError,
@@ -39,6 +39,7 @@ from services.runtime.metrics import STORE_TRANSACTION_SECONDS
 from services.store import models as m
 from services.store.convert import check_column, column_of
 from services.store.db import session_factory
+from services.store.gate import WriteGate
 
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
@@ -132,8 +133,10 @@ class RepositoryBase:
         # SQLite has one writer at a time, and a writer waiting in its busy handler sleeps in growing steps
         # (1, 2, 5, 10 ... 100 ms) however soon the lock frees: this process's writers queue on a lock
         # instead, woken the moment the last one commits. Other processes still meet the busy timeout.
-        self._write_gate: AbstractContextManager = (threading.Lock() if engine.dialect.name == "sqlite"
-                                                    else nullcontext())
+        # Waiting writers are served first come, first served, those a caller waits on before background work
+        # (services/store/gate.py).
+        self._write_gate: Callable[[], AbstractContextManager] = (
+            WriteGate(context.in_background) if engine.dialect.name == "sqlite" else nullcontext)
         self.principals = PrincipalCache()  # bearer tokens resolved lately (services/store/repo/tenants.py)
         self.policies: dict[int, bytes] = {}  # fleet policy versions, parsed once: a version never changes
 
@@ -146,7 +149,7 @@ class RepositoryBase:
         """
         started = time.monotonic()
         try:
-            with self._write_gate if write else nullcontext(), \
+            with self._write_gate() if write else nullcontext(), \
                     (self._writes if write else self._reads)() as session, session.begin():
                 yield session
             STORE_TRANSACTION_SECONDS.labels("write" if write else "read").observe(time.monotonic() - started)

@@ -7,6 +7,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
@@ -70,6 +71,12 @@ def event_pb(row: m.JobEvent) -> job_pb2.JobEvent:
     return job_pb2.JobEvent(**shared_fields(row, job_pb2.JobEvent))
 
 
+class _Known(NamedTuple):
+    priority_class: str
+    model_id: str | None  # None: the model is stored with the job
+    spec_json: str
+
+
 # A job leaving for one of these states gives its devices back in the same transaction, for this reason.
 LEASE_ENDS = {
     job_states.SUCCEEDED: "LEASE_END_REASON_FINISHED",
@@ -101,9 +108,10 @@ class JobStore(ModelStore, LeaseStore, QueueStore):
 
     def create_job(self, p: Principal, req: store_pb2.CreateJobRequest) -> job_pb2.Job:
         self._check_spec(req.spec)
+        known = self._before_add(p, req.spec)
         with self._model_race():
             with self._tx(write=True) as s:
-                job = self._add_job(s, p, req.spec)
+                job = self._add_job(s, p, req.spec, known)
             SPECS.put(job.id, req.spec)
             return job_pb(job)
 
@@ -113,9 +121,10 @@ class JobStore(ModelStore, LeaseStore, QueueStore):
         it, and JobService.Submit takes one round trip to the store instead of two."""
         self._check_spec(req.spec)
         max_attempts = self._check_request(req.kind, req.max_attempts)
+        known = self._before_add(p, req.spec)
         with self._model_race():
             with self._tx(write=True) as s:
-                job = self._add_job(s, p, req.spec)
+                job = self._add_job(s, p, req.spec, known)
                 row, _ = self._queue(s, p, req.kind, json.dumps({"job_id": job.id}, sort_keys=True), max_attempts,
                                      new=True)
             SPECS.put(job.id, req.spec)
@@ -137,15 +146,23 @@ class JobStore(ModelStore, LeaseStore, QueueStore):
                 fix="retry the submission",
             ) from None
 
-    def _add_job(self, s: Session, p: Principal, spec: job_pb2.JobSpec) -> m.Job:
-        """A SUBMITTED job and its event in transaction `s`, its model stored or matched by signature."""
-        priority = fleet_policy.class_for(self.current_policy(s), p.tenant_name, spec.priority_class)
-        model = self._resolve_model(s, p.tenant_id, spec.model, "spec.model")
+    def _before_add(self, p: Principal, spec: job_pb2.JobSpec) -> _Known:
+        """What a new job's write needs that can be read before the writer's turn (SQLite has one writer, and
+        every millisecond inside it is one every other write waits): the priority class under the policy in
+        force, the tenant's stored model of this content (a model is never deleted), the spec's JSON."""
+        with self._tx(write=False) as s:
+            priority = fleet_policy.class_for(self.current_policy(s), p.tenant_name, spec.priority_class)
+            model = self._stored_model(s, p.tenant_id, spec.model)
+        return _Known(priority.name, model.id if model is not None else None, to_json(spec))
+
+    def _add_job(self, s: Session, p: Principal, spec: job_pb2.JobSpec, known: _Known) -> m.Job:
+        """A SUBMITTED job and its event in transaction `s`, its model stored now if it was not yet."""
+        model_id = known.model_id or self._resolve_model(s, p.tenant_id, spec.model, "spec.model").id
         now = self.now()
         job = m.Job(
             id=new_id("job"),
             tenant_id=p.tenant_id,
-            model_id=model.id,
+            model_id=model_id,
             name=spec.name,
             state=job_states.SUBMITTED,
             plan_id=None,
@@ -153,16 +170,15 @@ class JobStore(ModelStore, LeaseStore, QueueStore):
             message="",
             iteration=0,
             last_event_seq=0,
-            spec=to_json(spec),
+            spec=known.spec_json,
             created_at=now,
             updated_at=now,
-            priority_class=priority.name,
+            priority_class=known.priority_class,
         )
         s.add(job)
-        s.flush()
         self._append_event(s, job, "SUBMITTED", "job submitted",
-                           {"model_id": model.id, "priority_class": priority.name})
-        s.flush()
+                           {"model_id": model_id, "priority_class": known.priority_class})
+        s.flush()  # one flush: the job's insert goes before its event's (foreign key order)
         return job
 
     def get_job(self, p: Principal, req: store_pb2.GetRequest) -> job_pb2.Job:

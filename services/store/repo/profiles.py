@@ -66,14 +66,16 @@ def check_profile_layer(layer: profile_pb2.LayerProfile, i: int) -> None:
 class ModelStore(RepositoryBase):
     """Model and profile RPCs; a model is stored once per tenant and content signature."""
 
+    def _stored_model(self, s: Session, tenant_id: str, spec: model_pb2.ModelSpec) -> m.Model | None:
+        return s.scalars(sa.select(m.Model).where(m.Model.tenant_id == tenant_id,
+                                                  m.Model.signature == model_signature(spec))).first()
+
     def _resolve_model(self, s: Session, tenant_id: str, spec: model_pb2.ModelSpec, prefix: str) -> m.Model:
         """The tenant's stored model with this content, stored now if new; a name clash is AlreadyExists."""
-        signature = model_signature(spec)
-        existing = s.scalars(
-            sa.select(m.Model).where(m.Model.tenant_id == tenant_id, m.Model.signature == signature)
-        ).first()
+        existing = self._stored_model(s, tenant_id, spec)
         if existing is not None:
             return existing
+        signature = model_signature(spec)
         family = model_pb2.ModelFamily.Name(spec.family).removeprefix("MODEL_FAMILY_").lower()
         name = fit(m.Model.name, spec.name or f"{family}-{signature[:12]}", f"{prefix}.name")
         clash = s.scalars(sa.select(m.Model.id).where(m.Model.tenant_id == tenant_id, m.Model.name == name)).first()

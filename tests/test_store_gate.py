@@ -1,0 +1,119 @@
+"""The store's write gate: one writer at a time, first come first served per lane, callers before background
+work, background work never starved (services/store/gate.py); and the lane each real call lands in."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from pathlib import Path
+
+from ballast.v1 import store_pb2
+from services.runtime import context
+from services.runtime.metrics import STORE_WRITE_WAIT_SECONDS
+from services.runtime.store_client import remote_stores
+from services.store import schema
+from services.store.db import create_engine
+from services.store.gate import BACKGROUND, FOREGROUND, WriteGate
+from services.store.service import build_server
+from tests.harness import make_settings, wait_for
+from tests.store_fixtures import ADMIN_TOKEN
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _queue_up(gate: WriteGate, lanes: list[str], order: list[str]) -> list[threading.Thread]:
+    """One thread per lane entry, each queued (seen waiting) before the next starts, recording its turn."""
+    threads = []
+    for i, lane in enumerate(lanes):
+        lanes_ahead = {FOREGROUND: lanes[:i].count(FOREGROUND), BACKGROUND: lanes[:i].count(BACKGROUND)}
+
+        def write(name: str = f"{lane}-{i}", lane: str = lane) -> None:
+            context.set_call(None, None, background=lane == BACKGROUND)
+            with gate():
+                order.append(name)
+
+        threads.append(threading.Thread(target=write))
+        threads[-1].start()
+        expected = dict(lanes_ahead, **{lane: lanes_ahead[lane] + 1})
+        wait_for(lambda e=expected: gate.waiting() == e, timeout=10, what=f"writer {i} queued")
+    return threads
+
+
+def test_waiting_writers_go_first_come_first_served_with_callers_before_background_work():
+    clock = Clock()
+    gate = WriteGate(context.in_background, max_wait_s=0.5, clock=clock)
+    order: list[str] = []
+    with gate():  # held, so every writer below queues
+        threads = _queue_up(gate, [BACKGROUND, FOREGROUND, BACKGROUND, FOREGROUND], order)
+    for t in threads:
+        t.join(10)
+    assert order == ["foreground-1", "foreground-3", "background-0", "background-2"]
+    assert gate.waiting() == {FOREGROUND: 0, BACKGROUND: 0}
+
+
+def test_a_background_writer_waiting_past_max_wait_goes_before_callers():
+    clock = Clock()
+    gate = WriteGate(context.in_background, max_wait_s=0.5, clock=clock)
+    order: list[str] = []
+    with gate():
+        threads = _queue_up(gate, [BACKGROUND, FOREGROUND, FOREGROUND], order)
+        clock.now = 0.5  # the background writer has waited its max
+    for t in threads:
+        t.join(10)
+    assert order == ["background-0", "foreground-1", "foreground-2"]
+
+
+def test_one_writer_at_a_time_under_many_threads():
+    gate = WriteGate(context.in_background)
+    inside, most, lock = [0], [0], threading.Lock()
+
+    def write(background: bool) -> None:
+        context.set_call(None, None, background=background)
+        for _ in range(200):
+            with gate():
+                with lock:
+                    inside[0] += 1
+                    most[0] = max(most[0], inside[0])
+                with lock:
+                    inside[0] -= 1
+
+    threads = [threading.Thread(target=write, args=(i % 2 == 0,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert most[0] == 1 and gate.waiting() == {FOREGROUND: 0, BACKGROUND: 0}
+
+
+def _writes(lane: str) -> float:
+    """How many writes of `lane` this process's store gates have let through (the wait histogram's count)."""
+    return next(sample.value for metric in STORE_WRITE_WAIT_SECONDS.collect() for sample in metric.samples
+                if sample.name.endswith("_count") and sample.labels == {"lane": lane})
+
+
+def test_a_services_own_calls_write_in_the_background_lane_and_its_callers_calls_in_the_foreground(
+        tmp_path: Path):
+    """Over a real store server and the two channels a service opens (store_client.remote_stores)."""
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    schema.upgrade(url)
+    engine = create_engine(url)
+    settings = make_settings(tmp_path, token=ADMIN_TOKEN)
+    server = build_server(settings, engine, "127.0.0.1:0").start()
+    try:
+        as_caller, as_platform = remote_stores(dataclasses.replace(settings, store_port=server.port))
+        before = {lane: _writes(lane) for lane in (FOREGROUND, BACKGROUND)}
+        as_platform.create_tenant(store_pb2.CreateTenantRequest(name="by-the-platform"))
+        after_platform = {lane: _writes(lane) for lane in (FOREGROUND, BACKGROUND)}
+        as_caller.create_tenant(store_pb2.CreateTenantRequest(name="by-a-caller"))  # no incoming call: its token
+        after_caller = {lane: _writes(lane) for lane in (FOREGROUND, BACKGROUND)}
+    finally:
+        server.stop(0)
+        engine.dispose()
+    assert after_platform[BACKGROUND] > before[BACKGROUND] and after_platform[FOREGROUND] == before[FOREGROUND]
+    assert after_caller[FOREGROUND] == after_platform[FOREGROUND] + 1
