@@ -6,12 +6,15 @@ elastic measured faster than the static policy.
 
 Plane: the tests' harness with two executor agents on this machine (one CPU device each), a Celery worker and
 real worker processes over gloo; the scheduler's elastic pass every --interval seconds, at most one resize per
-job per --min-resize seconds (the simulator gets the same knobs). The trace is
-benchmarks/traces/fleet-fidelity-6.csv: gpt-tiny at global batch 8 and 16, requests of 1 and 2 devices,
-arrivals over a minute. First the scaling curves are measured, not predicted: each (model, batch) trains 40
-iterations on both devices alone, then on one device while the other batch trains on the other (as jobs
-share the machine in the replay); the median iteration time after 3 warm-up iterations gives the throughput
-on 1 and 2 devices, and the seconds from admission to the first iteration the start cost. The simulator then
+job per --min-resize seconds (the simulator gets the same knobs). The default trace is
+benchmarks/traces/fleet-fidelity-mixed-6.csv: jobs that scale (gpt-tiny at global batch 8 and 16) mixed with one
+that does not (examples/gpt-wide-vocab.yaml: a second device makes it no faster), requests of 1 and 2 devices,
+arrivals over a minute (--trace benchmarks/traces/fleet-fidelity-6.csv replays the gpt-tiny-only trace).
+First the scaling curves are measured, not predicted: each (model, batch) trains 40
+iterations on both devices alone, then on one device beside a job of each (model, batch) in turn (as jobs
+share the machine in the replay; the mean over partners); the median iteration time after 3 warm-up
+iterations gives the throughput on 1 and 2 devices, and the seconds from admission to the first iteration the
+start cost. The simulator then
 replays the trace under `backfill` (the live admission engine: priorities, backfilling) and `elastic`; `fifo`
 is shown beside them. Then the trace is submitted for real twice at its arrival times: every job on exactly
 its requested devices (static), then every job `--elastic` within its range. A job's completion time is its
@@ -52,7 +55,7 @@ from tests.harness import ROOT, executor_plane, job_story, wait_for  # noqa: E40
 
 S = job_pb2.JobState
 ENDED = (S.JOB_STATE_SUCCEEDED, S.JOB_STATE_FAILED, S.JOB_STATE_CANCELLED)
-TRACE = ROOT / "benchmarks" / "traces" / "fleet-fidelity-6.csv"
+TRACE = ROOT / "benchmarks" / "traces" / "fleet-fidelity-mixed-6.csv"
 DEVICES = 2
 MEASURE_ITERATIONS = 40
 TARGET = 0.20
@@ -93,7 +96,12 @@ def measured(plane, job_id: str) -> tuple[float, float]:
 
 
 def measure_curves(plane, trace: list[TraceJob]) -> tuple[dict, float]:
-    """Scaling curves per (model, batch) on 1 and 2 devices, as the replay will run them, and the start cost."""
+    """Scaling curves per (model, batch) on 1 and 2 devices, as the replay will run them, and the start cost.
+
+    Two devices: the job alone. One device: the mean over partners of the job's time while a job of each
+    (model, batch) of the trace, itself included, trains on the other device for the whole measurement (it is
+    cancelled once the measured job ends): in the replay a job on one device shares the machine with whichever
+    job holds the other, and an embedding-heavy partner slows it more than a small one does."""
     client = plane.client()
     keys = sorted({(j.model, j.global_batch) for j in trace})
     probe = {k: next(j for j in trace if (j.model, j.global_batch) == k) for k in keys}
@@ -101,22 +109,34 @@ def measure_curves(plane, trace: list[TraceJob]) -> tuple[dict, float]:
     starts = []
     for k in keys:  # both devices, alone
         job = replace(probe[k], iterations=MEASURE_ITERATIONS)
-        job_id = client.jobs.Submit(services_pb2.SubmitJobRequest(spec=spec(job, f"measure-{k[1]}-2", 2, 2))).id
+        job_id = client.jobs.Submit(services_pb2.SubmitJobRequest(spec=spec(job, f"measure-{k[0]}-{k[1]}-2", 2, 2))).id
         wait_all(plane, [job_id])
         times[k][2], start = measured(plane, job_id)
         starts.append(start)
-    ids = {}  # one device each, side by side
-    for k in keys:
-        job = replace(probe[k], iterations=MEASURE_ITERATIONS)
-        ids[k] = client.jobs.Submit(services_pb2.SubmitJobRequest(spec=spec(job, f"measure-{k[1]}-1", 1, 1))).id
-    wait_all(plane, list(ids.values()))
-    for k, job_id in ids.items():
-        times[k][1], start = measured(plane, job_id)
-        starts.append(start)
+    beside: dict[tuple[str, int], list[float]] = {k: [] for k in keys}
+    for k in keys:  # one device, beside each partner in turn
+        for partner in keys:
+            busy = replace(probe[partner], iterations=100 * MEASURE_ITERATIONS)
+            partner_id = client.jobs.Submit(services_pb2.SubmitJobRequest(
+                spec=spec(busy, f"partner-{partner[0]}-{partner[1]}-for-{k[0]}-{k[1]}", 1, 1))).id
+            wait_for(lambda j=partner_id: client.iteration_metrics(j), timeout=300,
+                     what=f"partner {partner} training")
+            job = replace(probe[k], iterations=MEASURE_ITERATIONS)
+            job_id = client.jobs.Submit(services_pb2.SubmitJobRequest(
+                spec=spec(job, f"measure-{k[0]}-{k[1]}-1-beside-{partner[0]}-{partner[1]}", 1, 1))).id
+            wait_all(plane, [job_id])
+            client.jobs.Cancel(services_pb2.CancelJobRequest(job_id=partner_id, reason="measured beside it"))
+            wait_for(lambda j=partner_id: client.jobs.Get(store_pb2.GetRequest(id=j)).state in ENDED, timeout=120,
+                     what=f"partner {partner} cancelled")
+            seconds_per_iteration, start = measured(plane, job_id)
+            beside[k].append(seconds_per_iteration)
+            starts.append(start)
+        times[k][1] = statistics.fmean(beside[k])
     curves = {k: ScalingCurve(k[0], k[1], {n: k[1] / t for n, t in times[k].items()}) for k in keys}
     for k in keys:
-        print(f"  measured {k[0]} batch {k[1]}: {times[k][1] * 1e3:.1f} ms/iteration on 1 device, "
-              f"{times[k][2] * 1e3:.1f} ms on 2", flush=True)
+        print(f"  measured {k[0]} batch {k[1]}: {times[k][1] * 1e3:.1f} ms/iteration on 1 device (beside "
+              + ", ".join(f"{p[0]}/{p[1]} {t * 1e3:.0f}" for p, t in zip(keys, beside[k], strict=True))
+              + f"), {times[k][2] * 1e3:.1f} ms on 2", flush=True)
     return curves, statistics.median(starts)
 
 
@@ -144,8 +164,10 @@ def main() -> None:
     parser.add_argument("--min-resize", type=float, default=30.0, help="least seconds between two resizes of a job")
     parser.add_argument("--morph-cost", type=float, default=10.0,
                         help="seconds a resize costs in the simulator (the scheduler's default before it measured one)")
+    parser.add_argument("--trace", type=Path, default=TRACE, help="the trace to replay (the format of `ballast fleet "
+                        "simulate`; at most 2 devices per job)")
     args = parser.parse_args()
-    trace = parse_trace(TRACE.read_text(), [p.stem for p in (ROOT / "examples").glob("*.yaml")], DEVICES)
+    trace = parse_trace(args.trace.read_text(), [p.stem for p in (ROOT / "examples").glob("*.yaml")], DEVICES)
     with executor_plane(Path(tempfile.mkdtemp(prefix="ballast-fleet-fidelity-")), f"ff-{uuid.uuid4().hex[:8]}",
                         elastic_interval_s=args.interval, elastic_min_resize_interval_s=args.min_resize) as plane:
         curves, start_s = measure_curves(plane, trace)
@@ -157,7 +179,7 @@ def main() -> None:
         live = {BACKFILL: replay(plane, trace, elastic=False), ELASTIC: replay(plane, trace, elastic=True)}
         morphs = [m for m in plane.client().store.ListMorphs(store_pb2.ListMorphsRequest()).morphs
                   if m.cause == "resize"]
-    print(f"fleet_fidelity: {TRACE.name}, {len(trace)} jobs on {DEVICES} CPU devices; {platform.machine()} "
+    print(f"fleet_fidelity: {args.trace.name}, {len(trace)} jobs on {DEVICES} CPU devices; {platform.machine()} "
           f"({os.cpu_count()} cores); elastic pass every {args.interval:g} s, a resize at most every "
           f"{args.min_resize:g} s")
     print(f"  {'policy':<10} {'predicted avg JCT':>18} {'measured avg JCT':>17} {'error':>7}   per job measured / "
