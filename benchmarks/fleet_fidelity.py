@@ -49,6 +49,7 @@ from services.planner.elastic import (  # noqa: E402
     parse_trace,
     simulate,
 )
+from services.planner.plans.calibrate import steady_iteration_times  # noqa: E402
 from services.specs.model import load_model_spec  # noqa: E402
 from tests.harness import ROOT, executor_plane, job_story, wait_for  # noqa: E402
 
@@ -90,14 +91,12 @@ def measured(plane, job_id: str) -> tuple[float, float]:
 
     The mean, not the median: a job's completion time pays for its slow iterations too (those holding a
     checkpoint, every 20th here), and the median leaves them out."""
+    job = plane.client().jobs.Get(store_pb2.GetRequest(id=job_id))
     rows = list(plane.client().iteration_metrics(job_id))
     admitted = next(seconds(e.created_at) for e in events(plane, job_id) if e.type == "ADMITTED")
     first = min((m for m in rows if m.iteration == 0), key=lambda m: seconds(m.recorded_at))
-    slowest: dict[int, float] = {}  # an iteration lasts as long as its slowest rank
-    for m in rows:
-        slowest[m.iteration] = max(slowest.get(m.iteration, 0.0), m.iteration_time_s)
-    steady = [t for i, t in sorted(slowest.items()) if i >= WARMUP]
-    return statistics.fmean(steady), seconds(first.recorded_at) - first.iteration_time_s - admitted
+    return (statistics.fmean(steady_iteration_times(rows, job.plan_version, WARMUP)),
+            seconds(first.recorded_at) - first.iteration_time_s - admitted)
 
 
 def measure_curves(plane, trace: list[TraceJob]) -> tuple[dict, float]:

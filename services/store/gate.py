@@ -23,10 +23,10 @@ FOREGROUND, BACKGROUND = "foreground", "background"
 
 
 class _Waiter:
-    __slots__ = ("lane", "since", "turn")
+    __slots__ = ("since", "turn")
 
-    def __init__(self, lane: str, since: float):
-        self.lane, self.since = lane, since
+    def __init__(self, since: float):
+        self.since = since
         self.turn = threading.Lock()
         self.turn.acquire()  # released by the writer that hands the gate over
 
@@ -49,7 +49,7 @@ class WriteGate:
             if not self._held:
                 self._held, waiter = True, None
             else:
-                waiter = _Waiter(lane, started)
+                waiter = _Waiter(started)
                 self._queues[lane].append(waiter)
         if waiter is not None:
             waiter.turn.acquire()  # the gate is ours when this returns: the last holder handed it over

@@ -67,14 +67,19 @@ def uncalibrated(profile: profile_pb2.Profile, plan: plan_pb2.Plan) -> tuple[Pip
     return pipe, run
 
 
-def measured_iteration_s(metrics: Iterable[job_pb2.IterationMetric], version: int, warmup: int = 0) -> float:
-    """The median iteration time under plan `version` (an iteration lasts as long as its slowest rank), its
-    first `warmup` iterations left out; 0 when none is left."""
+def steady_iteration_times(metrics: Iterable[job_pb2.IterationMetric], version: int, warmup: int = 0) -> list[float]:
+    """Each iteration's time under plan `version` in iteration order (an iteration lasts as long as its slowest
+    rank), its first `warmup` iterations left out."""
     by_iteration: dict[int, float] = defaultdict(float)
     for m in metrics:
         if m.plan_version == version:
             by_iteration[m.iteration] = max(by_iteration[m.iteration], m.iteration_time_s)
-    steady = [t for _, t in sorted(by_iteration.items())[warmup:]]
+    return [t for _, t in sorted(by_iteration.items())[warmup:]]
+
+
+def measured_iteration_s(metrics: Iterable[job_pb2.IterationMetric], version: int, warmup: int = 0) -> float:
+    """The median of steady_iteration_times; 0 when none is left."""
+    steady = steady_iteration_times(metrics, version, warmup)
     return statistics.median(steady) if steady else 0.0
 
 
