@@ -47,10 +47,29 @@ def calibrations(plane) -> list:
     return list(plane.client().store.ListCalibrations(store_pb2.ListCalibrationsRequest()).calibrations)
 
 
+def queue_story(plane) -> str:
+    """What the queue and the worker did with the calibration requests, for a wait that timed out."""
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(plane.settings.database_url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(sa.text("SELECT kind, state, attempts, result_json, error, created_at, updated_at "
+                                        "FROM queued_requests ORDER BY created_at")).all()
+    finally:
+        engine.dispose()
+    lines = [f"  request {r.kind} {r.state} attempts={r.attempts} {r.created_at}..{r.updated_at}: "
+             f"{(r.result_json or r.error or '')[:300]}" for r in rows]
+    log = plane.settings.data_dir / "worker.log"
+    tail = log.read_text(errors="replace").splitlines()[-20:] if log.exists() else ["(no worker.log)"]
+    return "\n".join(["queued requests:", *lines, "--- worker.log (tail)", *tail])
+
+
 def test_a_succeeded_run_calibrates_its_host_class_and_the_next_plan_uses_it(plane):
     client = plane.client()
     first = run(plane, "calibrating")
-    found = wait_for(lambda: calibrations(plane), timeout=120, what="the first calibration")
+    found = wait_for(lambda: calibrations(plane), timeout=120, what="the first calibration",
+                     story=lambda: queue_story(plane))
     (cal,) = found
     assert cal.version == 1 and list(cal.job_ids) == [first.id]
     assert cal.host_class == f"{cal.device_kind}/{cal.cores}c/{cal.colocated}w" and cal.device_kind == "cpu"
@@ -66,5 +85,5 @@ def test_a_succeeded_run_calibrates_its_host_class_and_the_next_plan_uses_it(pla
     assert plan.prediction.iteration_time_s != pytest.approx(first_plan.prediction.iteration_time_s, rel=1e-3)
 
     newer = wait_for(lambda: [c for c in calibrations(plane) if c.version == 2], timeout=120,
-                     what="the second calibration")
+                     what="the second calibration", story=lambda: queue_story(plane))
     assert list(newer[0].job_ids) == [second.id, first.id]  # its provenance: this run and the last one's

@@ -56,8 +56,8 @@ def build_server(settings: Settings, address: str | None = None, send: durable.S
         durable.submit(as_platform, PREPARE, {"job_id": job.id, "devices": devices, "after": job.plan_version,
                                               "engine": engine}, send)
 
-    def calibrate(job) -> None:  # one request per succeeded job: its run recalibrates its host class
-        durable.submit(as_platform, CALIBRATE, {"job_id": job.id}, send)
+    def calibrate(job_id: str) -> None:  # one request per succeeded job: its run recalibrates its host class
+        durable.submit(as_platform, CALIBRATE, {"job_id": job_id}, send)
 
     scheduler = Scheduler(as_platform, lambda host_id, message: registry.send(host_id, message),
                           lambda: registry.connected(), settings.data_dir / "checkpoints", replan=replan,

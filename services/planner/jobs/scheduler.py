@@ -55,6 +55,7 @@ from services.runtime.store_api import Store, every_page
 log = logging.getLogger("ballast.scheduler")
 S = job_pb2.JobState
 LOCAL_ADDRESSES = {"127.0.0.1", "localhost", "::1", ""}
+MAX_OWED_CALIBRATIONS = 1000  # past it (a store away for hours) a success is left out of the calibrations
 Send = Callable[[str, executor_pb2.PlannerMessage], None]
 class Scheduler(Recovery, ElasticPass):
     def __init__(self, store: Store, send: Send, connected: Callable[[], list[str]],
@@ -63,7 +64,7 @@ class Scheduler(Recovery, ElasticPass):
                  replan: Callable[[job_pb2.Job, int, int], None] | None = None,
                  host_lost_s: float = HOST_LOST_S, max_morphs_per_hour: int = MAX_MORPHS_PER_HOUR,
                  checkpoint_max_interval_s: float = 1800.0, degraded_parole_s: float = 0.0,
-                 calibrate: Callable[[job_pb2.Job], None] | None = None,
+                 calibrate: Callable[[str], None] | None = None,
                  straggler_thresholds: tuple[float, float] = (stutter.THRESHOLD, stutter.SHARED_CPU_THRESHOLD),
                  elastic_interval_s: float = ELASTIC_INTERVAL_S,
                  elastic_min_resize_interval_s: float = MIN_RESIZE_INTERVAL_S,
@@ -75,6 +76,7 @@ class Scheduler(Recovery, ElasticPass):
                                   field="straggler_threshold", fix="use e.g. 0.25 (25% slower than its peers)")
         self._stutter_thresholds = straggler_thresholds  # (distinct machines, CPU workers sharing one)
         self._calibrate = calibrate  # queues a succeeded job's recalibration of its host class
+        self._calibrations_owed: set[str] = set()  # succeeded jobs whose calibration the store did not take yet
         self._parole_s, self._parole_at = degraded_parole_s, 0.0
         self._caught: dict[str, int] = {}  # host id -> times marked degraded since this planner started
         self._host_lost_s, self._max_morphs = host_lost_s, max_morphs_per_hour
@@ -129,6 +131,8 @@ class Scheduler(Recovery, ElasticPass):
 
     def tick(self) -> None:
         self._rows.flush()  # what a store that was away could not take
+        for job_id in self._owed_calibrations():
+            self._queue_calibration(job_id)
         self._watch_hosts()
         self._parole()
         snap, idle = self.admit()
@@ -523,11 +527,11 @@ class Scheduler(Recovery, ElasticPass):
             loss = f"; final loss {running.last_loss:.4f}" if running.last_loss is not None else ""
             done = self._transition(running.job, S.JOB_STATE_SUCCEEDED,
                                     f"trained {running.job.spec.iterations} iteration(s){loss}", "SUCCEEDED")
-            if done is not None and self._calibrate is not None:
-                try:
-                    self._calibrate(done)
-                except Exception:  # noqa: BLE001 - the job succeeded; only the next plans miss its lesson
-                    log.exception("could not queue the job's calibration", extra={"job_id": done.id})
+            if done is None:  # stored by an earlier attempt whose answer was lost (its exits came back replayed)
+                found = self._store.get_job(store_pb2.GetRequest(id=running.job.id))
+                done = found if found.state == S.JOB_STATE_SUCCEEDED else None
+            if done is not None:
+                self._queue_calibration(done.id)
         elif all_gone and stopping:
             job = self._store.get_job(store_pb2.GetRequest(id=running.job.id))
             if job.state == S.JOB_STATE_CANCELLING:
@@ -545,6 +549,27 @@ class Scheduler(Recovery, ElasticPass):
                     self._running.pop(running.job.id)
             self.rebalancer.forget(running.job.id)
             forget_job(running.job.id)
+
+    def _queue_calibration(self, job_id: str) -> None:
+        """Queue the succeeded job's recalibration (the queue dedupes a repeat); one the store did not take is
+        owed and tried again each tick, so a store that was away does not cost the next plans its lesson."""
+        if self._calibrate is None:
+            return
+        try:
+            self._calibrate(job_id)
+        except Exception:  # noqa: BLE001 - the job succeeded; only the calibration waits
+            log.warning("could not queue the job's calibration yet; trying again", exc_info=True,
+                        extra={"job_id": job_id})
+            with self._lock:
+                if len(self._calibrations_owed) < MAX_OWED_CALIBRATIONS:
+                    self._calibrations_owed.add(job_id)
+            return
+        with self._lock:
+            self._calibrations_owed.discard(job_id)
+
+    def _owed_calibrations(self) -> list[str]:
+        with self._lock:
+            return sorted(self._calibrations_owed)
 
     def _refused(self, host_id: str, ack: executor_pb2.InstructionAck) -> None:
         job_id = ack.instruction_id.split("-assign-")[0] if "-assign-" in ack.instruction_id else ""
