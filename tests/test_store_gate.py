@@ -1,5 +1,6 @@
 """The store's write gate: one writer at a time, first come first served per lane, callers before background
-work, background work never starved (services/store/gate.py); and the lane each real call lands in."""
+work, background work never starved (services/store/gate.py); and the lane each real call lands in. The call
+gate: a service's own call starts after the callers' calls in flight (or after its max wait), never the reverse."""
 
 from __future__ import annotations
 
@@ -7,13 +8,15 @@ import dataclasses
 import threading
 from pathlib import Path
 
+import pytest
+
 from ballast.v1 import store_pb2
 from services.runtime import context
-from services.runtime.metrics import STORE_WRITE_WAIT_SECONDS
+from services.runtime.metrics import STORE_BACKGROUND_WAIT_SECONDS, STORE_WRITE_WAIT_SECONDS
 from services.runtime.store_client import remote_stores
 from services.store import schema
 from services.store.db import create_engine
-from services.store.gate import BACKGROUND, FOREGROUND, WriteGate
+from services.store.gate import BACKGROUND, FOREGROUND, CallGate, WriteGate
 from services.store.service import build_server
 from tests.harness import make_settings, wait_for
 from tests.store_fixtures import ADMIN_TOKEN
@@ -92,7 +95,11 @@ def test_one_writer_at_a_time_under_many_threads():
 
 
 def _writes(lane: str) -> float:
-    """How many writes of `lane` this process's store gates have let through (the wait histogram's count)."""
+    """How many writes of `lane` this process's store gates have let through (the wait histogram's count); lane
+    "gated": how many background calls the call gate let start."""
+    if lane == "gated":
+        return next(sample.value for metric in STORE_BACKGROUND_WAIT_SECONDS.collect() for sample in metric.samples
+                    if sample.name.endswith("_count"))
     return next(sample.value for metric in STORE_WRITE_WAIT_SECONDS.collect() for sample in metric.samples
                 if sample.name.endswith("_count") and sample.labels == {"lane": lane})
 
@@ -107,13 +114,75 @@ def test_a_services_own_calls_write_in_the_background_lane_and_its_callers_calls
     server = build_server(settings, engine, "127.0.0.1:0").start()
     try:
         as_caller, as_platform = remote_stores(dataclasses.replace(settings, store_port=server.port))
-        before = {lane: _writes(lane) for lane in (FOREGROUND, BACKGROUND)}
+        lanes = (FOREGROUND, BACKGROUND, "gated")
+        before = {lane: _writes(lane) for lane in lanes}
         as_platform.create_tenant(store_pb2.CreateTenantRequest(name="by-the-platform"))
-        after_platform = {lane: _writes(lane) for lane in (FOREGROUND, BACKGROUND)}
+        after_platform = {lane: _writes(lane) for lane in lanes}
         as_caller.create_tenant(store_pb2.CreateTenantRequest(name="by-a-caller"))  # no incoming call: its token
-        after_caller = {lane: _writes(lane) for lane in (FOREGROUND, BACKGROUND)}
+        after_caller = {lane: _writes(lane) for lane in lanes}
     finally:
         server.stop(0)
         engine.dispose()
     assert after_platform[BACKGROUND] > before[BACKGROUND] and after_platform[FOREGROUND] == before[FOREGROUND]
     assert after_caller[FOREGROUND] == after_platform[FOREGROUND] + 1
+    assert after_platform["gated"] == before["gated"] + 1 and after_caller["gated"] == after_platform["gated"]
+
+
+def _run(gate: CallGate, background: bool, started: list[str], name: str, release: threading.Event) -> threading.Thread:
+    def call() -> None:
+        with gate(background):
+            started.append(name)
+            release.wait(30)
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    return thread
+
+
+def test_a_background_call_starts_once_the_callers_calls_in_flight_are_served():
+    gate, started = CallGate(max_wait_s=30.0), []
+    caller_done, background_done = threading.Event(), threading.Event()
+    caller = _run(gate, False, started, "caller", caller_done)
+    wait_for(lambda: gate.in_flight == 1, timeout=10, what="the caller's call running")
+    background = _run(gate, True, started, "background", background_done)
+    other = _run(gate, False, started, "another caller", background_done)  # a caller never waits
+    wait_for(lambda: "another caller" in started, timeout=10, what="the second caller's call running")
+    assert "background" not in started
+    caller_done.set()
+    caller.join(10)
+    assert gate.in_flight == 1 and "background" not in started  # the second caller's call is still in flight
+    background_done.set()  # ends the second caller's call; the background call then runs through
+    for t in (caller, background, other):
+        t.join(10)
+    assert started == ["caller", "another caller", "background"] and gate.in_flight == 0
+
+
+def test_a_background_call_waits_at_most_max_wait_and_one_at_a_time_otherwise():
+    gate, started = CallGate(max_wait_s=0.05), []
+    caller_done, first_done, second_done = threading.Event(), threading.Event(), threading.Event()
+    caller = _run(gate, False, started, "caller", caller_done)
+    wait_for(lambda: gate.in_flight == 1, timeout=10, what="the caller's call running")
+    first = _run(gate, True, started, "first", first_done)
+    wait_for(lambda: "first" in started, timeout=10, what="the background call after its max wait")
+    assert gate.in_flight == 1  # started while the caller's call was still in flight
+    caller_done.set()
+    caller.join(10)
+    second = _run(gate, True, started, "second", second_done)
+    wait_for(lambda: "second" in started, timeout=10, what="the second background call after its max wait")
+    for event, t in ((first_done, first), (second_done, second)):
+        event.set()
+        t.join(10)
+    assert started == ["caller", "first", "second"]
+
+
+def test_no_wait_at_zero_and_a_negative_wait_is_refused():
+    gate, started, done = CallGate(max_wait_s=0.0), [], threading.Event()
+    caller = _run(gate, False, started, "caller", done)
+    wait_for(lambda: gate.in_flight == 1, timeout=10, what="the caller's call running")
+    with gate(True):
+        started.append("background")
+    done.set()
+    caller.join(10)
+    assert started == ["caller", "background"]
+    with pytest.raises(ValueError, match="store_background_wait_ms"):
+        CallGate(max_wait_s=-0.001)

@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import grpc
@@ -38,6 +39,7 @@ log = logging.getLogger("ballast.rpc")
 PUBLIC_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
 
 Behavior = Callable[[Any, grpc.ServicerContext], Any]
+CallGate = Callable[[bool], AbstractContextManager[None]]  # (is the call background?) -> held while it runs
 
 
 def _wrap(handler: grpc.RpcMethodHandler, wrap: Callable[[Behavior, bool, bool], Behavior]) -> grpc.RpcMethodHandler:
@@ -130,12 +132,14 @@ class CallInterceptor(grpc.ServerInterceptor):
     """
 
     def __init__(self, authenticate: Callable[[str], Principal] | None, budget: StreamBudget,
-                 audit: AuditLog | None = None, server: str = "", limiter: RateLimiter | None = None):
+                 audit: AuditLog | None = None, server: str = "", limiter: RateLimiter | None = None,
+                 call_gate: CallGate | None = None):
         self._authenticate = authenticate
         self.budget = budget
         self.audit = audit
         self.server = server
         self.limiter = limiter or RateLimiter(0, 0)  # per-tenant rate limits; off by default
+        self.call_gate = call_gate  # holds a service's own unary calls back while callers' are served (the store)
 
     def _finished(self, method: str, caller: Principal | None, request: Any, reply: Any,
                   failure: BaseException | None, ctx: grpc.ServicerContext, start: float) -> None:
@@ -197,8 +201,12 @@ class CallInterceptor(grpc.ServerInterceptor):
                 start, cpu_start = time.monotonic(), time.thread_time()
                 code, reply, failure, called = "OK", None, None, []
                 try:
-                    begin(ctx, called, request)
-                    reply = behavior(request, ctx)
+                    background = begin(ctx, called, request)[3]
+                    if self.call_gate is None:
+                        reply = behavior(request, ctx)
+                    else:
+                        with self.call_gate(background):
+                            reply = behavior(request, ctx)
                     return reply
                 except BaseException as exc:  # noqa: BLE001 - mapped, then re-raised by abort
                     code, failure = getattr(exc, "code", type(exc).__name__), exc

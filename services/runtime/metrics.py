@@ -22,6 +22,10 @@ STORE_WRITE_WAIT_SECONDS = Histogram("ballast_store_write_wait_seconds",
                                      "Time a store write waited for SQLite's one writer, by lane (foreground: a "
                                      "caller waits on it; background: a service's own work)",
                                      ["lane"], buckets=RPC_BUCKETS)
+STORE_BACKGROUND_WAIT_SECONDS = Histogram("ballast_store_background_wait_seconds",
+                                          "Time a service's own store call waited for callers' calls to be "
+                                          "served before it started (services/store/gate.py CallGate)",
+                                          buckets=RPC_BUCKETS)
 ITERATION_SECONDS = Histogram("ballast_iteration_duration_seconds",
                               "Measured training iteration time (each stage and replica's report)",
                               buckets=STEP_BUCKETS)

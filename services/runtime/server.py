@@ -26,7 +26,7 @@ from ballast.config import Settings
 from ballast.transport import is_loopback
 from services.runtime.audit import AuditLog
 from services.runtime.auth import Principal
-from services.runtime.interceptors import CallInterceptor, StreamBudget
+from services.runtime.interceptors import CallGate, CallInterceptor, StreamBudget
 from services.runtime.metrics_http import serve_metrics
 from services.runtime.ratelimit import RateLimiter
 
@@ -68,6 +68,7 @@ class ServerSpec:
     metrics_port: int = 0  # Prometheus metrics served on start (0: not at all); needs `settings`
     settings: Settings | None = None
     rate_limit: RateLimiter | None = None  # per-tenant token buckets (RateLimiter.of(settings)); None: no limits
+    call_gate: CallGate | None = None  # orders unary calls by lane (the store's gate.CallGate); None: no order
 
 
 def bind(server: grpc.Server, name: str, address: str, credentials: grpc.ServerCredentials | None) -> int:
@@ -94,7 +95,8 @@ class Server:
         self.health = health.HealthServicer(experimental_non_blocking=True)
         self._grpc = grpc.server(
             futures.ThreadPoolExecutor(max_workers=spec.max_workers, thread_name_prefix=spec.name),
-            interceptors=[CallInterceptor(spec.authenticate, budget, spec.audit, spec.name, spec.rate_limit)],
+            interceptors=[CallInterceptor(spec.authenticate, budget, spec.audit, spec.name, spec.rate_limit,
+                                          spec.call_gate)],
             options=[*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)],
             maximum_concurrent_rpcs=spec.max_workers * 4,
         )

@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from services.runtime.metrics import STORE_WRITE_WAIT_SECONDS
+from services.runtime.metrics import STORE_BACKGROUND_WAIT_SECONDS, STORE_WRITE_WAIT_SECONDS
 
 FOREGROUND, BACKGROUND = "foreground", "background"
 
@@ -76,3 +76,53 @@ class WriteGate:
     def waiting(self) -> dict[str, int]:
         with self._lock:
             return {lane: len(queue) for lane, queue in self._queues.items()}
+
+
+class CallGate:
+    """A background call starts once neither a caller's call nor another background call is running, or after
+    `max_wait_s`, whichever is first.
+
+    The write gate orders the writers; this orders the processor. A service's own work (the worker preparing
+    jobs, the scheduler's reads, heartbeats) costs the store's one interpreter as much as a caller's call does,
+    and under a burst it is most of what a Submit waits behind. Held back a moment while callers are served,
+    a closed loop such as the worker slows down instead of crowding them; open-loop work (a heartbeat) only
+    starts later. Nothing is held while waiting, so no call can wait on a call that waits here.
+    """
+
+    def __init__(self, max_wait_s: float = 0.05, clock: Callable[[], float] = time.monotonic):
+        if not max_wait_s >= 0:
+            raise ValueError(f"store_background_wait_ms: {max_wait_s * 1000!r} must be >= 0 (0: no wait)")
+        self.max_wait_s, self.clock = max_wait_s, clock
+        self._idle = threading.Condition()
+        self._foreground = self._background = 0  # calls running now, by lane
+
+    @contextmanager
+    def __call__(self, background: bool) -> Iterator[None]:
+        started = self.clock()
+        with self._idle:
+            if background and self.max_wait_s > 0:
+                deadline = started + self.max_wait_s
+                while (self._foreground or self._background) and (left := deadline - self.clock()) > 0:
+                    self._idle.wait(left)
+            if background:
+                self._background += 1
+            else:
+                self._foreground += 1
+        if background:
+            STORE_BACKGROUND_WAIT_SECONDS.observe(self.clock() - started)
+        try:
+            yield
+        finally:
+            with self._idle:
+                if background:
+                    self._background -= 1
+                else:
+                    self._foreground -= 1
+                if not self._foreground and self._background <= 1:
+                    self._idle.notify_all()
+
+    @property
+    def in_flight(self) -> int:
+        """Callers' calls being served now."""
+        with self._idle:
+            return self._foreground

@@ -20,6 +20,7 @@ from services.runtime.server import Server, ServerSpec
 from services.runtime.servicer import delegate
 from services.store import schema, sql
 from services.store.db import checkpoint_in_background, create_engine
+from services.store.gate import CallGate
 from services.store.gauges import StoreGauges
 from services.store.repository import Repository
 
@@ -70,6 +71,7 @@ def build_server(
             metrics_port=settings.store_metrics_port,
             settings=settings,
             rate_limit=RateLimiter.of(settings),
+            call_gate=CallGate(settings.store_background_wait_ms / 1000),
         )
     )
 

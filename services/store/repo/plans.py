@@ -100,6 +100,21 @@ class PlanStore(RepositoryBase):
             ) from None
 
     def _create_plan(self, p: Principal, pl: plan_pb2.Plan, key: str | None) -> plan_pb2.Plan:
+        # Checked and converted before the writer's turn: on SQLite every other write waits while this one holds it.
+        seen: set[int] = set()
+        layers = []
+        for i, layer in enumerate(pl.layers):
+            check_plan_layer(layer, i, seen, len(pl.stages))
+            layers.append(m.PlanLayer(**shared_fields(layer, m.PlanLayer, field=f"plan.layers[{i}]")))
+        candidates = [candidate_row(alt, pos) for pos, alt in enumerate(pl.alternatives)]
+        fields = {**shared_fields(pl, m.Plan, skip=PLAN_SET_BY_STORE, field="plan"),
+                  **shared_fields(pl.prediction, m.Plan, field="plan.prediction"),
+                  "fleet": to_json(pl.fleet), "stages": [to_json(st) for st in pl.stages],
+                  "prediction": to_json(pl.prediction),
+                  "offload": to_json(pl.offload) if pl.HasField("offload") else None,
+                  "harmony": to_json(pl.harmony) if pl.HasField("harmony") else None}
+        pipeline_degree = len(pl.stages) or (max((x.stage_index for x in pl.layers), default=0) + 1)
+        fit(m.Plan.pipeline_degree, pipeline_degree, "plan.layers")
         with self._tx(write=True) as s:
             model = self._one(s, m.Model, pl.model_id, p, what="model", field="plan.model_id")
             if key is not None and (stored := self._by_request(s, model.tenant_id, key, pl)) is not None:
@@ -122,34 +137,15 @@ class PlanStore(RepositoryBase):
                     raise AlreadyExists(
                         f"job {job.id} already has plan version {version}", field="plan.version", fix=VERSION_FIX
                     )
-            pipeline_degree = len(pl.stages) or (max((x.stage_index for x in pl.layers), default=0) + 1)
-            row = m.Plan(
-                **shared_fields(pl, m.Plan, skip=PLAN_SET_BY_STORE, field="plan"),
-                **shared_fields(pl.prediction, m.Plan, field="plan.prediction"),
-                id=new_id("pln"),
-                tenant_id=model.tenant_id,
-                model_id=model.id,
-                version=version or 1,
-                pipeline_degree=fit(m.Plan.pipeline_degree, pipeline_degree, "plan.layers"),
-                fleet=to_json(pl.fleet),
-                stages=[to_json(st) for st in pl.stages],
-                prediction=to_json(pl.prediction),
-                offload=to_json(pl.offload) if pl.HasField("offload") else None,
-                harmony=to_json(pl.harmony) if pl.HasField("harmony") else None,
-                created_at=self.now(),
-                request_id=key,
-            )
+            row = m.Plan(**fields, id=new_id("pln"), tenant_id=model.tenant_id, model_id=model.id,
+                         version=version or 1, pipeline_degree=pipeline_degree, created_at=self.now(), request_id=key)
             s.add(row)
             try:
-                s.flush()  # the plan row exists now; a bad layer below must roll it back with everything else
+                s.flush()  # the plan row exists now: its layers and candidates go in with it, or nothing does
             except sa_exc.IntegrityError:  # a concurrent writer took the version or the key (rare: the job lock,
                 raise _Clash(row.version) from None  # SQLite's single writer)
-            seen: set[int] = set()
-            for i, layer in enumerate(pl.layers):
-                check_plan_layer(layer, i, seen, len(pl.stages))
-                row.layers.append(m.PlanLayer(**shared_fields(layer, m.PlanLayer, field=f"plan.layers[{i}]")))
-                s.flush()
-            row.candidates.extend(candidate_row(alt, pos) for pos, alt in enumerate(pl.alternatives))
+            row.layers.extend(layers)
+            row.candidates.extend(candidates)
             s.flush()
             return plan_pb(row)
 
