@@ -78,3 +78,16 @@ def test_a_calibration_the_queue_refused_is_queued_on_a_later_tick(store: Store,
     assert queued == [job.id] and scheduler._owed_calibrations() == []
     scheduler.tick()
     assert queued == [job.id]  # queued once
+
+
+def test_a_job_cancelled_meanwhile_is_not_calibrated(store: Store, tmp_path):
+    queued: list[str] = []
+    scheduler = Scheduler(store.as_(store.admin), lambda host, message: None, lambda: [], tmp_path,
+                          calibrate=queued.append)
+    job = running_job(store)
+    scheduler._running[job.id] = Running(job, plan_pb2.Plan(), ["host-1"], 1)
+    move(store, job.id, S.JOB_STATE_CANCELLING)
+    move(store, job.id, S.JOB_STATE_CANCELLED)
+    finish(scheduler, job, 1)  # its worker had finished its last iteration as the cancel landed
+    assert store.as_(store.a).get_job(store_pb2.GetRequest(id=job.id)).state == S.JOB_STATE_CANCELLED
+    assert queued == [] and scheduler._owed_calibrations() == []

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -128,9 +129,13 @@ def test_a_services_own_calls_write_in_the_background_lane_and_its_callers_calls
     assert after_platform["gated"] == before["gated"] + 1 and after_caller["gated"] == after_platform["gated"]
 
 
-def _run(gate: CallGate, background: bool, started: list[str], name: str, release: threading.Event) -> threading.Thread:
+def _run(gate: CallGate, background: bool, started: list[str], name: str, release: threading.Event,
+         waited: dict[str, float] | None = None) -> threading.Thread:
     def call() -> None:
+        entered = time.monotonic()
         with gate(background):
+            if waited is not None:
+                waited[name] = time.monotonic() - entered
             started.append(name)
             release.wait(30)
 
@@ -140,11 +145,12 @@ def _run(gate: CallGate, background: bool, started: list[str], name: str, releas
 
 
 def test_a_background_call_starts_once_the_callers_calls_in_flight_are_served():
-    gate, started = CallGate(max_wait_s=30.0), []
+    gate, started = CallGate(max_wait_s=1.0, clock=lambda: 0.0), []  # frozen: it waits until notified
     caller_done, background_done = threading.Event(), threading.Event()
     caller = _run(gate, False, started, "caller", caller_done)
     wait_for(lambda: gate.in_flight == 1, timeout=10, what="the caller's call running")
     background = _run(gate, True, started, "background", background_done)
+    wait_for(lambda: gate.waiting == 1, timeout=10, what="the background call waiting")
     other = _run(gate, False, started, "another caller", background_done)  # a caller never waits
     wait_for(lambda: "another caller" in started, timeout=10, what="the second caller's call running")
     assert "background" not in started
@@ -158,21 +164,32 @@ def test_a_background_call_starts_once_the_callers_calls_in_flight_are_served():
 
 
 def test_a_background_call_waits_at_most_max_wait_and_one_at_a_time_otherwise():
-    gate, started = CallGate(max_wait_s=0.05), []
+    gate, started, waited = CallGate(max_wait_s=0.05), [], {}
     caller_done, first_done, second_done = threading.Event(), threading.Event(), threading.Event()
     caller = _run(gate, False, started, "caller", caller_done)
     wait_for(lambda: gate.in_flight == 1, timeout=10, what="the caller's call running")
-    first = _run(gate, True, started, "first", first_done)
+    first = _run(gate, True, started, "first", first_done, waited)
     wait_for(lambda: "first" in started, timeout=10, what="the background call after its max wait")
-    assert gate.in_flight == 1  # started while the caller's call was still in flight
+    assert gate.in_flight == 1 and waited["first"] >= 0.05  # held back its max, then started beside the caller
     caller_done.set()
     caller.join(10)
-    second = _run(gate, True, started, "second", second_done)
+    second = _run(gate, True, started, "second", second_done, waited)
     wait_for(lambda: "second" in started, timeout=10, what="the second background call after its max wait")
+    assert waited["second"] >= 0.05 and "first" in started and not first_done.is_set()  # it waited behind "first"
     for event, t in ((first_done, first), (second_done, second)):
         event.set()
         t.join(10)
     assert started == ["caller", "first", "second"]
+    idle = CallGate(max_wait_s=1.0, clock=lambda: 0.0)  # a frozen clock: any wait here would never end
+
+    def on_idle() -> None:
+        with idle(True):
+            started.append("on an idle store")
+
+    thread = threading.Thread(target=on_idle, daemon=True)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive() and started[-1] == "on an idle store"  # nothing in flight: it started at once
 
 
 def test_no_wait_at_zero_and_a_negative_wait_is_refused():
@@ -184,5 +201,6 @@ def test_no_wait_at_zero_and_a_negative_wait_is_refused():
     done.set()
     caller.join(10)
     assert started == ["caller", "background"]
-    with pytest.raises(ValueError, match="store_background_wait_ms"):
-        CallGate(max_wait_s=-0.001)
+    for bad in (-0.001, 1.001):
+        with pytest.raises(ValueError, match="store_background_wait_ms"):
+            CallGate(max_wait_s=bad)

@@ -73,7 +73,9 @@ def build_server(settings: Settings, address: str | None = None, send: durable.S
     sweeper = durable.Sweeper(as_platform, send, settings.sweep_interval_s, settings.requeue_unclaimed_s)
 
     what_if = plans.WhatIf()
-    hosts = jobs.HostsView(as_platform)  # what Submit checks a job's fleet against (platform data)
+    # what Submit checks a job's fleet against: every tenant reads the hosts, and a caller waits on this read,
+    # so it goes as the caller's call, not as the platform's background work (services/store/gate.py)
+    hosts = jobs.HostsView(as_caller)
 
     def echo(request: services_pb2.EchoRequest, ctx):
         return durable.submit(as_caller, "diagnostic.echo", {"text": request.text}, send)

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from services.runtime.metrics import STORE_BACKGROUND_WAIT_SECONDS, STORE_WRITE_WAIT_SECONDS
 
 FOREGROUND, BACKGROUND = "foreground", "background"
+MAX_WAIT_S = 1.0  # the longest a background call may be held back (store_background_wait_ms)
 
 
 class _Waiter:
@@ -86,15 +87,18 @@ class CallGate:
     jobs, the scheduler's reads, heartbeats) costs the store's one interpreter as much as a caller's call does,
     and under a burst it is most of what a Submit waits behind. Held back a moment while callers are served,
     a closed loop such as the worker slows down instead of crowding them; open-loop work (a heartbeat) only
-    starts later. Nothing is held while waiting, so no call can wait on a call that waits here.
+    starts later. A waiting call holds no lock (no call can wait on a call that waits here), only its server
+    thread, which is why the wait is short and capped at MAX_WAIT_S.
     """
 
     def __init__(self, max_wait_s: float = 0.05, clock: Callable[[], float] = time.monotonic):
-        if not max_wait_s >= 0:
-            raise ValueError(f"store_background_wait_ms: {max_wait_s * 1000!r} must be >= 0 (0: no wait)")
+        if not 0 <= max_wait_s <= MAX_WAIT_S:
+            raise ValueError(f"store_background_wait_ms: {max_wait_s * 1000!r} must be between 0 (no wait) and "
+                             f"{MAX_WAIT_S * 1000:.0f}: a waiting call holds one of the store's server threads")
         self.max_wait_s, self.clock = max_wait_s, clock
         self._idle = threading.Condition()
         self._foreground = self._background = 0  # calls running now, by lane
+        self._waiting = 0  # background calls waiting for their turn
 
     @contextmanager
     def __call__(self, background: bool) -> Iterator[None]:
@@ -102,15 +106,17 @@ class CallGate:
         with self._idle:
             if background and self.max_wait_s > 0:
                 deadline = started + self.max_wait_s
+                self._waiting += 1
                 while (self._foreground or self._background) and (left := deadline - self.clock()) > 0:
                     self._idle.wait(left)
+                self._waiting -= 1
             if background:
                 self._background += 1
             else:
                 self._foreground += 1
-        if background:
-            STORE_BACKGROUND_WAIT_SECONDS.observe(self.clock() - started)
         try:
+            if background:
+                STORE_BACKGROUND_WAIT_SECONDS.observe(self.clock() - started)
             yield
         finally:
             with self._idle:
@@ -118,11 +124,17 @@ class CallGate:
                     self._background -= 1
                 else:
                     self._foreground -= 1
-                if not self._foreground and self._background <= 1:
-                    self._idle.notify_all()
+                if not self._foreground and not self._background:
+                    self._idle.notify()  # one background call may start; it notifies the next as it ends
 
     @property
     def in_flight(self) -> int:
         """Callers' calls being served now."""
         with self._idle:
             return self._foreground
+
+    @property
+    def waiting(self) -> int:
+        """Background calls waiting for their turn now."""
+        with self._idle:
+            return self._waiting

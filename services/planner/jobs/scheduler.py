@@ -132,7 +132,8 @@ class Scheduler(Recovery, ElasticPass):
     def tick(self) -> None:
         self._rows.flush()  # what a store that was away could not take
         for job_id in self._owed_calibrations():
-            self._queue_calibration(job_id)
+            if not self._queue_calibration(job_id):
+                break  # the store still refuses: the rest wait for the next tick, not the whole pass
         self._watch_hosts()
         self._parole()
         snap, idle = self.admit()
@@ -550,22 +551,29 @@ class Scheduler(Recovery, ElasticPass):
             self.rebalancer.forget(running.job.id)
             forget_job(running.job.id)
 
-    def _queue_calibration(self, job_id: str) -> None:
+    def _queue_calibration(self, job_id: str) -> bool:
         """Queue the succeeded job's recalibration (the queue dedupes a repeat); one the store did not take is
-        owed and tried again each tick, so a store that was away does not cost the next plans its lesson."""
+        owed and tried again each tick, so a store that was away does not cost the next plans its lesson.
+        False when the store refused it."""
         if self._calibrate is None:
-            return
+            return True
         try:
             self._calibrate(job_id)
         except Exception:  # noqa: BLE001 - the job succeeded; only the calibration waits
-            log.warning("could not queue the job's calibration yet; trying again", exc_info=True,
-                        extra={"job_id": job_id})
             with self._lock:
-                if len(self._calibrations_owed) < MAX_OWED_CALIBRATIONS:
+                kept = job_id in self._calibrations_owed or len(self._calibrations_owed) < MAX_OWED_CALIBRATIONS
+                if kept:
                     self._calibrations_owed.add(job_id)
-            return
+            if kept:
+                log.warning("could not queue the job's calibration yet; trying again", exc_info=True,
+                            extra={"job_id": job_id})
+            else:
+                log.error("could not queue the job's calibration; too many owed already, its run is left out",
+                          exc_info=True, extra={"job_id": job_id})
+            return False
         with self._lock:
             self._calibrations_owed.discard(job_id)
+        return True
 
     def _owed_calibrations(self) -> list[str]:
         with self._lock:
