@@ -82,7 +82,8 @@ class Settings:
     rate_limit_rps: float = 100.0
     rate_limit_burst: int = 200
     # a service's own store call (the worker's, the scheduler's, heartbeats) waits at most this long for the
-    # callers' calls in flight to be served before it starts (services/store/gate.py); 0 starts it at once
+    # callers' calls in flight to be served before it starts (services/store/gate.py); 0 starts it at once, at
+    # most 1000 (a waiting call holds a server thread)
     store_background_wait_ms: float = 50.0
     log_level: str = "INFO"
     log_format: str = "json"  # json (one object per line, for shipping) or text (for a terminal)
