@@ -48,18 +48,13 @@ def calibrations(plane) -> list:
 
 
 def queue_story(plane) -> str:
-    """What the queue and the worker did with the calibration requests, for a wait that timed out."""
-    import sqlalchemy as sa
-
-    engine = sa.create_engine(plane.settings.database_url)
-    try:
-        with engine.connect() as conn:
-            rows = conn.execute(sa.text("SELECT kind, state, attempts, result_json, error, created_at, updated_at "
-                                        "FROM queued_requests ORDER BY created_at")).all()
-    finally:
-        engine.dispose()
-    lines = [f"  request {r.kind} {r.state} attempts={r.attempts} {r.created_at}..{r.updated_at}: "
-             f"{(r.result_json or r.error or '')[:300]}" for r in rows]
+    """What the queue and the worker did with the calibration requests, for a wait that timed out (read as
+    `ballast sql` reads it)."""
+    found = plane.client().store.Query(store_pb2.QueryRequest(
+        sql="SELECT kind, state, attempts, result_json, error, created_at, updated_at FROM queued_requests "
+            "ORDER BY created_at"))
+    lines = [f"  request {kind} {state} attempts={int(attempts)} {created}..{updated}: {(result or error or '')[:300]}"
+             for kind, state, attempts, result, error, created, updated in (list(r) for r in found.rows)]
     log = plane.settings.data_dir / "worker.log"
     tail = log.read_text(errors="replace").splitlines()[-20:] if log.exists() else ["(no worker.log)"]
     return "\n".join(["queued requests:", *lines, "--- worker.log (tail)", *tail])
