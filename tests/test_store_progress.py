@@ -93,6 +93,11 @@ def test_layer_migrations_and_checkpoints(store: Store):
 
     assert ids() == [c30.id, c20.id, c10.id]
     assert ids(complete_only=True) == [c20.id, c10.id]
+    assert ckp(20, True) == c20 and ids() == [c30.id, c20.id, c10.id]  # a replayed report: the row it has
+    moved = job_pb2.Checkpoint(job_id=job.id, iteration=20, plan_version=1, complete=True,
+                               layers=[job_pb2.LayerCheckpoint(layer_index=0, uri="file:///d/20/0.pt")])
+    other = a.create_checkpoint(store_pb2.CreateCheckpointRequest(checkpoint=moved))
+    assert other.id not in (c10.id, c20.id, c30.id)  # other files at the same iteration: another checkpoint
     dup = job_pb2.Checkpoint(job_id=job.id, layers=[job_pb2.LayerCheckpoint(layer_index=0)] * 2)
     with pytest.raises(InvalidArgument):
         a.create_checkpoint(store_pb2.CreateCheckpointRequest(checkpoint=dup))

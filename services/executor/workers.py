@@ -37,7 +37,8 @@ log = logging.getLogger("ballast.workers")
 WORKER = (sys.executable, "-m", "services.executor.train.worker")
 STOP_GRACE_S = 3.0
 DRAIN_GRACE_S = 120.0  # a drain waits for up to two iterations (agreed one boundary late) plus a checkpoint
-REMEMBERED_JOBS = 64  # jobs whose worker exits are replayed to a planner that (re)connects
+REMEMBERED_JOBS = 64  # jobs whose worker exits and checkpoint reports are replayed to a planner that (re)connects
+REMEMBERED_CHECKPOINTS = 2  # per job: the latest checkpoint iterations whose reports are replayed
 SCHEDULES = {plan_pb2.SCHEDULE_GPIPE: "gpipe", plan_pb2.SCHEDULE_1F1B: "1f1b"}
 SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")  # what a job id may put into a file name
 Emit = Callable[[executor_pb2.AgentMessage], None]
@@ -207,6 +208,8 @@ class Workers:
         self._emit, self._dir, self._command = emit, work_dir, command
         self._jobs: dict[str, list[Worker]] = {}
         self._exits: dict[str, list[executor_pb2.WorkerExit]] = {}  # insertion-ordered: oldest job first
+        # job -> iteration -> its ranks' reports: a report in flight when the stream broke is otherwise lost
+        self._written: dict[str, dict[int, list[executor_pb2.CheckpointWritten]]] = {}
         self._pending: dict[tuple[str, int], str] = {}  # (job, plan version) -> repartition instruction id
         self._lock = threading.Lock()
 
@@ -376,12 +379,14 @@ class Workers:
             layers = [job_pb2.LayerCheckpoint(layer_index=int(x["layer_index"]), uri=str(x["uri"]),
                                               bytes=int(x.get("bytes", 0)), sha256=str(x.get("sha256", "")))
                       for x in event.get("every_layer" if complete else "layers", [])]
-            self._emit(executor_pb2.AgentMessage(checkpoint_written=executor_pb2.CheckpointWritten(
+            written = executor_pb2.CheckpointWritten(
                 rank=w.assignment.rank, checkpoint_s=float(event.get("checkpoint_s", 0.0)),
                 write_s=float(event.get("write_s", 0.0)), background=event.get("background") is True,
                 checkpoint=job_pb2.Checkpoint(
                     job_id=w.job_id, iteration=int(event.get("iteration", 0)),
-                    plan_version=int(event.get("plan_version", 0)), layers=layers, complete=complete))))
+                    plan_version=int(event.get("plan_version", 0)), layers=layers, complete=complete))
+            self._remember_checkpoint(written)
+            self._emit(executor_pb2.AgentMessage(checkpoint_written=written))
         elif kind == "plan_applied":
             self._applied(w, int(event.get("plan_version", 0)), int(event.get("iteration", 0)))
         elif kind == "command_rejected":
@@ -411,11 +416,26 @@ class Workers:
         with self._lock:
             return {job: min(w.plan_version for w in ws) for job, ws in self._jobs.items() if ws}
 
-    def replay(self) -> list[executor_pb2.AgentMessage]:
-        """Every remembered exit again, for a planner that may have restarted after receiving them: it counts
-        exits by rank, so a repeat changes nothing, and a job it already ended ignores them."""
+    def _remember_checkpoint(self, written: executor_pb2.CheckpointWritten) -> None:
+        ck = written.checkpoint
         with self._lock:
-            return [executor_pb2.AgentMessage(worker_exit=e) for exits in self._exits.values() for e in exits]
+            by_iteration = self._written.setdefault(ck.job_id, {})
+            by_iteration.setdefault(ck.iteration, []).append(written)
+            while len(by_iteration) > REMEMBERED_CHECKPOINTS:
+                by_iteration.pop(min(by_iteration))
+            while len(self._written) > REMEMBERED_JOBS:
+                self._written.pop(next(iter(self._written)))
+
+    def replay(self) -> list[executor_pb2.AgentMessage]:
+        """The recent checkpoint reports, then every remembered exit, again, for a planner that may have
+        restarted after receiving them or lost them with the stream. Repeats change nothing: the planner counts
+        exits by rank and keeps checkpoint parts by layer, the store answers a recorded checkpoint with its row,
+        and a job already ended ignores both. Checkpoints go first: an exit may end the job."""
+        with self._lock:
+            written = [executor_pb2.AgentMessage(checkpoint_written=c) for by_iteration in self._written.values()
+                       for iteration in sorted(by_iteration) for c in by_iteration[iteration]]
+            exits = [executor_pb2.AgentMessage(worker_exit=e) for exits in self._exits.values() for e in exits]
+        return written + exits
 
     def stop(self, job_id: str, reason: str) -> int:
         """SIGTERM the job's workers, SIGKILL whatever is left after a grace period. Returns how many."""

@@ -30,11 +30,12 @@ log = logging.getLogger("ballast.control")
 
 
 Listener = Callable[[str, executor_pb2.AgentMessage], None]
-# Reports an agent sends again when it reconnects (its workers' exits): one the planner could not handle for
-# a passing reason (the store away or overloaded) ends the stream instead of being dropped, so the reconnect
-# brings it back; a job whose last exit was dropped would never end. Other failures are logged: a report that
-# always fails must not make its agent reconnect in a loop.
-REPLAYED = frozenset({"worker_exit"})
+# Reports an agent sends again when it reconnects (its workers' exits, their recent checkpoints): one the
+# planner could not handle for a passing reason (the store away or overloaded) ends the stream instead of being
+# dropped, so the reconnect brings it back; a job whose last exit was dropped would never end, and a dropped
+# checkpoint report leaves a written checkpoint unrecorded. Other failures are logged: a report that always
+# fails must not make its agent reconnect in a loop.
+REPLAYED = frozenset({"worker_exit", "checkpoint_written"})
 TRANSIENT = (Unavailable, DeadlineExceeded, ResourceExhausted, Cancelled)
 
 

@@ -51,7 +51,7 @@ class Running:
     exited: set[int] = field(default_factory=set)
     stopping: str = ""  # why Stop was sent ("" while running normally)
     last_loss: float | None = None
-    parts: dict[int, list[job_pb2.LayerCheckpoint]] = field(default_factory=dict)  # iteration -> layers
+    parts: dict[int, dict[int, job_pb2.LayerCheckpoint]] = field(default_factory=dict)  # iteration -> layer -> file
     symptom: str = ""  # the first exit that only reported a broken collective (the cause may follow)
     preempting: str = ""  # the job it is drained for, while being preempted
     drained: set[int] = field(default_factory=set)  # ranks that stopped at the agreed boundary, checkpointed

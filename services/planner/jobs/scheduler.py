@@ -595,18 +595,22 @@ class Scheduler(Recovery, ElasticPass):
         with self._lock:
             if ck.iteration in running.stored:
                 return  # rank 0 vouched for it already: the other ranks' parts add nothing
-            parts = running.parts.setdefault(ck.iteration, [])
-            parts.extend(ck.layers)
-            have = {layer.layer_index for layer in parts}
-            complete = ck.complete or have == {layer.layer_index for layer in running.plan.layers}
+            parts = running.parts.setdefault(ck.iteration, {})  # by layer: a replayed part adds nothing
+            parts.update((layer.layer_index, layer) for layer in ck.layers)
+            complete = ck.complete or set(parts) == {layer.layer_index for layer in running.plan.layers}
             if complete:
                 running.parts.pop(ck.iteration)
                 running.stored.add(ck.iteration)
-                parts = list(ck.layers) if ck.complete else parts
+                layers = list(ck.layers) if ck.complete else list(parts.values())
         if complete:
             stored = job_pb2.Checkpoint(job_id=ck.job_id, iteration=ck.iteration, plan_version=ck.plan_version,
-                                        layers=sorted(parts, key=lambda x: x.layer_index), complete=True)
-            self._store.create_checkpoint(store_pb2.CreateCheckpointRequest(checkpoint=stored))
+                                        layers=sorted(layers, key=lambda x: x.layer_index), complete=True)
+            try:  # the store answers a replay (agent.py) with the row it already has
+                self._store.create_checkpoint(store_pb2.CreateCheckpointRequest(checkpoint=stored))
+            except Exception:
+                with self._lock:  # not stored: the agent's next replay of this report may store it
+                    running.stored.discard(ck.iteration)
+                raise
 
 
 def _ranks_attribute(ranks: dict[str, list[int]]) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.orm import selectinload
+from sqlalchemy.orm import Session, selectinload
 
 from ballast.v1 import job_pb2, store_pb2
 from services.runtime.auth import Principal
@@ -116,12 +116,23 @@ class ProgressStore(RepositoryBase):
         layers = [shared_fields(c, m.CheckpointLayer, field=f"checkpoint.layers[{i}]") for i, c in enumerate(ck.layers)]
         with self._tx(write=True) as s:
             self._job(s, p, ck.job_id, field="checkpoint.job_id")
+            if (same := self._same_checkpoint(s, ck)) is not None:
+                return checkpoint_pb(same)  # a replayed report (the agent resends after a reconnect): one row
             row = m.Checkpoint(
                 **values, id=new_id("ckp"), created_at=self.now(), layers=[m.CheckpointLayer(**c) for c in layers]
             )
             s.add(row)
             s.flush()
             return checkpoint_pb(row)
+
+    @staticmethod
+    def _same_checkpoint(s: Session, ck: job_pb2.Checkpoint) -> m.Checkpoint | None:
+        """The recorded checkpoint of the job's iteration with the same plan version, completeness and files."""
+        files = sorted((layer.layer_index, layer.uri) for layer in ck.layers)
+        rows = s.scalars(sa.select(m.Checkpoint).options(selectinload(m.Checkpoint.layers)).where(
+            m.Checkpoint.job_id == ck.job_id, m.Checkpoint.iteration == ck.iteration,
+            m.Checkpoint.plan_version == ck.plan_version, m.Checkpoint.complete == ck.complete))
+        return next((r for r in rows if sorted((x.layer_index, x.uri) for x in r.layers) == files), None)
 
     def _checkpoints(self, p: Principal) -> sa.Select:
         """Checkpoints have no tenant column; a non-admin sees those of its own tenant's jobs."""
