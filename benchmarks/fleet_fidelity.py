@@ -10,14 +10,20 @@ job per --min-resize seconds (the simulator gets the same knobs). The default tr
 benchmarks/traces/fleet-fidelity-mixed-6.csv: jobs that scale (gpt-tiny at global batch 8 and 16) mixed with one
 that does not (examples/gpt-wide-vocab.yaml: a second device makes it no faster), requests of 1 and 2 devices,
 arrivals over a minute (--trace benchmarks/traces/fleet-fidelity-6.csv replays the gpt-tiny-only trace).
-First the scaling curves are measured, not predicted: each (model, batch) trains 40
-iterations on both devices alone, then on one device beside a job of each (model, batch) in turn (as jobs
-share the machine in the replay; the mean over partners); the mean iteration time after 3 warm-up
-iterations gives the throughput on 1 and 2 devices, and the seconds from admission to the first iteration the
-start cost. The simulator then
-replays the trace under `backfill` (the live admission engine: priorities, backfilling) and `elastic`; `fifo`
-is shown beside them. Then the trace is submitted for real twice at its arrival times: every job on exactly
-its requested devices (static), then every job `--elastic` within its range. A job's completion time is its
+First the scaling curves are measured, not predicted: each (model, batch) trains 40 iterations on both
+devices alone, then on one device beside a job of each (model, batch) in turn (as jobs share the machine in
+the replay; the mean over partners). Its seconds per iteration, by the clock (each row's recorded_at is when
+the worker finished the iteration) over iterations 21-40, which hold one checkpoint as every 20 iterations of a
+long job do, give the throughput on 1 and 2 devices. The same jobs give the costs outside the iterations
+(simulate.JobCosts, medians): preparation from SUBMITTED to PLAN_CHOSEN (also the re-plan an elastic job pays
+when started on another count than its plan's: the same path through the queue), the start from ADMITTED to
+the 20th iteration's end less 20 iterations at the steady rate, and the end from the last iteration to
+SUCCEEDED.
+The simulator then replays the trace under `backfill` (the live admission engine: priorities, backfilling)
+and `elastic`, each job priced on exactly the devices it holds; `fifo` is shown beside them. The elastic
+replay is predicted with each job asking for its maximum, as a live `--elastic` job's plan does. Then the
+trace is submitted for real twice at its arrival times: every job on exactly its requested devices (static),
+then every job `--elastic` within its range. A job's completion time is its
 SUCCEEDED event's time less its SUBMITTED event's.
 Run from the repository root: `.venv/bin/python benchmarks/fleet_fidelity.py [--interval 2] [--min-resize 30]
 [--morph-cost 10]`. Exits 1 if a target is missed.
@@ -44,12 +50,12 @@ from services.planner.elastic import (  # noqa: E402
     ELASTIC,
     FIFO,
     ElasticPolicy,
+    JobCosts,
     ScalingCurve,
     TraceJob,
     parse_trace,
     simulate,
 )
-from services.planner.plans.calibrate import steady_iteration_times  # noqa: E402
 from services.specs.model import load_model_spec  # noqa: E402
 from tests.harness import ROOT, executor_plane, job_story, wait_for  # noqa: E402
 
@@ -57,15 +63,18 @@ S = job_pb2.JobState
 ENDED = (S.JOB_STATE_SUCCEEDED, S.JOB_STATE_FAILED, S.JOB_STATE_CANCELLED)
 TRACE = ROOT / "benchmarks" / "traces" / "fleet-fidelity-mixed-6.csv"
 DEVICES = 2
-MEASURE_ITERATIONS = 40
-WARMUP = 3  # iterations left out of a measurement (start-up, allocator warm-up)
+CHECKPOINT_EVERY = 20
+MEASURE_ITERATIONS = 2 * CHECKPOINT_EVERY
+# A measurement's steady window: from the end of the first checkpoint cadence's iterations to its last, so it
+# holds one checkpoint per CHECKPOINT_EVERY iterations, as a long job does (the last is written after it).
+WINDOW_START = CHECKPOINT_EVERY
 TARGET = 0.20
 
 
 def spec(job: TraceJob, name: str, low: int, high: int, elastic: bool = False) -> job_pb2.JobSpec:
     return job_pb2.JobSpec(name=name, model=load_model_spec(ROOT / "examples" / f"{job.model}.yaml"),
                            global_batch_size=job.global_batch, iterations=job.iterations, seed=1,
-                           checkpoint_every=20, min_devices=low, max_devices=high, elastic=elastic)
+                           checkpoint_every=CHECKPOINT_EVERY, min_devices=low, max_devices=high, elastic=elastic)
 
 
 def events(plane, job_id: str) -> list[job_pb2.JobEvent]:
@@ -86,21 +95,37 @@ def seconds(ts) -> float:
     return ts.ToMicroseconds() / 1e6
 
 
-def measured(plane, job_id: str) -> tuple[float, float]:
-    """(mean iteration seconds after 3 warm-up iterations, seconds from admission to the first iteration).
+def measured(plane, job_id: str) -> tuple[float, JobCosts]:
+    """(seconds per iteration in the steady window, the job's costs outside its iterations), by the clock: each
+    iteration row's recorded_at is when the worker finished it (the slowest rank's).
 
-    The mean, not the median: a job's completion time pays for its slow iterations too (those holding a
-    checkpoint, every 20th here), and the median leaves them out."""
+    By the clock, not the iterations' own times: a checkpoint (every CHECKPOINT_EVERY iterations) is written
+    between iterations, and a job's completion time pays for it. The start is from admission to the window's
+    beginning less its iterations at the steady rate (workers spawned, the process group, the model, slow
+    first iterations); the end from the last iteration to SUCCEEDED (its checkpoint, the workers' exit)."""
     job = plane.client().jobs.Get(store_pb2.GetRequest(id=job_id))
-    rows = list(plane.client().iteration_metrics(job_id))
-    admitted = next(seconds(e.created_at) for e in events(plane, job_id) if e.type == "ADMITTED")
-    first = min((m for m in rows if m.iteration == 0), key=lambda m: seconds(m.recorded_at))
-    return (statistics.fmean(steady_iteration_times(rows, job.plan_version, WARMUP)),
-            seconds(first.recorded_at) - first.iteration_time_s - admitted)
+    ended: dict[int, float] = {}
+    for m in plane.client().iteration_metrics(job_id):
+        if m.plan_version == job.plan_version:
+            ended[m.iteration] = max(ended.get(m.iteration, 0.0), seconds(m.recorded_at))
+    order = sorted(ended)
+    warm, last = ended[order[WINDOW_START - 1]], ended[order[-1]]
+    per_iteration = (last - warm) / (len(order) - WINDOW_START)
+    at = {}
+    for e in events(plane, job_id):
+        at.setdefault(e.type, seconds(e.created_at))  # the first of each
+    prepare = at["PLAN_CHOSEN"] - at["SUBMITTED"]  # through the queue: a re-plan takes the same path
+    return per_iteration, JobCosts(prepare_s=prepare, replan_s=prepare, end_s=max(0.0, at["SUCCEEDED"] - last),
+                                   start_s=max(0.0, warm - at["ADMITTED"] - WINDOW_START * per_iteration))
 
 
-def measure_curves(plane, trace: list[TraceJob]) -> tuple[dict, float]:
-    """Scaling curves per (model, batch) on 1 and 2 devices, as the replay will run them, and the start cost.
+def median_costs(costs: list[JobCosts]) -> JobCosts:
+    return JobCosts(**{name: statistics.median(getattr(c, name) for c in costs)
+                       for name in ("prepare_s", "start_s", "end_s", "replan_s")})
+
+
+def measure_curves(plane, trace: list[TraceJob]) -> tuple[dict, JobCosts]:
+    """Scaling curves per (model, batch) on 1 and 2 devices, as the replay will run them, and the job costs.
 
     Two devices: the job alone. One device: the mean over partners of the job's time while a job of each
     (model, batch) of the trace, itself included, trains on the other device for the whole measurement (it is
@@ -141,7 +166,7 @@ def measure_curves(plane, trace: list[TraceJob]) -> tuple[dict, float]:
         print(f"  measured {k[0]} batch {k[1]}: {times[k][1] * 1e3:.1f} ms/iteration on 1 device (beside "
               + ", ".join(f"{p[0]}/{p[1]} {t * 1e3:.0f}" for p, t in zip(keys, beside[k], strict=True))
               + f"), {times[k][2] * 1e3:.1f} ms on 2", flush=True)
-    return curves, statistics.median(starts)
+    return curves, median_costs(starts)
 
 
 def replay(plane, trace: list[TraceJob], elastic: bool) -> dict[str, float]:
@@ -174,12 +199,14 @@ def main() -> None:
     trace = parse_trace(args.trace.read_text(), [p.stem for p in (ROOT / "examples").glob("*.yaml")], DEVICES)
     with executor_plane(Path(tempfile.mkdtemp(prefix="ballast-fleet-fidelity-")), f"ff-{uuid.uuid4().hex[:8]}",
                         elastic_interval_s=args.interval, elastic_min_resize_interval_s=args.min_resize) as plane:
-        curves, start_s = measure_curves(plane, trace)
+        curves, costs = measure_curves(plane, trace)
         elastic_policy = ElasticPolicy(name=ELASTIC, min_interval_s=args.min_resize, tick_s=args.interval)
-        predicted = simulate(trace, DEVICES, [ElasticPolicy(name=FIFO), ElasticPolicy(name=BACKFILL), elastic_policy],
-                             curves, morph_cost_s=args.morph_cost, start_cost_s=start_s)
-        print(f"  start cost {start_s:.1f} s (admission to the first iteration, median); morph cost "
-              f"{args.morph_cost:g} s", flush=True)
+        predicted = simulate(trace, DEVICES, [ElasticPolicy(name=FIFO), ElasticPolicy(name=BACKFILL)], curves,
+                             morph_cost_s=args.morph_cost, costs=costs)
+        asks_max = [replace(j, requested_devices=j.max_devices) for j in trace]  # an --elastic job's plan does
+        predicted |= simulate(asks_max, DEVICES, [elastic_policy], curves, morph_cost_s=args.morph_cost, costs=costs)
+        print(f"  job costs (medians): preparation and re-plan {costs.prepare_s:.1f} s, start {costs.start_s:.1f} s, "
+              f"end {costs.end_s:.1f} s; morph cost {args.morph_cost:g} s", flush=True)
         live = {BACKFILL: replay(plane, trace, elastic=False), ELASTIC: replay(plane, trace, elastic=True)}
         morphs = [m for m in plane.client().store.ListMorphs(store_pb2.ListMorphsRequest()).morphs
                   if m.cause == "resize"]

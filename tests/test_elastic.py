@@ -18,6 +18,7 @@ from services.planner.elastic import (
     FIFO,
     CurveCache,
     ElasticPolicy,
+    JobCosts,
     JobState,
     ScalingCurve,
     TraceError,
@@ -101,6 +102,9 @@ def test_a_curve_never_drops_and_prices_an_iteration():
     assert (curve.min_devices, curve.max_devices) == (2, 8)
     assert [curve.rate(n) for n in range(0, 10)] == [0, 0, 10, 10, 32, 32, 32, 32, 32, 32]
     assert curve.iteration_s(1) == math.inf and curve.iteration_s(4) == pytest.approx(2.0)
+    # a job holding 8 runs the plan for 8, slower than 4's; 6 was not priced (not whole nodes): 4's plan
+    assert [curve.rate_on(n) for n in range(0, 10)] == [0, 0, 10, 10, 32, 32, 32, 32, 20, 32]
+    assert curve.iteration_s_on(8) == pytest.approx(3.2) and curve.iteration_s_on(1) == math.inf
 
 
 def test_amdahl_curves_differ_in_how_well_they_scale():
@@ -281,12 +285,42 @@ def test_one_job_alone_runs_exactly_its_predicted_time():
         assert r.makespan_s == pytest.approx(expected) and r.utilisation == pytest.approx(0.5)
 
 
-def test_a_start_costs_each_job_its_start_up_before_its_first_iteration():
+def test_a_job_pays_its_preparation_start_and_end_outside_its_iterations():
     spec = TraceJob("solo", 10.0, "gpt-tiny", 64, 500, 4, 4, 4, "t", 0)
     curves = {("gpt-tiny", 64): amdahl_curve("gpt-tiny", 64, 8, 20.0, 0.1)}
-    plain, costly = (simulate([spec], 8, curves=curves, start_cost_s=c) for c in (0.0, 7.5))
-    for policy, result in costly.items():
-        assert result.jct_s["solo"] == pytest.approx(plain[policy].jct_s["solo"] + 7.5)
+    plain = simulate([spec], 8, curves=curves)
+    costly = simulate([spec], 8, curves=curves, costs=JobCosts(prepare_s=3.0, start_s=7.5, end_s=1.5, replan_s=9.0))
+    for policy, result in costly.items():  # started on the count it asked for: no re-plan
+        assert result.jct_s["solo"] == pytest.approx(plain[policy].jct_s["solo"] + 12.0)
+        assert result.wait_s["solo"] == pytest.approx(3.0)  # it could not start before it was planned
+    with pytest.raises(InvalidArgument) as err:
+        JobCosts(end_s=-1.0)
+    assert err.value.field == "end_s"
+
+
+def test_an_elastic_start_on_another_count_than_the_plan_pays_the_re_plan():
+    """Two devices are busy when the job comes: elastic's admission (the live engine's) starts it on the 2
+    free ones instead of the 4 its plan asks for, re-planned first."""
+    busy = TraceJob("busy", 0.0, "gpt-tiny", 64, 2000, 2, 2, 2, "t", 0)
+    spec = TraceJob("late", 1.0, "gpt-tiny", 64, 100, 4, 2, 4, "t", 0)  # ends long before "busy" frees its 2
+    curves = {("gpt-tiny", 64): amdahl_curve("gpt-tiny", 64, 4, 20.0, 0.0)}
+    policy = ElasticPolicy(min_interval_s=1e9, fairness_bound=0)
+    plain, costly = (simulate([busy, spec], 4, [policy], curves, costs=JobCosts(replan_s=c))[ELASTIC]
+                     for c in (0.0, 9.0))
+    assert costly.jct_s["late"] == pytest.approx(plain.jct_s["late"] + 9.0)
+    assert costly.jct_s["busy"] == pytest.approx(plain.jct_s["busy"])  # it started on what it asked for
+
+
+def test_a_static_job_runs_the_plan_for_the_devices_it_requested():
+    """A model whose second device makes it slower: given the 2 it asked for (free, so elastic's admission
+    starts it there too, as the live engine does), it runs the two-device plan's speed, not the one-device
+    plan's (the planner plans for every device a job holds)."""
+    spec = TraceJob("wide", 0.0, "wide", 8, 100, 2, 1, 2, "t", 0)
+    curves = {("wide", 8): ScalingCurve("wide", 8, {1: 8 / 0.07, 2: 8 / 0.1})}
+    result = simulate([spec], 2, [FIFO, ELASTIC], curves)
+    assert result[FIFO].jct_s["wide"] == pytest.approx(100 * 0.1)
+    assert result[ELASTIC].jct_s["wide"] == pytest.approx(100 * 0.1)
+    assert result[FIFO].fairness["wide"] == pytest.approx(1.0)  # its yardstick is its requested count's plan
 
 
 def test_a_resize_pauses_the_job_for_its_morph():

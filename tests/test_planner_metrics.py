@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ballast.v1 import executor_pb2, plan_pb2
+from services.executor.workers import stage_stats
 from services.planner.jobs.metrics import iteration_metric
 
 MEASURED = {"iteration_time_s": 1.0, "forward_s": 0.25, "backward_s": 0.375, "recompute_s": 0.125, "p2p_s": 0.25,
@@ -35,6 +36,18 @@ def test_every_measured_part_and_the_stage_predictions_are_carried():
     assert row.predicted_stage_compute_s == pytest.approx(0.2 * 4)  # per micro-batch x micro-batches
     assert not row.has_loss and row.loss == 0.0
     assert iteration_metric(stats(loss=2.5, has_loss=True), plan()).loss == 2.5
+
+
+def test_a_row_is_stamped_when_the_worker_ended_its_iteration():
+    """The worker's report time, not the store's write (stats wait up to a batch, rows in the planner's
+    buffer): a job's time per iteration by the clock holds what happens between iterations (checkpoints)."""
+    event = {"event": "iteration", "iteration": 5, "iteration_s": 0.5, "time": 1_790_000_000.25}
+    st = stage_stats(event, "job-1")
+    assert st.ended_at.ToNanoseconds() == 1_790_000_000_250_000_000
+    assert iteration_metric(st, plan()).recorded_at == st.ended_at
+    for odd in (None, True, "soon", -1.0, float("nan"), float("inf"), 1e300):  # unset: the store stamps it
+        st = stage_stats({**event, "time": odd}, "job-1")
+        assert not st.HasField("ended_at") and not iteration_metric(st, plan()).HasField("recorded_at"), odd
 
 
 def test_fallbacks_without_a_stage_prediction():

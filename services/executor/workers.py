@@ -38,6 +38,7 @@ WORKER = (sys.executable, "-m", "services.executor.train.worker")
 STOP_GRACE_S = 3.0
 DRAIN_GRACE_S = 120.0  # a drain waits for up to two iterations (agreed one boundary late) plus a checkpoint
 REMEMBERED_JOBS = 64  # jobs whose worker exits and checkpoint reports are replayed to a planner that (re)connects
+MAX_TIMESTAMP_S = 253_402_300_800  # 10000-01-01: past it a protobuf Timestamp is out of range
 REMEMBERED_CHECKPOINTS = 2  # per job: the latest checkpoint iterations whose reports are replayed
 SCHEDULES = {plan_pb2.SCHEDULE_GPIPE: "gpipe", plan_pb2.SCHEDULE_1F1B: "1f1b"}
 SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")  # what a job id may put into a file name
@@ -164,8 +165,9 @@ def plan_command(message: executor_pb2.PlannerMessage) -> dict:
 
 
 def stage_stats(event: dict, job_id: str) -> executor_pb2.StageStats:
-    """A worker's "iteration" event as StageStats (train/worker.py lists its keys); missing keys read as 0."""
-    return executor_pb2.StageStats(
+    """A worker's "iteration" event as StageStats (train/worker.py lists its keys); missing keys read as 0, and
+    `ended_at` is the event's "time" (stamped as the worker reported it), unset without one."""
+    stats = executor_pb2.StageStats(
         job_id=job_id, stage_index=int(event.get("stage", 0)), replica_index=int(event.get("replica", 0)),
         iteration=int(event.get("iteration", 0)), plan_version=int(event.get("plan_version", 0)),
         forward_s=float(event.get("forward_s", 0.0)), backward_s=float(event.get("backward_s", 0.0)),
@@ -181,6 +183,10 @@ def stage_stats(event: dict, job_id: str) -> executor_pb2.StageStats:
         optimizer_s=float(event.get("optimizer_s", 0.0)), overhead_s=float(event.get("overhead_s", 0.0)),
         swap_in_bytes=int(event.get("swap_in_bytes", 0)), swap_out_bytes=int(event.get("swap_out_bytes", 0)),
         swap_s=float(event.get("swap_s", 0.0)))
+    ended = event.get("time")
+    if isinstance(ended, int | float) and not isinstance(ended, bool) and 0 < ended < MAX_TIMESTAMP_S:
+        stats.ended_at.FromMicroseconds(round(ended * 1e6))  # a float second holds microseconds, not nanos
+    return stats
 
 
 @dataclass

@@ -25,7 +25,7 @@ from services.planner.elastic.policy import (
     allocate,
     remaining_s,
 )
-from services.planner.elastic.simulate import DEFAULT_MORPH_COST_S, PolicyResult, simulate
+from services.planner.elastic.simulate import DEFAULT_MORPH_COST_S, JobCosts, PolicyResult, simulate
 from services.planner.elastic.trace import COLUMNS, TraceError, TraceJob, generate_trace, parse_trace, write_trace
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "FIFO",
     "POLICIES",
     "ElasticPolicy",
+    "JobCosts",
     "JobState",
     "PolicyResult",
     "SYNTHETIC_SHAPES",

@@ -1,9 +1,12 @@
 """Scaling curves: a job's predicted throughput on every device count it may be given.
 
 Ballast keeps a job's global batch fixed (its convergence must not change) and adapts only devices and
-plan, so one curve per (model, global batch) says what each extra device is worth. A job given n devices
-may run the best plan for any count up to n, so `rate(n)` is the best throughput at or below n: the curve
-never drops as devices are added, and a count no plan fits gives 0 (the job cannot run on it).
+plan, so one curve per (model, global batch) says what each extra device is worth. Two readings:
+- `rate(n)`, what n devices are worth to an allocator: the best throughput at or below n, so the curve never
+  drops as devices are added and a count no plan fits gives 0 (the job cannot run on it);
+- `rate_on(n)`, what a job holding n devices runs at: the planner plans for every device a job holds, so a
+  count past the curve's best is slower there (a model whose gradients outweigh its compute). A job is priced
+  on it; the allocator only steps up to counts where the two agree (policy.py).
 """
 
 from __future__ import annotations
@@ -52,8 +55,19 @@ class ScalingCurve:
         return self._best[min(devices, len(self._best) - 1)]
 
     def iteration_s(self, devices: int) -> float:
-        """Seconds per iteration on `devices` devices (infinite where nothing runs)."""
+        """Seconds per iteration with the best plan on at most `devices` devices (infinite where nothing runs)."""
         r = self.rate(devices)
+        return self.global_batch / r if r > 0 else math.inf
+
+    def rate_on(self, devices: int) -> float:
+        """Samples/s of the plan for exactly `devices` devices; the best below for a count the curve did not
+        price (one that is not whole nodes runs on the nodes it fills)."""
+        exact = self.throughput.get(devices, 0.0) if devices > 0 else 0.0
+        return exact if exact > 0 else self.rate(devices)
+
+    def iteration_s_on(self, devices: int) -> float:
+        """Seconds per iteration of a job that holds `devices` devices (infinite where nothing runs)."""
+        r = self.rate_on(devices)
         return self.global_batch / r if r > 0 else math.inf
 
 

@@ -97,8 +97,8 @@ class ElasticPolicy:
 
 
 def remaining_s(job: JobState, curves: Curves, devices: int) -> float:
-    """Predicted seconds to finish `job` on `devices` devices, from now."""
-    return job.remaining_iterations * curves[job.curve_key].iteration_s(devices)
+    """Predicted seconds to finish `job` holding `devices` devices, from now (its plan uses them all)."""
+    return job.remaining_iterations * curves[job.curve_key].iteration_s_on(devices)
 
 
 def allocate(
@@ -114,7 +114,7 @@ def allocate(
     if policy.name == FIFO:
         return _fifo(fleet_devices, jobs, current)
     if policy.name == BACKFILL:
-        return _backfill(fleet_devices, jobs, curves, now, policy, current)
+        return backfill(fleet_devices, jobs, curves, now, policy, current)
     if policy.name == ELASTIC:
         return _Elastic(fleet_devices, jobs, curves, now, policy, current, morph_cost_s).run()
     raise InvalidArgument(f"unknown policy {policy.name!r}", field="policy", fix=f"one of {', '.join(POLICIES)}")
@@ -135,9 +135,11 @@ def _fifo(fleet: int, jobs: Sequence[JobState], current: Mapping[str, int]) -> d
     return out
 
 
-def _backfill(fleet: int, jobs: Sequence[JobState], curves: Curves, now: float, policy: ElasticPolicy,
-              current: Mapping[str, int]) -> dict[str, int]:
-    """admission.decide over one host of `fleet` anonymous slots; run times are the curves' predictions."""
+def backfill(fleet: int, jobs: Sequence[JobState], curves: Curves, now: float, policy: ElasticPolicy,
+             current: Mapping[str, int], *, ranges: bool = False) -> dict[str, int]:
+    """admission.decide over one host of `fleet` anonymous slots; run times are the curves' predictions.
+    With `ranges` a queued job whose request is not free is started on the most free devices of its range
+    (the engine's re-plan), as the live engine treats an elastic job."""
     out = _running(jobs, current)
     queued = [j for j in jobs if j.name not in out]
     if not queued:
@@ -150,9 +152,11 @@ def _backfill(fleet: int, jobs: Sequence[JobState], curves: Curves, now: float, 
             taken += out[j.name]
             holdings.append(Holding(j.name, j.tenant, j.priority, held, now + remaining_s(j, curves, out[j.name])))
     demands = [Demand(j.name, j.tenant, j.priority, j.submit_time_s, j.requested_devices, KIND,
-                      remaining_s(j, curves, j.requested_devices)) for j in queued]
+                      remaining_s(j, curves, j.requested_devices), min_devices=j.min_devices if ranges else 0,
+                      max_devices=j.max_devices if ranges else 0) for j in queued]
     decision = decide(demands, slots[taken:], holdings, Policy(quotas=dict(policy.quotas)), {}, now, {KIND})
     out.update((name, len(got)) for name, got in decision.admit)
+    out.update(decision.replan)
     return out
 
 
@@ -185,7 +189,7 @@ class _Elastic:
 
     def fairness(self, j: JobState, n: int, delay_s: float = 0.0) -> float:
         """Predicted finish-time fairness of `j` on `n` devices from `delay_s` on (1: unknown iterations)."""
-        alone = j.iterations * self.curves[j.curve_key].iteration_s(j.requested_devices)
+        alone = j.iterations * self.curves[j.curve_key].iteration_s_on(j.requested_devices)
         if not 0 < alone < math.inf:
             return 1.0
         return (self.now + delay_s - j.submit_time_s + self.left(j, n)) / alone
@@ -255,7 +259,7 @@ class _Elastic:
     def lending_fairness(self, d: JobState, n: int, lent_s: float) -> float:
         """`d`'s predicted rho if it runs on `n` of its devices for `lent_s` seconds (the claimant's run),
         then on all again: its morph pause, and the progress it loses meanwhile (at most all the rest)."""
-        held, rate = self.alloc[d.name], self.curves[d.curve_key].rate
+        held, rate = self.alloc[d.name], self.curves[d.curve_key].rate_on
         lost_s = min(lent_s * (1 - rate(n) / rate(held)), self.left(d, n) - self.left(d, held))
         return self.fairness(d, held, self.morph_cost_s + lost_s)
 

@@ -12,11 +12,28 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from services.planner.elastic.curves import ScalingCurve
-from services.planner.elastic.policy import ELASTIC, POLICIES, Curves, ElasticPolicy, JobState, allocate
+from services.planner.elastic.policy import ELASTIC, POLICIES, Curves, ElasticPolicy, JobState, allocate, backfill
 from services.planner.elastic.trace import TraceJob
 from services.runtime.errors import FailedPrecondition, InvalidArgument
 
 DEFAULT_MORPH_COST_S = 60.0  # re-plan, checkpoint per layer, restart on the new devices (assumed)
+
+
+@dataclass(frozen=True)
+class JobCosts:
+    """Seconds a job spends outside its iterations. Negligible against hours of training (the default), not
+    against the minutes of a test plane's jobs, where a plane measures them (benchmarks/fleet_fidelity.py)."""
+
+    prepare_s: float = 0.0  # submission to queued (profiled, planned): before it may be given devices
+    start_s: float = 0.0  # given devices to its first iteration (workers, process group, model), holding them
+    end_s: float = 0.0  # its last iteration to its end, still holding its devices
+    replan_s: float = 0.0  # elastic: started on another count than its plan asks for, the re-plan first
+
+    def __post_init__(self) -> None:
+        for name in ("prepare_s", "start_s", "end_s", "replan_s"):
+            if not 0 <= getattr(self, name) < math.inf:
+                raise InvalidArgument(f"{name} {getattr(self, name)} is not a finite number of seconds >= 0",
+                                      field=name, fix="measure it on the plane, or leave it 0")
 
 
 @dataclass
@@ -73,15 +90,14 @@ def simulate(
     curves: Curves | None = None,
     *,
     morph_cost_s: float = DEFAULT_MORPH_COST_S,
-    start_cost_s: float = 0.0,
+    costs: JobCosts = JobCosts(),
 ) -> dict[str, PolicyResult]:
-    """Each policy's replay of `trace` on `devices` devices, keyed by policy name. `start_cost_s` is what a
-    job's start costs before its first iteration (workers spawned, the process group formed, the model built):
-    negligible against hours of training, not against the minutes of a test plane's jobs."""
+    """Each policy's replay of `trace` on `devices` devices, keyed by policy name; `costs` are each job's
+    seconds outside its iterations. A job holding n devices runs the plan for n (ScalingCurve.rate_on)."""
     curves = curves or {}
     chosen = [p if isinstance(p, ElasticPolicy) else ElasticPolicy(name=p) for p in policies]
     _check(trace, devices, curves)
-    return {p.name: _replay(trace, devices, p, curves, morph_cost_s, start_cost_s) for p in chosen}
+    return {p.name: _replay(trace, devices, p, curves, morph_cost_s, costs) for p in chosen}
 
 
 def _check(trace: Sequence[TraceJob], devices: int, curves: Curves) -> None:
@@ -103,20 +119,20 @@ def _check(trace: Sequence[TraceJob], devices: int, curves: Curves) -> None:
 
 
 def _replay(trace: Sequence[TraceJob], devices: int, policy: ElasticPolicy, curves: Curves,
-            morph_cost_s: float, start_cost_s: float) -> PolicyResult:
-    arrivals = sorted(trace, key=lambda j: (j.submit_time_s, j.name))
+            morph_cost_s: float, costs: JobCosts) -> PolicyResult:
+    arrivals = sorted(trace, key=lambda j: (j.submit_time_s, j.name))  # each joins the queue once prepared
     ticking = policy.name == ELASTIC
     jobs: dict[str, _Job] = {}
     done: dict[str, float] = {}
     started: dict[str, float] = {}
-    now, nxt, busy, morphs = arrivals[0].submit_time_s, 0, 0.0, 0
+    now, nxt, busy, morphs = arrivals[0].submit_time_s + costs.prepare_s, 0, 0.0, 0
     next_tick = now + policy.tick_s
     series: list[tuple[float, int]] = [(now, 0)]
     while nxt < len(arrivals) or jobs:
         ends = {name: _finish(j, now, curves) for name, j in jobs.items() if j.devices}
         t = min(ends.values(), default=math.inf)
         if nxt < len(arrivals):
-            t = min(t, arrivals[nxt].submit_time_s)
+            t = min(t, arrivals[nxt].submit_time_s + costs.prepare_s)
         if ticking and ends:  # with nothing running a tick changes nothing: only an arrival can
             t = min(t, next_tick)
         if math.isinf(t):
@@ -128,24 +144,29 @@ def _replay(trace: Sequence[TraceJob], devices: int, policy: ElasticPolicy, curv
             if j.devices:
                 active = t - max(now, j.paused_until)
                 if active > 0:
-                    j.remaining -= active / _job_curve(j, curves).iteration_s(j.devices)
+                    j.remaining -= active / _job_curve(j, curves).iteration_s_on(j.devices)
         now = t
         for name, end in ends.items():
             if end <= now:
                 done[name] = now
                 del jobs[name]
-        while nxt < len(arrivals) and arrivals[nxt].submit_time_s <= now:
+        while nxt < len(arrivals) and arrivals[nxt].submit_time_s + costs.prepare_s <= now:
             spec = arrivals[nxt]
             jobs[spec.name] = _Job(spec, float(spec.iterations))
             nxt += 1
         if next_tick <= now:
             next_tick = now + policy.tick_s
         current = {name: j.devices for name, j in jobs.items() if j.devices}
-        if ticking or (len(current) < len(jobs) and sum(current.values()) < devices):
-            out = allocate(devices, [_state(j) for j in jobs.values()], curves, now, policy, current, morph_cost_s)
-        else:
-            out = current  # a static policy keeps running jobs as they are: only free devices and a queue change it
-        morphs += _apply(jobs, out, now, devices, policy.name, morph_cost_s, start_cost_s)
+        states = [_state(j) for j in jobs.values()]
+        waiting = len(current) < len(jobs) and sum(current.values()) < devices
+        out = current  # a static policy keeps running jobs as they are: only free devices and a queue change it
+        if ticking and waiting:  # as the live scheduler: its admission engine first (requests, or re-planned
+            out = backfill(devices, states, curves, now, policy, current, ranges=True)  # within the range)
+        if ticking and out == current:  # and the elastic pass when that started nobody
+            out = allocate(devices, states, curves, now, policy, current, morph_cost_s)
+        elif waiting and not ticking:
+            out = allocate(devices, states, curves, now, policy, current, morph_cost_s)
+        morphs += _apply(jobs, out, now, devices, policy.name, morph_cost_s, costs)
         started.update((name, now) for name, j in jobs.items() if j.devices and name not in started)
         held = sum(j.devices for j in jobs.values())
         if held != series[-1][1]:
@@ -157,7 +178,8 @@ def _result(policy: str, trace: Sequence[TraceJob], curves: Curves, devices: int
             started: dict[str, float], busy: float, morphs: int, series: list[tuple[float, int]]) -> PolicyResult:
     makespan = max(done.values()) - min(j.submit_time_s for j in trace)
     jct = {j.name: done[j.name] - j.submit_time_s for j in trace}
-    alone = {j.name: j.iterations * curves[(j.model, j.global_batch)].iteration_s(j.requested_devices) for j in trace}
+    alone = {j.name: j.iterations * curves[(j.model, j.global_batch)].iteration_s_on(j.requested_devices)
+             for j in trace}
     return PolicyResult(
         policy=policy, jct_s=jct, wait_s={j.name: started[j.name] - j.submit_time_s for j in trace},
         fairness={name: jct[name] / alone[name] for name in jct}, makespan_s=makespan,
@@ -170,7 +192,7 @@ def _job_curve(j: _Job, curves: Curves) -> ScalingCurve:
 
 def _finish(j: _Job, now: float, curves: Curves) -> float:
     """When a running job finishes if nothing changes: after its morph pause, its remaining iterations."""
-    return max(now, j.paused_until) + max(0.0, j.remaining) * _job_curve(j, curves).iteration_s(j.devices)
+    return max(now, j.paused_until) + max(0.0, j.remaining) * _job_curve(j, curves).iteration_s_on(j.devices)
 
 
 def _state(j: _Job) -> JobState:
@@ -180,8 +202,11 @@ def _state(j: _Job) -> JobState:
 
 
 def _apply(jobs: dict[str, _Job], out: dict[str, int], now: float, devices: int, policy: str,
-           morph_cost_s: float, start_cost_s: float = 0.0) -> int:
-    """Take the new allocation: starts, and resizes that pause for the morph; the number of morphs.
+           morph_cost_s: float, costs: JobCosts = JobCosts()) -> int:
+    """Take the new allocation: starts, and resizes that pause for the morph; the number of morphs. A start
+    pauses for the start and end costs (the job holds its devices for both; folding the end in at the start
+    changes neither its completion nor the device-seconds), and for a re-plan when an elastic job starts on
+    another count than it asked for.
     A policy that oversubscribes the fleet, stops a running job or exceeds a job's range is a bug, and
     raises rather than producing a result."""
     if sum(out.values()) > devices:
@@ -203,6 +228,7 @@ def _apply(jobs: dict[str, _Job], out: dict[str, int], now: float, devices: int,
             j.last_resize = now
             morphs += 1
         else:
-            j.paused_until = now + start_cost_s
+            replan = costs.replan_s if policy == ELASTIC and new != j.spec.requested_devices else 0.0
+            j.paused_until = now + costs.start_s + costs.end_s + replan
         j.devices = new
     return morphs

@@ -81,8 +81,8 @@ class ElasticPass:
         predicted = {r.job.id: self._curve(r.job, r.plan, pool, dims, hosts) for r in steady}
         # the predictions as the jobs measured them: each running job's curve scaled by its measured iteration
         # time against its prediction on the devices it holds; a queued job's by the median of those
-        slow = {r.job.id: statistics.median(r.recent) / predicted[r.job.id].iteration_s(r.world) for r in steady
-                if predicted[r.job.id] is not None and 0 < predicted[r.job.id].iteration_s(r.world) < math.inf}
+        slow = {r.job.id: statistics.median(r.recent) / predicted[r.job.id].iteration_s_on(r.world) for r in steady
+                if predicted[r.job.id] is not None and 0 < predicted[r.job.id].iteration_s_on(r.world) < math.inf}
         typical = statistics.median(slow.values()) if slow else 1.0
         for job, plan, current in [(r.job, r.plan, r) for r in steady] + [
                 (snap.jobs[d.job_id], snap.plans[d.job_id], None) for d in queued]:

@@ -58,7 +58,8 @@ def iteration_metric(st: executor_pb2.StageStats, plan: plan_pb2.Plan | None) ->
         predicted_stage_compute_s=predicted_compute(plan, stage),
         swap_in_bytes=st.swap_in_bytes, swap_out_bytes=st.swap_out_bytes, swap_s=st.swap_s,
         predicted_swap_in_bytes=predicted_swap(plan, st.replica_index)[0],
-        predicted_swap_out_bytes=predicted_swap(plan, st.replica_index)[1])
+        predicted_swap_out_bytes=predicted_swap(plan, st.replica_index)[1],
+        recorded_at=st.ended_at if st.HasField("ended_at") else None)
 
 
 def predicted_swap(plan: plan_pb2.Plan | None, replica: int) -> tuple[int, int]:
