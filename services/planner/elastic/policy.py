@@ -30,9 +30,9 @@ holds passes `fairness_bound` (a queued job: on its minimum from the next look, 
 - no job starts ahead of a job behind that does not fit yet; running jobs may grow into the devices
   that free up meanwhile and give them back (as above) once they cover its minimum.
 Since fifo's fairness is never below 1, a job held within the bound is within `fairness_bound` x its fifo
-fairness; most are held there. benchmarks/fleet_sim.py, 160 jobs: 1.42x at worst (2.75x without the guard) for 3.5% more
-average JCT; the overloaded 1,000-job trace: 1.89x (15.2x) for 3.7%. Eight other seeds of the 160-job trace:
-1.47x-1.96x, and one 3.8x (a 16 s job waiting 45 s for a donor the bound protects), against 3.1x-10.7x.
+fairness; most are held there. benchmarks/fleet_sim.py (replayed as the live scheduler runs it: simulate.py),
+160 jobs: 1.74x at worst (2.21x without the guard) for 2.9% more average JCT; eight other seeds: 1.42x-2.16x
+(1.63x-24.6x without). The overloaded 1,000-job trace: 5.64x (15.5x) for 22.4%.
 """
 
 from __future__ import annotations

@@ -3,6 +3,12 @@ no training. Events are arrivals, job finishes and, for elastic, a periodic re-a
 pauses the job's progress for the morph cost while it holds its new devices. Every policy replays the same
 trace, so their results compare side by side; a trace some job of which could never run is refused before
 anything is simulated, and a replay that stalls raises instead of reporting part of a result.
+
+It predicts what the live scheduler would do: a job holding n devices runs the plan for n
+(ScalingCurve.rate_on), pays what a plane measures outside its iterations (JobCosts), and `elastic` is
+replayed as the live scheduler runs it: its admission engine starts queued jobs on their request, or on the
+most free devices of their range (re-planned), and the elastic pass (policy.allocate) decides only when the
+engine started nobody. benchmarks/fleet_fidelity.py holds the predictions against a real plane.
 """
 
 from __future__ import annotations
