@@ -115,6 +115,8 @@ def measured(plane, job_id: str) -> tuple[float, JobCosts]:
     for e in events(plane, job_id):
         at.setdefault(e.type, seconds(e.created_at))  # the first of each
     prepare = at["PLAN_CHOSEN"] - at["SUBMITTED"]  # through the queue: a re-plan takes the same path
+    # the end holds the last checkpoint, which the rate also counts (one per CHECKPOINT_EVERY): one checkpoint
+    # twice per job, a tenth of a second here
     return per_iteration, JobCosts(prepare_s=prepare, replan_s=prepare, end_s=max(0.0, at["SUCCEEDED"] - last),
                                    start_s=max(0.0, warm - at["ADMITTED"] - WINDOW_START * per_iteration))
 
@@ -135,13 +137,13 @@ def measure_curves(plane, trace: list[TraceJob]) -> tuple[dict, JobCosts]:
     keys = sorted({(j.model, j.global_batch) for j in trace})
     probe = {k: next(j for j in trace if (j.model, j.global_batch) == k) for k in keys}
     times: dict[tuple[str, int], dict[int, float]] = {k: {} for k in keys}
-    starts = []
+    costs = []
     for k in keys:  # both devices, alone
         job = replace(probe[k], iterations=MEASURE_ITERATIONS)
         job_id = client.jobs.Submit(services_pb2.SubmitJobRequest(spec=spec(job, f"measure-{k[0]}-{k[1]}-2", 2, 2))).id
         wait_all(plane, [job_id])
         times[k][2], start = measured(plane, job_id)
-        starts.append(start)
+        costs.append(start)
     beside: dict[tuple[str, int], list[float]] = {k: [] for k in keys}
     for k in keys:  # one device, beside each partner in turn
         for partner in keys:
@@ -159,14 +161,14 @@ def measure_curves(plane, trace: list[TraceJob]) -> tuple[dict, JobCosts]:
                      what=f"partner {partner} cancelled")
             seconds_per_iteration, start = measured(plane, job_id)
             beside[k].append(seconds_per_iteration)
-            starts.append(start)
+            costs.append(start)
         times[k][1] = statistics.fmean(beside[k])
     curves = {k: ScalingCurve(k[0], k[1], {n: k[1] / t for n, t in times[k].items()}) for k in keys}
     for k in keys:
         print(f"  measured {k[0]} batch {k[1]}: {times[k][1] * 1e3:.1f} ms/iteration on 1 device (beside "
               + ", ".join(f"{p[0]}/{p[1]} {t * 1e3:.0f}" for p, t in zip(keys, beside[k], strict=True))
               + f"), {times[k][2] * 1e3:.1f} ms on 2", flush=True)
-    return curves, median_costs(starts)
+    return curves, median_costs(costs)
 
 
 def replay(plane, trace: list[TraceJob], elastic: bool) -> dict[str, float]:

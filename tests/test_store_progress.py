@@ -98,6 +98,11 @@ def test_layer_migrations_and_checkpoints(store: Store):
                                layers=[job_pb2.LayerCheckpoint(layer_index=0, uri="file:///d/20/0.pt")])
     other = a.create_checkpoint(store_pb2.CreateCheckpointRequest(checkpoint=moved))
     assert other.id not in (c10.id, c20.id, c30.id)  # other files at the same iteration: another checkpoint
+    rewritten = job_pb2.Checkpoint()
+    rewritten.CopyFrom(c20)
+    rewritten.id, rewritten.layers[0].sha256 = "", "cd"
+    again = a.create_checkpoint(store_pb2.CreateCheckpointRequest(checkpoint=rewritten))
+    assert again.id != c20.id and again.layers[0].sha256 == "cd"  # same paths, other contents: not a replay
     dup = job_pb2.Checkpoint(job_id=job.id, layers=[job_pb2.LayerCheckpoint(layer_index=0)] * 2)
     with pytest.raises(InvalidArgument):
         a.create_checkpoint(store_pb2.CreateCheckpointRequest(checkpoint=dup))

@@ -119,7 +119,10 @@ class Agent:
                     self.host_id = message.registered.host_id
                     interval[0] = message.registered.heartbeat_interval_s or 2.0
                     self.server.set_serving(True)
-                    for replayed in self.workers.replay():  # a restarted planner may have missed them
+                    # a restarted planner may have missed them: checkpoints ahead of all, exits behind all
+                    for replayed in reversed(self.workers.replay_checkpoints()):
+                        self.outbox.unget(replayed)
+                    for replayed in self.workers.replay():
                         self.outbox.put(replayed)
                     log.info("registered", extra={"host_id": self.host_id})
                 elif (ack := self.carry_out(message)) is not None:

@@ -360,7 +360,9 @@ class Workers:
                                         message=why, iteration=w.iteration, drained=w.drained,
                                         infrastructure=infrastructure, traceback=w.traceback)
         with self._lock:
-            self._exits.setdefault(w.job_id, []).append(exit_)
+            exits = self._exits.pop(w.job_id, [])  # re-inserted: the least recently heard job goes first
+            self._exits[w.job_id] = exits
+            exits.append(exit_)
             while len(self._exits) > REMEMBERED_JOBS:
                 self._exits.pop(next(iter(self._exits)))
         self._emit(executor_pb2.AgentMessage(worker_exit=exit_))
@@ -425,7 +427,8 @@ class Workers:
     def _remember_checkpoint(self, written: executor_pb2.CheckpointWritten) -> None:
         ck = written.checkpoint
         with self._lock:
-            by_iteration = self._written.setdefault(ck.job_id, {})
+            by_iteration = self._written.pop(ck.job_id, {})  # re-inserted: the least recently heard job goes first
+            self._written[ck.job_id] = by_iteration
             by_iteration.setdefault(ck.iteration, []).append(written)
             while len(by_iteration) > REMEMBERED_CHECKPOINTS:
                 by_iteration.pop(min(by_iteration))
@@ -433,15 +436,20 @@ class Workers:
                 self._written.pop(next(iter(self._written)))
 
     def replay(self) -> list[executor_pb2.AgentMessage]:
-        """The recent checkpoint reports, then every remembered exit, again, for a planner that may have
-        restarted after receiving them or lost them with the stream. Repeats change nothing: the planner counts
-        exits by rank and keeps checkpoint parts by layer, the store answers a recorded checkpoint with its row,
-        and a job already ended ignores both. Checkpoints go first: an exit may end the job."""
+        """Every remembered exit again, for a planner that may have restarted after receiving them: it counts
+        exits by rank, so a repeat changes nothing, and a job it already ended ignores them. They go behind
+        what waits in the outbox (agent.py): an exit may end the job."""
         with self._lock:
-            written = [executor_pb2.AgentMessage(checkpoint_written=c) for by_iteration in self._written.values()
-                       for iteration in sorted(by_iteration) for c in by_iteration[iteration]]
-            exits = [executor_pb2.AgentMessage(worker_exit=e) for exits in self._exits.values() for e in exits]
-        return written + exits
+            return [executor_pb2.AgentMessage(worker_exit=e) for exits in self._exits.values() for e in exits]
+
+    def replay_checkpoints(self) -> list[executor_pb2.AgentMessage]:
+        """The latest checkpoints' reports again, oldest first, for a planner that lost them with a broken
+        stream or a restart. They go ahead of everything waiting (agent.py), so no exit ends the job before
+        them. Repeats change nothing: the planner keeps parts by layer and the store answers a recorded
+        checkpoint with its row."""
+        with self._lock:
+            return [executor_pb2.AgentMessage(checkpoint_written=c) for by_iteration in self._written.values()
+                    for iteration in sorted(by_iteration) for c in by_iteration[iteration]]
 
     def stop(self, job_id: str, reason: str) -> int:
         """SIGTERM the job's workers, SIGKILL whatever is left after a grace period. Returns how many."""

@@ -165,13 +165,14 @@ def _replay(trace: Sequence[TraceJob], devices: int, policy: ElasticPolicy, curv
         current = {name: j.devices for name, j in jobs.items() if j.devices}
         states = [_state(j) for j in jobs.values()]
         waiting = len(current) < len(jobs) and sum(current.values()) < devices
-        out = current  # a static policy keeps running jobs as they are: only free devices and a queue change it
-        if ticking and waiting:  # as the live scheduler: its admission engine first (requests, or re-planned
-            out = backfill(devices, states, curves, now, policy, current, ranges=True)  # within the range)
-        if ticking and out == current:  # and the elastic pass when that started nobody
+        if ticking:  # as the live scheduler: the admission engine first (a request, or re-planned within a range)
+            out = backfill(devices, states, curves, now, policy, current, ranges=True) if waiting else current
+            if out == current:  # the elastic pass only when the engine started nobody
+                out = allocate(devices, states, curves, now, policy, current, morph_cost_s)
+        elif waiting:
             out = allocate(devices, states, curves, now, policy, current, morph_cost_s)
-        elif waiting and not ticking:
-            out = allocate(devices, states, curves, now, policy, current, morph_cost_s)
+        else:
+            out = current  # a static policy keeps running jobs as they are: only free devices and a queue change it
         morphs += _apply(jobs, out, now, devices, policy.name, morph_cost_s, costs)
         started.update((name, now) for name, j in jobs.items() if j.devices and name not in started)
         held = sum(j.devices for j in jobs.values())
@@ -211,8 +212,8 @@ def _apply(jobs: dict[str, _Job], out: dict[str, int], now: float, devices: int,
            morph_cost_s: float, costs: JobCosts = JobCosts()) -> int:
     """Take the new allocation: starts, and resizes that pause for the morph; the number of morphs. A start
     pauses for the start and end costs (the job holds its devices for both; folding the end in at the start
-    changes neither its completion nor the device-seconds), and for a re-plan when an elastic job starts on
-    another count than it asked for.
+    changes neither its completion nor, unless it is resized later, its device-seconds), and for a re-plan when
+    an elastic job starts on another count than it asked for.
     A policy that oversubscribes the fleet, stops a running job or exceeds a job's range is a bug, and
     raises rather than producing a result."""
     if sum(out.values()) > devices:

@@ -30,12 +30,13 @@ log = logging.getLogger("ballast.control")
 
 
 Listener = Callable[[str, executor_pb2.AgentMessage], None]
-# Reports an agent sends again when it reconnects (its workers' exits, their recent checkpoints): one the
-# planner could not handle for a passing reason (the store away or overloaded) ends the stream instead of being
-# dropped, so the reconnect brings it back; a job whose last exit was dropped would never end, and a dropped
-# checkpoint report leaves a written checkpoint unrecorded. Other failures are logged: a report that always
-# fails must not make its agent reconnect in a loop.
-REPLAYED = frozenset({"worker_exit", "checkpoint_written"})
+# Reports an agent sends again when it reconnects (its workers' exits): one the planner could not handle for
+# a passing reason (the store away or overloaded) ends the stream instead of being dropped, so the reconnect
+# brings it back; a job whose last exit was dropped would never end. Other failures are logged: a report that
+# always fails must not make its agent reconnect in a loop. (A checkpoint the store refused is kept and
+# written later by the scheduler instead: checkpoints are frequent, and a stream ended for each would look
+# like a lost host while the store is away.)
+REPLAYED = frozenset({"worker_exit"})
 TRANSIENT = (Unavailable, DeadlineExceeded, ResourceExhausted, Cancelled)
 
 

@@ -56,6 +56,7 @@ log = logging.getLogger("ballast.scheduler")
 S = job_pb2.JobState
 LOCAL_ADDRESSES = {"127.0.0.1", "localhost", "::1", ""}
 MAX_OWED_CALIBRATIONS = 1000  # past it (a store away for hours) a success is left out of the calibrations
+MAX_OWED_CHECKPOINTS = 1000  # complete checkpoints the store did not take yet; past it the oldest goes unrecorded
 Send = Callable[[str, executor_pb2.PlannerMessage], None]
 class Scheduler(Recovery, ElasticPass):
     def __init__(self, store: Store, send: Send, connected: Callable[[], list[str]],
@@ -77,6 +78,7 @@ class Scheduler(Recovery, ElasticPass):
         self._stutter_thresholds = straggler_thresholds  # (distinct machines, CPU workers sharing one)
         self._calibrate = calibrate  # queues a succeeded job's recalibration of its host class
         self._calibrations_owed: set[str] = set()  # succeeded jobs whose calibration the store did not take yet
+        self._checkpoints_owed: deque[job_pb2.Checkpoint] = deque()  # complete, refused by a store that was away
         self._parole_s, self._parole_at = degraded_parole_s, 0.0
         self._caught: dict[str, int] = {}  # host id -> times marked degraded since this planner started
         self._host_lost_s, self._max_morphs = host_lost_s, max_morphs_per_hour
@@ -131,6 +133,7 @@ class Scheduler(Recovery, ElasticPass):
 
     def tick(self) -> None:
         self._rows.flush()  # what a store that was away could not take
+        self._record_owed_checkpoints()
         for job_id in self._owed_calibrations():
             if not self._queue_calibration(job_id):
                 break  # the store still refuses: the rest wait for the next tick, not the whole pass
@@ -603,14 +606,45 @@ class Scheduler(Recovery, ElasticPass):
                 running.stored.add(ck.iteration)
                 layers = list(ck.layers) if ck.complete else list(parts.values())
         if complete:
-            stored = job_pb2.Checkpoint(job_id=ck.job_id, iteration=ck.iteration, plan_version=ck.plan_version,
-                                        layers=sorted(layers, key=lambda x: x.layer_index), complete=True)
-            try:  # the store answers a replay (agent.py) with the row it already has
-                self._store.create_checkpoint(store_pb2.CreateCheckpointRequest(checkpoint=stored))
-            except Exception:
-                with self._lock:  # not stored: the agent's next replay of this report may store it
-                    running.stored.discard(ck.iteration)
-                raise
+            self._record_checkpoint(job_pb2.Checkpoint(
+                job_id=ck.job_id, iteration=ck.iteration, plan_version=ck.plan_version,
+                layers=sorted(layers, key=lambda x: x.layer_index), complete=True))
+
+    def _record_checkpoint(self, checkpoint: job_pb2.Checkpoint) -> None:
+        """Store a complete checkpoint (the store answers a replayed one with the row it has); one a passing
+        failure refused is owed, after any owed before it, and written by the next ticks in order."""
+        with self._lock:
+            owed = bool(self._checkpoints_owed)
+        if not owed:
+            try:
+                self._store.create_checkpoint(store_pb2.CreateCheckpointRequest(checkpoint=checkpoint))
+                return
+            except TRANSIENT:
+                log.warning("checkpoint not stored yet; trying again", exc_info=True,
+                            extra={"job_id": checkpoint.job_id, "iteration": checkpoint.iteration})
+        with self._lock:
+            self._checkpoints_owed.append(checkpoint)
+            dropped = self._checkpoints_owed.popleft() if len(self._checkpoints_owed) > MAX_OWED_CHECKPOINTS else None
+        if dropped is not None:
+            log.error("too many checkpoints owed to the store; the oldest goes unrecorded (its files stay)",
+                      extra={"job_id": dropped.job_id, "iteration": dropped.iteration})
+
+    def _record_owed_checkpoints(self) -> None:
+        """Write the owed checkpoints, oldest first, until the store refuses one again."""
+        while True:
+            with self._lock:
+                if not self._checkpoints_owed:
+                    return
+                checkpoint = self._checkpoints_owed[0]
+            try:
+                self._store.create_checkpoint(store_pb2.CreateCheckpointRequest(checkpoint=checkpoint))
+            except TRANSIENT:
+                return
+            except Exception:  # noqa: BLE001 - refused for good (its job deleted): the others still go
+                log.exception("owed checkpoint refused", extra={"job_id": checkpoint.job_id})
+            with self._lock:
+                if self._checkpoints_owed and self._checkpoints_owed[0] is checkpoint:
+                    self._checkpoints_owed.popleft()
 
 
 def _ranks_attribute(ranks: dict[str, list[int]]) -> str:

@@ -128,11 +128,12 @@ class ProgressStore(RepositoryBase):
     @staticmethod
     def _same_checkpoint(s: Session, ck: job_pb2.Checkpoint) -> m.Checkpoint | None:
         """The recorded checkpoint of the job's iteration with the same plan version, completeness and files."""
-        files = sorted((layer.layer_index, layer.uri) for layer in ck.layers)
+        files = sorted((layer.layer_index, layer.uri, layer.bytes, layer.sha256) for layer in ck.layers)
         rows = s.scalars(sa.select(m.Checkpoint).options(selectinload(m.Checkpoint.layers)).where(
             m.Checkpoint.job_id == ck.job_id, m.Checkpoint.iteration == ck.iteration,
             m.Checkpoint.plan_version == ck.plan_version, m.Checkpoint.complete == ck.complete))
-        return next((r for r in rows if sorted((x.layer_index, x.uri) for x in r.layers) == files), None)
+        return next((r for r in rows
+                     if sorted((x.layer_index, x.uri, x.bytes, x.sha256) for x in r.layers) == files), None)
 
     def _checkpoints(self, p: Principal) -> sa.Select:
         """Checkpoints have no tenant column; a non-admin sees those of its own tenant's jobs."""
