@@ -86,11 +86,11 @@ def test_a_checkpoint_the_store_refused_is_owed_and_written_in_order_without_end
     platform.away = True
     scheduler.on_message("host-1", report(job.id, 0, LAYERS, complete=True))  # no error: the stream goes on
     scheduler.on_message("host-1", report(job.id, 0, LAYERS, iteration=200, complete=True))
-    scheduler._record_owed_checkpoints()  # a tick while the store is still away
-    assert stored(store, job.id) == [] and len(scheduler._checkpoints_owed) == 2
+    scheduler.tick()  # while the store is still away
+    assert stored(store, job.id) == [] and scheduler._checkpoints.retained == 2
     platform.away = False
-    scheduler._record_owed_checkpoints()
+    scheduler.tick()
     assert stored(store, job.id) == [(100, [0, 1, 2, 3]), (200, [0, 1, 2, 3])]
-    assert not scheduler._checkpoints_owed and platform.refused == 2  # the second waited behind the first
+    assert scheduler._checkpoints.retained == 0 and platform.refused == 3  # each try began with the oldest
     scheduler.on_message("host-1", report(job.id, 0, LAYERS, complete=True))  # a replay once it is back
     assert stored(store, job.id) == [(100, [0, 1, 2, 3]), (200, [0, 1, 2, 3])]

@@ -85,19 +85,21 @@ def observe_iteration(row: job_pb2.IterationMetric) -> None:
 
 
 class RetainedRows:
-    """Writes iteration rows to the store, keeping the ones a passing failure (the store restarting, its
-    database away, overloaded) refused, to send again, oldest first, with the next rows or at `flush()`.
+    """Writes rows to the store, keeping the ones a passing failure (the store restarting, its database away,
+    overloaded) refused, to send again, oldest first, with the next rows or at `flush()`.
 
-    A worker reports each iteration once, so a row the planner does not keep is lost for good. Sending a row
-    twice is harmless: the store skips rows it already holds (same job, plan version, iteration, stage and
-    replica), so a batch whose answer was lost is not stored twice. Bounded: past `limit` the oldest rows are
-    dropped and counted (ballast_dropped_total). A backlog goes in parts of SEND_ROWS; a refusal that is not
-    passing (a job deleted meanwhile) drops its part, counted, keeps the rest and is raised."""
+    A worker reports each iteration (and each checkpoint) once, so a row the planner does not keep is lost
+    for good. Sending a row twice is harmless: the store skips iteration rows it already holds (same job, plan
+    version, iteration, stage and replica) and answers a repeated checkpoint with its row, so a batch whose
+    answer was lost is not stored twice. Bounded: past `limit` the oldest rows are dropped and counted
+    (ballast_dropped_total{what}). A backlog goes in parts of `part` rows; a refusal that is not passing (a job
+    deleted meanwhile) drops its part, counted, keeps the rest and is raised."""
 
-    def __init__(self, sink: Callable[[list[job_pb2.IterationMetric]], object],
-                 transient: tuple[type[BallastError], ...], limit: int = MAX_RETAINED):
+    def __init__(self, sink: Callable[[list], object], transient: tuple[type[BallastError], ...],
+                 limit: int = MAX_RETAINED, *, what: str = "iteration_metrics", part: int = 0):
         self._sink, self._transient, self._limit = sink, transient, limit
-        self._rows: deque[job_pb2.IterationMetric] = deque()
+        self._what, self._part_size = what, part
+        self._rows: deque = deque()
         self._lock = threading.Lock()
 
     @property
@@ -110,16 +112,17 @@ class RetainedRows:
         with self._lock:
             batch = [*self._rows, *rows]
             self._rows.clear()
-        for start in range(0, len(batch), SEND_ROWS):  # a long outage's backlog goes in messages of bounded size
-            part = batch[start:start + SEND_ROWS]
+        size = self._part_size or SEND_ROWS  # rows per store call (0: SEND_ROWS, read when sent)
+        for start in range(0, len(batch), size):  # a long outage's backlog goes in messages of bounded size
+            part = batch[start:start + size]
             try:
                 self._sink(part)
             except self._transient:
                 self._retain(batch[start:])
                 return False
             except BallastError:
-                self._retain(batch[start + SEND_ROWS:])
-                DROPPED.labels("iteration_metrics").inc(len(part))
+                self._retain(batch[start + size:])
+                DROPPED.labels(self._what).inc(len(part))
                 raise
         return True
 
@@ -137,8 +140,8 @@ class RetainedRows:
                 self._rows.popleft()
             kept = len(self._rows)
         if over > 0:
-            DROPPED.labels("iteration_metrics").inc(over)
-            log.error("iteration rows dropped: the store has been away too long", extra={"dropped": over})
+            DROPPED.labels(self._what).inc(over)
+            log.error("rows dropped: the store has been away too long", extra={"what": self._what, "dropped": over})
         elif first:
-            log.warning("the store did not take iteration rows; keeping them to send again",
-                        extra={"retained": kept})
+            log.warning("the store did not take rows; keeping them to send again",
+                        extra={"what": self._what, "retained": kept})

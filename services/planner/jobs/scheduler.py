@@ -78,7 +78,6 @@ class Scheduler(Recovery, ElasticPass):
         self._stutter_thresholds = straggler_thresholds  # (distinct machines, CPU workers sharing one)
         self._calibrate = calibrate  # queues a succeeded job's recalibration of its host class
         self._calibrations_owed: set[str] = set()  # succeeded jobs whose calibration the store did not take yet
-        self._checkpoints_owed: deque[job_pb2.Checkpoint] = deque()  # complete, refused by a store that was away
         self._parole_s, self._parole_at = degraded_parole_s, 0.0
         self._caught: dict[str, int] = {}  # host id -> times marked degraded since this planner started
         self._host_lost_s, self._max_morphs = host_lost_s, max_morphs_per_hour
@@ -95,6 +94,9 @@ class Scheduler(Recovery, ElasticPass):
         self._running: dict[str, Running] = {}
         self._rows = RetainedRows(lambda rows: store.write_iteration_metrics(
             store_pb2.WriteIterationMetricsRequest(metrics=rows)), TRANSIENT)
+        self._checkpoints = RetainedRows(lambda checkpoints: [store.create_checkpoint(
+            store_pb2.CreateCheckpointRequest(checkpoint=c)) for c in checkpoints], TRANSIENT,
+            MAX_OWED_CHECKPOINTS, what="checkpoints", part=1)
         self.admission = Reader(store)
         self._replan = replan  # queues a re-plan of a job for a device count (prepare.py); None: never
         self._lock = threading.RLock()
@@ -133,7 +135,7 @@ class Scheduler(Recovery, ElasticPass):
 
     def tick(self) -> None:
         self._rows.flush()  # what a store that was away could not take
-        self._record_owed_checkpoints()
+        self._checkpoints.flush()
         for job_id in self._owed_calibrations():
             if not self._queue_calibration(job_id):
                 break  # the store still refuses: the rest wait for the next tick, not the whole pass
@@ -606,45 +608,10 @@ class Scheduler(Recovery, ElasticPass):
                 running.stored.add(ck.iteration)
                 layers = list(ck.layers) if ck.complete else list(parts.values())
         if complete:
-            self._record_checkpoint(job_pb2.Checkpoint(
+            # one the store refused for a passing reason is kept and sent again, in order (RetainedRows)
+            self._checkpoints.write([job_pb2.Checkpoint(
                 job_id=ck.job_id, iteration=ck.iteration, plan_version=ck.plan_version,
-                layers=sorted(layers, key=lambda x: x.layer_index), complete=True))
-
-    def _record_checkpoint(self, checkpoint: job_pb2.Checkpoint) -> None:
-        """Store a complete checkpoint (the store answers a replayed one with the row it has); one a passing
-        failure refused is owed, after any owed before it, and written by the next ticks in order."""
-        with self._lock:
-            owed = bool(self._checkpoints_owed)
-        if not owed:
-            try:
-                self._store.create_checkpoint(store_pb2.CreateCheckpointRequest(checkpoint=checkpoint))
-                return
-            except TRANSIENT:
-                log.warning("checkpoint not stored yet; trying again", exc_info=True,
-                            extra={"job_id": checkpoint.job_id, "iteration": checkpoint.iteration})
-        with self._lock:
-            self._checkpoints_owed.append(checkpoint)
-            dropped = self._checkpoints_owed.popleft() if len(self._checkpoints_owed) > MAX_OWED_CHECKPOINTS else None
-        if dropped is not None:
-            log.error("too many checkpoints owed to the store; the oldest goes unrecorded (its files stay)",
-                      extra={"job_id": dropped.job_id, "iteration": dropped.iteration})
-
-    def _record_owed_checkpoints(self) -> None:
-        """Write the owed checkpoints, oldest first, until the store refuses one again."""
-        while True:
-            with self._lock:
-                if not self._checkpoints_owed:
-                    return
-                checkpoint = self._checkpoints_owed[0]
-            try:
-                self._store.create_checkpoint(store_pb2.CreateCheckpointRequest(checkpoint=checkpoint))
-            except TRANSIENT:
-                return
-            except Exception:  # noqa: BLE001 - refused for good (its job deleted): the others still go
-                log.exception("owed checkpoint refused", extra={"job_id": checkpoint.job_id})
-            with self._lock:
-                if self._checkpoints_owed and self._checkpoints_owed[0] is checkpoint:
-                    self._checkpoints_owed.popleft()
+                layers=sorted(layers, key=lambda x: x.layer_index), complete=True)])
 
 
 def _ranks_attribute(ranks: dict[str, list[int]]) -> str:
