@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from google.protobuf.json_format import MessageToDict
 
@@ -207,6 +208,16 @@ class Worker:
     reader: threading.Thread | None = field(default=None, repr=False)
 
 
+def _heard(remembered: dict, job_id: str, new: Callable[[], Any]) -> Any:
+    """`job_id`'s entry in `remembered`, moved to the newest end (made with `new` if absent); past
+    REMEMBERED_JOBS the least recently heard job is forgotten."""
+    entry = remembered.pop(job_id) if job_id in remembered else new()
+    remembered[job_id] = entry
+    while len(remembered) > REMEMBERED_JOBS:
+        remembered.pop(next(iter(remembered)))
+    return entry
+
+
 class Workers:
     """Every worker process this agent runs, by job."""
 
@@ -360,11 +371,7 @@ class Workers:
                                         message=why, iteration=w.iteration, drained=w.drained,
                                         infrastructure=infrastructure, traceback=w.traceback)
         with self._lock:
-            exits = self._exits.pop(w.job_id, [])  # re-inserted: the least recently heard job goes first
-            self._exits[w.job_id] = exits
-            exits.append(exit_)
-            while len(self._exits) > REMEMBERED_JOBS:
-                self._exits.pop(next(iter(self._exits)))
+            _heard(self._exits, w.job_id, list).append(exit_)
         self._emit(executor_pb2.AgentMessage(worker_exit=exit_))
         with self._lock:
             workers = self._jobs.get(w.job_id, [])
@@ -427,13 +434,10 @@ class Workers:
     def _remember_checkpoint(self, written: executor_pb2.CheckpointWritten) -> None:
         ck = written.checkpoint
         with self._lock:
-            by_iteration = self._written.pop(ck.job_id, {})  # re-inserted: the least recently heard job goes first
-            self._written[ck.job_id] = by_iteration
+            by_iteration = _heard(self._written, ck.job_id, dict)
             by_iteration.setdefault(ck.iteration, []).append(written)
             while len(by_iteration) > REMEMBERED_CHECKPOINTS:
                 by_iteration.pop(min(by_iteration))
-            while len(self._written) > REMEMBERED_JOBS:
-                self._written.pop(next(iter(self._written)))
 
     def replay(self) -> list[executor_pb2.AgentMessage]:
         """Every remembered exit again, for a planner that may have restarted after receiving them: it counts
