@@ -122,15 +122,17 @@ def open_channel(
     deadline_source: Callable[[], float | None] = lambda: None,
     transport: ClientTransport = PLAINTEXT,
     metadata: tuple[tuple[str, str], ...] = (),
+    retries: bool = True,
 ) -> grpc.Channel:
     """A channel with auth, retries and limits: TLS when `transport` has a CA (`client_transport(settings)`),
-    else plaintext, which a TLS server refuses. `metadata` goes out with every call."""
+    else plaintext, which a TLS server refuses. `metadata` goes out with every call. Without `retries` an
+    UNAVAILABLE answer comes back at once (for a caller with somewhere else to go)."""
     options = [
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.keepalive_time_ms", 30_000),
-        ("grpc.enable_retries", 1),
-        ("grpc.service_config", RETRY_SERVICE_CONFIG),
+        ("grpc.enable_retries", int(retries)),
+        *([("grpc.service_config", RETRY_SERVICE_CONFIG)] if retries else []),
     ]
     credentials = transport.credentials()
     if credentials is None:

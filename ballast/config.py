@@ -11,8 +11,8 @@ import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-DEFAULT_PORTS = {"store": 50051, "profiler": 50052, "planner": 50053, "planner_agent": 50054, "executor": 50060,
-                 "dashboard": 50070}
+DEFAULT_PORTS = {"store": 50051, "profiler": 50052, "planner": 50053, "planner_agent": 50054, "store_read": 50055,
+                 "executor": 50060, "dashboard": 50070}
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,10 @@ class Settings:
     host: str = "127.0.0.1"
     advertise_host: str = ""
     store_port: int = DEFAULT_PORTS["store"]
+    # `ballast up` starts a second store process that serves only the read-only RPCs (README "Store reads"), on
+    # store_read_port: one Python process tops out near one core, and half the store's calls are reads
+    store_reader: bool = True
+    store_read_port: int = DEFAULT_PORTS["store_read"]
     profiler_port: int = DEFAULT_PORTS["profiler"]
     planner_port: int = DEFAULT_PORTS["planner"]
     # executor agents connect here, with a client certificate (mutual TLS) that names their host
@@ -39,6 +43,9 @@ class Settings:
     # the read-only web dashboard (HTTPS with the server certificate; HTTP on loopback only with plaintext)
     dashboard_port: int = DEFAULT_PORTS["dashboard"]
     store_address: str = ""
+    # where services send the store's read-only RPCs (empty: to the store itself); `ballast up` sets it for its
+    # children when it starts the reader, and a read it cannot serve goes to the store
+    store_read_address: str = ""
     profiler_address: str = ""
     planner_address: str = ""
     planner_agent_address: str = ""

@@ -18,7 +18,7 @@ admin's (`ballast sql`). The clients run as threads in --procs processes, so the
 serialise them. --flood N adds N clients of one more tenant calling JobService.List without pause: its rate
 limit (BALLAST_RATE_LIMIT_RPS) throttles it, and the others' figures show what it leaves them.
 Run from the repository root: `.venv/bin/python benchmarks/load.py [--clients 100] [--seconds 60]
-[--tenants 5] [--seed 1] [--think-ms 1000] [--flood 0]`.
+[--tenants 5] [--seed 1] [--think-ms 1000] [--flood 0] [--no-store-reader]`.
 """
 
 from __future__ import annotations
@@ -320,6 +320,8 @@ def main() -> None:
     parser.add_argument("--procs", type=int, default=4, help="client processes the sessions are spread over")
     parser.add_argument("--flood", type=int, default=0,
                         help="clients of one more tenant calling JobService.List without pause (rate limits)")
+    parser.add_argument("--no-store-reader", action="store_true",
+                        help="serve every store call from the one store process (BALLAST_STORE_READER=0)")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
@@ -329,7 +331,8 @@ def main() -> None:
     for name in ("clients", "tenants", "procs"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name}: must be at least 1")
-    settings = make_settings(Path(tempfile.mkdtemp(prefix="ballast-load-")), queue=f"load-{uuid.uuid4().hex[:8]}")
+    settings = make_settings(Path(tempfile.mkdtemp(prefix="ballast-load-")), queue=f"load-{uuid.uuid4().hex[:8]}",
+                             store_reader=not args.no_store_reader)
     env = settings_env(settings)
     ballast(env, "up", "--executors", "0")
     try:

@@ -51,7 +51,8 @@ AGENT_PORTS = 8  # the most executor agents one test plane starts
 
 
 def make_settings(data_dir: Path, **overrides: object) -> Settings:
-    ports = {f"{name}_port": free_port() for name in ("store", "profiler", "planner", "planner_agent", "dashboard")}
+    ports = {f"{name}_port": free_port()
+             for name in ("store", "store_read", "profiler", "planner", "planner_agent", "dashboard")}
     ports["executor_port"] = free_port(block=AGENT_PORTS)  # agent i serves on executor_port + i
     # metrics endpoints stay off unless a test asks (tests/test_metrics.py): many planes share this process
     ports.update({f"{name}_metrics_port": 0 for name in ("store", "profiler", "planner", "worker", "executor")})
@@ -80,7 +81,8 @@ def in_process_cli(settings: Settings, monkeypatch, capsys) -> Callable[..., tup
 def settings_env(settings: Settings) -> dict[str, str]:
     """Environment that makes a subprocess see the same settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("BALLAST_")}
-    for name in ("data_dir", "database_url", "broker_url", "host", "store_port", "profiler_port", "planner_port",
+    for name in ("data_dir", "database_url", "broker_url", "host", "store_port", "store_read_port", "store_reader",
+                 "profiler_port", "planner_port",
                  "planner_agent_port", "executor_port", "dashboard_port", "tls_ca", "tls_cert", "tls_key", "plaintext",
                  "queue", "lease_seconds", "sweep_interval_s", "requeue_unclaimed_s", "visibility_timeout_s",
                  "worker_heartbeat_s", "store_metrics_port", "profiler_metrics_port", "planner_metrics_port",

@@ -30,8 +30,8 @@ def test_up_status_sql_down(tmp_path: Path) -> None:
     state = State.load(settings)
     try:
         assert up.returncode == 0, up.stdout + up.stderr
-        assert {c.name for c in state.children} == {"store", "profiler", "planner", "dashboard", "worker",
-                                                    "executor-0", "executor-1"}
+        assert {c.name for c in state.children} == {"store", "store-read", "profiler", "planner", "dashboard",
+                                                    "worker", "executor-0", "executor-1"}
         assert f"dashboard: {settings.dashboard_url()}" in up.stdout
         status = ballast(settings, "status", "--data-dir", data_dir, "--json")
         assert status.returncode == 0, status.stdout + status.stderr
@@ -162,7 +162,7 @@ def test_demo(tmp_path: Path) -> None:
     for words in ("PLAN_CHOSEN", "ASSIGNED", "SUCCEEDED", "trained 8 iteration(s)", "iteration time: predicted",
                   "prediction: uncalibrated", "calibration cal-",
                   "loss curve", "live rebalancing", "REPARTITION", "FROM layer_migrations",
-                  "stopped 7 processes"):  # with the dashboard
+                  "stopped 8 processes"):  # with the dashboard and the store's reader
         assert words in out, out
     # The live decision shows either way. Whether the first move beats the repartitioner's margin (5%, or the
     # measurements' noise when larger) is this host's call: on a busy 2-core machine the demo's gain sits near

@@ -32,7 +32,7 @@ REQUIRED_SERVICES = {"postgres", "redis", "migrate", "planner-worker", "promethe
 THIRD_PARTY = {"postgres", "redis", "prometheus", "grafana"}
 # Every BALLAST_* name the settings understand (plus the config file path): derived, never listed twice.
 KNOWN_BALLAST_VARS = {f"BALLAST_{f.name.upper()}" for f in fields(Settings)} | {"BALLAST_CONFIG"}
-DATABASE_CLIENTS = {"store", "migrate"}  # BALLAST_DATABASE_URL / BALLAST_SQL_DATABASE_URL
+DATABASE_CLIENTS = {"store", "store-read", "migrate"}  # BALLAST_DATABASE_URL / BALLAST_SQL_DATABASE_URL
 BROKER_CLIENTS = {"planner", "planner-worker"}
 BALLAST_NAME = re.compile(r"\bBALLAST_[A-Z0-9_]+")
 
@@ -160,6 +160,20 @@ def test_peer_addresses_point_at_services_on_their_ports(services: dict[str, dic
                 peer = match.group(1).lower()
                 assert value == f"{peer}:{GRPC_PORTS[peer]}", (name, key, value)
                 assert peer in services
+            if key == "BALLAST_STORE_READ_ADDRESS":
+                assert value == f"store-read:{env_of(service)['BALLAST_STORE_READ_PORT']}", (name, value)
+
+
+def test_the_read_only_store_serves_its_port_over_the_database_with_a_certificate_for_its_name(
+    services: dict[str, dict[str, Any]]
+) -> None:
+    reader = services["store-read"]
+    port = env_of(reader)["BALLAST_STORE_READ_PORT"]
+    assert reader["command"] == ["ballast", "serve", "store", "--read-only"]
+    assert reader["healthcheck"]["test"][1:4] == ["ballast", "health", f"localhost:{port}"]
+    assert reader["depends_on"]["store"] == {"condition": "service_healthy"}
+    tls_init = services["tls-init"]["command"]
+    assert "store-read" in [tls_init[i + 1] for i, arg in enumerate(tls_init) if arg == "--server-name"]
 
 
 def test_migrate_runs_once_after_postgres_is_healthy(services: dict[str, dict[str, Any]]) -> None:

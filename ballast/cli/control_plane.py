@@ -88,11 +88,11 @@ def ensure_token(settings: Settings) -> str:
     return path.read_text().strip()
 
 
-def spawn(settings: Settings, name: str, args: list[str]) -> Child:
+def spawn(settings: Settings, name: str, args: list[str], env_extra: dict[str, str] | None = None) -> Child:
     logs = settings.data_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{name}.log"
-    env = {**os.environ, "BALLAST_DATA_DIR": str(settings.data_dir), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "BALLAST_DATA_DIR": str(settings.data_dir), "PYTHONUNBUFFERED": "1", **(env_extra or {})}
     with open(log_path, "ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "ballast", *args], stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -101,17 +101,23 @@ def spawn(settings: Settings, name: str, args: list[str]) -> Child:
 
 def start_all(settings: Settings, executors: int) -> State:
     state = State()
+    reads: dict[str, str] = {}  # what the services after the store are told about its reader
     for name in SERVICES:
         policy = ["--policy", settings.fleet_policy] if name == "planner" and settings.fleet_policy else []
-        child = spawn(settings, name, ["serve", name, *policy])
+        child = spawn(settings, name, ["serve", name, *policy], reads)
         child.address = settings.address(name)
         state.children.append(child)
-    dashboard = spawn(settings, "dashboard", ["serve", "dashboard"])
+        if name == "store" and settings.store_reader:
+            reader = spawn(settings, "store-read", ["serve", "store", "--read-only"])
+            reader.address = f"{settings.host}:{settings.store_read_port}"
+            state.children.append(reader)
+            reads = {"BALLAST_STORE_READ_ADDRESS": reader.address}
+    dashboard = spawn(settings, "dashboard", ["serve", "dashboard"], reads)
     dashboard.address = settings.dashboard_url()
     state.children.append(dashboard)
-    state.children.append(spawn(settings, "worker", ["worker"]))
+    state.children.append(spawn(settings, "worker", ["worker"], reads))
     for i in range(executors):
-        child = spawn(settings, f"executor-{i}", ["serve", "executor", "--index", str(i)])
+        child = spawn(settings, f"executor-{i}", ["serve", "executor", "--index", str(i)], reads)
         child.address = f"{settings.host}:{settings.executor_port + i}"
         state.children.append(child)
     state.save(settings)

@@ -162,11 +162,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
         err.print(f"[red]error[/red] --policy is the planner's option, not the {args.service}'s: "
                   "use `ballast serve planner --policy FILE`")
         return 2
+    if args.read_only and args.service != "store":
+        err.print(f"[red]error[/red] --read-only is the store's option, not the {args.service}'s: "
+                  "use `ballast serve store --read-only`")
+        return 2
     settings = _settings(args)
-    configure_logging(args.service, settings.log_level, settings.log_format)
+    configure_logging("store-read" if args.read_only else args.service, settings.log_level, settings.log_format)
     if args.service == "store":
-        from services.store.service import main
-    elif args.service == "profiler":
+        from services.store.service import main as serve_store
+
+        freeze_startup_heap()
+        return serve_store(settings, read_only=args.read_only)
+    if args.service == "profiler":
         from services.profiler.service import main
     elif args.service == "planner":
         from services.planner.service import main
@@ -331,6 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", type=Path, default=None, metavar="FILE",
                    help="planner only: fleet policy YAML stored at start-up if it differs from the policy in force "
                         "(default $BALLAST_FLEET_POLICY)")
+    p.add_argument("--read-only", action="store_true",
+                   help="store only: serve the read-only RPCs on the store read port, refusing writes "
+                        "(`ballast up` starts one beside the store)")
     add("worker", cmd_worker, "run a Celery planner worker in the foreground")
     p = add("health", cmd_health, "gRPC health check (exit 0 iff SERVING)")
     p.add_argument("address")

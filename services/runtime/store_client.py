@@ -27,6 +27,10 @@ from services.runtime.store_api import SERVICE, Store, implement
 # retries come first: once a failed call has taken longer than the budget, it is not tried again, so
 # the two never multiply into a long hang while the store is down.
 READ_ONLY = frozenset(m.name for m in SERVICE.methods if not changes_state(m.name))
+# The reads a read-only store serves when there is one (README "Store reads"). Token checks stay with the store
+# that rotates and revokes tokens, so a revocation is not held up by a second cache.
+READER_SERVES = READ_ONLY - {"Authenticate"}
+READER_BENCHED_S = 5.0  # after the reader failed to answer, reads go straight to the store this long
 RETRY_DELAYS_S = (0.05, 0.2, 0.5)
 RETRY_BUDGET_S = 1.5
 
@@ -38,19 +42,30 @@ def _rpc(name: str) -> Callable[..., Any]:
 
 @implement(_rpc)
 class RemoteStore(Store):
-    """Store over a channel to StoreService; whose token the channel sends decides who the calls run as."""
+    """Store over a channel to StoreService; whose token the channel sends decides who the calls run as.
+    With `reads`, a channel to a read-only store over the same database, the reads go there first."""
 
-    def __init__(self, channel: grpc.Channel):
+    def __init__(self, channel: grpc.Channel, reads: grpc.Channel | None = None):
+        """`reads` should be opened without retries (open_channel): a reader away is then left at once."""
         self._stub = store_pb2_grpc.StoreServiceStub(channel)
+        self._reader = store_pb2_grpc.StoreServiceStub(reads) if reads is not None else None
+        self._reader_benched_until = 0.0
 
     def _call(self, name: str, request: Message, delays: tuple[float, ...], **kwargs: Any) -> Any:
         """One RPC; a failure re-raised as the matching domain error, UNAVAILABLE retried after each delay
-        while within RETRY_BUDGET_S."""
+        while within RETRY_BUDGET_S. A read the reader cannot serve (down, restarting) goes to the store, and so
+        do the reads of the next READER_BENCHED_S."""
         start = time.monotonic()
+        reader = self._reader is not None and name in READER_SERVES and start >= self._reader_benched_until
+        stub = self._reader if reader else self._stub
         for delay in (*delays, None):
             try:
-                return getattr(self._stub, name)(request, **kwargs)
+                return getattr(stub, name)(request, **kwargs)
             except grpc.RpcError as exc:
+                if stub is not self._stub and exc.code() == grpc.StatusCode.UNAVAILABLE:
+                    self._reader_benched_until = time.monotonic() + READER_BENCHED_S
+                    stub = self._stub  # at once: the store serves every read the reader does
+                    continue
                 late = delay is None or time.monotonic() - start + delay > RETRY_BUDGET_S
                 if late or exc.code() != grpc.StatusCode.UNAVAILABLE:
                     raise domain_error(exc) from None
@@ -78,16 +93,20 @@ def remote_stores(settings: Settings) -> tuple[RemoteStore, RemoteStore]:
     """(as_caller, as_platform): the first forwards the incoming call's token and deadline, the second
     uses the service's own token and marks its calls background work (the lease sweeper, the worker's
     preparation, heartbeats, audit records), which the store's writes let calls someone waits on go before."""
-    address = settings.address("store")
     service_token = settings.resolved_token()
     transport = client_transport(settings)
-    as_caller = open_channel(
-        address, lambda: context.caller_token() or service_token, deadline_source=context.remaining_time,
-        transport=transport, metadata=forwarded(settings),
-    )
     background = ((context.LANE_HEADER, context.BACKGROUND),)  # no caller waits: the store serves it after them
-    return RemoteStore(as_caller), RemoteStore(open_channel(address, service_token, transport=transport,
-                                                            metadata=background))
+
+    def as_caller(address: str, retries: bool = True) -> grpc.Channel:
+        return open_channel(address, lambda: context.caller_token() or service_token, retries=retries,
+                            deadline_source=context.remaining_time, transport=transport, metadata=forwarded(settings))
+
+    def as_platform(address: str, retries: bool = True) -> grpc.Channel:
+        return open_channel(address, service_token, transport=transport, metadata=background, retries=retries)
+
+    store, reader = settings.address("store"), settings.store_read_address
+    return tuple(RemoteStore(channel(store), channel(reader, retries=False) if reader else None)  # type: ignore[return-value]
+                 for channel in (as_caller, as_platform))
 
 
 def anonymous_store(settings: Settings) -> RemoteStore:
