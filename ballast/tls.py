@@ -119,13 +119,24 @@ def init_bundle(ca_dir: Path, out: Path, names: list[str], agents: list[str]) ->
         shutil.copyfile(ca.cert, out / "ca.crt")
         written.append(out / "ca.crt")
     server = Identity(out / "server.crt", out / "server.key")
-    if not server.cert.exists():
-        written.append(issue(ca, server, "ballast-server", [*names, *LOOPBACK_NAMES], server=True, client=False).cert)
+    wanted = [*names, *LOOPBACK_NAMES]
+    if not server.cert.exists() or not set(wanted) <= alt_names(server.cert):  # a new service's name: issued anew
+        written.append(issue(ca, server, "ballast-server", wanted, server=True, client=False).cert)
     for agent in agents:
         identity = Identity(out / "agents" / f"{agent}.crt", out / "agents" / f"{agent}.key")
         if not identity.cert.exists():
             written.append(issue(ca, identity, agent, [agent, *LOOPBACK_NAMES], server=True, client=True).cert)
     return written
+
+
+def alt_names(cert: Path) -> set[str]:
+    """The DNS names and IP addresses a PEM certificate is good for."""
+    loaded = x509.load_pem_x509_certificate(cert.read_bytes())
+    try:
+        sans = loaded.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return set()
+    return {str(n.value) for n in sans if isinstance(n, x509.DNSName | x509.IPAddress)}
 
 
 def common_name(cert: Path) -> str:

@@ -6,6 +6,7 @@ there within its short cache. Real gRPC servers on loopback, SQLite and PostgreS
 from __future__ import annotations
 
 import dataclasses
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,10 +15,11 @@ import pytest
 
 from ballast.client import open_channel
 from ballast.config import Settings
-from ballast.transport import client_transport
+from ballast.transport import client_transport, server_credentials
 from ballast.v1 import common_pb2, store_pb2
+from services.runtime import store_client
 from services.runtime.errors import FailedPrecondition, Unauthenticated
-from services.runtime.server import Server
+from services.runtime.server import Server, ServerSpec
 from services.runtime.store_client import READ_ONLY, READER_SERVES, RemoteStore, remote_stores
 from services.store import schema
 from services.store.db import create_engine
@@ -105,3 +107,31 @@ def test_a_rotated_token_stops_working_on_the_reader_within_its_cache(pair: Pair
         return False
 
     wait_for(refused, timeout=READER_TTL_S + 4, what="the old token refused by the reader")
+
+
+def test_a_hung_reader_is_left_after_one_short_attempt_and_benched(pair: Pair, monkeypatch):
+    monkeypatch.setattr(store_client, "READER_ATTEMPT_S", 0.5)
+    with socket.socket() as hung:  # takes the connection, never answers (not even the TLS handshake)
+        hung.bind(("127.0.0.1", 0))
+        hung.listen()
+        settings = dataclasses.replace(pair.settings, store_read_address=f"127.0.0.1:{hung.getsockname()[1]}")
+        as_caller, _ = remote_stores(settings)
+        made = as_caller.create_tenant(store_pb2.CreateTenantRequest(name="past-a-hung-reader"))
+        first = time.monotonic()
+        assert made.tenant.name in {t.name for t in as_caller.list_tenants(store_pb2.ListTenantsRequest()).tenants}
+        took = time.monotonic() - first
+        second = time.monotonic()
+        as_caller.list_tenants(store_pb2.ListTenantsRequest())
+        assert took >= 0.5 and time.monotonic() - second < 0.5 <= took  # waited once; benched after
+
+
+def test_a_reader_without_the_rpc_sends_the_read_to_the_store(pair: Pair):
+    health_only = Server(ServerSpec(name="old-reader", address="127.0.0.1:0", register=lambda s: None, services=[],
+                                    credentials=server_credentials(pair.settings))).start()
+    try:  # a reader older than the call answers UNIMPLEMENTED (a rolling upgrade): the store answers instead
+        as_caller, _ = remote_stores(dataclasses.replace(pair.settings,
+                                                         store_read_address=f"127.0.0.1:{health_only.port}"))
+        made = as_caller.create_tenant(store_pb2.CreateTenantRequest(name="past-an-old-reader"))
+        assert made.tenant.name in {t.name for t in as_caller.list_tenants(store_pb2.ListTenantsRequest()).tenants}
+    finally:
+        health_only.stop(0)

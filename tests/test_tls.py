@@ -11,7 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ballast.client import open_channel
 from ballast.config import load_settings
-from ballast.tls import common_name, ensure_server_files, tls_files
+from ballast.tls import alt_names, common_name, ensure_server_files, init_bundle, tls_files
 from ballast.transport import ClientTransport, client_transport, is_loopback
 from ballast.v1 import executor_pb2, executor_pb2_grpc, fleet_pb2, store_pb2, store_pb2_grpc
 from services.runtime.server import Server, ServerSpec
@@ -115,6 +115,18 @@ def test_the_local_ca_is_made_once_with_private_keys_0600(tmp_path) -> None:
     for key in (files.identity.key, files.ca.with_name("ca.key")):
         assert stat.S_IMODE(key.stat().st_mode) == 0o600
     assert common_name(files.identity.cert) == "ballast-server"
+
+
+def test_tls_init_keeps_the_server_certificate_until_a_new_service_name_needs_one(tmp_path) -> None:
+    ca_dir, out = tmp_path / "ca", tmp_path / "tls"
+    written = init_bundle(ca_dir, out, ["store", "planner"], ["executor"])
+    assert out / "server.crt" in written and {"store", "planner", "localhost"} <= alt_names(out / "server.crt")
+    assert init_bundle(ca_dir, out, ["store", "planner"], ["executor"]) == []  # all there: nothing rewritten
+    before = (out / "ca.crt").read_bytes()
+    # an upgrade that adds a service (compose's store-read): its name joins the server certificate, same CA
+    assert init_bundle(ca_dir, out, ["store", "store-read", "planner"], ["executor"]) == [out / "server.crt"]
+    assert {"store", "store-read", "planner"} <= alt_names(out / "server.crt")
+    assert (out / "ca.crt").read_bytes() == before
 
 
 def test_explicit_certificate_paths_must_exist(tmp_path) -> None:

@@ -99,19 +99,15 @@ def spawn(settings: Settings, name: str, args: list[str], env_extra: dict[str, s
     return Child(name=name, pid=proc.pid, log=str(log_path))
 
 
-def start_all(settings: Settings, executors: int) -> State:
+def start_all(settings: Settings, executors: int, timeout_s: float = 60.0) -> State:
     state = State()
-    reads: dict[str, str] = {}  # what the services after the store are told about its reader
+    # the services are told where the store's reader will be; until it serves, they read from the store
+    reads = {"BALLAST_STORE_READ_ADDRESS": settings.address("store_read")} if settings.store_reader else {}
     for name in SERVICES:
         policy = ["--policy", settings.fleet_policy] if name == "planner" and settings.fleet_policy else []
-        child = spawn(settings, name, ["serve", name, *policy], reads)
+        child = spawn(settings, name, ["serve", name, *policy], reads if name != "store" else {})
         child.address = settings.address(name)
         state.children.append(child)
-        if name == "store" and settings.store_reader:
-            reader = spawn(settings, "store-read", ["serve", "store", "--read-only"])
-            reader.address = f"{settings.host}:{settings.store_read_port}"
-            state.children.append(reader)
-            reads = {"BALLAST_STORE_READ_ADDRESS": reader.address}
     dashboard = spawn(settings, "dashboard", ["serve", "dashboard"], reads)
     dashboard.address = settings.dashboard_url()
     state.children.append(dashboard)
@@ -120,8 +116,25 @@ def start_all(settings: Settings, executors: int) -> State:
         child = spawn(settings, f"executor-{i}", ["serve", "executor", "--index", str(i)], reads)
         child.address = f"{settings.host}:{settings.executor_port + i}"
         state.children.append(child)
+    if settings.store_reader:
+        start_reader(settings, state, time.monotonic() + timeout_s)
     state.save(settings)
     return state
+
+
+def start_reader(settings: Settings, state: State, deadline: float) -> None:
+    """The store's read-only twin, once the store serves: the store makes the admin's token good at start-up,
+    and a reader answering before that would turn the services' first reads away. A store that never serves is
+    reported as such; its reader is then not started."""
+    store = next(c for c in state.children if c.name == "store")
+    transport = client_transport(settings)
+    while check(store.address, transport=transport) != "SERVING":
+        if not alive(store.pid) or time.monotonic() > deadline:
+            return
+        time.sleep(0.2)
+    reader = spawn(settings, "store-read", ["serve", "store", "--read-only"])
+    reader.address = settings.address("store_read")
+    state.children.insert(state.children.index(store) + 1, reader)
 
 
 def metrics_port(settings: Settings, name: str) -> int:
@@ -270,7 +283,7 @@ def bring_up(settings: Settings, executors: int, timeout_s: float) -> tuple[bool
     except Exception as exc:  # noqa: BLE001 - reported to the user, nothing was started yet
         return False, [], f"cannot migrate {settings.database_url}: {exc}"
     started = time.time()
-    state = start_all(settings, executors)
+    state = start_all(settings, executors, timeout_s)
     deadline = time.monotonic() + timeout_s
     rows = wait_serving(settings, state, timeout_s)
     bad = [r for r in rows if r[2] != "SERVING"]

@@ -27,7 +27,9 @@ log = logging.getLogger("ballast.dashboard")
 def backend(settings: Settings) -> Backend:
     """Channels to the store and planner that send the current visitor's token (reads.acting_as)."""
     transport = client_transport(settings)
-    store = RemoteStore(open_channel(settings.address("store"), caller_token, transport=transport))
+    reads = settings.store_read_address  # the store's read-only twin, where there is one (README "Store reads")
+    store = RemoteStore(open_channel(settings.address("store"), caller_token, transport=transport),
+                        open_channel(reads, caller_token, transport=transport, retries=False) if reads else None)
     fleet = services_pb2_grpc.FleetServiceStub(open_channel(settings.address("planner"), caller_token,
                                                             transport=transport))
     return Backend(store=store, fleet=fleet, authenticate=StoreAuthenticator(anonymous_store(settings)))

@@ -30,7 +30,11 @@ READ_ONLY = frozenset(m.name for m in SERVICE.methods if not changes_state(m.nam
 # The reads a read-only store serves when there is one (README "Store reads"). Token checks stay with the store
 # that rotates and revokes tokens, so a revocation is not held up by a second cache.
 READER_SERVES = READ_ONLY - {"Authenticate"}
-READER_BENCHED_S = 5.0  # after the reader failed to answer, reads go straight to the store this long
+READER_BENCHED_S = 5.0  # after the reader failed to answer, reads go straight to the store this long ...
+READER_HUNG_BENCHED_S = 30.0  # ... or this long after it took READER_ATTEMPT_S without answering
+READER_ATTEMPT_S = 3.0  # the most one read waits for the reader before the store is asked (reads take ms)
+LEAVE_READER = {grpc.StatusCode.UNAVAILABLE: READER_BENCHED_S, grpc.StatusCode.UNIMPLEMENTED: READER_BENCHED_S,
+                grpc.StatusCode.DEADLINE_EXCEEDED: READER_HUNG_BENCHED_S}
 RETRY_DELAYS_S = (0.05, 0.2, 0.5)
 RETRY_BUDGET_S = 1.5
 
@@ -53,24 +57,37 @@ class RemoteStore(Store):
 
     def _call(self, name: str, request: Message, delays: tuple[float, ...], **kwargs: Any) -> Any:
         """One RPC; a failure re-raised as the matching domain error, UNAVAILABLE retried after each delay
-        while within RETRY_BUDGET_S. A read the reader cannot serve (down, restarting) goes to the store, and so
-        do the reads of the next READER_BENCHED_S."""
+        while within RETRY_BUDGET_S. A read goes to the reader first, if there is one and it is not benched."""
+        if self._reader is not None and name in READER_SERVES and time.monotonic() >= self._reader_benched_until:
+            answered, reply = self._from_reader(name, request, kwargs)
+            if answered:
+                return reply
         start = time.monotonic()
-        reader = self._reader is not None and name in READER_SERVES and start >= self._reader_benched_until
-        stub = self._reader if reader else self._stub
         for delay in (*delays, None):
             try:
-                return getattr(stub, name)(request, **kwargs)
+                return getattr(self._stub, name)(request, **kwargs)
             except grpc.RpcError as exc:
-                if stub is not self._stub and exc.code() == grpc.StatusCode.UNAVAILABLE:
-                    self._reader_benched_until = time.monotonic() + READER_BENCHED_S
-                    stub = self._stub  # at once: the store serves every read the reader does
-                    continue
                 late = delay is None or time.monotonic() - start + delay > RETRY_BUDGET_S
                 if late or exc.code() != grpc.StatusCode.UNAVAILABLE:
                     raise domain_error(exc) from None
             time.sleep(delay)
         raise AssertionError("unreachable")
+
+    def _from_reader(self, name: str, request: Message, kwargs: dict[str, Any]) -> tuple[bool, Any]:
+        """(True, reply) from the reader, or (False, None) when the store should answer instead: the reader is
+        away (UNAVAILABLE), older than the call (UNIMPLEMENTED) or hung (no answer in READER_ATTEMPT_S while the
+        caller could still wait); it is then benched. Any other failure is the answer, as the store's would be."""
+        remaining = context.remaining_time()
+        attempt = READER_ATTEMPT_S if remaining is None else min(READER_ATTEMPT_S, remaining)
+        try:
+            return True, getattr(self._reader, name)(request, timeout=attempt, **kwargs)
+        except grpc.RpcError as exc:
+            code = exc.code()
+            caller_out_of_time = code == grpc.StatusCode.DEADLINE_EXCEEDED and attempt < READER_ATTEMPT_S
+            if code not in LEAVE_READER or caller_out_of_time:
+                raise domain_error(exc) from None
+            self._reader_benched_until = time.monotonic() + LEAVE_READER[code]
+            return False, None
 
 
 class _TokenChecker(RemoteStore):
