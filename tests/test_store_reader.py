@@ -54,9 +54,9 @@ def pair(empty_database_url: str, tmp_path: Path) -> Iterator[Pair]:
             server.stop(0)
 
 
-def test_every_read_only_rpc_but_token_checks_goes_to_the_reader():
-    assert READER_SERVES == READ_ONLY - {"Authenticate"}
-    assert {"GetJob", "ListJobs", "ListJobEvents", "Query", "ListHosts"} <= READER_SERVES
+def test_every_read_only_rpc_but_token_checks_and_sql_goes_to_the_reader():
+    assert READER_SERVES == READ_ONLY - {"Authenticate", "Query"}
+    assert {"GetJob", "ListJobs", "ListJobEvents", "ListHosts", "GetPlan"} <= READER_SERVES
     assert not READER_SERVES & {"CreateQueuedJob", "TransitionJob", "CreatePlan", "RecordAudit"}
 
 

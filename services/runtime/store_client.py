@@ -28,8 +28,9 @@ from services.runtime.store_api import SERVICE, Store, implement
 # the two never multiply into a long hang while the store is down.
 READ_ONLY = frozenset(m.name for m in SERVICE.methods if not changes_state(m.name))
 # The reads a read-only store serves when there is one (README "Store reads"). Token checks stay with the store
-# that rotates and revokes tokens, so a revocation is not held up by a second cache.
-READER_SERVES = READ_ONLY - {"Authenticate"}
+# that rotates and revokes tokens, so a revocation is not held up by a second cache; SQL stays there too, as a
+# query may rightly run longer than READER_ATTEMPT_S (its timeout is the caller's) and would then run twice.
+READER_SERVES = READ_ONLY - {"Authenticate", "Query"}
 READER_BENCHED_S = 5.0  # after the reader failed to answer, reads go straight to the store this long ...
 READER_HUNG_BENCHED_S = 30.0  # ... or this long after it took READER_ATTEMPT_S without answering
 READER_ATTEMPT_S = 3.0  # the most one read waits for the reader before the store is asked (reads take ms)
