@@ -19,7 +19,7 @@ from ballast.v1 import services_pb2_grpc
 from services.dashboard.app import build_app
 from services.dashboard.reads import Backend, caller_token
 from services.runtime.server import is_loopback
-from services.runtime.store_client import RemoteStore, StoreAuthenticator, anonymous_store
+from services.runtime.store_client import StoreAuthenticator, anonymous_store, store_over
 
 log = logging.getLogger("ballast.dashboard")
 
@@ -27,9 +27,7 @@ log = logging.getLogger("ballast.dashboard")
 def backend(settings: Settings) -> Backend:
     """Channels to the store and planner that send the current visitor's token (reads.acting_as)."""
     transport = client_transport(settings)
-    reads = settings.store_read_address  # the store's read-only twin, where there is one (README "Store reads")
-    store = RemoteStore(open_channel(settings.address("store"), caller_token, transport=transport),
-                        open_channel(reads, caller_token, transport=transport, retries=False) if reads else None)
+    store = store_over(settings, caller_token)
     fleet = services_pb2_grpc.FleetServiceStub(open_channel(settings.address("planner"), caller_token,
                                                             transport=transport))
     return Backend(store=store, fleet=fleet, authenticate=StoreAuthenticator(anonymous_store(settings)))

@@ -10,7 +10,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 
-from ballast.client import open_channel
+from ballast.client import TokenSource, open_channel
 from ballast.config import Settings
 from ballast.transport import client_transport
 from ballast.v1 import common_pb2, store_pb2, store_pb2_grpc
@@ -112,19 +112,19 @@ def remote_stores(settings: Settings) -> tuple[RemoteStore, RemoteStore]:
     uses the service's own token and marks its calls background work (the lease sweeper, the worker's
     preparation, heartbeats, audit records), which the store's writes let calls someone waits on go before."""
     service_token = settings.resolved_token()
-    transport = client_transport(settings)
     background = ((context.LANE_HEADER, context.BACKGROUND),)  # no caller waits: the store serves it after them
+    as_caller = store_over(settings, lambda: context.caller_token() or service_token,
+                           deadline_source=context.remaining_time, metadata=forwarded(settings))
+    return as_caller, store_over(settings, service_token, metadata=background)
 
-    def as_caller(address: str, retries: bool = True) -> grpc.Channel:
-        return open_channel(address, lambda: context.caller_token() or service_token, retries=retries,
-                            deadline_source=context.remaining_time, transport=transport, metadata=forwarded(settings))
 
-    def as_platform(address: str, retries: bool = True) -> grpc.Channel:
-        return open_channel(address, service_token, transport=transport, metadata=background, retries=retries)
-
-    store, reader = settings.address("store"), settings.store_read_address
-    return tuple(RemoteStore(channel(store), channel(reader, retries=False) if reader else None)  # type: ignore[return-value]
-                 for channel in (as_caller, as_platform))
+def store_over(settings: Settings, token: TokenSource, **options: Any) -> RemoteStore:
+    """A RemoteStore sending `token` (open_channel's other `options` alike) to the store, and its reads to the
+    store's read-only twin when the settings name one (README "Store reads"): that channel without retries."""
+    transport = client_transport(settings)
+    reader = settings.store_read_address
+    return RemoteStore(open_channel(settings.address("store"), token, transport=transport, **options),
+                       open_channel(reader, token, transport=transport, retries=False, **options) if reader else None)
 
 
 def anonymous_store(settings: Settings) -> RemoteStore:
