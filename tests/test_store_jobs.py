@@ -9,7 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 from ballast.v1 import job_pb2, store_pb2
-from services.runtime.errors import AlreadyExists, FailedPrecondition, InvalidArgument
+from services.runtime.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from tests.store_builders import gpt, job_spec, page
 from tests.store_fixtures import JS, Store, events, move, new_job
 
@@ -73,6 +73,32 @@ def test_a_queued_job_is_stored_with_its_request_or_not_at_all(store: Store):
             a.create_queued_job(request)
         assert err.value.field == field
     assert (store.count("jobs"), store.count("job_events"), store.count("queued_requests")) == (1, 1, 1)
+
+
+def test_a_known_model_is_not_read_again_and_stays_its_tenants(store: Store):
+    """Once a submit has found a tenant's stored model, later submits of it take its id from the store's memory
+    (a stored model never changes) without reading the models table; the memory is per tenant, so the same
+    content submitted by another tenant is still stored as that tenant's own model."""
+    statements: list[str] = []
+
+    def seen(conn, cursor, statement, *args) -> None:
+        statements.append(statement)
+
+    first = new_job(store, name="first")  # stores the model
+    second = new_job(store, name="second")  # finds it, and keeps its id
+    sa.event.listen(store.engine, "before_cursor_execute", seen)
+    try:
+        third = new_job(store, name="third")
+    finally:
+        sa.event.remove(store.engine, "before_cursor_execute", seen)
+    assert first.model_id == second.model_id == third.model_id
+    assert statements and not [s for s in statements if "FROM models" in s]
+    theirs = new_job(store, who=store.b, name="theirs")
+    again = new_job(store, who=store.b, name="theirs-again")
+    assert theirs.model_id != first.model_id and again.model_id == theirs.model_id
+    assert store.count("models") == 2
+    with pytest.raises(NotFound):
+        store.as_(store.b).get_model(store_pb2.GetRequest(id=first.model_id))
 
 
 def test_job_state_machine_events_and_compare_and_set(store: Store):

@@ -22,7 +22,7 @@ from ballast.transport import client_transport
 from ballast.v1 import queue_pb2, services_pb2_grpc, store_pb2
 from services.planner.jobs import calibrate_job, prepare
 from services.planner.plans import operations
-from services.planner.queue import durable
+from services.planner.queue import broker, durable
 from services.planner.queue.publisher import Publisher
 from services.runtime.metrics_http import serve_metrics
 from services.runtime.store_client import remote_stores
@@ -38,6 +38,7 @@ PROFILE_TIMEOUT_S = 3600.0  # a job's profile is measured inside the call
 durable.register(operations.KIND, operations.run_plan)
 durable.register(prepare.KIND, prepare.prepare_job)
 durable.register(calibrate_job.KIND, calibrate_job.calibrate_after)
+broker.install()  # the embedded broker's leaner publish (queue/broker.py)
 
 
 def make_app(settings: Settings) -> Celery:

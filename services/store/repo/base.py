@@ -139,6 +139,9 @@ class RepositoryBase:
             WriteGate(context.in_background) if engine.dialect.name == "sqlite" else nullcontext)
         self.principals = PrincipalCache()  # bearer tokens resolved lately (services/store/repo/tenants.py)
         self.policies: dict[int, bytes] = {}  # fleet policy versions, parsed once: a version never changes
+        # (tenant id, model signature) -> stored model id; a stored model is never deleted or changed, so a hit
+        # stays true in every process (repo/profiles.py `_stored_model_id`)
+        self.model_ids: dict[tuple[str, str], str] = {}
 
     @contextmanager
     def _tx(self, *, write: bool) -> Iterator[Session]:

@@ -25,6 +25,8 @@ from services.store.repo.base import RepositoryBase, new_id, quote
 
 LEASE_FIX = "wait for the device to be released, or pick devices no live lease holds"
 
+LATEST_POLICY_VERSION = sa.select(sa.func.max(m.FleetPolicyVersion.version))
+
 
 def lease_pb(row: m.DeviceLease) -> fleet_pb2.DeviceLease:
     return fleet_pb2.DeviceLease(
@@ -57,7 +59,7 @@ class LeaseStore(RepositoryBase):
     def current_policy(self, s: Session) -> fleet_pb2.FleetPolicy:
         """The latest policy version. Every submit reads it: only the version number comes from the database,
         the version's parsed policy from `self.policies` (a stored version is never rewritten)."""
-        version = s.scalar(sa.select(sa.func.max(m.FleetPolicyVersion.version)))
+        version = s.connection().scalar(LATEST_POLICY_VERSION)  # Core: a number, no row to map
         if not version:
             return policy_pb(None)
         known = self.policies.get(version)
@@ -174,11 +176,13 @@ class LeaseStore(RepositoryBase):
             return store_pb2.EndLeasesResponse(ended=self._end_live(s, req.job_id, reason, req.host_id))
 
     def _end_live(self, s: Session, job_id: str, reason: str, host_id: str = "") -> int:
-        """End the job's live leases in the caller's transaction (a job's end ends its leases with it)."""
-        stmt = sa.update(m.DeviceLease).where(m.DeviceLease.job_id == job_id, m.DeviceLease.ended_at.is_(None))
+        """End the job's live leases in the caller's transaction (a job's end ends its leases with it). Core, on
+        every job's end: neither caller holds lease rows in its session for the ORM to keep in step."""
+        leases = m.DeviceLease.__table__.c
+        stmt = sa.update(m.DeviceLease.__table__).where(leases.job_id == job_id, leases.ended_at.is_(None))
         if host_id:
-            stmt = stmt.where(m.DeviceLease.host_id == host_id)
-        return s.execute(stmt.values(ended_at=self.now(), end_reason=reason)).rowcount or 0
+            stmt = stmt.where(leases.host_id == host_id)
+        return s.connection().execute(stmt.values(ended_at=self.now(), end_reason=reason)).rowcount or 0
 
     def list_leases(self, p: Principal, req: store_pb2.ListLeasesRequest) -> store_pb2.ListLeasesResponse:
         stmt = self._scoped(sa.select(m.DeviceLease), m.DeviceLease.tenant_id, p)

@@ -15,6 +15,7 @@ from services.store.convert import enum_name, from_json, shared_fields, to_json
 from services.store.repo.base import RepositoryBase, fit, new_id
 
 PROFILE_LOAD = (selectinload(m.Profile.layers).selectinload(m.ProfileLayer.samples),)
+MODEL_IDS_KEPT = 65536  # stored model ids a store process keeps (repo/profiles.py `_stored_model_id`)
 PROFILE_SET_BY_STORE = ("id", "tenant_id", "model_id", "model_signature")
 LAYER_INDEX = {"index": "layer_index"}  # the proto's LayerProfile.index is ProfileLayer.layer_index
 
@@ -65,6 +66,20 @@ def check_profile_layer(layer: profile_pb2.LayerProfile, i: int) -> None:
 
 class ModelStore(RepositoryBase):
     """Model and profile RPCs; a model is stored once per tenant and content signature."""
+
+    def _stored_model_id(self, s: Session, tenant_id: str, spec: model_pb2.ModelSpec) -> str | None:
+        """The id of the tenant's stored model with this content (None: none yet). Every submit asks, and the
+        answer, once found, never changes: it is kept, so a submit of a known model reads no model row."""
+        key = (tenant_id, model_signature(spec))
+        known = self.model_ids.get(key)
+        if known is None:
+            row = self._stored_model(s, tenant_id, spec)
+            if row is None:
+                return None
+            if len(self.model_ids) >= MODEL_IDS_KEPT:
+                self.model_ids.clear()  # crude, and rare: a fleet with this many distinct models re-reads them
+            known = self.model_ids[key] = row.id
+        return known
 
     def _stored_model(self, s: Session, tenant_id: str, spec: model_pb2.ModelSpec) -> m.Model | None:
         return s.scalars(sa.select(m.Model).where(m.Model.tenant_id == tenant_id,
