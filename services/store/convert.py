@@ -108,6 +108,7 @@ def shared_fields(
     rename: Mapping[str, str] | None = None,
     skip: Collection[str] = (),
     field: str = "",
+    table: type[Base] | None = None,
 ) -> dict[str, Any]:
     """Constructor kwargs for `dst` from the plain fields it shares with `src`, proto->row or row->proto.
 
@@ -115,13 +116,14 @@ def shared_fields(
     `skip` lists proto names the caller sets itself. Nested messages are left to the caller (JSON
     columns stay explicit), except timestamps towards a proto. Enums are stored by name, and proto3's
     empty string stands for NULL in a nullable column. Towards a row every value is checked against
-    its column; `field` is the proto path of `src`, for the errors a bad value raises.
+    its column; `field` is the proto path of `src`, for the errors a bad value raises. Towards a proto, `src`
+    may be a Core result row of `table`'s columns instead of a mapped object.
     """
     to_proto = isinstance(dst, type) and issubclass(dst, Message)
     renamed = tuple(sorted(rename.items())) if rename else ()
     if to_proto:
         out: dict[str, Any] = {}
-        for f, name, kind in _plan(type(src), dst, renamed, frozenset(skip), True):
+        for f, name, kind in _plan(table or type(src), dst, renamed, frozenset(skip), True):
             value = getattr(src, name)
             if value is not None:
                 out[f.name] = _proto_value(f, kind, value)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import NamedTuple
 
@@ -16,13 +16,13 @@ from sqlalchemy.orm.attributes import set_committed_value
 
 from ballast.v1 import job_pb2, store_pb2
 from services.runtime.auth import Principal
-from services.runtime.errors import AlreadyExists, FailedPrecondition, InvalidArgument
+from services.runtime.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from services.specs import policy as fleet_policy
 from services.specs.model import validate_job_spec
 from services.store import job_states
 from services.store import models as m
 from services.store.convert import enum_name, from_json, shared_fields, to_json
-from services.store.repo.base import decode_token, encode_token, fit, int64, new_id, page_size
+from services.store.repo.base import decode_token, encode_token, fit, int64, new_id, page_size, quote
 from services.store.repo.leases import LeaseStore
 from services.store.repo.profiles import ModelStore
 from services.store.repo.queue import QueueStore, request_pb
@@ -39,19 +39,28 @@ class SpecCache:
         self._lock = threading.Lock()
 
     def spec(self, row: m.Job) -> job_pb2.JobSpec:
+        known = self.get(row.id)
+        return known if known is not None else self.parse(row.id, row.spec)
+
+    def get(self, job_id: str) -> job_pb2.JobSpec | None:
+        """The cached spec of job `job_id`, or None."""
         with self._lock:
-            data = self._items.get(row.id)
-            if data is not None:
-                self._items.move_to_end(row.id)
-        if data is None:
-            parsed = from_json(row.spec, job_pb2.JobSpec)
-            data = parsed.SerializeToString()
-            with self._lock:
-                self._items[row.id] = data
-                if len(self._items) > self.size:
-                    self._items.popitem(last=False)
-            return parsed
+            data = self._items.get(job_id)
+            if data is None:
+                return None
+            self._items.move_to_end(job_id)
         return job_pb2.JobSpec.FromString(data)
+
+    def parse(self, job_id: str, stored: object) -> job_pb2.JobSpec:
+        """Job `job_id`'s spec from its stored JSON, kept for next time."""
+        parsed = from_json(stored, job_pb2.JobSpec)
+        self.put(job_id, parsed)
+        return parsed
+
+    def clear(self) -> None:
+        """Forget every spec (benchmarks/hot_paths.py: the cost of pages the cache has not seen)."""
+        with self._lock:
+            self._items.clear()
 
     def put(self, job_id: str, spec: job_pb2.JobSpec) -> None:
         """A job just stored: its spec is the one it was created from, no need to parse it back."""
@@ -68,12 +77,30 @@ def job_pb(row: m.Job) -> job_pb2.Job:
     return job_pb2.Job(**shared_fields(row, job_pb2.Job), spec=SPECS.spec(row))
 
 
-def event_pb(row: m.JobEvent) -> job_pb2.JobEvent:
-    return job_pb2.JobEvent(**shared_fields(row, job_pb2.JobEvent))
+# The hot reads (GetJob, ListJobs, ListJobEvents: most of what the read-only store serves) select columns with
+# Core and convert the rows directly: the ORM's per-statement and per-row work cost more than the SQL. A job's
+# spec is left out of the select: the cache has it, and those it lacks are read in one statement.
+JOBS = m.Job.__table__
+JOB_ROW = sa.select(*(c for c in JOBS.c if c.key != "spec"))
+EVENTS = m.JobEvent.__table__
 
 
-INSERT_JOB = sa.insert(m.Job.__table__)
-INSERT_EVENT = sa.insert(m.JobEvent.__table__)
+def job_pbs(s: Session, rows: Sequence[sa.Row]) -> list[job_pb2.Job]:
+    """Rows of a JOB_ROW select, as protos."""
+    specs = {r.id: SPECS.get(r.id) for r in rows}
+    missing = [job_id for job_id, spec in specs.items() if spec is None]
+    if missing:
+        for job_id, stored in s.connection().execute(sa.select(JOBS.c.id, JOBS.c.spec).where(JOBS.c.id.in_(missing))):
+            specs[job_id] = SPECS.parse(job_id, stored)
+    return [job_pb2.Job(**shared_fields(r, job_pb2.Job, table=m.Job), spec=specs[r.id]) for r in rows]
+
+
+def event_pb(row: m.JobEvent | sa.Row) -> job_pb2.JobEvent:
+    return job_pb2.JobEvent(**shared_fields(row, job_pb2.JobEvent, table=m.JobEvent))
+
+
+INSERT_JOB = sa.insert(JOBS)
+INSERT_EVENT = sa.insert(EVENTS)
 
 
 class _Known(NamedTuple):
@@ -178,17 +205,25 @@ class JobStore(ModelStore, LeaseStore, QueueStore):
 
     def get_job(self, p: Principal, req: store_pb2.GetRequest) -> job_pb2.Job:
         with self._tx(write=False) as s:
-            return job_pb(self._job(s, p, req.id, field="id"))
+            rows = s.connection().execute(self._scoped(JOB_ROW.where(JOBS.c.id == req.id), JOBS.c.tenant_id, p)).all() \
+                if req.id else []
+            if not rows:
+                raise NotFound(f"job {quote(req.id)} not found", field="id")
+            return job_pbs(s, rows)[0]
 
     def list_jobs(self, p: Principal, req: store_pb2.ListJobsRequest) -> store_pb2.ListJobsResponse:
-        stmt = self._scoped(sa.select(m.Job), m.Job.tenant_id, p).order_by(m.Job.created_at.desc(), m.Job.id.desc())
+        stmt = self._scoped(JOB_ROW, JOBS.c.tenant_id, p).order_by(JOBS.c.created_at.desc(), JOBS.c.id.desc())
         stmt = self._where_set(
             stmt,
-            (m.Job.state, req.state and enum_name(job_pb2.JobState, req.state, "state")),
-            (m.Job.model_id, req.model_id),
+            (JOBS.c.state, req.state and enum_name(job_pb2.JobState, req.state, "state")),
+            (JOBS.c.model_id, req.model_id),
         )
-        items, token = self._page_of(stmt, req.page, job_pb)
-        return store_pb2.ListJobsResponse(jobs=items, next_page_token=token)
+        size, offset = page_size(req.page), decode_token(req.page.page_token)
+        with self._tx(write=False) as s:
+            rows = s.connection().execute(stmt.offset(offset).limit(size + 1)).all()
+            more = len(rows) > size
+            return store_pb2.ListJobsResponse(jobs=job_pbs(s, rows[:size]),
+                                              next_page_token=encode_token(offset + size) if more else "")
 
     def transition_job(self, p: Principal, req: store_pb2.TransitionJobRequest) -> job_pb2.Job:
         target = enum_name(job_pb2.JobState, req.state, "state")
@@ -226,7 +261,7 @@ class JobStore(ModelStore, LeaseStore, QueueStore):
             # Core statements, not the unit of work (which cost more than the SQL on this hot path); the row
             # object takes the same values as committed ones, so nothing is flushed a second time.
             conn = s.connection()
-            conn.execute(sa.update(m.Job.__table__).where(m.Job.__table__.c.id == job.id).values(**changes))
+            conn.execute(sa.update(JOBS).where(JOBS.c.id == job.id).values(**changes))
             conn.execute(INSERT_EVENT, dict(job_id=job.id, seq=changes["last_event_seq"],
                                             type=req.event_type or "STATE_CHANGED", state=target, message=req.message,
                                             attributes=attributes, created_at=changes["updated_at"]))
@@ -251,14 +286,19 @@ class JobStore(ModelStore, LeaseStore, QueueStore):
         size = page_size(req.page)
         after = int64(req.after_seq, "after_seq") if req.after_seq else decode_token(req.page.page_token)
         with self._tx(write=False) as s:
-            self._job(s, p, req.job_id)
-            rows = s.scalars(
-                sa.select(m.JobEvent)
-                .where(m.JobEvent.job_id == req.job_id, m.JobEvent.seq > after)
-                .order_by(m.JobEvent.seq)
+            conn = s.connection()
+            job = self._scoped(sa.select(JOBS.c.id).where(JOBS.c.id == req.job_id), JOBS.c.tenant_id, p)
+            if not req.job_id or conn.execute(job).first() is None:
+                raise NotFound(f"job {quote(req.job_id)} not found", field="job_id")
+            rows = conn.execute(
+                sa.select(EVENTS)
+                .where(EVENTS.c.job_id == req.job_id, EVENTS.c.seq > after)
+                .order_by(EVENTS.c.seq)
                 .limit(size + 1)
             ).all()
-            more = len(rows) > size
-            rows = rows[:size]
-            token = encode_token(rows[-1].seq) if more else ""
-            return store_pb2.ListJobEventsResponse(events=[event_pb(r) for r in rows], next_page_token=token)
+        more = len(rows) > size
+        rows = rows[:size]
+        token = encode_token(rows[-1].seq) if more else ""
+        return store_pb2.ListJobEventsResponse(
+            events=[event_pb(r) for r in rows],
+            next_page_token=token)

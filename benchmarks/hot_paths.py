@@ -1,0 +1,93 @@
+"""The store's hot calls and the embedded broker's publish, measured alone in one process (issue 22, load).
+
+Why: the load benchmark's tail follows the CPU each call costs on a saturated 2-core machine, and its runs move
+with the VM's speed from minute to minute. Measured alone, in-process (no gRPC, TLS or interceptor), these
+figures say what a change to one path saves, and are the ones BENCHMARKS.md quotes beside the load runs.
+No target: it reports. Run from the repository root: `.venv/bin/python benchmarks/hot_paths.py [--calls 400]`.
+
+Measured, on a fresh SQLite store of its own with an admin and two tenants (tests/store_fixtures.py):
+CreateQueuedJob (JobService.Submit's one write), TransitionJob (to CANCELLED), ListJobs (a page of 20, with
+the specs cached and with none cached, as the read-only store finds new jobs), GetJob, ListJobEvents; and
+`send_task` of one request id on the embedded broker (kombu's SQLAlchemy transport over SQLite, WAL), as the
+planner's publisher thread sends it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ballast.config import load_settings  # noqa: E402
+from ballast.v1 import common_pb2, job_pb2, store_pb2  # noqa: E402
+from benchmarks.load import spec  # noqa: E402
+from services.planner.celery_app import TASK, make_app  # noqa: E402
+from services.store.repo.jobs import SPECS  # noqa: E402
+from tests.store_fixtures import open_store  # noqa: E402
+
+
+def per_call_ms(calls: int, fn: Callable[[int], object], before: Callable[[], None] | None = None) -> float:
+    """CPU milliseconds per call of `fn(i)`, i in range(calls); `before` runs ahead of each call, unmeasured."""
+    spent = 0.0
+    for i in range(calls):
+        if before:
+            before()
+        start = time.process_time()
+        fn(i)
+        spent += time.process_time() - start
+    return spent * 1e3 / calls
+
+
+def store_calls(calls: int, root: Path) -> dict[str, float]:
+    with open_store(f"sqlite:///{root / 'store.db'}", "local", root) as st:
+        repo, who = st.repo, st.a
+        page = store_pb2.ListJobsRequest(page=common_pb2.PageRequest(page_size=20))
+
+        def submit(i: int) -> job_pb2.Job:
+            request = store_pb2.CreateQueuedJobRequest(spec=spec(f"hot-{i}"), kind="jobs.prepare")
+            return repo.create_queued_job(who, request).job
+
+        submit(-1)  # the tenant's model stored, as after a tenant's first job
+        jobs: list[job_pb2.Job] = []
+        out = {"CreateQueuedJob": per_call_ms(calls, lambda i: jobs.append(submit(i)))}
+        out["GetJob"] = per_call_ms(calls, lambda i: repo.get_job(who, store_pb2.GetRequest(id=jobs[i].id)))
+        out["ListJobEvents"] = per_call_ms(calls, lambda i: repo.list_job_events(
+            who, store_pb2.ListJobEventsRequest(job_id=jobs[i].id)))
+        out["ListJobs (20, specs cached)"] = per_call_ms(calls, lambda i: repo.list_jobs(who, page))
+        out["ListJobs (20, no spec cached)"] = per_call_ms(max(calls // 4, 1), lambda i: repo.list_jobs(who, page),
+                                                           before=SPECS.clear)
+        out["TransitionJob"] = per_call_ms(calls, lambda i: repo.transition_job(who, store_pb2.TransitionJobRequest(
+            id=jobs[i].id, state=job_pb2.JOB_STATE_CANCELLED, event_type="CANCELLED", message="cancelled")))
+    return out
+
+
+def broker_publish(calls: int, root: Path) -> float:
+    settings = load_settings({}, data_dir=root / "broker")
+    app = make_app(settings)
+    for i in range(20):  # the queue row, the engine and the connection made once, as in a running planner
+        app.send_task(TASK, args=[f"req-warm-{i}"], queue=settings.queue)
+    return per_call_ms(calls, lambda i: app.send_task(TASK, args=[f"req-{i:016x}"], queue=settings.queue))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--calls", type=int, default=400)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="ballast-hot-") as tmp:
+        figures = store_calls(args.calls, Path(tmp))
+        figures["broker publish (send_task)"] = broker_publish(args.calls, Path(tmp))
+    print(f"hot paths: {args.calls} calls each, in one process; {platform.machine()} "
+          f"({len(os.sched_getaffinity(0))} cores)")
+    for name, ms in figures.items():
+        print(f"  {name:32s} {ms:7.3f} ms CPU per call")
+
+
+if __name__ == "__main__":
+    main()
