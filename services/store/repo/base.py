@@ -227,9 +227,13 @@ class RepositoryBase:
         return stmt
 
     @staticmethod
-    def _page(s: Session, stmt: sa.Select, page: common_pb2.PageRequest) -> tuple[list[Any], str]:
+    def _page(s: Session, stmt: sa.Select, page: common_pb2.PageRequest, *,
+              core: bool = False) -> tuple[list[Any], str]:
+        """One page of `stmt` and the next page's token; `core`: a select of columns, whose result rows are
+        the page (no mapped objects)."""
         size, offset = page_size(page), decode_token(page.page_token)
-        rows = list(s.scalars(stmt.offset(offset).limit(size + 1)).all())
+        window = stmt.offset(offset).limit(size + 1)
+        rows = list(s.connection().execute(window).all() if core else s.scalars(window).all())
         more = len(rows) > size
         return rows[:size], encode_token(offset + size) if more else ""
 

@@ -218,12 +218,9 @@ class JobStore(ModelStore, LeaseStore, QueueStore):
             (JOBS.c.state, req.state and enum_name(job_pb2.JobState, req.state, "state")),
             (JOBS.c.model_id, req.model_id),
         )
-        size, offset = page_size(req.page), decode_token(req.page.page_token)
         with self._tx(write=False) as s:
-            rows = s.connection().execute(stmt.offset(offset).limit(size + 1)).all()
-            more = len(rows) > size
-            return store_pb2.ListJobsResponse(jobs=job_pbs(s, rows[:size]),
-                                              next_page_token=encode_token(offset + size) if more else "")
+            rows, token = self._page(s, stmt, req.page, core=True)
+            return store_pb2.ListJobsResponse(jobs=job_pbs(s, rows), next_page_token=token)
 
     def transition_job(self, p: Principal, req: store_pb2.TransitionJobRequest) -> job_pb2.Job:
         target = enum_name(job_pb2.JobState, req.state, "state")
