@@ -115,5 +115,6 @@ def test_a_training_run_moves_the_iteration_metrics(tmp_path) -> None:
         assert value(store, "ballast_jobs", state="cancelled") == 1
         worker = scrape(plane, s.worker_metrics_port)
         assert value(worker, "ballast_task_duration_seconds_count", kind="jobs.prepare", outcome="succeeded") >= 1
+        assert value(worker, "ballast_plan_memo_total", outcome="miss") >= 1  # the job's search ran on the worker
         agent = scrape(plane, s.executor_metrics_port)
         assert any(name.startswith("process_") or name.startswith("python_") for name, _ in agent)

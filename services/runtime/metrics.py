@@ -36,6 +36,8 @@ LAYER_MIGRATIONS = Counter("ballast_layer_migrations_total", "Layers moved betwe
 MORPHS = Counter("ballast_morphs_total", "Jobs morphed onto another layout, by cause", ["cause"])
 TASK_SECONDS = Histogram("ballast_task_duration_seconds", "Queued work run by a planner worker, by kind and outcome",
                          ["kind", "outcome"], buckets=STEP_BUCKETS + (120.0, 300.0))
+PLAN_MEMO = Counter("ballast_plan_memo_total", "Plan searches a worker answered from its memo (hit) or ran (miss)",
+                    ["outcome"])
 DROPPED = Counter("ballast_dropped_total", "Records given up on (never stored), by what they were", ["what"])
 
 

@@ -26,7 +26,8 @@ from typing import Any
 from ballast.v1 import fleet_pb2, job_pb2, plan_pb2, services_pb2, store_pb2
 from services.planner.plans.calibrate import from_proto, host_class
 from services.planner.plans.fleet import executor_dims, online_hosts
-from services.planner.plans.make import PlanInputs, make_plan, search_dims
+from services.planner.plans.make import PlanInputs, search_dims
+from services.planner.plans.memo import PLANS
 from services.planner.plans.operations import check_profile
 from services.planner.queue import durable
 from services.runtime.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
@@ -268,7 +269,7 @@ def prepare_job(payload: dict[str, Any], task: durable.Task) -> dict[str, Any]:
                      event_type="PROFILED", attributes={"profile_id": profile.id, "profile": how})
         inputs = plan_inputs(job.job, executor_dims(task.store), int(payload.get("devices") or 0),
                              int(payload.get("engine") or 0))
-        plan = make_plan(profile, fleet, with_calibration(task.store, inputs, fleet, request.analytical))
+        plan = PLANS.plan(profile, fleet, with_calibration(task.store, inputs, fleet, request.analytical))
         plan.job_id, plan.version = job.job.id, 0  # 0: the store gives the job's next version (a re-plan's 2, 3..)
         if task.lease_lost.is_set():
             raise durable.LeaseLost()

@@ -34,6 +34,7 @@ from ballast.v1 import (
 )
 from services.planner.plans.fleet import executor_dims
 from services.planner.plans.make import PlanInputs, make_plan, search_dims
+from services.planner.plans.memo import PLANS
 from services.planner.queue import durable
 from services.runtime.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound
 from services.runtime.store_api import Store
@@ -134,7 +135,7 @@ def run_plan(payload: dict[str, Any], task: durable.Task) -> dict[str, Any]:
     profile = task.store.get_profile(store_pb2.GetRequest(id=str(payload.get("profile_id", ""))))
     _check_owner(task.store, profile, task.request.tenant_id)
     fleet = ParseDict(payload.get("fleet", {}), fleet_pb2.Fleet())
-    plan = make_plan(profile, fleet, inputs_of(payload))
+    plan = PLANS.plan(profile, fleet, inputs_of(payload))
     if task.lease_lost.is_set():  # another worker runs it now; its CreatePlan would return ours anyway
         raise durable.LeaseLost()
     stored = task.store.create_plan(store_pb2.CreatePlanRequest(plan=plan, request_id=task.request.id))
