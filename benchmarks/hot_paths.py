@@ -6,7 +6,8 @@ figures say what a change to one path saves, and are the ones BENCHMARKS.md quot
 No target: it reports. Run from the repository root: `.venv/bin/python benchmarks/hot_paths.py [--calls 400]`.
 
 Measured, on a fresh SQLite store of its own with an admin and two tenants (tests/store_fixtures.py):
-CreateQueuedJob (JobService.Submit's one write), TransitionJob (to CANCELLED), ListJobs (a page of 20, with
+CreateQueuedJob (JobService.Submit's one write), CreatePlan (a worker's plan for one of those jobs: the load
+model's, 2 devices, its alternatives and baselines), TransitionJob (to CANCELLED), ListJobs (a page of 20, with
 the specs cached and with none cached, as the read-only store finds new jobs), GetJob, ListJobEvents; and
 `send_task` of one request id on the embedded broker (kombu's SQLAlchemy transport over SQLite, WAL), as the
 planner's publisher thread sends it.
@@ -26,9 +27,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ballast.config import load_settings  # noqa: E402
-from ballast.v1 import common_pb2, job_pb2, store_pb2  # noqa: E402
-from benchmarks.load import spec  # noqa: E402
+from ballast.v1 import common_pb2, job_pb2, plan_pb2, store_pb2  # noqa: E402
+from benchmarks.load import MODEL, spec  # noqa: E402
 from services.planner.celery_app import TASK, make_app  # noqa: E402
+from services.planner.plans.make import PlanInputs, make_plan  # noqa: E402
+from services.profiler.projection import analytical_profile  # noqa: E402
 from services.store.repo.jobs import SPECS  # noqa: E402
 from tests.store_fixtures import open_store  # noqa: E402
 
@@ -63,9 +66,23 @@ def store_calls(calls: int, root: Path) -> dict[str, float]:
         out["ListJobs (20, specs cached)"] = per_call_ms(calls, lambda i: repo.list_jobs(who, page))
         out["ListJobs (20, no spec cached)"] = per_call_ms(max(calls // 4, 1), lambda i: repo.list_jobs(who, page),
                                                            before=SPECS.clear)
+        out["CreatePlan"] = per_call_ms(calls, lambda i: repo.create_plan(who, store_pb2.CreatePlanRequest(
+            plan=job_plan(jobs[i]), request_id=f"hot-plan-{i}")))
         out["TransitionJob"] = per_call_ms(calls, lambda i: repo.transition_job(who, store_pb2.TransitionJobRequest(
             id=jobs[i].id, state=job_pb2.JOB_STATE_CANCELLED, event_type="CANCELLED", message="cancelled")))
     return out
+
+
+def job_plan(job: job_pb2.Job, searched: list[plan_pb2.Plan] = []) -> plan_pb2.Plan:  # noqa: B006 - one search
+    """The plan a worker stores for a load job (its search done once): the job's first version."""
+    if not searched:
+        profile = analytical_profile(MODEL, job.spec.fleet.device.kind, "fp32")
+        searched.append(make_plan(profile, job.spec.fleet, PlanInputs(global_batch_size=job.spec.global_batch_size,
+                                                                      overlap_grad_sync=False)))
+    plan = plan_pb2.Plan()
+    plan.CopyFrom(searched[0])
+    plan.model_id, plan.job_id, plan.profile_id, plan.version = job.model_id, job.id, "", 0
+    return plan
 
 
 def broker_publish(calls: int, root: Path) -> float:

@@ -137,16 +137,16 @@ class PlanStore(RepositoryBase):
                     raise AlreadyExists(
                         f"job {job.id} already has plan version {version}", field="plan.version", fix=VERSION_FIX
                     )
+            # Built whole, so its collections are never lazy-loaded (a new plan has none) and one flush writes all:
+            # the plan row first, so a clash fires before any layer or candidate is written.
             row = m.Plan(**fields, id=new_id("pln"), tenant_id=model.tenant_id, model_id=model.id,
-                         version=version or 1, pipeline_degree=pipeline_degree, created_at=self.now(), request_id=key)
+                         version=version or 1, pipeline_degree=pipeline_degree, created_at=self.now(), request_id=key,
+                         layers=layers, candidates=candidates)
             s.add(row)
             try:
-                s.flush()  # the plan row exists now: its layers and candidates go in with it, or nothing does
+                s.flush()
             except sa_exc.IntegrityError:  # a concurrent writer took the version or the key (rare: the job lock,
                 raise _Clash(row.version) from None  # SQLite's single writer)
-            row.layers.extend(layers)
-            row.candidates.extend(candidates)
-            s.flush()
             return plan_pb(row)
 
     @staticmethod
