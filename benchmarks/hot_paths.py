@@ -16,6 +16,7 @@ planner's publisher thread sends it.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import platform
 import sys
@@ -73,14 +74,18 @@ def store_calls(calls: int, root: Path) -> dict[str, float]:
     return out
 
 
-def job_plan(job: job_pb2.Job, searched: list[plan_pb2.Plan] = []) -> plan_pb2.Plan:  # noqa: B006 - one search
-    """The plan a worker stores for a load job (its search done once): the job's first version."""
-    if not searched:
-        profile = analytical_profile(MODEL, job.spec.fleet.device.kind, "fp32")
-        searched.append(make_plan(profile, job.spec.fleet, PlanInputs(global_batch_size=job.spec.global_batch_size,
-                                                                      overlap_grad_sync=False)))
-    plan = plan_pb2.Plan()
-    plan.CopyFrom(searched[0])
+@functools.cache
+def searched_plan(device_kind: str, global_batch_size: int) -> bytes:
+    """The load model's plan on its fleet, searched once (serialized: each caller parses its own copy)."""
+    profile = analytical_profile(MODEL, device_kind, "fp32")
+    fleet = spec("search").fleet
+    inputs = PlanInputs(global_batch_size=global_batch_size, overlap_grad_sync=False)
+    return make_plan(profile, fleet, inputs).SerializeToString()
+
+
+def job_plan(job: job_pb2.Job) -> plan_pb2.Plan:
+    """The plan a worker stores for a load job: the job's first version."""
+    plan = plan_pb2.Plan.FromString(searched_plan(job.spec.fleet.device.kind, job.spec.global_batch_size))
     plan.model_id, plan.job_id, plan.profile_id, plan.version = job.model_id, job.id, "", 0
     return plan
 
