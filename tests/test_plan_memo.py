@@ -106,6 +106,21 @@ def test_the_least_recently_used_plan_goes_first(profile, fleet, searches):
     assert searches == [a, b, c, b]
 
 
+def test_the_memo_keeps_within_its_bytes(profile, fleet, searches):
+    size = make_plan(profile, fleet, INPUTS).ByteSize()
+    memo = PlanMemo(kept_bytes=size * 3 // 2)  # room for one plan of this size, not two
+    a, b = INPUTS, replace(INPUTS, top_k=4)
+    memo.plan(profile, fleet, a)
+    memo.plan(profile, fleet, b)  # a goes to make room
+    memo.plan(profile, fleet, b)
+    assert len(memo) == 1
+    memo.plan(profile, fleet, a)
+    assert searches == [a, b, a]
+    tiny = PlanMemo(kept_bytes=size - 1)  # a plan larger than the whole bound is answered, not kept
+    assert tiny.plan(profile, fleet, a) == memo.plan(profile, fleet, a)
+    assert len(tiny) == 0
+
+
 def test_a_failed_search_is_not_kept(profile, fleet, searches):
     memo = PlanMemo()
     tiny = replace(INPUTS, memory_budget_bytes=1 << 20)

@@ -18,7 +18,8 @@ from ballast.v1 import fleet_pb2, plan_pb2, profile_pb2
 from services.planner.plans.make import PlanInputs, make_plan
 from services.runtime.metrics import PLAN_MEMO
 
-KEPT = 256  # plans of a few KiB to a few hundred KiB each: tens of MiB at most
+KEPT = 256  # plans; most are a few KiB ...
+KEPT_BYTES = 64 << 20  # ... but a model of thousands of layers makes large ones: the memo's bound in bytes
 
 
 def memo_key(profile: profile_pb2.Profile, fleet: fleet_pb2.Fleet, inputs: PlanInputs) -> bytes:
@@ -32,11 +33,13 @@ def memo_key(profile: profile_pb2.Profile, fleet: fleet_pb2.Fleet, inputs: PlanI
 
 
 class PlanMemo:
-    """make_plan, remembered for the last `kept` distinct requests (least recently used goes first)."""
+    """make_plan, remembered for the last `kept` distinct requests within `kept_bytes` of serialized plans
+    (least recently used goes first; a plan larger than the whole bound is not kept)."""
 
-    def __init__(self, kept: int = KEPT) -> None:
-        self._kept = kept
-        self._plans: OrderedDict[bytes, plan_pb2.Plan] = OrderedDict()
+    def __init__(self, kept: int = KEPT, kept_bytes: int = KEPT_BYTES) -> None:
+        self._kept, self._kept_bytes = kept, kept_bytes
+        self._plans: OrderedDict[bytes, tuple[plan_pb2.Plan, int]] = OrderedDict()
+        self._bytes = 0
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -46,19 +49,30 @@ class PlanMemo:
         """The plan make_plan gives for these arguments, as a copy the caller may change."""
         key = memo_key(profile, fleet, inputs)
         with self._lock:
-            found = self._plans.get(key)
-            if found is not None:
+            kept = self._plans.get(key)
+            if kept is not None:
                 self._plans.move_to_end(key)
-        PLAN_MEMO.labels("hit" if found is not None else "miss").inc()
-        if found is None:
+        PLAN_MEMO.labels("hit" if kept is not None else "miss").inc()
+        if kept is not None:
+            found = kept[0]
+        else:
             found = make_plan(profile, fleet, inputs)  # outside the lock: a search may take seconds
-            with self._lock:
-                self._plans[key] = found
-                while len(self._plans) > self._kept:
-                    self._plans.popitem(last=False)
+            self._keep(key, found)
         copy = plan_pb2.Plan()
         copy.CopyFrom(found)
         return copy
+
+    def _keep(self, key: bytes, plan: plan_pb2.Plan) -> None:
+        size = plan.ByteSize()
+        if size > self._kept_bytes:
+            return
+        with self._lock:
+            if key in self._plans:  # another thread searched it too
+                return
+            self._plans[key] = (plan, size)
+            self._bytes += size
+            while len(self._plans) > self._kept or self._bytes > self._kept_bytes:
+                self._bytes -= self._plans.popitem(last=False)[1][1]
 
 
 PLANS = PlanMemo()  # one per process: the worker's searches
