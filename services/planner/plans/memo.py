@@ -11,11 +11,10 @@ submitted. Errors are not kept: a request that fails is searched again, and fail
 from __future__ import annotations
 
 import hashlib
-import threading
-from collections import OrderedDict
 
 from ballast.v1 import fleet_pb2, plan_pb2, profile_pb2
 from services.planner.plans.make import PlanInputs, make_plan
+from services.runtime.lru import BytesLRU
 from services.runtime.metrics import PLAN_MEMO
 
 KEPT = 256  # plans; most are a few KiB ...
@@ -37,10 +36,7 @@ class PlanMemo:
     (least recently used goes first; a plan larger than the whole bound is not kept)."""
 
     def __init__(self, kept: int = KEPT, kept_bytes: int = KEPT_BYTES) -> None:
-        self._kept, self._kept_bytes = kept, kept_bytes
-        self._plans: OrderedDict[bytes, tuple[plan_pb2.Plan, int]] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
+        self._plans = BytesLRU(kept, kept_bytes)
 
     def __len__(self) -> int:
         return len(self._plans)
@@ -48,31 +44,13 @@ class PlanMemo:
     def plan(self, profile: profile_pb2.Profile, fleet: fleet_pb2.Fleet, inputs: PlanInputs) -> plan_pb2.Plan:
         """The plan make_plan gives for these arguments, as a copy the caller may change."""
         key = memo_key(profile, fleet, inputs)
-        with self._lock:
-            kept = self._plans.get(key)
-            if kept is not None:
-                self._plans.move_to_end(key)
+        kept = self._plans.get(key)
         PLAN_MEMO.labels("hit" if kept is not None else "miss").inc()
         if kept is not None:
-            found = kept[0]
-        else:
-            found = make_plan(profile, fleet, inputs)  # outside the lock: a search may take seconds
-            self._keep(key, found)
-        copy = plan_pb2.Plan()
-        copy.CopyFrom(found)
-        return copy
-
-    def _keep(self, key: bytes, plan: plan_pb2.Plan) -> None:
-        size = plan.ByteSize()
-        if size > self._kept_bytes:
-            return
-        with self._lock:
-            if key in self._plans:  # another thread searched it too
-                return
-            self._plans[key] = (plan, size)
-            self._bytes += size
-            while len(self._plans) > self._kept or self._bytes > self._kept_bytes:
-                self._bytes -= self._plans.popitem(last=False)[1][1]
+            return plan_pb2.Plan.FromString(kept)
+        plan = make_plan(profile, fleet, inputs)  # a search may take seconds: nothing is locked meanwhile
+        self._plans.put(key, plan.SerializeToString())
+        return plan
 
 
 PLANS = PlanMemo()  # one per process: the worker's searches

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import NamedTuple
@@ -17,6 +15,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 from ballast.v1 import job_pb2, store_pb2
 from services.runtime.auth import Principal
 from services.runtime.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from services.runtime.lru import BytesLRU
 from services.specs import policy as fleet_policy
 from services.specs.model import validate_job_spec
 from services.store import job_states
@@ -34,9 +33,7 @@ class SpecCache:
     load: every ListJobs page and every scheduler pass parses every job it returns."""
 
     def __init__(self, size: int = 8192):
-        self.size = size
-        self._items: OrderedDict[str, bytes] = OrderedDict()
-        self._lock = threading.Lock()
+        self._items = BytesLRU(size)
 
     def spec(self, row: m.Job) -> job_pb2.JobSpec:
         known = self.get(row.id)
@@ -44,12 +41,8 @@ class SpecCache:
 
     def get(self, job_id: str) -> job_pb2.JobSpec | None:
         """The cached spec of job `job_id`, or None."""
-        with self._lock:
-            data = self._items.get(job_id)
-            if data is None:
-                return None
-            self._items.move_to_end(job_id)
-        return job_pb2.JobSpec.FromString(data)
+        data = self._items.get(job_id)
+        return None if data is None else job_pb2.JobSpec.FromString(data)
 
     def parse(self, job_id: str, stored: object) -> job_pb2.JobSpec:
         """Job `job_id`'s spec from its stored JSON, kept for next time."""
@@ -59,15 +52,11 @@ class SpecCache:
 
     def clear(self) -> None:
         """Forget every spec (benchmarks/hot_paths.py: the cost of pages the cache has not seen)."""
-        with self._lock:
-            self._items.clear()
+        self._items.clear()
 
     def put(self, job_id: str, spec: job_pb2.JobSpec) -> None:
         """A job just stored: its spec is the one it was created from, no need to parse it back."""
-        with self._lock:
-            self._items[job_id] = spec.SerializeToString()
-            if len(self._items) > self.size:
-                self._items.popitem(last=False)
+        self._items.put(job_id, spec.SerializeToString())
 
 
 SPECS = SpecCache()
