@@ -331,6 +331,9 @@ def main() -> None:
     for name in ("clients", "tenants", "procs"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name}: must be at least 1")
+    from benchmarks.hot_paths import machine_speed  # it imports this module's model and spec
+
+    speed = [machine_speed()]
     settings = make_settings(Path(tempfile.mkdtemp(prefix="ballast-load-")), queue=f"load-{uuid.uuid4().hex[:8]}",
                              store_reader=not args.no_store_reader)
     env = settings_env(settings)
@@ -371,6 +374,7 @@ def main() -> None:
                         for line in log.read_text(errors="replace").splitlines())
     finally:
         ballast(env, "down")
+    speed.append(machine_speed())
     met = report(args, sessions, throttled)
     print(f"  CPU seconds over the run: {', '.join(f'{n} {s:.1f}' for n, s in cpu.items())}; the worker prepared "
           f"{prepared} job(s) (profiled from its cache, planned) by the end")
@@ -384,6 +388,8 @@ def main() -> None:
     print(f"  store afterwards: {submitted} acknowledged submits, {sum(len(s['cancelled']) for s in sessions)} "
           f"acknowledged cancels, {sum(len(s['unsure']) for s in sessions)} submits of unknown outcome; "
           f"{'consistent' if not broken else broken}")
+    print(f"  this machine's speed, before and after: {speed[0]:.2f} and {speed[1]:.2f} ms of CPU per in-process "
+          f"CreateQueuedJob (benchmarks/hot_paths.py; the tail above grows with it)")
     print(f"  data dir (logs, database): {settings.data_dir}")
     if not met or broken:
         raise SystemExit(1)
