@@ -17,6 +17,8 @@ session without one submits); watch is the time to the first event of a job's st
 admin's (`ballast sql`). The clients run as threads in --procs processes, so their own interpreter does not
 serialise them. --flood N adds N clients of one more tenant calling JobService.List without pause: its rate
 limit (BALLAST_RATE_LIMIT_RPS) throttles it, and the others' figures show what it leaves them.
+Before and after the run it measures the machine's speed (CPU per in-process CreateQueuedJob,
+benchmarks/hot_paths.py) and prints it: on this shared VM the tail follows it from hour to hour.
 Run from the repository root: `.venv/bin/python benchmarks/load.py [--clients 100] [--seconds 60]
 [--tenants 5] [--seed 1] [--think-ms 1000] [--flood 0] [--no-store-reader]`.
 """
