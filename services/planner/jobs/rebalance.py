@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from ballast.v1 import executor_pb2, job_pb2, plan_pb2, profile_pb2, store_pb2
 from services.planner.online import Decision, MonitorOptions, OnlineOptions, TrainingMonitor, propose
+from services.planner.online.toggles import unsettled
 from services.runtime.errors import BallastError
 from services.runtime.metrics import LAYER_MIGRATIONS
 from services.runtime.store_api import Store
@@ -48,6 +49,7 @@ class JobOnline:
     profile: profile_pb2.Profile | None = None
     pending: Pending | None = None
     skipped: set[int] = field(default_factory=set)  # plan versions already told "not worth it"
+    deferred: set[int] = field(default_factory=set)  # toggle switches (iterations) already told "wait for it"
     moved: dict[tuple[int, int], list[job_pb2.LayerMigration]] = field(default_factory=dict)  # (version, layer)
     last_iteration: int = 0  # iterations done, as the stats tell
     considered_at: int = -1  # last_iteration when a proposal was last priced
@@ -196,6 +198,26 @@ class Rebalancer:
                         "plan_version": str(mig.plan_version)})))
 
     # --- decisions (scheduler thread) -----------------------------------------------------------------
+    def _defer(self, job: job_pb2.Job, online: JobOnline, since: int, iteration: int) -> bool:
+        """Whether a layer toggle switches between the window's first iteration and the last one a move decided
+        now needs to be applied and measured (services/planner/online/toggles.py). Then nothing is decided until
+        a window measured after the switch; the job's events say so once per switch."""
+        opt = self.monitor_options
+        needs = opt.warmup + opt.window
+        coming = unsettled(job.spec.layer_toggles, since, iteration + needs)
+        if not coming:
+            return False
+        switch = coming[0]
+        if switch.iteration not in online.deferred:
+            online.deferred.add(switch.iteration)
+            self._store.append_job_event(store_pb2.AppendJobEventRequest(event=job_pb2.JobEvent(
+                job_id=job.id, type="REPARTITION_SKIPPED",
+                message=f"not deciding at iteration {iteration}: {switch.describe()}, within the window measured "
+                        f"from iteration {since} and the {needs} iterations a move needs to be applied and "
+                        f"measured; deciding on iterations measured after the switch",
+                attributes={"plan_version": str(job.plan_version), "switch_iteration": str(switch.iteration)})))
+        return True
+
     def consider(self, job: job_pb2.Job) -> Decision | None:
         """Propose and, when accepted, start a repartition of a RUNNING job. Returns the decision taken."""
         with self._lock:
@@ -210,6 +232,8 @@ class Rebalancer:
             observation = online.monitor.observation(job.id, job.plan_version) if plan is not None else None
             if observation is None:
                 return None
+        if self._defer(job, online, observation.iterations[0], iteration):
+            return None
         if online.profile is None:
             online.profile = self._store.get_profile(store_pb2.GetRequest(id=plan.profile_id))
         decision = propose(online.profile, plan.fleet, plan, observation, self.options)
