@@ -7,6 +7,7 @@ environment variables (BALLAST_*). Every service and the CLI read settings throu
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -34,6 +35,8 @@ class Settings:
     # executor agents connect here, with a client certificate (mutual TLS) that names their host
     planner_agent_port: int = DEFAULT_PORTS["planner_agent"]
     executor_port: int = DEFAULT_PORTS["executor"]
+    # devices an executor agent offers on a host without GPUs: CPU worker slots sharing its cores and memory
+    executor_cpu_slots: int = 1
     # Prometheus metrics, one port per process (executor agent i: executor_metrics_port + i); 0 turns one off
     store_metrics_port: int = 9401
     profiler_metrics_port: int = 9402
@@ -94,7 +97,11 @@ class Settings:
     store_background_wait_ms: float = 50.0
     log_level: str = "INFO"
     log_format: str = "json"  # json (one object per line, for shipping) or text (for a terminal)
+    # users' own models (docs/models.md): the factories that may be imported, and the directories their files live
+    # in (BALLAST_MODEL_PATH, ':'- or ','-separated: added to the import path of every process that builds a
+    # model; Hugging Face config and weights directories must lie inside one)
     allowed_model_factories: tuple[str, ...] = ()
+    model_path: tuple[str, ...] = ()
     fleet_policy: str = ""  # policy YAML the planner stores at start-up when it differs (services/specs/policy.py)
 
     def address(self, service: str) -> str:
@@ -144,7 +151,8 @@ def _coerce(name: str, value: object) -> object:
         return float(value)  # type: ignore[arg-type]
     if kind.startswith("tuple"):
         if isinstance(value, str):
-            return tuple(v.strip() for v in value.split(",") if v.strip())
+            separators = f",{os.pathsep}" if name == "model_path" else ","
+            return tuple(v.strip() for v in re.split(f"[{re.escape(separators)}]", value) if v.strip())
         return tuple(value)  # type: ignore[arg-type]
     return str(value)
 

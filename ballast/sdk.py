@@ -11,13 +11,12 @@ import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import yaml
-from google.protobuf.json_format import MessageToDict, ParseDict, ParseError
+from google.protobuf.json_format import MessageToDict
 
 from ballast.errors import InvalidInput
+from ballast.specfile import read_model_spec
 from ballast.v1 import common_pb2, fleet_pb2, job_pb2, model_pb2, plan_pb2, services_pb2, store_pb2
 
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -81,20 +80,7 @@ def model_spec(model: model_pb2.ModelSpec | str | os.PathLike[str]) -> model_pb2
     if not isinstance(model, str | os.PathLike):
         raise InvalidInput(f"expected a ModelSpec or the path of a spec file, got {type(model).__name__}",
                            field="model")
-    path = Path(model)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise InvalidInput(f"cannot read {path}: {exc.strerror or exc}", field="model",
-                           fix="give the path of a model spec YAML, e.g. examples/gpt-tiny.yaml") from None
-    except yaml.YAMLError as exc:
-        raise InvalidInput(f"{path} is not YAML: {exc}", field="model") from None
-    if not isinstance(data, dict):
-        raise InvalidInput(f"{path} holds no mapping of ModelSpec fields", field="model")
-    try:
-        return ParseDict(data, model_pb2.ModelSpec())
-    except ParseError as exc:
-        raise InvalidInput(f"{path}: {exc}", field="model", fix="use ModelSpec's field names (model.proto)") from None
+    return read_model_spec(model)
 
 
 def device_range_problem(low: int | None, high: int | None, *, flags: bool = False) -> str | None:

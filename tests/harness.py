@@ -86,8 +86,10 @@ def settings_env(settings: Settings) -> dict[str, str]:
                  "planner_agent_port", "executor_port", "dashboard_port", "tls_ca", "tls_cert", "tls_key", "plaintext",
                  "queue", "lease_seconds", "sweep_interval_s", "requeue_unclaimed_s", "visibility_timeout_s",
                  "worker_heartbeat_s", "store_metrics_port", "profiler_metrics_port", "planner_metrics_port",
-                 "worker_metrics_port", "executor_metrics_port"):
-        env[f"BALLAST_{name.upper()}"] = str(getattr(settings, name))
+                 "worker_metrics_port", "executor_metrics_port", "executor_cpu_slots", "allowed_model_factories",
+                 "model_path"):
+        value = getattr(settings, name)
+        env[f"BALLAST_{name.upper()}"] = ",".join(value) if isinstance(value, tuple) else str(value)
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
@@ -147,6 +149,15 @@ def start_plane(settings: Settings, services: tuple[str, ...] = ("store", "profi
     if "planner" in services:
         plane.servers["planner"] = planner_server(settings, send=send).server.start()
     return plane
+
+
+def run_cli(settings: Settings, *args: str, timeout: float = 120,
+            extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`ballast ARGS` as a user runs it: a child process seeing `settings`, its output captured (wide, so rich does
+    not wrap at 80 columns without a terminal)."""
+    env = {**settings_env(settings), "COLUMNS": "200", **(extra_env or {})}
+    return subprocess.run([sys.executable, "-m", "ballast", *args], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
 
 
 def spawn_cli(settings: Settings, *args: str, extra_env: dict[str, str] | None = None,

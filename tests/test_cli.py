@@ -11,16 +11,14 @@ from pathlib import Path
 import pytest
 
 from ballast.cli.control_plane import State, alive
-from tests.harness import ROOT, make_settings, settings_env
+from tests.harness import make_settings, run_cli
 from tests.test_services import list_services
 
 pytestmark = pytest.mark.slow
 
 
 def ballast(settings, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {**settings_env(settings), "COLUMNS": "200"}  # rich wraps at 80 columns without a terminal
-    return subprocess.run([sys.executable, "-m", "ballast", *args], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+    return run_cli(settings, *args, timeout=timeout)
 
 
 def test_up_status_sql_down(tmp_path: Path) -> None:

@@ -74,8 +74,8 @@ def test_reports_the_agent_cannot_read_never_cost_the_job_its_worker_exit(tmp_pa
 def test_the_worker_config_follows_the_assignment():
     message = assign_message("job-c", ranks=2)
     config = worker_config(message.assign, message.assign.workers[1], "job-c")
-    assert (config["rank"], config["replica_index"], config["num_replicas"], config["micro_batch_size"]) == (1, 1, 2, 1)
-    assert config["init_method"] == "tcp://127.0.0.1:1" and config["device"] == "cpu"
+    assert (config.rank, config.replica_index, config.num_replicas, config.micro_batch_size) == (1, 1, 2, 1)
+    assert config.init_method == "tcp://127.0.0.1:1" and config.device == "cpu"
 
 
 # A stand-in worker that takes one plan command from stdin and reports it applied, with one migrated layer.
@@ -140,10 +140,10 @@ def test_memory_policies_and_toggles_reach_the_worker_config():
     message.assign.plan.layers.add(layer_index=1, swap_activations=True)
     message.assign.spec.layer_toggles.add(layer_index=1, iteration=4, active=False)
     config = worker_config(message.assign, message.assign.workers[0], "job-p")
-    assert (config["checkpoint_layers"], config["swap_layers"]) == ([0], [1])
-    assert config["layer_toggles"] == [[1, 4, 0]] and config["online"] is False
+    assert (config.checkpoint_layers, config.swap_layers) == ([0], [1])
+    assert config.layer_toggles == [[1, 4, 0]] and config.online is False
     message.assign.spec.online_repartition = True
-    assert worker_config(message.assign, message.assign.workers[0], "job-p")["online"] is True
+    assert worker_config(message.assign, message.assign.workers[0], "job-p").online is True
     assert policies(message.assign.plan) == {"checkpoint_layers": [0], "swap_layers": [1]}
 
 

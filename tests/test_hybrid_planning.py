@@ -94,3 +94,30 @@ def test_a_job_kept_balanced_online_is_planned_without_tp_and_sdp():
     online = job_pb2.Job(spec=job_pb2.JobSpec(online_repartition=True))
     assert {"tp", "sdp"} <= set(plan_inputs(job_pb2.Job(), dims).runnable_dims)
     assert not {"tp", "sdp"} & set(plan_inputs(online, dims).runnable_dims)
+
+
+def test_a_hugging_face_llama_gets_the_hybrid_layers_a_zoo_gpt_of_its_shape_gets(titans):
+    """Issue 39: the default search treats a user's Hugging Face model as it treats the zoo. A Llama (RMSNorm,
+    gated MLP of 8/3 the width: the GPT block's parameters) and the zoo GPT of the same width, heads, depth,
+    vocabulary and sequence, each at 4 GiB on 8 TITANs: both shard most blocks with SDP (the TP their profiles
+    offer stays unpicked on PCIe), and the explanation `ballast explain` prints says so."""
+    shape = {"hidden": 1280, "heads": 16, "layers": 16, "vocab": 30522, "seq": 512}
+    gpt = ParseDict({"name": "gpt-16", "family": "MODEL_FAMILY_GPT", "transformer": {
+        "num_layers": shape["layers"], "hidden_size": shape["hidden"], "num_heads": shape["heads"],
+        "vocab_size": shape["vocab"], "seq_length": shape["seq"]}}, model_pb2.ModelSpec())
+    llama = ParseDict({"name": "hf-llama-16", "family": "MODEL_FAMILY_HF", "hf": {
+        "task": "HF_TASK_CAUSAL_LM", "seq_length": shape["seq"], "config": {
+            "model_type": "llama", "hidden_size": shape["hidden"], "num_attention_heads": shape["heads"],
+            "num_key_value_heads": shape["heads"], "num_hidden_layers": shape["layers"], "intermediate_size": 3456,
+            "vocab_size": shape["vocab"], "max_position_embeddings": shape["seq"]}}}, model_pb2.ModelSpec())
+    dims = runnable_dims([list(SUPPORTED)])
+    hybrid = {}
+    for spec in (gpt, llama):
+        prof = analytical_profile(spec, "nvidia-titan-rtx-24gb", "fp32", (1, 2, 4, 8, 16, 32))
+        prof.id, prof.model_id = f"prf-{spec.name}", f"mdl-{spec.name}"
+        assert [layer.tensor_parallel for layer in prof.layers[1:-1]] == [16] * shape["layers"]  # TP on offer
+        plan = make_plan(prof, titans, PlanInputs(memory_budget_bytes=4 * 2**30, runnable_dims=dims))
+        hybrid[spec.name] = [x.layer_index for x in plan.layers if x.tp > 1 or x.sdp > 1]
+        assert "Hybrid layers: sdp8" in plan.explanation, spec.name
+        hybrid_layers(plan)  # and the workers run it
+    assert len(hybrid["hf-llama-16"]) >= shape["layers"] - 2 and len(hybrid["gpt-16"]) >= shape["layers"] - 2

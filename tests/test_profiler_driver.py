@@ -239,7 +239,7 @@ def test_bad_options_name_the_field():
 
 def job(raw_spec: dict, req: services_pb2.ProfileRequest) -> str:
     return json.dumps(
-        {"request": MessageToDict(req), "spec": MessageToDict(spec(raw_spec)), "allowed_factories": [], "device": "cpu"}
+        {"request": MessageToDict(req), "spec": MessageToDict(spec(raw_spec)), "user_models": {}, "device": "cpu"}
     )
 
 

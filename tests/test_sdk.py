@@ -58,9 +58,17 @@ def test_a_spec_file_that_cannot_be_read_names_the_model(tmp_path) -> None:
         sdk.model_spec(tmp_path / "nope.yaml")
     assert missing.value.field == "model" and "examples/gpt-tiny.yaml" in missing.value.fix
     (tmp_path / "bad.yaml").write_text("name: x\nlayers: 3\n")
-    with pytest.raises(InvalidInput, match="bad.yaml") as unknown:
+    with pytest.raises(InvalidInput, match="bad.yaml: unknown field 'layers'") as unknown:
         sdk.model_spec(tmp_path / "bad.yaml")
-    assert unknown.value.field == "model" and "model.proto" in unknown.value.fix
+    assert unknown.value.field == "layers" and "known: name, family" in unknown.value.fix
+    (tmp_path / "typo.yaml").write_text("name: x\nfamily: MODEL_FAMILY_GPT\ntransformer:\n  num_head: 4\n")
+    with pytest.raises(InvalidInput, match="unknown field 'num_head'") as typo:
+        sdk.model_spec(tmp_path / "typo.yaml")
+    assert typo.value.field == "transformer.num_head" and typo.value.fix.startswith("did you mean 'num_heads'?")
+    (tmp_path / "enum.yaml").write_text("family: MODEL_FAMILY_LLAMA\n")
+    with pytest.raises(InvalidInput, match="'MODEL_FAMILY_LLAMA' is not a ModelFamily") as enum:
+        sdk.model_spec(tmp_path / "enum.yaml")
+    assert enum.value.field == "family" and "MODEL_FAMILY_HF" in enum.value.fix
     with pytest.raises(InvalidInput):
         sdk.model_spec(42)  # type: ignore[arg-type]
 

@@ -9,7 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 from ballast.v1 import job_pb2, store_pb2
-from services.runtime.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from services.runtime.errors import FailedPrecondition, InvalidArgument, NotFound
 from tests.store_builders import gpt, job_spec, page
 from tests.store_fixtures import JS, Store, events, move, new_job
 
@@ -47,12 +47,18 @@ def test_create_job_round_trip_and_listing(store: Store):
     assert state == "JOB_STATE_SUBMITTED"
 
 
-def test_create_job_with_clashing_model_name_writes_nothing(store: Store):
-    store.as_(store.a).create_model(store_pb2.CreateModelRequest(spec=gpt("gpt-tiny", layers=2)))
-    with pytest.raises(AlreadyExists) as err:
-        new_job(store, model=gpt("gpt-tiny", layers=4))
-    assert err.value.field == "spec.model.name"
-    assert store.count("jobs") == 0 and store.count("job_events") == 0 and store.count("models") == 1
+def test_a_job_under_a_model_name_already_used_stores_its_spec_as_the_next_version(store: Store):
+    """Resubmitting under a model name whose earlier spec failed (or changed) is never a dead end: the new spec
+    is that name's version 2, the job runs it, and resubmitting it again reuses that row."""
+    a = store.as_(store.a)
+    first = a.create_model(store_pb2.CreateModelRequest(spec=gpt("gpt-tiny", layers=2)))
+    job = new_job(store, model=gpt("gpt-tiny", layers=4))
+    second = a.get_model(store_pb2.GetRequest(id=job.model_id))
+    assert (first.version, second.version, second.id != first.id) == (1, 2, True)
+    assert second.spec.transformer.num_layers == 4 and second.spec.name == "gpt-tiny"
+    assert new_job(store, name="again", model=gpt("gpt-tiny", layers=4)).model_id == second.id
+    assert new_job(store, name="old", model=gpt("gpt-tiny", layers=2)).model_id == first.id
+    assert store.count("models") == 2 and store.count("jobs") == 3
 
 
 def test_a_queued_job_is_stored_with_its_request_or_not_at_all(store: Store):

@@ -46,14 +46,17 @@ def test_model_round_trip_filters_and_paging(store: Store):
         a.list_models(store_pb2.ListModelsRequest(page=page(2, "not-a-token")))
     assert err.value.field == "page.page_token"
 
-    # Same spec and name: idempotent. Same spec, other name; or same name, other spec: refused.
+    # Same spec and name: idempotent. Same spec, other name: refused. Same name, other spec: the name's next
+    # version (a model that failed is never a dead end), and the first version is still there.
     assert a.create_model(store_pb2.CreateModelRequest(spec=gpt("gpt-0", layers=1))).id == made[0].id
     with pytest.raises(AlreadyExists) as err:
         a.create_model(store_pb2.CreateModelRequest(spec=gpt("other", layers=1)))
     assert err.value.field == "spec"
-    with pytest.raises(AlreadyExists) as err:
-        a.create_model(store_pb2.CreateModelRequest(spec=gpt("gpt-0", layers=9)))
-    assert err.value.field == "spec.name"
+    second = a.create_model(store_pb2.CreateModelRequest(spec=gpt("gpt-0", layers=9)))
+    assert (made[0].version, second.version, second.spec.transformer.num_layers) == (1, 2, 9)
+    assert a.create_model(store_pb2.CreateModelRequest(spec=gpt("gpt-0", layers=9))).id == second.id
+    versions = a.list_models(store_pb2.ListModelsRequest(name="gpt-0")).models
+    assert [(v.id, v.version) for v in versions] == [(made[0].id, 1), (second.id, 2)]
     with pytest.raises(InvalidArgument) as err:
         a.create_model(store_pb2.CreateModelRequest(spec=gpt(hidden=66)))
     assert err.value.field == "spec.transformer.num_heads"

@@ -138,8 +138,9 @@ def _metric_before_0009(engine: sa.Engine) -> None:
     with engine.begin() as conn:
         conn.execute(sa.text("INSERT INTO tenants (id, name, admin, token_hash, created_at) "  # as 0008 has it
                              "VALUES ('t-1', 'a', false, :hash, :now)"), {"hash": "x" * 64, "now": now})
-        conn.execute(sa.insert(m.Model.__table__).values(id="m-1", tenant_id="t-1", name="gpt", family="F",
-                                                         signature="s" * 64, spec={}, created_at=now))
+        conn.execute(sa.text("INSERT INTO models (id, tenant_id, name, family, signature, parameter_count, spec, "
+                             "created_at) VALUES ('m-1', 't-1', 'gpt', 'F', :signature, 0, '{}', :now)"),
+                     {"signature": "s" * 64, "now": now})  # as 0008 has it (no version yet)
         conn.execute(sa.insert(m.Job.__table__).values(id="job-1", tenant_id="t-1", model_id="m-1", state="S",
                                                        spec={}, created_at=now, updated_at=now))
         conn.execute(sa.insert(m.IterationMetric.__table__).values(

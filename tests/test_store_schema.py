@@ -6,6 +6,7 @@ backend would add nothing, since migrations never travel over the wire.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -236,5 +237,44 @@ def test_migration_0013_adds_and_drops_tensor_parallel(empty_database_url):
         schema.check_schema(engine)
         got = repo.get_profile(admin, store_pb2.GetRequest(id=stored.id))
         assert len(got.layers) == 3 and not any(ly.tensor_parallel for ly in got.layers)
+    finally:
+        engine.dispose()
+
+
+def test_migration_0016_versions_models_and_downgrades_only_without_second_versions(empty_database_url):
+    """Rows stored before 0016 are version 1; a name's second version blocks the downgrade (it would clash)."""
+    url = empty_database_url
+    schema.upgrade(url, "0015_harmony_swap")
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("INSERT INTO tenants (id, name, admin, role, token_hash, created_at) VALUES "
+                                 "('t-1', 'a', false, 'TENANT_ROLE_MEMBER', :hash, :now)"),
+                         {"hash": "x" * 64, "now": datetime(2026, 1, 1, tzinfo=UTC)})
+            conn.execute(sa.text("INSERT INTO models (id, tenant_id, name, family, signature, parameter_count, spec, "
+                                 "created_at) VALUES ('m-1', 't-1', 'net', 'F', :sig, 0, '{}', :now)"),
+                         {"sig": "a" * 64, "now": datetime(2026, 1, 1, tzinfo=UTC)})
+        engine.dispose()
+        schema.upgrade(url)
+        schema.check_schema(engine)
+
+        def rows() -> list[tuple]:
+            with engine.connect() as conn:
+                return [tuple(r) for r in conn.execute(sa.text("SELECT id, version FROM models ORDER BY id"))]
+
+        assert rows() == [("m-1", 1)]
+        with engine.begin() as conn:
+            conn.execute(sa.text("INSERT INTO models (id, tenant_id, name, version, family, signature, "
+                                 "parameter_count, spec, created_at) VALUES ('m-2', 't-1', 'net', 2, 'F', :sig, 0, "
+                                 "'{}', :now)"), {"sig": "b" * 64, "now": datetime(2026, 1, 2, tzinfo=UTC)})
+        engine.dispose()
+        with pytest.raises(RuntimeError, match="1 model rows are second or later versions"):
+            schema.downgrade(url, "0015_harmony_swap")
+        assert rows() == [("m-1", 1), ("m-2", 2)]  # nothing changed
+        with engine.begin() as conn:
+            conn.execute(sa.text("DELETE FROM models WHERE id = 'm-2'"))
+        engine.dispose()
+        schema.downgrade(url, "0015_harmony_swap")
+        assert "version" not in {c["name"] for c in sa.inspect(engine).get_columns("models")}
     finally:
         engine.dispose()

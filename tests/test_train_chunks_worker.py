@@ -96,12 +96,12 @@ def test_worker_config_validates_the_chunk_fields(change, field):
 
 def test_an_offload_plan_becomes_chunk_mode_worker_configs():
     message = assign_message("job-o", ranks=2)
-    assert "chunk_bytes" not in worker_config(message.assign, message.assign.workers[0], "job-o")
+    assert worker_config(message.assign, message.assign.workers[0], "job-o").chunk_bytes == 0
     message.assign.plan.offload.CopyFrom(plan_pb2.ChunkOffload(chunk_bytes=CHUNK, device_budget_bytes=BUDGET))
     configs = [worker_config(message.assign, w, "job-o") for w in message.assign.workers]
-    assert [(c["chunk_bytes"], c["device_budget_bytes"], c["replica_index"]) for c in configs] == [
+    assert [(c.chunk_bytes, c.device_budget_bytes, c.replica_index) for c in configs] == [
         (CHUNK, BUDGET, 0), (CHUNK, BUDGET, 1)]
-    WorkerConfig(**configs[1]).validate()
+    WorkerConfig.from_json(configs[1].to_json())  # valid as the worker reads it
     stats = stage_stats({"swap_in_bytes": 5, "swap_out_bytes": 7, "swap_s": 0.25}, "job-o")
     assert (stats.swap_in_bytes, stats.swap_out_bytes, stats.swap_s) == (5, 7, 0.25)
     assert stage_stats({}, "job-o").swap_s == 0

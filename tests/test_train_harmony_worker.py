@@ -224,19 +224,18 @@ def harmony_plan(message) -> None:
 
 def test_a_harmony_plan_becomes_harmony_worker_configs():
     message = assign_message("job-h", ranks=2)
-    assert "harmony" not in worker_config(message.assign, message.assign.workers[0], "job-h")
+    assert worker_config(message.assign, message.assign.workers[0], "job-h").harmony == {}
     harmony_plan(message)
     message.assign.backend = "nccl"  # the Harmony worker runs on gloo and the CPU whatever the assignment says
     configs = [worker_config(message.assign, w, "job-h") for w in message.assign.workers]
     store = harmony_store_dir("job-h", 4)
     assert store.endswith("/ballast-harmony-job-h-v4") and store != harmony_store_dir("job-h", 5)
-    assert [c["harmony"] for c in configs] == [{
+    assert [c.harmony for c in configs] == [{
         "forward_micro_batch": 2, "forward_packs": [[0, 1]], "backward_micro_batch": 1,
         "backward_packs": [[0, 1], [1, 3]], "devices": 2, "prefetch": True, "device_budget_bytes": BUDGET,
         "store_dir": store}] * 2  # one host store for every rank of the job
-    assert [(c["replica_index"], c["backend"], c["device"]) for c in configs] == [(r, "gloo", "cpu") for r in (0, 1)]
-    worker = WorkerConfig(**configs[1])
-    worker.validate()
+    assert [(c.replica_index, c.backend, c.device) for c in configs] == [(r, "gloo", "cpu") for r in (0, 1)]
+    worker = WorkerConfig.from_json(configs[1].to_json())  # as the worker reads it
     assert worker.global_batch == 4  # the plan's 2 x 2, not multiplied by the two devices
     assert "/" not in Path(harmony_store_dir("a/../b", 1)).name
 
@@ -287,7 +286,7 @@ def test_a_planned_harmony_schedule_runs_in_the_workers_as_the_plan_predicts():
     for r in range(2):
         assign.workers.add(rank=r, stage_index=0, replica_index=r, device_index=r)
     job_id = f"job-{uuid.uuid4().hex[:8]}"
-    configs = [WorkerConfig(**worker_config(assign, w, job_id)) for w in assign.workers]
+    configs = [worker_config(assign, w, job_id) for w in assign.workers]
     assert configs[0].harmony["store_dir"] == configs[1].harmony["store_dir"]
     events = run_local(configs, env=STEADY_ALLOCATOR, timeout_s=120)
     with torch_threads(1):

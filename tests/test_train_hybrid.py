@@ -19,12 +19,13 @@ from google.protobuf.json_format import MessageToDict, ParseDict
 from ballast.v1 import common_pb2, model_pb2, plan_pb2
 from services.executor.train.checkpoint import checkpoint_path
 from services.executor.train.config import WorkerConfig
-from services.executor.train.hybrid import SDP, TP, strategies, to_head_major
+from services.executor.train.hybrid import SDP, TP, strategies
 from services.executor.train.launch import plan_configs, run_local
 from services.executor.train.reference import train_single
 from services.executor.workers import hybrid_layers
 from services.runtime.allocator import STEADY_ALLOCATOR
 from services.zoo import build_model
+from services.zoo.base import to_head_major
 from tests.harness import losses, of, torch_threads
 
 # embed, block.0, block.1, head (its weight tied to the embedding): 4 layers; 4 heads, MLP width 128
@@ -193,7 +194,7 @@ def test_every_rank_refuses_tp_of_a_layer_it_cannot_split_before_the_rendezvous(
     from services.executor.train.stage import model_info
 
     check_model(model_info(SPEC, MICRO), {1: Strategy(TP, 4), 2: Strategy(SDP, 2)})  # 4 heads, MLP 128
-    with pytest.raises(ValueError, match="layer 1 \\(block.0\\): tp degree 8 must divide its 4 heads"):
+    with pytest.raises(ValueError, match="layer 1 \\(block.0\\): tp degree 8 must divide 4 \\(the gcd of its heads"):
         check_model(model_info(SPEC, MICRO), {1: Strategy(TP, 8)})
     with pytest.raises(ValueError, match="layer 0 \\(embed\\) shares a parameter"):  # held by stage 0 only
         check_model(model_info(SPEC, MICRO), {0: Strategy(SDP, 2)})

@@ -259,7 +259,7 @@ def test_policies_map_dp_sharding_to_the_worker_lists():
 
     assign = executor_pb2.AssignInstruction(plan=plan, world_size=2, rendezvous="127.0.0.1:1", backend="gloo")
     assign.workers.add(rank=1, stage_index=0, replica_index=1)
-    config = WorkerConfig.from_json(json.dumps(worker_config(assign, assign.workers[0], "job-z")))
+    config = WorkerConfig.from_json(worker_config(assign, assign.workers[0], "job-z").to_json())
     assert (config.zero1_layers, config.zero2_layers, config.num_replicas) == ([1], [0, 3], 2)
     message = executor_pb2.PlannerMessage(version=3, repartition=executor_pb2.RepartitionInstruction(
         plan=plan, effective_iteration=5))

@@ -112,8 +112,9 @@ def start_all(settings: Settings, executors: int, timeout_s: float = 60.0) -> St
     dashboard.address = settings.dashboard_url()
     state.children.append(dashboard)
     state.children.append(spawn(settings, "worker", ["worker"], reads))
+    slots = {"BALLAST_EXECUTOR_CPU_SLOTS": str(settings.executor_cpu_slots)}  # `up --cpu-slots` reaches the agents
     for i in range(executors):
-        child = spawn(settings, f"executor-{i}", ["serve", "executor", "--index", str(i)], reads)
+        child = spawn(settings, f"executor-{i}", ["serve", "executor", "--index", str(i)], {**reads, **slots})
         child.address = f"{settings.host}:{settings.executor_port + i}"
         state.children.append(child)
     if settings.store_reader:

@@ -11,7 +11,7 @@ from rich.markup import escape
 
 from ballast import sdk
 from ballast.cli.follow import add_follow_arguments, follow
-from ballast.cli.options import ENGINES, SCHEDULES
+from ballast.cli.options import ENGINES, SCHEDULES, refused
 from ballast.client import Client
 from ballast.config import Settings
 from ballast.v1 import job_pb2
@@ -132,6 +132,23 @@ def run_submit(settings: Settings, args: argparse.Namespace) -> int:
         if not args.wait and not args.until:
             return 0
         return follow(client, job.id, 0, args.until)
+
+
+def add_cancel_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("job_id")
+    p.add_argument("--reason", default="", help="why (kept in the job's CANCELLED event)")
+
+
+def run_cancel(settings: Settings, args: argparse.Namespace) -> int:
+    with _client(settings) as client:
+        try:
+            job = client.cancel(args.job_id, reason=args.reason)
+        except grpc.RpcError as exc:
+            return refused(exc)
+    state = job_pb2.JobState.Name(job.state).removeprefix("JOB_STATE_")
+    after = "" if job.state == job_pb2.JOB_STATE_CANCELLED else f"; `ballast watch {job.id}` follows it to CANCELLED"
+    console.print(f"job {job.id} {state}{after}")
+    return 0
 
 
 def run_watch(settings: Settings, args: argparse.Namespace) -> int:

@@ -21,7 +21,8 @@ err = Console(stderr=True)
 def _settings(args: argparse.Namespace) -> Settings:
     policy = getattr(args, "policy", None)  # `up` / `serve planner --policy FILE` beat BALLAST_FLEET_POLICY
     return load_settings(data_dir=getattr(args, "data_dir", None),
-                         fleet_policy=str(Path(policy).resolve()) if policy else None)
+                         fleet_policy=str(Path(policy).resolve()) if policy else None,
+                         executor_cpu_slots=getattr(args, "cpu_slots", None))
 
 
 def _client(settings: Settings):
@@ -251,6 +252,18 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return run_submit(_settings(args), args)
 
 
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from ballast.cli.jobs import run_cancel
+
+    return run_cancel(_settings(args), args)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from ballast.cli.inspect import run
+
+    return run(_settings(args), args)
+
+
 def cmd_watch(args: argparse.Namespace) -> int:
     from ballast.cli.jobs import run_watch
 
@@ -306,6 +319,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("up", cmd_up, "start store, profiler, planner, a worker and N executor agents")
     p.add_argument("--executors", type=int, default=2)
+    from ballast.cli.jobs import device_count
+
+    p.add_argument("--cpu-slots", type=device_count("--cpu-slots", 1, "slots"), default=None, metavar="N",
+                   help="CPU worker slots (devices) per executor agent on a host without GPUs (default "
+                        "$BALLAST_EXECUTOR_CPU_SLOTS or 1)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for SERVING")
     p.add_argument("--policy", type=Path, default=None, metavar="FILE",
                    help="fleet policy YAML the planner stores at start-up if it differs from the policy in force "
@@ -364,12 +382,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_plan_arguments(p)
     p = add("explain", cmd_explain, "a stored plan: its explanation, per-layer strategies and alternatives")
     add_explain_arguments(p)
-    from ballast.cli.jobs import add_submit_arguments, add_watch_arguments
+    from ballast.cli.jobs import add_cancel_arguments, add_submit_arguments, add_watch_arguments
 
+    p = add("inspect", cmd_inspect, "check a model against Ballast's rules and list the layers it is cut into "
+                                    "(your own factory or Hugging Face model before you submit it)")
+    p.add_argument("spec", help="model spec YAML (e.g. examples/user-mlp.yaml)")
+    p.add_argument("--json", action="store_true")
     p = add("submit", cmd_submit, "submit a training job (profiled, planned and run by the control plane)")
     add_submit_arguments(p)
     p = add("watch", cmd_watch, "follow a job's events (state changes, plan, progress)")
     add_watch_arguments(p)
+    p = add("cancel", cmd_cancel, "cancel a job (at once if nothing runs it yet, else once its workers stopped)")
+    add_cancel_arguments(p)
     from ballast.cli.fleet import add_fleet_arguments, add_policy_arguments, add_queue_arguments
 
     p = add("queue", cmd_queue, "the shared fleet's queue in admission order: why each job waits, when it starts")

@@ -129,6 +129,12 @@ class ListDeviceKindsResponse(_message.Message):
     devices: _containers.RepeatedCompositeFieldContainer[_fleet_pb2.DeviceSpec]
     def __init__(self, devices: _Optional[_Iterable[_Union[_fleet_pb2.DeviceSpec, _Mapping]]] = ...) -> None: ...
 
+class InspectModelRequest(_message.Message):
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: _model_pb2.ModelSpec
+    def __init__(self, model: _Optional[_Union[_model_pb2.ModelSpec, _Mapping]] = ...) -> None: ...
+
 class PlanRequest(_message.Message):
     __slots__ = ("profile_id", "fleet", "global_batch_size", "memory_budget_bytes", "engine", "schedule")
     PROFILE_ID_FIELD_NUMBER: _ClassVar[int]

@@ -5,6 +5,7 @@ import warnings
 
 from ballast.v1 import fleet_pb2 as ballast_dot_v1_dot_fleet__pb2
 from ballast.v1 import job_pb2 as ballast_dot_v1_dot_job__pb2
+from ballast.v1 import model_pb2 as ballast_dot_v1_dot_model__pb2
 from ballast.v1 import plan_pb2 as ballast_dot_v1_dot_plan__pb2
 from ballast.v1 import profile_pb2 as ballast_dot_v1_dot_profile__pb2
 from ballast.v1 import queue_pb2 as ballast_dot_v1_dot_queue__pb2
@@ -71,6 +72,11 @@ class ProfilerServiceStub:
                 request_serializer=ballast_dot_v1_dot_services__pb2.CalibrateRequest.SerializeToString,
                 response_deserializer=ballast_dot_v1_dot_profile__pb2.CommCalibration.FromString,
                 _registered_method=True)
+        self.Inspect = channel.unary_unary(
+                '/ballast.v1.ProfilerService/Inspect',
+                request_serializer=ballast_dot_v1_dot_services__pb2.InspectModelRequest.SerializeToString,
+                response_deserializer=ballast_dot_v1_dot_model__pb2.ModelInspection.FromString,
+                _registered_method=True)
 
 
 class ProfilerServiceServicer:
@@ -119,6 +125,14 @@ class ProfilerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Inspect(self, request, context):
+        """Check a model (user factories and Hugging Face models are built and dry-run on the meta device in a
+        worker process) and list the layers Ballast will cut it into. INVALID_ARGUMENT names the rule it breaks.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ProfilerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -151,6 +165,11 @@ def add_ProfilerServiceServicer_to_server(servicer, server):
                     servicer.Calibrate,
                     request_deserializer=ballast_dot_v1_dot_services__pb2.CalibrateRequest.FromString,
                     response_serializer=ballast_dot_v1_dot_profile__pb2.CommCalibration.SerializeToString,
+            ),
+            'Inspect': grpc.unary_unary_rpc_method_handler(
+                    servicer.Inspect,
+                    request_deserializer=ballast_dot_v1_dot_services__pb2.InspectModelRequest.FromString,
+                    response_serializer=ballast_dot_v1_dot_model__pb2.ModelInspection.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -316,6 +335,33 @@ class ProfilerService:
             '/ballast.v1.ProfilerService/Calibrate',
             ballast_dot_v1_dot_services__pb2.CalibrateRequest.SerializeToString,
             ballast_dot_v1_dot_profile__pb2.CommCalibration.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Inspect(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ballast.v1.ProfilerService/Inspect',
+            ballast_dot_v1_dot_services__pb2.InspectModelRequest.SerializeToString,
+            ballast_dot_v1_dot_model__pb2.ModelInspection.FromString,
             options,
             channel_credentials,
             insecure,

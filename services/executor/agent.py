@@ -31,6 +31,7 @@ from services.executor.inventory import SUPPORTED, devices, host_labels
 from services.executor.outbox import Outbox
 from services.executor.workers import Workers
 from services.runtime.server import Server, ServerSpec
+from services.specs.user_models import UserModels
 
 log = logging.getLogger("ballast.agent")
 STATS_BATCH_S = 0.25  # per-iteration stats arriving this close together go in one heartbeat (one store write)
@@ -54,10 +55,12 @@ class Agent:
         self._stop = threading.Event()
         self.host_id = ""
         self.outbox = Outbox()
-        self.workers = Workers(self.outbox.put, settings.data_dir / "executor" / name)
+        self.workers = Workers(self.outbox.put, settings.data_dir / "executor" / name,
+                               user_models=UserModels.of_settings(settings))
 
     def host(self) -> fleet_pb2.Host:
-        return fleet_pb2.Host(name=self.name, address=self.settings.advertised_host(), devices=devices(),
+        return fleet_pb2.Host(name=self.name, address=self.settings.advertised_host(),
+                              devices=devices(self.settings.executor_cpu_slots),
                               supported_parallelism=SUPPORTED, agent_version=__version__, agent_port=self.port,
                               labels=host_labels())
 

@@ -30,7 +30,9 @@ from typing import Any
 from google.protobuf.json_format import MessageToDict
 
 from ballast.v1 import common_pb2, executor_pb2, job_pb2, plan_pb2
+from services.executor.train.config import WorkerConfig
 from services.runtime.allocator import STEADY_ALLOCATOR
+from services.specs.user_models import NO_USER_MODELS, UserModels
 
 AGENT_PID_ENV = "BALLAST_AGENT_PID"  # the worker dies with this agent (train/worker.py die_with_agent)
 
@@ -46,71 +48,73 @@ SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")  # what a job id may put into a file 
 Emit = Callable[[executor_pb2.AgentMessage], None]
 
 
-def worker_config(assign: executor_pb2.AssignInstruction, worker: executor_pb2.WorkerAssignment,
-                  job_id: str) -> dict:
-    """The WorkerConfig (services/executor/train/config.py) of one assigned worker, as JSON."""
+def worker_config(assign: executor_pb2.AssignInstruction, worker: executor_pb2.WorkerAssignment, job_id: str,
+                  user_models: UserModels = NO_USER_MODELS) -> WorkerConfig:
+    """The WorkerConfig (services/executor/train/config.py) of one assigned worker; `user_models` is this agent's
+    operator policy (it decides what the worker may import, whatever the planner sent)."""
     plan, spec = assign.plan, assign.spec
-    replicas = plan.stages[0].devices
     optimizer = spec.optimizer
-    return {
-        "job_id": job_id,
-        "model": MessageToDict(spec.model, preserving_proto_field_name=True),
-        "stage_bounds": [[s.layer_begin, s.layer_end] for s in plan.stages],
-        "num_replicas": replicas,
-        "stage_index": worker.stage_index,
-        "replica_index": worker.replica_index,
-        "rank": worker.rank,
-        "world_size": assign.world_size,
-        "micro_batch_size": plan.micro_batch_size // replicas,
-        "num_micro_batches": plan.num_micro_batches,
+    harmony_plan = plan.HasField("harmony")  # one pipeline over the whole batch on gloo, CPU tensors (no CUDA path)
+    backend = "gloo" if harmony_plan else assign.backend or "gloo"
+    return WorkerConfig(
+        job_id=job_id,
+        model=MessageToDict(spec.model, preserving_proto_field_name=True),
+        stage_bounds=[[s.layer_begin, s.layer_end] for s in plan.stages],
+        num_replicas=plan.stages[0].devices,
+        stage_index=worker.stage_index,
+        replica_index=worker.replica_index,
+        rank=worker.rank,
+        world_size=assign.world_size,
+        micro_batch_size=micro_batch_size(plan),
+        num_micro_batches=plan.num_micro_batches,
         # Varuna's schedule is priced by the simulator; the runtime runs 1F1B in its place.
-        "schedule": SCHEDULES.get(plan.schedule, "1f1b"),
+        schedule=SCHEDULES.get(plan.schedule, "1f1b"),
         **policies(plan),
         **hybrid_layers(plan),
-        "layer_toggles": [[t.layer_index, t.iteration, int(t.active)] for t in spec.layer_toggles],
-        "optimizer": {"name": optimizer.name or "adam", "learning_rate": optimizer.learning_rate or 1e-3,
-                      "weight_decay": optimizer.weight_decay},
-        "seed": spec.seed,
-        "iterations": spec.iterations,
-        "start_iteration": assign.start_iteration,
-        "data": {"kind": "synthetic"},
-        "checkpoint_dir": assign.checkpoint_dir,
-        "checkpoint_every": spec.checkpoint_every,
-        "resume_from": assign.checkpoint_uri,
-        "init_method": f"tcp://{assign.rendezvous}",
-        "backend": assign.backend or "gloo",
-        "device": "cuda:0" if assign.backend == "nccl" else "cpu",  # one visible GPU per worker (CUDA_VISIBLE_DEVICES)
-        "timeout_s": float(assign.process_group_timeout_s or 60),
-        "intra_op_threads": 1,
-        "plan_version": plan.version,
-        "online": spec.online_repartition,
-        "predicted_iteration_s": plan.prediction.iteration_time_s,
-        **offload(plan),
-        **harmony(plan, job_id),  # last: a Harmony plan overrides the batch split, backend and device above
-    }
+        layer_toggles=[[t.layer_index, t.iteration, int(t.active)] for t in spec.layer_toggles],
+        optimizer={"name": optimizer.name or "adam", "learning_rate": optimizer.learning_rate or 1e-3,
+                   "weight_decay": optimizer.weight_decay},
+        seed=spec.seed,
+        iterations=spec.iterations,
+        start_iteration=assign.start_iteration,
+        data={"kind": "synthetic"},
+        checkpoint_dir=assign.checkpoint_dir,
+        checkpoint_every=spec.checkpoint_every,
+        resume_from=assign.checkpoint_uri,
+        init_method=f"tcp://{assign.rendezvous}",
+        backend=backend,
+        device="cuda:0" if backend == "nccl" else "cpu",  # one visible GPU per worker (CUDA_VISIBLE_DEVICES)
+        timeout_s=float(assign.process_group_timeout_s or 60),
+        intra_op_threads=1,
+        plan_version=plan.version,
+        online=spec.online_repartition,
+        predicted_iteration_s=plan.prediction.iteration_time_s,
+        chunk_bytes=plan.offload.chunk_bytes if plan.HasField("offload") else 0,
+        device_budget_bytes=plan.offload.device_budget_bytes if plan.HasField("offload") else 0,
+        harmony=harmony(plan, job_id),
+        user_models=user_models,
+    )
 
 
-def offload(plan: plan_pb2.Plan) -> dict[str, int]:
-    """A chunk-offload plan's layout as the worker runs it (chunk mode, train/worker.py); nothing otherwise."""
-    if not plan.HasField("offload"):
-        return {}
-    return {"chunk_bytes": plan.offload.chunk_bytes, "device_budget_bytes": plan.offload.device_budget_bytes}
+def micro_batch_size(plan: plan_pb2.Plan) -> int:
+    """Samples per micro-batch of one worker: the plan's split over a stage's replicas, or under Harmony the whole
+    micro-batch (its workers are the devices of one pipeline over the whole batch, not replicas splitting it)."""
+    return plan.micro_batch_size if plan.HasField("harmony") else plan.micro_batch_size // plan.stages[0].devices
 
 
 def harmony(plan: plan_pb2.Plan, job_id: str) -> dict:
-    """A Harmony plan as the worker runs it (Harmony mode, train/worker.py); nothing otherwise. Its workers are the
-    devices of one pipeline over the whole batch (not replicas splitting it), exchange CPU tensors on gloo (the
-    Harmony worker has no CUDA path yet) and share the host store of this job and plan version."""
+    """A Harmony plan's schedule as the worker runs it (Harmony mode, train/worker.py); {} otherwise. Its workers
+    share the host store of this job and plan version."""
     if not plan.HasField("harmony"):
         return {}
     h = plan.harmony
-    return {"micro_batch_size": plan.micro_batch_size, "backend": "gloo", "device": "cpu", "harmony": {
+    return {
         "forward_micro_batch": h.forward_micro_batch,
         "forward_packs": [[p.begin, p.end] for p in h.forward_packs],
         "backward_micro_batch": h.backward_micro_batch,
         "backward_packs": [[p.begin, p.end] for p in h.backward_packs],
         "devices": h.devices, "prefetch": h.prefetch, "device_budget_bytes": h.device_budget_bytes,
-        "store_dir": harmony_store_dir(job_id, plan.version)}}
+        "store_dir": harmony_store_dir(job_id, plan.version)}
 
 
 def harmony_store_dir(job_id: str, version: int) -> str:
@@ -221,8 +225,9 @@ def _heard(remembered: dict, job_id: str, new: Callable[[], Any]) -> Any:
 class Workers:
     """Every worker process this agent runs, by job."""
 
-    def __init__(self, emit: Emit, work_dir: Path, command: tuple[str, ...] = WORKER):
-        self._emit, self._dir, self._command = emit, work_dir, command
+    def __init__(self, emit: Emit, work_dir: Path, command: tuple[str, ...] = WORKER,
+                 user_models: UserModels = NO_USER_MODELS):
+        self._emit, self._dir, self._command, self._user_models = emit, work_dir, command, user_models
         self._jobs: dict[str, list[Worker]] = {}
         self._exits: dict[str, list[executor_pb2.WorkerExit]] = {}  # insertion-ordered: oldest job first
         # job -> iteration -> its ranks' reports: a report in flight when the stream broke is otherwise lost
@@ -264,8 +269,8 @@ class Workers:
         folder = self._dir / job_id
         folder.mkdir(parents=True, exist_ok=True)
         config = folder / f"rank-{assignment.rank}.json"
-        settings = worker_config(assign, assignment, job_id)
-        config.write_text(json.dumps(settings))
+        settings = worker_config(assign, assignment, job_id, self._user_models)
+        config.write_text(settings.to_json())
         env = {**STEADY_ALLOCATOR, **os.environ, "OMP_NUM_THREADS": "1", AGENT_PID_ENV: str(os.getpid())}
         if assign.backend == "nccl":
             env["CUDA_VISIBLE_DEVICES"] = str(assignment.device_index)
@@ -273,7 +278,7 @@ class Workers:
         proc = subprocess.Popen([*self._command, str(config)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=stderr, text=True, env=env, start_new_session=True)
         return Worker(job_id, assignment, proc, stderr, plan_version=assign.plan.version,
-                      store_dir=settings.get("harmony", {}).get("store_dir", ""))
+                      store_dir=settings.harmony.get("store_dir", ""))
 
     def repartition(self, message: executor_pb2.PlannerMessage) -> executor_pb2.InstructionAck | None:
         """Hand a new plan version to the job's workers (a JSON line on each one's stdin). The ack comes later,

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ballast.client import open_channel
 from ballast.config import Settings
-from ballast.transport import peer_common_name, server_credentials
+from ballast.transport import client_transport, peer_common_name, server_credentials
 from ballast.v1 import executor_pb2, executor_pb2_grpc, services_pb2, services_pb2_grpc
 from services.planner.celery_app import make_app, sender
 from services.planner.jobs import fleet_view
@@ -14,6 +15,7 @@ from services.planner.jobs import lifecycle as jobs
 from services.planner.jobs.calibrate_job import KIND as CALIBRATE
 from services.planner.jobs.control import AgentRegistry
 from services.planner.jobs.gauges import FleetGauges
+from services.planner.jobs.model_check import ModelCheck
 from services.planner.jobs.prepare import KIND as PREPARE
 from services.planner.jobs.scheduler import Scheduler
 from services.planner.plans import operations as plans
@@ -73,6 +75,8 @@ def build_server(settings: Settings, address: str | None = None, send: durable.S
     sweeper = durable.Sweeper(as_platform, send, settings.sweep_interval_s, settings.requeue_unclaimed_s)
 
     what_if = plans.WhatIf()
+    check_model = ModelCheck(lambda: services_pb2_grpc.ProfilerServiceStub(open_channel(
+        settings.address("profiler"), settings.resolved_token(), transport=client_transport(settings))))
     # what Submit checks a job's fleet against: every tenant reads the hosts, and a caller waits on this read,
     # so it goes as the caller's call, not as the platform's background work (services/store/gate.py)
     hosts = jobs.HostsView(as_caller)
@@ -97,7 +101,7 @@ def build_server(settings: Settings, address: str | None = None, send: durable.S
         JOBS,
         None,
         overrides={
-            "Submit": lambda request, ctx: jobs.submit(as_caller, request, send, hosts),
+            "Submit": lambda request, ctx: jobs.submit(as_caller, request, send, hosts, check_model),
             "Get": lambda request, ctx: as_caller.get_job(request),
             "List": lambda request, ctx: as_caller.list_jobs(request),
             "Watch": lambda request, ctx: jobs.watch(as_caller, request.job_id, request.after_seq, ctx.is_active),

@@ -27,6 +27,7 @@ from ballast.v1 import common_pb2, fleet_pb2, model_pb2, profile_pb2
 from services.profiler.layer_cost import LayerCost
 from services.runtime.errors import InvalidArgument
 from services.specs import catalog
+from services.specs.user_models import NO_USER_MODELS, UserModels
 
 # Achieved fraction of peak FLOP/s and bandwidth assumed where nothing was measured. Large
 # transformer GEMMs reach 50-70% of dense peak and streaming kernels 70-90% of bandwidth; 0.5 is
@@ -204,6 +205,7 @@ def analytical_profile(
     tf32: bool = False,
     model_id: str = "",
     model_signature: str = "",
+    user_models: UserModels = NO_USER_MODELS,
 ) -> profile_pb2.Profile:
     """A profile from FLOP and byte counts alone: time = roofline / efficiency, nothing measured.
 
@@ -217,7 +219,7 @@ def analytical_profile(
         raise InvalidArgument(f"efficiency {efficiency} outside (0, 1]", field="efficiency", fix="e.g. 0.5")
     if not micro_batch_sizes or min(micro_batch_sizes) < 1:
         raise InvalidArgument("needs positive sizes", field="micro_batch_sizes", fix="e.g. (1, 2, 4, 8)")
-    costs = model_costs(model) if isinstance(model, model_pb2.ModelSpec) else list(model)
+    costs = model_costs(model, user_models=user_models) if isinstance(model, model_pb2.ModelSpec) else list(model)
     if dtype is None and isinstance(model, model_pb2.ModelSpec) and model.dtype:
         dtype = model.dtype
     if dtype is None:
@@ -342,7 +344,7 @@ def transformer_layer_costs(
     return [*rows, head]
 
 
-def model_costs(spec: model_pb2.ModelSpec, *, allowed_factories: Sequence[str] = ()) -> list[LayerCost]:
+def model_costs(spec: model_pb2.ModelSpec, *, user_models: UserModels = NO_USER_MODELS) -> list[LayerCost]:
     """LayerCost rows for a zoo ModelSpec, one per decomposed layer.
 
     GPT keeps the closed form above (what the GPT tests and benchmarks were written against); every
@@ -357,4 +359,4 @@ def model_costs(spec: model_pb2.ModelSpec, *, allowed_factories: Sequence[str] =
         )
     from services.profiler.meta_costs import layer_costs_from_meta
 
-    return layer_costs_from_meta(spec, allowed_factories=allowed_factories)
+    return layer_costs_from_meta(spec, user_models=user_models)

@@ -3,11 +3,14 @@ worker subprocess and store its result.
 
 Measuring runs in a child process (`python -m services.profiler.worker`, JSON lines on stdout, never
 pickle) so an out-of-memory kill or a crash in a kernel cannot take the service down, and a profile
-is stored only once it is complete: nothing half-done reaches the database.
+is stored only once it is complete: nothing half-done reaches the database. A user's code (an allow-listed
+factory, a Hugging Face model through transformers) is imported only there too: its check at Submit (`inspect`)
+and its analytical profile run in such a process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -18,11 +21,12 @@ import threading
 from collections.abc import Callable, Iterator
 
 from google.protobuf.json_format import MessageToDict, ParseDict
+from google.protobuf.message import Message
 
 from ballast.v1 import common_pb2, model_pb2, profile_pb2, services_pb2, store_pb2
 from services.profiler import projection
 from services.profiler.bounded import check_budget
-from services.profiler.versions import software
+from services.profiler.versions import code_version, software
 from services.runtime.allocator import STEADY_ALLOCATOR
 from services.runtime.auth import Principal
 from services.runtime.errors import (
@@ -32,23 +36,27 @@ from services.runtime.errors import (
     Unavailable,
     from_code,
 )
+from services.runtime.lru import BytesLRU
 from services.runtime.store_api import Store, every_page
 from services.specs import catalog
 from services.specs.model import model_signature, validate_model_spec
+from services.specs.user_models import NO_USER_MODELS, UserModels
 
 log = logging.getLogger("ballast.profiler")
 
 LOCAL_DEVICES = ("", "cpu")
 WORKER_COMMAND = (sys.executable, "-m", "services.profiler.worker")
+USER_FAMILIES = (model_pb2.MODEL_FAMILY_CUSTOM, model_pb2.MODEL_FAMILY_HF)  # their code runs in a worker process
+INSPECTIONS_KEPT = 1024  # inspections a profiler keeps, by signature and code version (at most 8 MiB of them)
 
 
 def resolve_model(store: Store, request: services_pb2.ProfileRequest,
-                  allowed: tuple[str, ...] = ()) -> model_pb2.Model:
+                  user_models: UserModels = NO_USER_MODELS) -> model_pb2.Model:
     """The stored model: by id, or the inline spec matched by signature (any name), or stored now."""
     if request.model_id:
         return store.get_model(store_pb2.GetRequest(id=request.model_id))
     if request.HasField("model"):
-        validate_model_spec(request.model, allowed, prefix="model")  # bad specs fail before anything is stored
+        validate_model_spec(request.model, user_models, prefix="model")  # bad specs fail before anything is stored
         known = store.list_models(store_pb2.ListModelsRequest(signature=model_signature(request.model)))
         if known.models:
             return known.models[0]
@@ -67,13 +75,14 @@ def local_device(kind: str) -> str:
     )
 
 
-def cached(store: Store, model: model_pb2.Model, device: str, dtype: int) -> profile_pb2.Profile | None:
+def cached(store: Store, model: model_pb2.Model, device: str, dtype: int,
+           user_models: UserModels = NO_USER_MODELS) -> profile_pb2.Profile | None:
     """The newest measured profile of the same model, device, precision and software. By model id, not only
     signature: a platform caller (a worker preparing a job) sees every tenant's profiles and must get the
     job's own (a tenant stores each signature once, so for tenants the two keys agree)."""
     request = store_pb2.ListProfilesRequest(model_id=model.id, model_signature=model.signature,
                                             device_kind=device, dtype=dtype,
-                                            software=software(), projected=False)
+                                            software=software(model.spec, user_models), projected=False)
     newest = None
     for reply in every_page(store.list_profiles, request):
         newest = reply.profiles[-1] if reply.profiles else newest
@@ -83,12 +92,15 @@ def cached(store: Store, model: model_pb2.Model, device: str, dtype: int) -> pro
 class Runner:
     """Profiles one model at a time (profiling owns the CPU; a second request waits its turn)."""
 
-    def __init__(self, store: Store, allowed_factories: tuple[str, ...] = (),
+    def __init__(self, store: Store, user_models: UserModels = NO_USER_MODELS,
                  worker_command: tuple[str, ...] = WORKER_COMMAND):
         self._store = store
-        self._allowed = allowed_factories
+        self._user_models = user_models
         self._worker_command = worker_command
         self._turn = threading.Semaphore(1)
+        self._inspections = BytesLRU(INSPECTIONS_KEPT, 8 << 20)
+        self._lock = threading.Lock()
+        self._checks: dict[str, list] = {}  # model key -> [its lock, callers holding or waiting]
 
     def turn(self) -> threading.Semaphore:
         """Held while measuring: profiling and calibration own the host's cores."""
@@ -102,9 +114,9 @@ class Runner:
             return
         device = local_device(request.device_kind)
         target = catalog.device(request.project_to) if request.project_to else None
-        model = resolve_model(self._store, request, self._allowed)
+        model = resolve_model(self._store, request, self._user_models)
         dtype = request.dtype or model.spec.dtype or common_pb2.DTYPE_FP32
-        hit = None if request.refresh else cached(self._store, model, device, dtype)
+        hit = None if request.refresh else cached(self._store, model, device, dtype, self._user_models)
         if hit is not None and request.options.calibrate and not hit.comm.fits:
             hit = None  # calibrated links were asked for and that profile has none: measure again
         if hit is not None:
@@ -113,7 +125,7 @@ class Runner:
         yield services_pb2.ProfileProgress(phase="queued", message="waiting for the profiler")
         with self.turn():
             measured = None
-            for update in run_worker(request, model.spec, device, self._allowed, active, self._worker_command):
+            for update in run_worker(request, model.spec, device, self._user_models, active, self._worker_command):
                 if update.HasField("profile"):
                     measured = update.profile
                 else:
@@ -143,10 +155,16 @@ class Runner:
             raise InvalidArgument("an analytical profile is computed for device_kind directly", field="project_to",
                                   fix="leave project_to empty and set device_kind")
         kind = catalog.device(request.device_kind).kind
-        model = resolve_model(self._store, request, self._allowed)
+        model = resolve_model(self._store, request, self._user_models)
         sizes = analytical_sizes(request)
-        profile = projection.analytical_profile(model.spec, kind, request.dtype or None, sizes,
-                                                model_id=model.id, model_signature=model.signature)
+        if model.spec.family in USER_FAMILIES:  # a user's code: priced in a worker process
+            asked = services_pb2.ProfileRequest(device_kind=kind, dtype=request.dtype,
+                                                options=services_pb2.ProfileOptions(micro_batch_sizes=sizes))
+            _, profile = worker_result(asked, model.spec, "analytical", self._user_models, self._worker_command)
+            profile.model_id, profile.model_signature = model.id, model.signature
+        else:
+            profile = projection.analytical_profile(model.spec, kind, request.dtype or None, sizes,
+                                                    model_id=model.id, model_signature=model.signature)
         lookup = store_pb2.ListProfilesRequest(model_id=model.id, model_signature=model.signature, device_kind=kind,
                                                dtype=profile.dtype,
                                                software=profile.software, projected=True)
@@ -160,6 +178,38 @@ class Runner:
         stored = self._store.create_profile(store_pb2.CreateProfileRequest(profile=profile))
         return services_pb2.ProfileProgress(phase="done", fraction=1.0, profile=stored,
                                             message=f"analytical profile {stored.id} for {kind}")
+
+    def inspect(self, request: services_pb2.InspectModelRequest) -> model_pb2.ModelInspection:
+        """The model checked against Ballast's rules and its layers (zoo.contract), built and dry-run in a worker
+        process; kept by signature and code version, so a resubmitted model is answered at once."""
+        if not request.HasField("model"):
+            raise InvalidArgument("required", field="model", fix="send the ModelSpec to check")
+        spec = request.model
+        validate_model_spec(spec, self._user_models)  # the cheap rules first, with no process started
+        key = f"{model_signature(spec)}|{software(spec, self._user_models)}"
+        with self._checking(key):  # one worker per model however many Submits of it arrive at once
+            known = self._inspections.get(key)
+            if known is not None:
+                return model_pb2.ModelInspection.FromString(known)
+            _, inspection = worker_result(services_pb2.ProfileRequest(), spec, "inspect", self._user_models,
+                                          self._worker_command)
+            inspection.code_version = code_version(spec, self._user_models)
+            self._inspections.put(key, inspection.SerializeToString())
+            return inspection
+
+    @contextlib.contextmanager
+    def _checking(self, key: str) -> Iterator[None]:
+        with self._lock:
+            held = self._checks.setdefault(key, [threading.Lock(), 0])
+            held[1] += 1
+        try:
+            with held[0]:
+                yield
+        finally:
+            with self._lock:
+                held[1] -= 1
+                if not held[1]:
+                    self._checks.pop(key, None)
 
     def profile(self, request: services_pb2.ProfileRequest) -> profile_pb2.Profile:
         final = None
@@ -238,12 +288,33 @@ def list_device_kinds() -> services_pb2.ListDeviceKindsResponse:
     return services_pb2.ListDeviceKindsResponse(devices=[catalog.to_proto(e) for e in catalog.DEVICES.values()])
 
 
+def worker_result(request: services_pb2.ProfileRequest, spec: model_pb2.ModelSpec, mode: str,
+                  user_models: UserModels, command: tuple[str, ...] = WORKER_COMMAND) -> tuple[str, Message]:
+    """A worker job that answers with one message ("inspect", "analytical"): (its key, the message)."""
+    for key, message in worker_messages(request, spec, "cpu", user_models, lambda: True, command, mode):
+        if key != "progress":
+            return key, message
+    raise Unavailable("the profiler's worker process ended without an answer", fix="retry")
+
+
 def run_worker(request: services_pb2.ProfileRequest, spec: model_pb2.ModelSpec, device: str,
-               allowed: tuple[str, ...], active: Callable[[], bool],
+               user_models: UserModels, active: Callable[[], bool],
                command: tuple[str, ...] = WORKER_COMMAND) -> Iterator[services_pb2.ProfileProgress]:
     """Run the profiling worker; yields its progress and finally a ProfileProgress carrying the profile."""
-    job = {"request": MessageToDict(request), "spec": MessageToDict(spec), "allowed_factories": list(allowed),
-           "device": device}
+    for key, message in worker_messages(request, spec, device, user_models, active, command, "profile"):
+        yield message if key == "progress" else services_pb2.ProfileProgress(profile=message)
+
+
+RESULTS = {"progress": services_pb2.ProfileProgress, "profile": profile_pb2.Profile,
+           "inspection": model_pb2.ModelInspection}
+
+
+def worker_messages(request: services_pb2.ProfileRequest, spec: model_pb2.ModelSpec, device: str,
+                    user_models: UserModels, active: Callable[[], bool], command: tuple[str, ...],
+                    mode: str) -> Iterator[tuple[str, Message]]:
+    """Run one worker job; yields (key, message) for its progress and its result, raises its error."""
+    job = {"mode": mode, "request": MessageToDict(request), "spec": MessageToDict(spec), "device": device,
+           "user_models": {"factories": list(user_models.factories), "path": list(user_models.path)}}
     stderr = tempfile.TemporaryFile()  # a file, not a pipe: a chatty worker must never block on it
     env = {**STEADY_ALLOCATOR, **os.environ}
     proc = subprocess.Popen(list(command), stdin=subprocess.PIPE, env=env,
@@ -257,12 +328,11 @@ def run_worker(request: services_pb2.ProfileRequest, spec: model_pb2.ModelSpec, 
                 proc.kill()
                 raise Unavailable("profiling cancelled by the caller")
             message = json.loads(line)
-            if "progress" in message:
-                yield ParseDict(message["progress"], services_pb2.ProfileProgress())
-            elif "profile" in message:
-                yield services_pb2.ProfileProgress(profile=ParseDict(message["profile"], profile_pb2.Profile()))
-            elif "error" in message:
+            if "error" in message:
                 error = message["error"]
+            for key, kind in RESULTS.items():
+                if key in message:
+                    yield key, ParseDict(message[key], kind())
         code = proc.wait()
     finally:
         if proc.poll() is None:

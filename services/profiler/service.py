@@ -12,13 +12,14 @@ from services.runtime.ratelimit import RateLimiter
 from services.runtime.server import Server, ServerSpec
 from services.runtime.servicer import delegate
 from services.runtime.store_client import StoreAuthenticator, anonymous_store, remote_stores
+from services.specs.user_models import UserModels
 
 PROFILER = services_pb2.DESCRIPTOR.services_by_name["ProfilerService"]
 
 
 def build_server(settings: Settings, address: str | None = None) -> Server:
     as_caller, as_platform = remote_stores(settings)
-    runner = Runner(as_caller, settings.allowed_model_factories)
+    runner = Runner(as_caller, UserModels.of_settings(settings))
     servicer = delegate(
         PROFILER,
         None,
@@ -29,6 +30,7 @@ def build_server(settings: Settings, address: str | None = None) -> Server:
             "ProjectProfile": lambda request, ctx: runner.project(request),
             "ListDeviceKinds": lambda request, ctx: list_device_kinds(),
             "Calibrate": lambda request, ctx: runner.calibrate(request, current_principal()),
+            "Inspect": lambda request, ctx: runner.inspect(request),
         },
     )()
     return Server(

@@ -20,6 +20,7 @@ import time
 import torch
 from torch import Tensor, nn
 
+from services.specs.user_models import NO_USER_MODELS, UserModels
 from services.zoo import Decomposition
 from services.zoo.graph import run_layers
 
@@ -80,13 +81,17 @@ def release_gradients(decomposition: Decomposition) -> None:
 
 
 def colocated_slowdown(spec_json: str, decomposition: Decomposition, batch: dict[str, Tensor], repeats: int,
-                       siblings: int, timeout_s: float = 120.0) -> float:
-    """Whole step with `siblings` processes running the same steps, over the step alone (>= 1; 0 on failure)."""
+                       siblings: int, timeout_s: float = 120.0,
+                       user_models: UserModels = NO_USER_MODELS) -> float:
+    """Whole step with `siblings` processes running the same steps, over the step alone (>= 1; 0 on failure).
+    The siblings build the model as this process did: with the operator's `user_models` (a user's factory)."""
     alone = whole_step_s(decomposition, batch, repeats)
     ctx = multiprocessing.get_context("spawn")
     ready, stop = ctx.Barrier(siblings + 1), ctx.Event()
     m = next(iter(batch.values())).shape[0]
-    procs = [ctx.Process(target=_sibling, args=(spec_json, m, ready, stop), daemon=True) for _ in range(siblings)]
+    allowed = {"factories": list(user_models.factories), "path": list(user_models.path)}
+    procs = [ctx.Process(target=_sibling, args=(spec_json, m, ready, stop, allowed), daemon=True)
+             for _ in range(siblings)]
     for proc in procs:
         proc.start()
     try:
@@ -104,7 +109,7 @@ def colocated_slowdown(spec_json: str, decomposition: Decomposition, batch: dict
     return max(1.0, together / alone)
 
 
-def _sibling(spec_json: str, m: int, ready, stop) -> None:
+def _sibling(spec_json: str, m: int, ready, stop, allowed: dict) -> None:
     """Spawn target: build the same model and run whole steps until told to stop (one intra-op thread)."""
     from google.protobuf.json_format import Parse
 
@@ -112,9 +117,9 @@ def _sibling(spec_json: str, m: int, ready, stop) -> None:
     from services.zoo import build_model, example_input
 
     torch.set_num_threads(1)
-    spec = Parse(spec_json, model_pb2.ModelSpec())
-    decomposition = build_model(spec, seed=0).decompose()
-    batch = example_input(spec, m)
+    spec, user_models = Parse(spec_json, model_pb2.ModelSpec()), UserModels.from_json(allowed)
+    decomposition = build_model(spec, seed=0, user_models=user_models).decompose()
+    batch = example_input(spec, m, user_models=user_models)
     run_layers(decomposition, batch).backward()  # warm
     ready.wait()
     while not stop.is_set():

@@ -3,10 +3,14 @@
 The profiler service spawns this so that an out-of-memory kill or a crash inside a kernel takes down
 only this process, and nothing half-done is stored. Protocol, JSON only (never pickle):
 
-* stdin: one JSON object {"request": ProfileRequest, "spec": ModelSpec, "allowed_factories": [...],
-  "device": "cpu"}, messages as `MessageToDict` writes them.
-* stdout: JSON lines, {"progress": ProfileProgress} while measuring, then exactly one of
-  {"profile": Profile} (exit 0) or {"error": {"code": "INVALID_ARGUMENT" | ..., "message", "field", "fix"}} (exit 1).
+* stdin: one JSON object {"mode": "profile" | "inspect" | "analytical", "request": ProfileRequest,
+  "spec": ModelSpec, "user_models": {"factories": [...], "path": [...]}, "device": "cpu"}, messages as
+  `MessageToDict` writes them. "profile" (the default) measures; "inspect" checks a user's model against the
+  rules (zoo.contract); "analytical" prices it from FLOP and byte counts for request.device_kind at the
+  request's micro-batch sizes: user code (a factory, transformers) runs here, never in the service.
+* stdout: JSON lines, {"progress": ProfileProgress} while measuring, then exactly one of {"profile": Profile}
+  or {"inspection": ModelInspection} (exit 0), or {"error": {"code": "INVALID_ARGUMENT" | ..., "message",
+  "field", "fix"}} (exit 1).
   Codes are BallastError codes; any other exception is INTERNAL, named by its type.
 * stderr: logs. Anything else that writes to sys.stdout while profiling is diverted there, so stdout
   carries nothing but the protocol.
@@ -20,11 +24,14 @@ import sys
 from typing import Any, TextIO
 
 from google.protobuf.json_format import MessageToDict, ParseDict, ParseError
+from google.protobuf.message import Message
 
 from ballast.v1 import model_pb2, services_pb2
 from services.runtime.errors import BallastError, InvalidArgument
+from services.specs.user_models import UserModels
 
 log = logging.getLogger("ballast.profiler.worker")
+MODES = ("profile", "inspect", "analytical")
 
 
 def _emit(out: TextIO, message: dict[str, Any]) -> None:
@@ -47,27 +54,42 @@ def parse_job(text: str) -> dict[str, Any]:
         except ParseError as exc:
             fix = f"pass a {type(message).__name__} as MessageToDict writes it"
             raise InvalidArgument(str(exc), field=key, fix=fix) from exc
-    allowed = job.get("allowed_factories") or []
-    if not isinstance(allowed, list) or not all(isinstance(f, str) for f in allowed):
-        raise InvalidArgument("expected a list of strings", field="allowed_factories")
-    parsed["allowed_factories"] = tuple(allowed)
+    try:
+        parsed["user_models"] = UserModels.from_json(job.get("user_models") or {})
+    except ValueError as exc:
+        raise InvalidArgument(str(exc), field="user_models", fix='{"factories": [...], "path": [...]}') from exc
     parsed["device"] = str(job.get("device") or "cpu")
+    parsed["mode"] = job.get("mode") or "profile"
+    if parsed["mode"] not in MODES:
+        raise InvalidArgument(f"unknown mode {parsed['mode']!r}", field="mode", fix=f"one of {list(MODES)}")
     return parsed
 
 
-def run(stdin: TextIO, out: TextIO) -> int:
-    """Read the job, profile, write the result; returns the exit status."""
-    try:
-        from services.profiler import driver  # imports torch: after stdout is diverted
+def answer(job: dict[str, Any], out: TextIO) -> tuple[str, Message]:
+    """The job's result message, under its key in the protocol."""
+    if job["mode"] == "inspect":
+        from services.zoo.contract import inspect_model  # imports torch: after stdout is diverted
 
+        return "inspection", inspect_model(job["spec"], job["user_models"])
+    if job["mode"] == "analytical":
+        from services.profiler import projection
+
+        request = job["request"]
+        return "profile", projection.analytical_profile(job["spec"], request.device_kind, request.dtype or None,
+                                                        sorted(request.options.micro_batch_sizes),
+                                                        user_models=job["user_models"])
+    from services.profiler import driver
+
+    return "profile", driver.profile(job["spec"], job["request"], device=job["device"],
+                                     user_models=job["user_models"],
+                                     progress=lambda p: _emit(out, {"progress": MessageToDict(p)}))
+
+
+def run(stdin: TextIO, out: TextIO) -> int:
+    """Read the job, run it, write the result; returns the exit status."""
+    try:
         job = parse_job(stdin.read())
-        result = driver.profile(
-            job["spec"],
-            job["request"],
-            device=job["device"],
-            allowed_factories=job["allowed_factories"],
-            progress=lambda p: _emit(out, {"progress": MessageToDict(p)}),
-        )
+        key, result = answer(job, out)
     except BallastError as exc:
         log.info("profiling refused: %s", exc)
         # its parts, so the RPC's answer names the field and the fix as an in-process error would
@@ -77,7 +99,7 @@ def run(stdin: TextIO, out: TextIO) -> int:
         log.exception("profiling failed")
         _emit(out, {"error": {"code": "INTERNAL", "message": f"{type(exc).__name__}: {exc}"}})
         return 1
-    _emit(out, {"profile": MessageToDict(result)})
+    _emit(out, {key: MessageToDict(result)})
     return 0
 
 

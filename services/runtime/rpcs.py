@@ -1,8 +1,8 @@
 """Which RPCs change state, by one rule for the whole plane: a viewer may call only the others, every call of
 one is a row in the audit log, and the store client repeats only the others after a blip.
 
-Reads are named Get…, List… or Watch…, plus a few that compute without storing (Compare, WhatIf), resolve a
-token (Authenticate) or run read-only SQL (Query). tests/test_rpcs.py lists every RPC that changes state, so a
+Reads are named Get…, List… or Watch…, plus a few that compute without storing (Compare, WhatIf, Inspect),
+resolve a token (Authenticate) or run read-only SQL (Query). tests/test_rpcs.py lists every RPC that changes state, so a
 new one is classified on purpose."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from services.runtime.auth import Principal
 
 READ_PREFIXES = ("Get", "List", "Watch")
-READ_METHODS = frozenset({"Authenticate", "Query", "Compare", "WhatIf"})
+READ_METHODS = frozenset({"Authenticate", "Query", "Compare", "WhatIf", "Inspect"})
 # High-volume writes the platform's own services make, each a row that is its own record (a metric, an event, a
 # heartbeat, a queue lease tick): audited only when someone other than the platform admin makes them.
 PLATFORM_TELEMETRY = frozenset({

@@ -14,11 +14,12 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-import yaml
-from google.protobuf.json_format import ParseDict
+from google.protobuf.json_format import MessageToDict
 
+from ballast.specfile import read_model_spec
 from ballast.v1 import job_pb2, model_pb2, plan_pb2
 from services.runtime.errors import InvalidArgument
+from services.specs.user_models import ALLOWED_FACTORIES_FIX, NO_USER_MODELS, UserModels
 
 F = model_pb2.ModelFamily
 _CONFIG_FOR_FAMILY = {
@@ -28,16 +29,27 @@ _CONFIG_FOR_FAMILY = {
     F.MODEL_FAMILY_VIT: "vision",
     F.MODEL_FAMILY_SWIN: "vision",
     F.MODEL_FAMILY_CUSTOM: "custom",
+    F.MODEL_FAMILY_HF: "hf",
 }
 _DOTTED = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
 FACTORY_RE = re.compile(rf"^{_DOTTED}:{_DOTTED}$")
-ALLOWED_FACTORIES_FIX = "ask the platform operator to add it to BALLAST_ALLOWED_MODEL_FACTORIES"
 OPTIMIZERS = ("", "adam", "sgd")
+T = model_pb2.HFTask
+# Hugging Face architectures (config model_type) Ballast cuts into layers itself, per task (zoo/hf/adapters.py).
+HF_ARCHITECTURES = {
+    T.HF_TASK_CAUSAL_LM: ("gpt2", "llama", "mistral", "qwen2"),
+    T.HF_TASK_MASKED_LM: ("bert",),
+    T.HF_TASK_IMAGE_CLASSIFICATION: ("vit",),
+}
+HF_TEXT_TASKS = (T.HF_TASK_CAUSAL_LM, T.HF_TASK_MASKED_LM)
+MAX_SEQ_LENGTH = 1 << 20
+HF_REMOTE_CODE = ("auto_map", "trust_remote_code")  # config keys that would ask for code from the hub
 
 
 def load_model_spec(path: Path) -> model_pb2.ModelSpec:
-    """A ModelSpec from YAML (field names as in the proto; enums by name); JSON is YAML too."""
-    return ParseDict(yaml.safe_load(path.read_text()), model_pb2.ModelSpec())
+    """A ModelSpec from YAML (field names as in the proto; enums by name); unknown fields and enum names are
+    refused with the closest name (ballast.specfile, shared with the SDK)."""
+    return read_model_spec(path)
 
 
 def _positive(msg, names: Iterable[str], prefix: str) -> None:
@@ -100,7 +112,7 @@ def _vision(cfg: model_pb2.VisionConfig, family: int, prefix: str) -> None:
         )
 
 
-def _custom(cfg: model_pb2.CustomModel, allowed_factories: Iterable[str], prefix: str) -> None:
+def _custom(cfg: model_pb2.CustomModel, user_models: UserModels, prefix: str) -> None:
     field = f"{prefix}.factory"
     if not FACTORY_RE.match(cfg.factory):
         raise InvalidArgument(
@@ -108,14 +120,61 @@ def _custom(cfg: model_pb2.CustomModel, allowed_factories: Iterable[str], prefix
             field=field,
             fix='use the form "pkg.module:callable"',
         )
-    if cfg.factory not in set(allowed_factories):
+    if not user_models.allows(cfg.factory):
         raise InvalidArgument(
             f"factory {cfg.factory!r} is not allowed", field=field, fix=ALLOWED_FACTORIES_FIX
         )
 
 
+def hf_model_type(cfg: model_pb2.HuggingFaceModel) -> str:
+    """The inline config's model_type ("" when the config comes from a directory)."""
+    value = cfg.config.fields.get("model_type") if cfg.HasField("config") else None
+    return value.string_value if value is not None else ""
+
+
+def check_hf_architecture(model_type: str, task: int, field: str) -> None:
+    """Refuse an architecture Ballast has no adapter for, naming the ones it has and the factory way out."""
+    supported = HF_ARCHITECTURES.get(task, ())
+    if model_type not in supported:
+        others = {model_pb2.HFTask.Name(t): types for t, types in HF_ARCHITECTURES.items() if model_type in types}
+        also = f" ({model_type!r} is supported as {', '.join(others)})" if others else ""
+        raise InvalidArgument(
+            f"no Ballast adapter for Hugging Face model_type {model_type!r} with {model_pb2.HFTask.Name(task)}{also}",
+            field=field,
+            fix=f"use one of {list(supported)}, or wrap the model in an allow-listed factory whose top-level "
+                "children run in order (docs/models.md)")
+
+
+def _hf(cfg: model_pb2.HuggingFaceModel, user_models: UserModels, prefix: str) -> None:
+    if cfg.task not in HF_ARCHITECTURES:
+        raise InvalidArgument("the task is not set", field=f"{prefix}.task",
+                              fix=f"one of {[model_pb2.HFTask.Name(t) for t in HF_ARCHITECTURES]}")
+    inline, directory = cfg.HasField("config") and bool(cfg.config.fields), bool(cfg.config_dir)
+    if inline == directory:
+        raise InvalidArgument("give the model's config either inline or as a directory, not both" if inline else
+                              "the model's config is missing", field=f"{prefix}.config",
+                              fix="set config (model_type and its fields) or config_dir (a directory with config.json)")
+    if inline:
+        keys = MessageToDict(cfg.config)
+        remote = [k for k in HF_REMOTE_CODE if k in keys]
+        if remote:
+            raise InvalidArgument(f"the config asks for code from the hub ({remote[0]})", field=f"{prefix}.config",
+                                  fix=f"remove {remote[0]}: Ballast never runs remote code")
+        if not isinstance(keys.get("model_type"), str) or not keys["model_type"]:
+            raise InvalidArgument("the config has no model_type", field=f"{prefix}.config.model_type",
+                                  fix='set model_type, e.g. "llama"')
+        check_hf_architecture(keys["model_type"], cfg.task, f"{prefix}.config.model_type")
+    else:
+        user_models.directory(cfg.config_dir, f"{prefix}.config_dir")
+    if cfg.weights_dir:
+        user_models.directory(cfg.weights_dir, f"{prefix}.weights_dir")
+    if cfg.task in HF_TEXT_TASKS and not 0 < cfg.seq_length <= MAX_SEQ_LENGTH:
+        raise InvalidArgument(f"seq_length {cfg.seq_length} is outside [1, {MAX_SEQ_LENGTH}]",
+                              field=f"{prefix}.seq_length", fix="set the tokens per training sequence, e.g. 128")
+
+
 def validate_model_spec(
-    spec: model_pb2.ModelSpec, allowed_factories: Iterable[str] = (), *, prefix: str = "spec"
+    spec: model_pb2.ModelSpec, user_models: UserModels = NO_USER_MODELS, *, prefix: str = "spec"
 ) -> None:
     """Raise InvalidArgument naming the first bad field; `prefix` is the spec's own proto path."""
     if spec.family not in _CONFIG_FOR_FAMILY:
@@ -134,19 +193,21 @@ def validate_model_spec(
         _transformer(spec.transformer, spec.family, f"{prefix}.transformer")
     elif expected == "vision":
         _vision(spec.vision, spec.family, f"{prefix}.vision")
+    elif expected == "hf":
+        _hf(spec.hf, user_models, f"{prefix}.hf")
     else:
-        _custom(spec.custom, allowed_factories, f"{prefix}.custom")
+        _custom(spec.custom, user_models, f"{prefix}.custom")
     if not 0.0 <= spec.dropout < 1.0:  # also rejects NaN
         raise InvalidArgument(
             f"dropout {spec.dropout} is outside [0, 1)", field=f"{prefix}.dropout", fix="use 0 to 0.9"
         )
 
 
-def validate_job_spec(spec: job_pb2.JobSpec, allowed_factories: Iterable[str] = ()) -> None:
+def validate_job_spec(spec: job_pb2.JobSpec, user_models: UserModels = NO_USER_MODELS) -> None:
     """Raise InvalidArgument naming the first bad field of a job spec (paths start at "spec")."""
     if not spec.HasField("model"):
         raise InvalidArgument("a job needs a model", field="spec.model", fix="set model (a ModelSpec)")
-    validate_model_spec(spec.model, allowed_factories, prefix="spec.model")
+    validate_model_spec(spec.model, user_models, prefix="spec.model")
     _positive(spec, ("global_batch_size", "iterations"), "spec")
     if spec.optimizer.name not in OPTIMIZERS:
         raise InvalidArgument(

@@ -64,12 +64,13 @@ class Tenant(Base):
 class Model(Base):
     __tablename__ = "models"
     __table_args__ = (
-        sa.UniqueConstraint("tenant_id", "name", name="uq_models_tenant_name"),
+        sa.UniqueConstraint("tenant_id", "name", "version", name="uq_models_tenant_name_version"),
         sa.UniqueConstraint("tenant_id", "signature", name="uq_models_tenant_signature"),
     )
     id: Mapped[str] = mapped_column(Id, primary_key=True)
     tenant_id: Mapped[str] = mapped_column(Id, _fk("tenants.id"), index=True)
     name: Mapped[str] = mapped_column(sa.String(200))
+    version: Mapped[int] = mapped_column(default=1, server_default="1")  # a different spec under one name: next
     family: Mapped[str] = mapped_column(EnumName)
     signature: Mapped[str] = mapped_column(sa.String(64), index=True)
     parameter_count: Mapped[int] = mapped_column(sa.BigInteger, default=0)

@@ -7,7 +7,14 @@ on the meta device, so even a 15B-parameter spec costs no memory.
 """
 
 from services.zoo.base import IGNORE_INDEX, ZooModel
-from services.zoo.build import FAMILIES, build_model, check_spec, count_parameters, example_input
+from services.zoo.build import (
+    FAMILIES,
+    build_model,
+    causal_lm_shape,
+    check_spec,
+    count_parameters,
+    example_input,
+)
 from services.zoo.graph import Decomposition, Inputs, Layer, SharedParameter, run_layers
 
 __all__ = [
@@ -19,6 +26,7 @@ __all__ = [
     "SharedParameter",
     "ZooModel",
     "build_model",
+    "causal_lm_shape",
     "check_spec",
     "count_parameters",
     "example_input",

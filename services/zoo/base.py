@@ -3,15 +3,33 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+from google.protobuf.json_format import MessageToDict
+from google.protobuf.struct_pb2 import Struct
 from torch import Tensor, nn
 
 from ballast.v1 import common_pb2, model_pb2
 from services.zoo.graph import Decomposition, Inputs, Layer, decompose
 
 IGNORE_INDEX = -100  # label value that contributes nothing to the loss (unmasked BERT tokens)
+
+
+def struct_values(struct: Struct) -> dict[str, Any]:
+    """A Struct as plain values: its numbers are doubles, and whole ones become ints (`layers: 2` arrives as 2)."""
+
+    def whole(value: Any) -> Any:
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, list):
+            return [whole(v) for v in value]
+        if isinstance(value, dict):
+            return {k: whole(v) for k, v in value.items()}
+        return value
+
+    return whole(MessageToDict(struct))
 
 
 def sum_cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
@@ -85,8 +103,28 @@ class MLP(nn.Sequential):
         super().__init__(nn.Linear(dim, hidden), nn.GELU(approximate), nn.Linear(hidden, dim), nn.Dropout(dropout))
 
 
+def to_head_major(attn: SelfAttention) -> None:
+    """Reorder the fused qkv rows from [q|k|v][head] to [head][q|k|v], so a contiguous row shard is whole heads."""
+    d, h, hd = attn.proj.in_features, attn.heads, attn.head_dim
+    with torch.no_grad():
+        attn.qkv.weight.data = attn.qkv.weight.view(3, h, hd, d).transpose(0, 1).reshape(3 * h * hd, d).clone()
+        attn.qkv.bias.data = attn.qkv.bias.view(3, h, hd).transpose(0, 1).reshape(3 * h * hd).clone()
+    attn.head_major = True
+
+
+def qkv_rows(name: str, value: Tensor, heads: int, to_head_major: bool) -> Tensor:
+    """A fused qkv parameter's (or its optimizer state's) rows moved between [q|k|v][head] and [head][q|k|v]
+    (other parameters as they are): checkpoints store the model's own order, whatever the strategy."""
+    if name not in ("attn.qkv.weight", "attn.qkv.bias") or value.dim() == 0:  # Adam's scalar step
+        return value
+    rows = value.shape[0]
+    shape = (3, heads, rows // (3 * heads)) if to_head_major else (heads, 3, rows // (3 * heads))
+    return value.reshape(*shape, *value.shape[1:]).transpose(0, 1).reshape(value.shape).contiguous()
+
+
 class Block(nn.Module):
-    """Transformer block; pre-LN (GPT, ViT) or post-LN (BERT), with the family's LN epsilon."""
+    """Transformer block; pre-LN (GPT, ViT) or post-LN (BERT), with the family's LN epsilon. It keeps the executors'
+    TP protocol (train/hybrid.py): Megatron's split, the fused qkv column-parallel with its rows head-major."""
 
     def tensor_parallel_ways(self) -> int:
         """The executors split it Megatron-style (train/hybrid.py) at degrees dividing this: the gcd of its heads
@@ -94,6 +132,15 @@ class Block(nn.Module):
         and Swin's blocks have none)."""
         drops = [self.drop.p, self.attn.dropout, *(m.p for m in self.mlp.modules() if isinstance(m, nn.Dropout))]
         return 0 if any(p > 0 for p in drops) else math.gcd(self.attn.heads, self.mlp[0].out_features)
+
+    def tensor_parallel_plan(self) -> dict[str, str]:
+        return {"attn.qkv": "colwise", "attn.proj": "rowwise", "mlp.0": "colwise", "mlp.2": "rowwise"}
+
+    def prepare_tensor_parallel(self) -> None:
+        to_head_major(self.attn)
+
+    def tensor_parallel_rows(self, name: str, value: Tensor, sharded: bool) -> Tensor:
+        return qkv_rows(name, value, self.attn.heads, to_head_major=sharded)
 
     def __init__(
         self,

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import torch
 from torch import Tensor
 
 from ballast.v1 import model_pb2
 from services.runtime.errors import InvalidArgument
 from services.specs.model import validate_model_spec
+from services.specs.user_models import NO_USER_MODELS, UserModels
 from services.zoo.base import IGNORE_INDEX, ZooModel
 from services.zoo.custom import CustomZooModel
 from services.zoo.t5 import T5
@@ -17,20 +16,32 @@ from services.zoo.text import GPT, Bert
 from services.zoo.vision import Swin, ViT, swin_geometry
 
 F = model_pb2.ModelFamily
+T = model_pb2.HFTask
 FAMILIES: dict[int, type[ZooModel]] = {
     F.MODEL_FAMILY_GPT: GPT,
     F.MODEL_FAMILY_BERT: Bert,
     F.MODEL_FAMILY_T5: T5,
     F.MODEL_FAMILY_VIT: ViT,
     F.MODEL_FAMILY_SWIN: Swin,
-    F.MODEL_FAMILY_CUSTOM: CustomZooModel,
-}
+}  # the built-in zoo; custom factories and Hugging Face models are built with the operator's UserModels
 MLM_FRACTION = 0.15
 
 
-def check_spec(spec: model_pb2.ModelSpec, allowed_factories: Iterable[str] = ()) -> None:
+def causal_lm_shape(spec: model_pb2.ModelSpec, user_models: UserModels = NO_USER_MODELS) -> tuple[int, int] | None:
+    """(vocab size, sequence length) of a next-token model (the zoo's GPT, a Hugging Face causal LM), else None:
+    the data path draws token sequences for them."""
+    if spec.family == F.MODEL_FAMILY_GPT:
+        return spec.transformer.vocab_size, spec.transformer.seq_length
+    if spec.family == F.MODEL_FAMILY_HF and spec.hf.task == T.HF_TASK_CAUSAL_LM:
+        from services.zoo.hf.config import hf_shape
+
+        return hf_shape(spec, user_models).vocab_size, spec.hf.seq_length
+    return None
+
+
+def check_spec(spec: model_pb2.ModelSpec, user_models: UserModels = NO_USER_MODELS) -> None:
     """The store's validation plus what only the zoo knows (Swin geometry); raises InvalidArgument."""
-    validate_model_spec(spec, allowed_factories)
+    validate_model_spec(spec, user_models)
     if spec.family != F.MODEL_FAMILY_SWIN:
         return
     cfg = spec.vision
@@ -55,27 +66,36 @@ def build_model(
     spec: model_pb2.ModelSpec,
     *,
     device: str | torch.device = "cpu",
-    allowed_factories: Iterable[str] = (),
+    user_models: UserModels = NO_USER_MODELS,
     seed: int | None = None,
 ) -> ZooModel:
     """Build the spec's model in fp32 on `device` ("meta" allocates nothing).
 
-    A custom factory is imported only if it is in `allowed_factories` (the operator's allow-list).
-    With `seed`, initialisation is reproducible (per device type) and leaves the global RNG untouched.
+    A custom factory is imported only if `user_models` (the operator's allow-list) admits it, from the import
+    path plus the operator's model directories; a Hugging Face model reads its config and weights only from
+    those directories. With `seed`, initialisation is reproducible (per device type) and leaves the global RNG
+    untouched.
     """
-    check_spec(spec, allowed_factories)
+    check_spec(spec, user_models)
     device = torch.device(device)
     forked = [device.index or 0] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=forked, enabled=seed is not None), device:
         if seed is not None:
             torch.manual_seed(seed)
-        model = FAMILIES[spec.family](spec)
+        if spec.family == F.MODEL_FAMILY_CUSTOM:
+            model: ZooModel = CustomZooModel(spec, user_models)
+        elif spec.family == F.MODEL_FAMILY_HF:
+            from services.zoo.hf.model import HuggingFace  # imports transformers: only for such a model
+
+            model = HuggingFace(spec, user_models)
+        else:
+            model = FAMILIES[spec.family](spec)
     return model
 
 
-def count_parameters(spec: model_pb2.ModelSpec, *, allowed_factories: Iterable[str] = ()) -> int:
+def count_parameters(spec: model_pb2.ModelSpec, *, user_models: UserModels = NO_USER_MODELS) -> int:
     """Distinct parameters (a tied weight counts once), from a meta-device build: no memory used."""
-    model = build_model(spec, device="meta", allowed_factories=allowed_factories)
+    model = build_model(spec, device="meta", user_models=user_models)
     return sum(p.numel() for p in model.parameters())
 
 
@@ -85,33 +105,53 @@ def example_input(
     *,
     device: str | torch.device = "cpu",
     generator: torch.Generator | None = None,
-    allowed_factories: Iterable[str] = (),
+    user_models: UserModels = NO_USER_MODELS,
 ) -> dict[str, Tensor]:
     """A synthetic batch, drawn on the CPU from `generator` (default: seeded 0) so it is the same
     on every device. Keys match the layers' `batch_keys`."""
-    check_spec(spec, allowed_factories)
+    check_spec(spec, user_models)
     g = generator if generator is not None else torch.Generator().manual_seed(0)
     b = batch_size
     if spec.family == F.MODEL_FAMILY_CUSTOM:
-        batch = build_model(spec, device="meta", allowed_factories=allowed_factories).example_input(b, g)
+        batch = build_model(spec, device="meta", user_models=user_models).example_input(b, g)
+    elif spec.family == F.MODEL_FAMILY_HF:
+        batch = _hf_batch(spec, b, g, user_models)
     elif spec.family in (F.MODEL_FAMILY_VIT, F.MODEL_FAMILY_SWIN):
         v = spec.vision
-        batch = {
-            "pixel_values": torch.randn(b, v.channels, v.image_size, v.image_size, generator=g),
-            "labels": torch.randint(v.num_classes, (b,), generator=g),
-        }
+        batch = _image_batch(b, v.channels, v.image_size, v.num_classes, g)
     else:
-        batch = _text_batch(spec.family, spec.transformer, b, g)
+        batch = _text_batch(spec.family, spec.transformer.vocab_size, spec.transformer.seq_length, b, g,
+                            spec.transformer.decoder_seq_length)
     return {k: t.to(device) for k, t in batch.items()}
 
 
-def _text_batch(family: int, cfg: model_pb2.TransformerConfig, b: int, g: torch.Generator) -> dict[str, Tensor]:
-    vocab, s = cfg.vocab_size, cfg.seq_length
+def _image_batch(b: int, channels: int, side: int, classes: int, g: torch.Generator) -> dict[str, Tensor]:
+    return {"pixel_values": torch.randn(b, channels, side, side, generator=g),
+            "labels": torch.randint(classes, (b,), generator=g)}
+
+
+def _hf_batch(spec: model_pb2.ModelSpec, b: int, g: torch.Generator, user_models: UserModels) -> dict[str, Tensor]:
+    from services.zoo.hf.config import hf_shape  # imports transformers: only for such a model
+
+    shape = hf_shape(spec, user_models)
+    if spec.hf.task == T.HF_TASK_IMAGE_CLASSIFICATION:
+        return _image_batch(b, shape.channels, shape.image_size, shape.num_labels, g)
+    family = F.MODEL_FAMILY_GPT if spec.hf.task == T.HF_TASK_CAUSAL_LM else F.MODEL_FAMILY_BERT
+    batch = _text_batch(family, shape.vocab_size, spec.hf.seq_length, b, g)
+    if shape.type_vocab_size < 2 and "token_type_ids" in batch:
+        batch["token_type_ids"].zero_()
+    if family == F.MODEL_FAMILY_BERT:
+        batch.pop("next_sentence_label")  # a masked-LM head only
+    return batch
+
+
+def _text_batch(family: int, vocab: int, s: int, b: int, g: torch.Generator,
+                decoder_length: int = 0) -> dict[str, Tensor]:
     if family == F.MODEL_FAMILY_GPT:
         tokens = torch.randint(vocab, (b, s + 1), generator=g)
         return {"input_ids": tokens[:, :-1].contiguous(), "labels": tokens[:, 1:].contiguous()}
     if family == F.MODEL_FAMILY_T5:
-        labels = torch.randint(vocab, (b, cfg.decoder_seq_length), generator=g)
+        labels = torch.randint(vocab, (b, decoder_length), generator=g)
         start = torch.zeros(b, 1, dtype=labels.dtype)  # decoder start token 0, as in T5
         return {
             "input_ids": torch.randint(vocab, (b, s), generator=g),

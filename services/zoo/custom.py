@@ -1,12 +1,13 @@
 """User models: an operator-allow-listed factory, cut into pipeline segments at named cut-points.
 
-Protocol (Varuna §5.1, with cut-points named in the spec instead of found by profiling): the factory
-`pkg.module:callable(**kwargs)` returns an nn.Module whose top-level children, run in registration
-order, map `batch["x"]` to the output. The module may define `loss(output, labels) -> Tensor`
-(summed over samples; default: summed cross-entropy) and must define
-`example_input(batch_size, generator) -> {"x": ..., "labels": ...}` to be profiled. Each cut-point
-names a child after which a segment ends; parameters used by several segments are found and declared.
-The factory is imported only after `validate_model_spec` has checked it against the allow-list.
+Protocol (Varuna §5.1, with cut-points named in the spec instead of found by profiling; docs/models.md is the
+user's version): the factory `pkg.module:callable(**kwargs)` returns an nn.Module whose top-level children, run
+in registration order, map `batch["x"]` to the output (the module's own `forward` is not used). The module may
+define `loss(output, labels) -> Tensor` (summed over samples; default: summed cross-entropy) and must define
+`example_input(batch_size, generator) -> {"x": ..., "labels": ...}` to be profiled. Each cut-point names a child
+after which a segment ends; parameters used by several segments are found and declared. The factory is imported
+only after `validate_model_spec` has checked it against the allow-list, from the import path plus the
+operator's model directories (BALLAST_MODEL_PATH). zoo.contract checks the rest before a job is accepted.
 """
 
 from __future__ import annotations
@@ -14,48 +15,50 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
-from google.protobuf.json_format import MessageToDict
 from torch import Tensor, nn
 
 from ballast.v1 import model_pb2
 from services.runtime.errors import InvalidArgument
-from services.zoo.base import ZooModel, sum_cross_entropy
+from services.specs.user_models import MODEL_PATH_FIX, UserModels
+from services.zoo.base import ZooModel, struct_values, sum_cross_entropy
 from services.zoo.graph import Inputs, Layer, LayerList
 
 FIELD = "spec.custom"
 
 
-def load_factory(path: str) -> Callable[..., nn.Module]:
+def load_factory(path: str, user_models: UserModels) -> Callable[..., nn.Module]:
     """Import "pkg.module:callable"; call only with a path the allow-list already admitted."""
     module_name, _, attr = path.partition(":")
+    user_models.importable()
     try:
         target = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise InvalidArgument(f"cannot import {module_name!r} for factory {path!r}: {exc}", field=f"{FIELD}.factory",
+                              fix=f"{MODEL_PATH_FIX.replace('give its absolute path', 'or install it')} "
+                                  f"(model directories here: {list(user_models.path)})") from exc
+    except Exception as exc:  # the user's module raised while it was imported
+        raise InvalidArgument(f"importing {module_name!r} raised {type(exc).__name__}: {exc}",
+                              field=f"{FIELD}.factory", fix="make the module importable on its own") from exc
+    try:
         for part in attr.split("."):
             target = getattr(target, part)
-    except (ImportError, AttributeError) as exc:
-        raise InvalidArgument(f"cannot load factory {path!r}: {exc}", field=f"{FIELD}.factory") from exc
+    except AttributeError as exc:
+        raise InvalidArgument(f"cannot load factory {path!r}: {exc}", field=f"{FIELD}.factory",
+                              fix=f"define {attr!r} in {module_name!r}") from exc
     if not callable(target):
         raise InvalidArgument(f"factory {path!r} is not callable", field=f"{FIELD}.factory")
     return target
 
 
 def factory_kwargs(cfg: model_pb2.CustomModel) -> dict:
-    """Struct numbers are doubles; integral ones become ints so `width: 16` reaches the factory as 16."""
-
-    def fix(value):
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, list):
-            return [fix(v) for v in value]
-        if isinstance(value, dict):
-            return {k: fix(v) for k, v in value.items()}
-        return value
-
-    return fix(MessageToDict(cfg.kwargs)) if cfg.HasField("kwargs") else {}
+    """The factory's keyword arguments; `width: 16` reaches it as the int 16 (base.struct_values)."""
+    return struct_values(cfg.kwargs) if cfg.HasField("kwargs") else {}
 
 
 class Segment(nn.Module):
-    """Consecutive children of the user model; the last segment also computes the loss."""
+    """Consecutive children of the user model; the last segment also computes the loss. A segment of one child
+    that keeps the executors' TP protocol (train/hybrid.py: `tensor_parallel_plan`, `tensor_parallel_ways`) can
+    be split tensor-parallel as that child declares."""
 
     def __init__(self, children: list[nn.Module], loss: Callable[[Tensor, Tensor], Tensor] | None) -> None:
         super().__init__()
@@ -67,16 +70,43 @@ class Segment(nn.Module):
             x = part(x)
         return x if self.loss is None else self.loss(x, labels)
 
+    def _declared(self, name: str) -> Callable | None:
+        """The single child's TP method `name`, if this segment is one child that declares it (never the loss's)."""
+        method = getattr(self.parts[0], name, None) if len(self.parts) == 1 and self.loss is None else None
+        return method if callable(method) else None
+
+    def tensor_parallel_plan(self) -> dict[str, str]:
+        plan = self._declared("tensor_parallel_plan")
+        return {f"parts.0.{path}": style for path, style in plan().items()} if plan else {}
+
+    def tensor_parallel_ways(self) -> int:
+        ways = self._declared("tensor_parallel_ways")
+        return int(ways()) if ways and self.tensor_parallel_plan() else 0
+
+    def prepare_tensor_parallel(self) -> None:
+        prepare = self._declared("prepare_tensor_parallel")
+        if prepare:
+            prepare()
+
+    def tensor_parallel_rows(self, name: str, value: Tensor, sharded: bool) -> Tensor:
+        rows = self._declared("tensor_parallel_rows")
+        return rows(name.removeprefix("parts.0."), value, sharded) if rows else value
+
 
 class CustomZooModel(ZooModel):
-    def __init__(self, spec: model_pb2.ModelSpec) -> None:
+    def __init__(self, spec: model_pb2.ModelSpec, user_models: UserModels) -> None:
         super().__init__(spec)
         cfg = spec.custom
-        inner = load_factory(cfg.factory)(**factory_kwargs(cfg))
+        factory = load_factory(cfg.factory, user_models)
+        try:
+            inner = factory(**factory_kwargs(cfg))
+        except Exception as exc:  # the user's code: its error is the answer
+            raise InvalidArgument(f"factory {cfg.factory!r} raised {type(exc).__name__}: {exc}",
+                                  field=f"{FIELD}.kwargs", fix="pass kwargs the factory accepts") from exc
         if not isinstance(inner, nn.Module) or not list(inner.children()):
             raise InvalidArgument(
-                f"factory {cfg.factory!r} must return an nn.Module with child modules", field=f"{FIELD}.factory"
-            )
+                f"factory {cfg.factory!r} must return an nn.Module with child modules", field=f"{FIELD}.factory",
+                fix="return the model whose top-level children run in order (docs/models.md)")
         self.inner = inner
         self.loss_fn = getattr(inner, "loss", sum_cross_entropy)
         self.bounds = self._bounds(list(cfg.cut_points))
@@ -104,16 +134,21 @@ class CustomZooModel(ZooModel):
         return self.loss_fn(x, inputs["labels"])
 
     def example_input(self, batch_size: int, generator) -> dict[str, Tensor]:
-        if not hasattr(self.inner, "example_input"):
-            raise InvalidArgument("the factory's model defines no example_input", field=f"{FIELD}.factory")
+        if not callable(getattr(self.inner, "example_input", None)):
+            raise InvalidArgument("the factory's model defines no example_input", field=f"{FIELD}.factory",
+                                  fix="define example_input(batch_size, generator) returning {'x': ..., 'labels': ...}"
+                                      " drawn from the generator (docs/models.md)")
         return self.inner.example_input(batch_size, generator)
 
     def layer_list(self) -> list[Layer]:
-        children, out, start = list(self.inner.children()), LayerList(), 0
+        """One layer per segment, named after its children ("embed", or "hidden0..hidden2" for several)."""
+        named, out, start = list(self.inner.named_children()), LayerList(), 0
         for s, end in enumerate(self.bounds):
-            last = end == len(children)
+            last = end == len(named)
             keys = (("x",) if s == 0 else ()) + (("labels",) if last else ())
-            segment = Segment(children[start:end], self.loss_fn if last else None)
-            out.add(f"segment.{s}", "segment", segment, batch_keys=keys, inputs=() if s == 0 else None)
+            names, children = zip(*named[start:end], strict=True)
+            segment = Segment(list(children), self.loss_fn if last else None)
+            name = names[0] if len(names) == 1 else f"{names[0]}..{names[-1]}"
+            out.add(name, "segment", segment, batch_keys=keys, inputs=() if s == 0 else None)
             start = end
         return out.layers

@@ -24,6 +24,7 @@ from google.protobuf.json_format import ParseDict
 
 from ballast.v1 import model_pb2
 from services.executor.train.dims import ParallelDims
+from services.specs.user_models import NO_USER_MODELS, UserModels
 
 SCHEDULES = ("1f1b", "gpipe")
 OPTIMIZERS = ("adam", "sgd")
@@ -92,6 +93,9 @@ class WorkerConfig:
     # device_budget_bytes (0: no budget) and store_dir (the host store every rank of the job maps). Ranks are the
     # devices of one pipeline over the whole minibatch, not replicas: global_batch is not multiplied by them.
     harmony: dict[str, Any] = field(default_factory=dict)
+    # The operator's word on users' models, from the agent's settings (BALLAST_ALLOWED_MODEL_FACTORIES,
+    # BALLAST_MODEL_PATH): the worker imports a factory only if allowed, from its import path plus these directories.
+    user_models: UserModels = NO_USER_MODELS
 
     @property
     def num_stages(self) -> int:
@@ -130,6 +134,8 @@ class WorkerConfig:
         missing = sorted(required - set(raw))
         if missing:
             raise ValueError(f"WorkerConfig: missing required fields {missing} (the launcher must set them)")
+        if "user_models" in raw:
+            raw["user_models"] = UserModels.from_json(raw["user_models"])
         config = cls(**raw)
         config.validate()
         return config

@@ -5,13 +5,14 @@ same tensors, so the global batch of an iteration is the same multiset of sample
 inside an iteration: replica r, micro-batch j takes samples [r * nm * m + j * m, ... + m) (`sample_range`).
 
 Sources (`data` dict of the WorkerConfig):
-- {"kind": "synthetic"}: for GPT a learnable task, each sequence an arithmetic progression
+- {"kind": "synthetic"}: for next-token models (GPT, a Hugging Face causal LM) a learnable task, each sequence an
+  arithmetic progression
   t_k = (a + k * d) mod vocab from a random start a and a step d in [1, 4]: after two tokens the rest is
   predictable, so next-token loss falls far below log(vocab). Other families fall back to the zoo's
   `example_input` drawn per sample from a generator seeded by (seed, global sample index).
 - {"kind": "tokens", "path": ..., "dtype": "uint16" | "int32"}: a flat token file (nanoGPT-style, read via
   numpy memmap) cut into non-overlapping windows of seq_length + 1; global sample n takes window
-  n mod (number of windows). GPT only.
+  n mod (number of windows). Next-token models only.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import torch
 from torch import Tensor
 
 from ballast.v1 import model_pb2
-from services.zoo import example_input
+from services.specs.user_models import NO_USER_MODELS, UserModels
+from services.zoo import causal_lm_shape, example_input
 
 MAX_STEP = 4
 _MASK = (1 << 64) - 1
@@ -60,6 +62,7 @@ def batch_for(
     sample_end: int,
     *,
     global_batch: int,
+    user_models: UserModels = NO_USER_MODELS,
 ) -> dict[str, Tensor]:
     """Samples [sample_begin, sample_end) of 0-based iteration `iteration`, keyed as the zoo layers read them."""
     if not 0 <= sample_begin < sample_end <= global_batch:
@@ -67,21 +70,22 @@ def batch_for(
     first = iteration * global_batch + sample_begin
     indices = range(first, first + sample_end - sample_begin)
     kind = data.get("kind")
-    gpt = spec.family == model_pb2.MODEL_FAMILY_GPT
+    text = causal_lm_shape(spec, user_models)  # (vocab, seq_length) of a next-token model
     if kind == "tokens":
-        if not gpt:
-            raise ValueError("data.kind 'tokens' supports GPT models only (use 'synthetic' for other families)")
-        return _token_windows(data, spec.transformer, indices)
+        if text is None:
+            raise ValueError("data.kind 'tokens' supports next-token models only (GPT, a Hugging Face causal LM); "
+                             "use 'synthetic' for other families")
+        return _token_windows(data, *text, indices)
     if kind != "synthetic":
         raise ValueError(f"data.kind {kind!r}: use 'synthetic' or 'tokens'")
-    if gpt:
-        return _progressions(spec.transformer, seed, indices)
-    parts = [example_input(spec, 1, generator=torch.Generator().manual_seed(mix(seed, n))) for n in indices]
+    if text is not None:
+        return _progressions(*text, seed, indices)
+    parts = [example_input(spec, 1, generator=torch.Generator().manual_seed(mix(seed, n)), user_models=user_models)
+             for n in indices]
     return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
 
-def _progressions(cfg: model_pb2.TransformerConfig, seed: int, indices: range) -> dict[str, Tensor]:
-    vocab, s = cfg.vocab_size, cfg.seq_length
+def _progressions(vocab: int, s: int, seed: int, indices: range) -> dict[str, Tensor]:
     h = np.array([mix(seed, n) for n in indices], dtype=np.uint64)
     start = (h % np.uint64(vocab)).astype(np.int64)
     step = ((h >> np.uint64(32)) % np.uint64(MAX_STEP)).astype(np.int64) + 1
@@ -90,17 +94,17 @@ def _progressions(cfg: model_pb2.TransformerConfig, seed: int, indices: range) -
     return {"input_ids": t[:, :-1].contiguous(), "labels": t[:, 1:].contiguous()}
 
 
-def _token_windows(data: dict[str, Any], cfg: model_pb2.TransformerConfig, indices: range) -> dict[str, Tensor]:
+def _token_windows(data: dict[str, Any], vocab: int, seq_length: int, indices: range) -> dict[str, Tensor]:
     dtype = data.get("dtype", "uint16")
     if dtype not in ("uint16", "int32"):
         raise ValueError(f"data.dtype {dtype!r}: token files hold 'uint16' or 'int32' tokens")
     tokens = np.memmap(data["path"], dtype=np.dtype(dtype), mode="r")
-    width = cfg.seq_length + 1
+    width = seq_length + 1
     windows = len(tokens) // width
     if windows < 1:
         raise ValueError(f"data.path {data['path']}: {len(tokens)} tokens, need at least seq_length + 1 = {width}")
     rows = np.stack([np.asarray(tokens[(n % windows) * width : (n % windows + 1) * width]) for n in indices])
     t = torch.from_numpy(rows.astype(np.int64))
-    if int(t.max()) >= cfg.vocab_size or int(t.min()) < 0:
-        raise ValueError(f"data.path {data['path']}: token ids outside [0, vocab_size={cfg.vocab_size})")
+    if int(t.max()) >= vocab or int(t.min()) < 0:
+        raise ValueError(f"data.path {data['path']}: token ids outside [0, vocab_size={vocab})")
     return {"input_ids": t[:, :-1].contiguous(), "labels": t[:, 1:].contiguous()}

@@ -9,31 +9,38 @@ so the data, the p2p peers and the loss are unchanged). Per layer:
 - SDP: the layer's parameters are sharded over the W ranks (`fully_shard` on the stage's "dp" mesh): gathered
   for its forward and again for its backward, gradients reduce-scattered (summed, not averaged: the loss is
   already divided by the global label count) after the iteration's last micro-batch. Same canonical layout.
-- TP t (t divides W, and the layer's heads and MLP width): the stage's W ranks form a (W/t) x t mesh, tp
+- TP t (t divides W, and the layer's `tensor_parallel_ways`): the stage's W ranks form a (W/t) x t mesh, tp
   innermost (consecutive ranks, the fastest links). Layout transition (Galvatron's slice/gather): a forward
   pre-hook all-gathers the input over the layer's tp group, so each tp rank sees the same t x micro-batch
   samples; a forward hook slices its own samples back out (both left out between consecutive TP layers of one
   degree, `transitions`: the cost model prices a transformation only where the layout changes). Autograd runs
   both backwards: the gradient of the output is all-gathered, the input's is sliced, so every TP layer sees a
-  replicated gradient as Megatron's column/row-parallel pair needs. Attention's fused qkv projection is
-  column-parallel with its rows reordered head-major ([head][q|k|v]), so each rank's shard holds whole heads;
-  the output projection and the MLP's second linear are row-parallel (one all-reduce of the output each).
-  LayerNorms stay replicated. The layer's gradients (local shards, and the LayerNorms') are summed over its W/t
-  data-parallel ranks, the ranks with the same tp index, not over the whole stage.
+  replicated gradient as Megatron's column/row-parallel pair needs. Which linears split column-wise and which
+  row-wise the layer's module declares (`tensor_parallel_plan`, the TP protocol below); the row-parallel ones
+  all-reduce their output once each. Norms stay replicated. The layer's gradients (local shards, and the
+  norms') are summed over its W/t data-parallel ranks, the ranks with the same tp index, not over the whole
+  stage.
+
+The TP protocol a layer's module keeps to (the zoo's Block, the Hugging Face blocks of zoo/hf/adapters.py, or a
+user's own module): `tensor_parallel_plan()` -> {submodule path: "colwise" | "rowwise"} over nn.Linear
+submodules; `tensor_parallel_ways()` -> the degrees it splits at divide this (its heads, key-value heads and MLP
+width; 0 when it cannot be split, e.g. with dropout, whose masks the tp ranks would draw apart); optionally
+`prepare_tensor_parallel()` (the zoo's Block reorders its fused qkv rows head-major, [head][q|k|v], so a row shard
+is whole heads) and `tensor_parallel_rows(name, value, sharded)` (a parameter's rows between the model's own
+order and the split's, for checkpoints).
 
 Limits, each refused with an error naming the layer before the rendezvous (`check_model`, config.py, plan
 commands in migration.py): a TP or SDP layer holds no parameter shared with another layer (tied embeddings stay
-DP); TP applies to the zoo's transformer blocks (an `attn` SelfAttention and an `mlp` MLP) at degrees dividing
-their heads and MLP width; TP needs dropout 0 (its tp ranks would draw different masks); ZeRO-1/2 and
-activation swap do not combine with TP or SDP. Activation checkpointing does.
+DP); TP applies to modules keeping the protocol, at degrees dividing their ways; ZeRO-1/2 and activation swap do
+not combine with TP or SDP. Activation checkpointing does.
 
 Live migration: a TP/SDP layer that a plan change moves is gathered whole on its stage (`release`: every rank of
 the stage takes part), travels as any layer (migration.py), and is split again on the target (`reapply`), where
 every TP layer's gather and slice are rewired for its new neighbours. Its strategy is the job's: plan commands
 move layers, they do not change a layer's TP or SDP.
 
-Checkpoints stay unsharded and in the model's own parameter order (`full_layers`: every DTensor gathered, the
-qkv rows put back [q|k|v][head]), so a resume may change strategy; a resume into TP/SDP loads the full tensors
+Checkpoints stay unsharded and in the model's own parameter order (`full_layers`: every DTensor gathered, rows
+put back in the model's order), so a resume may change strategy; a resume into TP/SDP loads the full tensors
 first and then shards them (`capture` / `adopt` carry the loaded optimizer state onto the new Parameters).
 """
 
@@ -53,7 +60,6 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from services.executor.train.stage import ModelInfo, Stage, make_optimizer
-from services.zoo.base import MLP, SelfAttention
 from services.zoo.graph import Layer
 
 TP, SDP = "tp", "sdp"
@@ -88,33 +94,24 @@ def tp_degrees(tp_layers: Iterable[Sequence[int]]) -> list[int]:
     return sorted({int(degree) for _, degree in tp_layers})
 
 
-def to_head_major(attn: SelfAttention) -> None:
-    """Reorder the fused qkv rows from [q|k|v][head] to [head][q|k|v], so a contiguous row shard is whole heads."""
-    d, h, hd = attn.proj.in_features, attn.heads, attn.head_dim
-    with torch.no_grad():
-        attn.qkv.weight.data = attn.qkv.weight.view(3, h, hd, d).transpose(0, 1).reshape(3 * h * hd, d).clone()
-        attn.qkv.bias.data = attn.qkv.bias.view(3, h, hd).transpose(0, 1).reshape(3 * h * hd).clone()
-    attn.head_major = True
-
-
-def qkv_rows(name: str, value: Tensor, heads: int, to_head_major: bool) -> Tensor:
-    """A fused qkv parameter's (or its optimizer state's) rows moved between [q|k|v][head] and [head][q|k|v]
-    (other parameters as they are): checkpoints store the model's own order, whatever the strategy."""
-    if name not in ("attn.qkv.weight", "attn.qkv.bias") or value.dim() == 0:  # Adam's scalar step
-        return value
-    rows = value.shape[0]
-    shape = (3, heads, rows // (3 * heads)) if to_head_major else (heads, 3, rows // (3 * heads))
-    return value.reshape(*shape, *value.shape[1:]).transpose(0, 1).reshape(value.shape).contiguous()
+STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
 
 
 def tensor_parallel_block(module: nn.Module, mesh: DeviceMesh) -> None:
-    """Megatron-style TP of a zoo transformer block over `mesh["tp"]` (the batch gather and slice around it are
-    `layout_hooks`)."""
-    attn = module.attn  # check_model vetted the block and the degree
-    assert isinstance(attn, SelfAttention)
-    to_head_major(attn)
-    parallelize_module(module, mesh["tp"], {"attn.qkv": ColwiseParallel(), "attn.proj": RowwiseParallel(),
-                                            "mlp.0": ColwiseParallel(), "mlp.2": RowwiseParallel()})
+    """Megatron-style TP of a block over `mesh["tp"]`, as its `tensor_parallel_plan` says (the batch gather and
+    slice around it are `layout_hooks`)."""
+    prepare = getattr(module, "prepare_tensor_parallel", None)  # check_model vetted the block and the degree
+    if callable(prepare):
+        prepare()
+    parallelize_module(module, mesh["tp"], {path: STYLES[style]() for path, style in
+                                            module.tensor_parallel_plan().items()})
+
+
+def rows(module: nn.Module, name: str, value: Tensor, sharded: bool) -> Tensor:
+    """A TP layer's parameter (or its optimizer state) with its rows in the split's order (`sharded`) or the
+    model's own (checkpoints); most modules need no reorder."""
+    reorder = getattr(module, "tensor_parallel_rows", None)
+    return reorder(name, value, sharded) if callable(reorder) else value
 
 
 def layout_hooks(module: nn.Module, mesh: DeviceMesh, gather_input: bool, slice_output: bool) -> list[Any]:
@@ -169,24 +166,24 @@ def transitions(stage: Stage, plan: Mapping[int, Strategy]) -> dict[int, tuple[b
 
 def check_layer(layer: Layer, strategy: Strategy, tied: bool) -> None:
     """ValueError naming the layer when it cannot run `strategy`: a shared (tied) parameter under TP or SDP, TP
-    of a layer that is not a splittable block, or at a degree its `tensor_parallel_ways` (heads and MLP width;
-    0 with dropout) does not allow."""
+    of a layer that does not keep the TP protocol, or at a degree its `tensor_parallel_ways` (heads, key-value
+    heads and MLP width; 0 with dropout) does not allow."""
     if tied:
         raise ValueError(f"layer {layer.index} ({layer.name}) shares a parameter with another layer; a shared "
                          f"(tied) parameter stays data-parallel: plan layer {layer.index} as DP")
     if strategy.kind != TP:
         return
-    module = layer.module
-    attn, mlp, ways = getattr(module, "attn", None), getattr(module, "mlp", None), layer.tensor_parallel
-    if not (isinstance(attn, SelfAttention) and isinstance(mlp, MLP) and callable(module.tensor_parallel_ways)):
-        raise ValueError(f"layer {layer.index} ({layer.name}): tensor parallelism applies to transformer blocks "
-                         f"(self-attention + MLP); {type(module).__name__} is not one: plan it as DP or SDP")
+    module, ways = layer.module, layer.tensor_parallel
+    if not callable(getattr(module, "tensor_parallel_plan", None)) or not module.tensor_parallel_plan():
+        raise ValueError(f"layer {layer.index} ({layer.name}): tensor parallelism applies to blocks that declare "
+                         f"their column- and row-parallel linears; {type(module).__name__} declares none: plan it as "
+                         "DP or SDP")
     if not ways:
         raise ValueError(f"layer {layer.index} ({layer.name}): tensor-parallel layers need dropout 0 for now (the "
                          "tp ranks would draw different masks); set the model's dropout to 0 or plan it as DP")
     if ways % strategy.degree:
-        raise ValueError(f"layer {layer.index} ({layer.name}): tp degree {strategy.degree} must divide its "
-                         f"{attn.heads} heads and its MLP width {mlp[0].out_features}")
+        raise ValueError(f"layer {layer.index} ({layer.name}): tp degree {strategy.degree} must divide {ways} (the "
+                         "gcd of its heads, key-value heads and MLP width)")
 
 
 def check_model(info: ModelInfo, plan: Mapping[int, Strategy]) -> None:
@@ -267,6 +264,9 @@ class Hybrid:
             tensors = full[layer.index][1]
             module = copy.deepcopy(info.dec.layers[layer.index].module).to_empty(device=device)
             module.train(layer.module.training)
+            with torch.no_grad():  # buffers (a rotary table) are never split: the live module's are whole
+                for (_, b), (_, live) in zip(module.named_buffers(), layer.module.named_buffers(), strict=True):
+                    b.copy_(live)
             for name, p in module.named_parameters():
                 with torch.no_grad():
                     p.copy_(tensors[f"param/{name}"])
@@ -343,21 +343,22 @@ class Hybrid:
         for layer in stage.layers:
             if layer.index not in among:
                 continue
-            # only TP reorders the qkv rows (0 heads: leave every tensor as it is)
-            heads = getattr(layer.module.attn, "heads", 0) if self.layers[layer.index].kind == TP else 0
+            tp = self.layers[layer.index].kind == TP  # only TP may reorder rows
             tensors: dict[str, Tensor] = {}
             for name, p in layer.module.named_parameters():
-                tensors[f"param/{name}"] = self._full(name, p.detach(), heads)
+                tensors[f"param/{name}"] = self._full(layer.module, name, p.detach(), tp)
                 for key, value in state.get(p, {}).items():
                     if isinstance(value, Tensor):
-                        tensors[f"state/{key}/{name}"] = self._full(name, value.detach(), heads)
+                        tensors[f"state/{key}/{name}"] = self._full(layer.module, name, value.detach(), tp)
             if layer.index in wanted:
                 out[layer.index] = (layer.name, tensors)
         return out
 
-    def _full(self, name: str, value: Tensor, heads: int) -> Tensor:
+    @staticmethod
+    def _full(module: nn.Module, name: str, value: Tensor, tp: bool) -> Tensor:
         full = value.full_tensor() if isinstance(value, DTensor) else value
-        full = qkv_rows(name, full, heads, to_head_major=False) if heads else full
+        if tp and full.dim():  # Adam's scalar step has no rows
+            full = rows(module, name, full, sharded=False)
         return full.to("cpu", copy=True)
 
     @staticmethod
@@ -371,25 +372,24 @@ class Hybrid:
     def adopt(self, stage: Stage, captured: Mapping[tuple[int, str], Mapping[str, Any]],
               optimizer: torch.optim.Optimizer) -> None:
         """After `apply`: give each TP/SDP parameter its captured full state, laid out as the parameter is
-        (qkv rows head-major under TP, then this rank's shard of every DTensor)."""
+        (rows in the split's order under TP, then this rank's shard of every DTensor)."""
         for layer in stage.layers:
             strategy = self.layers.get(layer.index)
             if strategy is None:
                 continue
-            heads = getattr(getattr(layer.module, "attn", None), "heads", 0)
             for name, p in layer.module.named_parameters():
                 full = captured.get((layer.index, name))
                 if full is None:
                     continue
-                optimizer.state[p] = {key: self._shard(name, value, p, heads, strategy)
+                optimizer.state[p] = {key: self._shard(layer.module, name, value, p, strategy)
                                       for key, value in full.items()}
 
     @staticmethod
-    def _shard(name: str, value: Any, p: Tensor, heads: int, strategy: Strategy) -> Any:
+    def _shard(module: nn.Module, name: str, value: Any, p: Tensor, strategy: Strategy) -> Any:
         if not isinstance(value, Tensor) or value.dim() == 0:
             return value  # Adam's scalar step
         if strategy.kind == TP:
-            value = qkv_rows(name, value, heads, to_head_major=True)
+            value = rows(module, name, value, sharded=True)
         if isinstance(p, DTensor):
             return distribute_tensor(value.to(p.device), p.device_mesh, p.placements)
         return value.to(p.device)

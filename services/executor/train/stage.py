@@ -29,6 +29,7 @@ from torch.distributed.tensor import DTensor
 from ballast.v1 import model_pb2
 from services.executor.train.recompute import Segment
 from services.executor.train.swap import SwapPool
+from services.specs.user_models import NO_USER_MODELS, UserModels
 from services.zoo import IGNORE_INDEX, ZooModel, build_model, example_input
 from services.zoo.graph import Decomposition, Layer
 
@@ -199,15 +200,16 @@ class ModelInfo:
         return {s.name: tuple(sorted({stage_of(stage_bounds, i) for i in s.layers})) for s in self.dec.shared}
 
 
-_INFO: dict[tuple[bytes, int], ModelInfo] = {}
+_INFO: dict[tuple[bytes, int, UserModels], ModelInfo] = {}
 
 
-def model_info(spec: model_pb2.ModelSpec, micro_batch_size: int) -> ModelInfo:
-    key = (spec.SerializeToString(deterministic=True), micro_batch_size)
+def model_info(spec: model_pb2.ModelSpec, micro_batch_size: int,
+               user_models: UserModels = NO_USER_MODELS) -> ModelInfo:
+    key = (spec.SerializeToString(deterministic=True), micro_batch_size, user_models)
     if key not in _INFO:
-        model = build_model(spec, device="meta")
+        model = build_model(spec, device="meta", user_models=user_models)
         dec = model.decompose()
-        batch = example_input(spec, micro_batch_size, device="meta")
+        batch = example_input(spec, micro_batch_size, device="meta", user_models=user_models)
         env: dict[int, Tensor] = {}
         with torch.no_grad():
             for layer in dec.layers[:-1]:
@@ -258,11 +260,12 @@ def tied_aliases(model: nn.Module, dec: Decomposition, begin: int, end: int) -> 
     return aliases
 
 
-def boundary_shapes(spec: model_pb2.ModelSpec, micro_batch_size: int, wanted: set[int]) -> dict[int, Boundary]:
+def boundary_shapes(spec: model_pb2.ModelSpec, micro_batch_size: int, wanted: set[int],
+                    user_models: UserModels = NO_USER_MODELS) -> dict[int, Boundary]:
     """Shapes and dtypes of the wanted layer outputs at this micro-batch size, from a (cached) meta dry run."""
     if not wanted:
         return {}
-    outputs = model_info(spec, micro_batch_size).outputs
+    outputs = model_info(spec, micro_batch_size, user_models).outputs
     return {i: outputs[i] for i in sorted(wanted)}
 
 
@@ -303,10 +306,11 @@ def build_stage(
     swap_layers: Sequence[int] = (),
     layer_toggles: Sequence[Sequence[int]] = (),
     device: str | torch.device = "cpu",
+    user_models: UserModels = NO_USER_MODELS,
 ) -> Stage:
-    info = model_info(spec, micro_batch_size)
+    info = model_info(spec, micro_batch_size, user_models)
     toggles = parse_toggles(info, layer_toggles)
-    model = build_model(spec, seed=seed, device=device)
+    model = build_model(spec, seed=seed, device=device, user_models=user_models)
     model.train()
     dec: Decomposition = model.decompose()
     n = len(dec)

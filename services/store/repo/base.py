@@ -14,7 +14,7 @@ import json
 import math
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -36,6 +36,7 @@ from services.runtime.errors import (
     Unavailable,
 )
 from services.runtime.metrics import STORE_TRANSACTION_SECONDS
+from services.specs.user_models import NO_USER_MODELS, UserModels
 from services.store import models as m
 from services.store.convert import check_column, column_of
 from services.store.db import session_factory
@@ -121,13 +122,13 @@ class RepositoryBase:
         engine: sa.Engine,
         *,
         now: Callable[[], datetime] = utc_now,
-        allowed_factories: Iterable[str] = (),
+        user_models: UserModels = NO_USER_MODELS,
         sql_engine: sa.Engine | None = None,
     ):
         self.engine = engine
         self.sql_engine = sql_engine or engine  # what the admin's read-only SQL runs on
         self.now = now
-        self.allowed_factories = tuple(allowed_factories)
+        self.user_models = user_models
         self._writes = session_factory(engine)
         self._reads = session_factory(engine, read_only=True)
         # SQLite has one writer at a time, and a writer waiting in its busy handler sleeps in growing steps

@@ -86,20 +86,16 @@ class ModelStore(RepositoryBase):
                                                   m.Model.signature == model_signature(spec))).first()
 
     def _resolve_model(self, s: Session, tenant_id: str, spec: model_pb2.ModelSpec, prefix: str) -> m.Model:
-        """The tenant's stored model with this content, stored now if new; a name clash is AlreadyExists."""
+        """The tenant's stored model with this content, stored now if new: under a name the tenant already used
+        for another spec, as that name's next version (a model that failed is never a dead end)."""
         existing = self._stored_model(s, tenant_id, spec)
         if existing is not None:
             return existing
         signature = model_signature(spec)
         family = model_pb2.ModelFamily.Name(spec.family).removeprefix("MODEL_FAMILY_").lower()
         name = fit(m.Model.name, spec.name or f"{family}-{signature[:12]}", f"{prefix}.name")
-        clash = s.scalars(sa.select(m.Model.id).where(m.Model.tenant_id == tenant_id, m.Model.name == name)).first()
-        if clash:
-            raise AlreadyExists(
-                f"a different model named {name!r} already exists ({clash})",
-                field=f"{prefix}.name",
-                fix="rename the model, or submit the stored spec unchanged",
-            )
+        latest = s.scalar(sa.select(sa.func.max(m.Model.version)).where(m.Model.tenant_id == tenant_id,
+                                                                         m.Model.name == name))
         stored = spec.__class__()
         stored.CopyFrom(spec)
         stored.name = name
@@ -107,6 +103,7 @@ class ModelStore(RepositoryBase):
             id=new_id("mdl"),
             tenant_id=tenant_id,
             name=name,
+            version=(latest or 0) + 1,
             family=model_pb2.ModelFamily.Name(spec.family),
             signature=signature,
             parameter_count=0,
@@ -118,7 +115,7 @@ class ModelStore(RepositoryBase):
         return row
 
     def create_model(self, p: Principal, req: store_pb2.CreateModelRequest) -> model_pb2.Model:
-        validate_model_spec(req.spec, self.allowed_factories)
+        validate_model_spec(req.spec, self.user_models)
         if not req.spec.name:
             raise InvalidArgument("a stored model needs a name", field="spec.name", fix='e.g. name: "gpt-tiny"')
         fit(m.Model.name, req.spec.name, "spec.name")
