@@ -24,10 +24,10 @@ SEED, MICRO, NUM_MICRO = 4, 2, 2
 
 def run(spec: model_pb2.ModelSpec, bounds: list[list[int]], replicas: int, steps: int,
         user_models: UserModels = NO_USER_MODELS, commands: list[dict] | None = None, check: bool = True,
-        **changes) -> list[list[dict]]:
+        micro: int = MICRO, **changes) -> list[list[dict]]:
     template = WorkerConfig(
         job_id="job-user-model", model=MessageToDict(spec, preserving_proto_field_name=True), stage_bounds=bounds,
-        num_replicas=1, stage_index=0, replica_index=0, rank=0, world_size=1, micro_batch_size=MICRO,
+        num_replicas=1, stage_index=0, replica_index=0, rank=0, world_size=1, micro_batch_size=micro,
         num_micro_batches=NUM_MICRO, iterations=steps, init_method="", optimizer=ADAM, seed=SEED, data=DATA,
         timeout_s=60, user_models=user_models, **changes)
     configs = plan_configs(template, bounds, replicas)
@@ -36,9 +36,10 @@ def run(spec: model_pb2.ModelSpec, bounds: list[list[int]], replicas: int, steps
 
 
 def reference(spec: model_pb2.ModelSpec, replicas: int, steps: int,
-              user_models: UserModels = NO_USER_MODELS) -> list[float]:
+              user_models: UserModels = NO_USER_MODELS, batch: int = 0) -> list[float]:
     with torch_threads(1):
-        return train_single(spec, DATA, SEED, MICRO * NUM_MICRO * replicas, steps, ADAM, user_models=user_models)
+        return train_single(spec, DATA, SEED, batch or MICRO * NUM_MICRO * replicas, steps, ADAM,
+                            user_models=user_models)
 
 
 def test_a_hugging_face_llama_runs_tensor_parallel_to_the_single_process_losses():
@@ -80,3 +81,44 @@ def test_a_user_module_from_a_file_outside_the_repository_trains_pipelined_and_d
     assert losses(events) == pytest.approx(reference(spec, 2, 8, user_models), rel=1e-5)
     refused = run(spec, [[0, 4]], 1, 2, check=False)  # the same spec on a worker whose operator allows nothing
     assert "not allowed" in of(refused[0], "error")[0]["message"]
+
+
+def harmony_schedule(layers: int, store) -> dict:
+    """One device: forward packs of two layers at micro-batch 2, backward one layer at a time at micro-batch 1."""
+    return {"forward_micro_batch": 2, "forward_packs": [[0, 2], [2, layers - 1]], "backward_micro_batch": 1,
+            "backward_packs": [[i, i + 1] for i in range(layers)], "devices": 1, "prefetch": True,
+            "device_budget_bytes": 0, "store_dir": str(store)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["sdp", "zero1", "zero2", "chunks", "harmony"])
+def test_a_hugging_face_llama_keeps_its_losses_under_every_data_parallel_and_offload_path(strategy, tmp_path):
+    """The paths a plan may put a user's model on besides PP x DP, TP and migration: SDP (FSDP2) and ZeRO-1/2
+    over the stage's two replicas, PatrickStar's chunk offload and Harmony's swap schedule."""
+    spec = hf_spec("llama")
+    layers, steps = 4, 4
+    if strategy == "harmony":  # one wrap-around pipeline over the whole batch of 4 on one device
+        events = run(spec, [[0, layers]], 1, steps, micro=2, harmony=harmony_schedule(layers, tmp_path / "h"))
+        assert losses(events) == pytest.approx(reference(spec, 1, steps, batch=4), rel=1e-5)
+        return
+    extra = {"sdp": {"sdp_layers": [1, 2], "online": False}, "zero1": {"zero1_layers": [0, 1, 2, 3]},
+             "zero2": {"zero2_layers": [1, 2]},
+             "chunks": {"chunk_bytes": 200_000, "device_budget_bytes": 2_000_000}}[strategy]
+    events = run(spec, [[0, layers]], 2, steps, **extra)
+    assert losses(events) == pytest.approx(reference(spec, 2, steps), rel=1e-5)
+    started = of(events[0], "started")[0]
+    if strategy == "sdp":
+        assert started["hybrid"]["1"]["strategy"] == "sdp"
+    if strategy == "chunks":
+        assert started["offload"]["chunk_bytes"] == 200_000
+
+
+@pytest.mark.slow
+def test_a_user_module_trains_under_chunk_offload(tmp_path):
+    """Chunk offload follows the model's layers with hooks on their modules: a user's segments are the very modules
+    its forward runs (zoo.base.CutModel), so every chunk is on the device when a segment needs it."""
+    spec, user_models = user_model(tmp_path / "operator-models", name="chunked_classifier")
+    spec.custom.kwargs.update({"width": 128})  # 400k parameters, 4.8 MiB with Adam's states: over the budget
+    events = run(spec, [[0, 4]], 2, 4, user_models=user_models, chunk_bytes=300_000, device_budget_bytes=3_000_000)
+    assert of(events[0], "iteration")[0]["swap_in_bytes"] > 0
+    assert losses(events) == pytest.approx(reference(spec, 2, 4, user_models), rel=1e-5)

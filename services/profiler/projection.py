@@ -195,6 +195,11 @@ def _element_bytes(dtype: int) -> int:
 # --- Analytical profiles ---------------------------------------------------------------------------
 
 
+def analytical_software(efficiency: float = ASSUMED_EFFICIENCY) -> str:
+    """What priced an analytical profile (its `software`, part of the profiler's cache key)."""
+    return f"analytical roofline (assumed efficiency {efficiency:.2f} of peak FLOP/s and bandwidth)"
+
+
 def analytical_profile(
     model: model_pb2.ModelSpec | Sequence[LayerCost],
     target: fleet_pb2.DeviceSpec | str,
@@ -233,7 +238,7 @@ def analytical_profile(
     out = profile_pb2.Profile(
         model_id=model_id, model_signature=model_signature, device=spec, dtype=dtype, projected=True,
         source_profile_id="",
-        software=f"analytical roofline (assumed efficiency {efficiency:.2f} of peak FLOP/s and bandwidth)",
+        software=analytical_software(efficiency),
         comm=profile_pb2.CommCalibration(overlap_slowdown=OVERLAP_SLOWDOWN),
     )
     for index, cost in enumerate(costs):

@@ -157,17 +157,11 @@ class Runner:
         kind = catalog.device(request.device_kind).kind
         model = resolve_model(self._store, request, self._user_models)
         sizes = analytical_sizes(request)
-        if model.spec.family in USER_FAMILIES:  # a user's code: priced in a worker process
-            asked = services_pb2.ProfileRequest(device_kind=kind, dtype=request.dtype,
-                                                options=services_pb2.ProfileOptions(micro_batch_sizes=sizes))
-            _, profile = worker_result(asked, model.spec, "analytical", self._user_models, self._worker_command)
-            profile.model_id, profile.model_signature = model.id, model.signature
-        else:
-            profile = projection.analytical_profile(model.spec, kind, request.dtype or None, sizes,
-                                                    model_id=model.id, model_signature=model.signature)
+        code = code_version(model.spec, self._user_models)  # an edited model file is priced again
+        formula = projection.analytical_software() + (f"; {code}" if code else "")
+        dtype = request.dtype or model.spec.dtype or catalog.device(kind).default_dtype
         lookup = store_pb2.ListProfilesRequest(model_id=model.id, model_signature=model.signature, device_kind=kind,
-                                               dtype=profile.dtype,
-                                               software=profile.software, projected=True)
+                                               dtype=dtype, software=formula, projected=True)
         hit = None
         for reply in () if request.refresh else every_page(self._store.list_profiles, lookup):
             hit = next((p for p in reversed(reply.profiles) if not p.source_profile_id and p.layers
@@ -175,6 +169,15 @@ class Runner:
         if hit is not None:
             return services_pb2.ProfileProgress(phase="done", fraction=1.0, profile=hit, cached=True,
                                                 message=f"analytical profile {hit.id} (cached)")
+        if model.spec.family in USER_FAMILIES:  # a user's code: priced in a worker process
+            asked = services_pb2.ProfileRequest(device_kind=kind, dtype=dtype,
+                                                options=services_pb2.ProfileOptions(micro_batch_sizes=sizes))
+            _, profile = worker_result(asked, model.spec, "analytical", self._user_models, self._worker_command)
+            profile.model_id, profile.model_signature = model.id, model.signature
+        else:
+            profile = projection.analytical_profile(model.spec, kind, dtype, sizes, model_id=model.id,
+                                                    model_signature=model.signature)
+        profile.software = formula
         stored = self._store.create_profile(store_pb2.CreateProfileRequest(profile=profile))
         return services_pb2.ProfileProgress(phase="done", fraction=1.0, profile=stored,
                                             message=f"analytical profile {stored.id} for {kind}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -12,7 +13,7 @@ from google.protobuf.struct_pb2 import Struct
 from torch import Tensor, nn
 
 from ballast.v1 import common_pb2, model_pb2
-from services.zoo.graph import Decomposition, Inputs, Layer, decompose
+from services.zoo.graph import Decomposition, Inputs, Layer, decompose, run_layers
 
 IGNORE_INDEX = -100  # label value that contributes nothing to the loss (unmasked BERT tokens)
 
@@ -63,6 +64,30 @@ class ZooModel(nn.Module):
     def loss_count(self, inputs: Inputs) -> int:
         """How many terms `forward(inputs)` summed: the divisor for a mean loss."""
         return int(sum(int((inputs[k] != IGNORE_INDEX).sum()) for k in self.label_keys))
+
+
+class CutModel(ZooModel):
+    """A model Ballast cuts into layers of its own making (a user's segments, Hugging Face blocks). The wrappers
+    are made once, so every decomposition holds the same module objects (hooks on them, as chunk offload's, see
+    the forward pass), and forward runs them: the model and its decomposition compute one function."""
+
+    def __init__(self, spec: model_pb2.ModelSpec) -> None:
+        super().__init__(spec)
+        self._cut: list[Layer] | None = None  # plain attributes: a list of records, not registered modules
+        self._run: Decomposition | None = None
+
+    def cut(self) -> list[Layer]:
+        raise NotImplementedError
+
+    def layer_list(self) -> list[Layer]:
+        if self._cut is None:
+            self._cut = self.cut()
+        return [replace(layer, tied_with=[]) for layer in self._cut]  # fresh records around the same modules
+
+    def forward(self, inputs: Inputs) -> Tensor:
+        if self._run is None:
+            self._run = self.decompose()
+        return run_layers(self._run, inputs)
 
 
 def init_weights(module: nn.Module, std: float = 0.02) -> None:

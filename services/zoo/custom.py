@@ -20,8 +20,8 @@ from torch import Tensor, nn
 from ballast.v1 import model_pb2
 from services.runtime.errors import InvalidArgument
 from services.specs.user_models import MODEL_PATH_FIX, UserModels
-from services.zoo.base import ZooModel, struct_values, sum_cross_entropy
-from services.zoo.graph import Inputs, Layer, LayerList
+from services.zoo.base import CutModel, struct_values, sum_cross_entropy
+from services.zoo.graph import Layer, LayerList
 
 FIELD = "spec.custom"
 
@@ -93,7 +93,7 @@ class Segment(nn.Module):
         return rows(name.removeprefix("parts.0."), value, sharded) if rows else value
 
 
-class CustomZooModel(ZooModel):
+class CustomZooModel(CutModel):
     def __init__(self, spec: model_pb2.ModelSpec, user_models: UserModels) -> None:
         super().__init__(spec)
         cfg = spec.custom
@@ -127,12 +127,6 @@ class CustomZooModel(ZooModel):
             bounds.append(end)
         return [*bounds, len(names)]
 
-    def forward(self, inputs: Inputs) -> Tensor:
-        x = inputs["x"]
-        for child in self.inner.children():
-            x = child(x)
-        return self.loss_fn(x, inputs["labels"])
-
     def example_input(self, batch_size: int, generator) -> dict[str, Tensor]:
         if not callable(getattr(self.inner, "example_input", None)):
             raise InvalidArgument("the factory's model defines no example_input", field=f"{FIELD}.factory",
@@ -140,7 +134,7 @@ class CustomZooModel(ZooModel):
                                       " drawn from the generator (docs/models.md)")
         return self.inner.example_input(batch_size, generator)
 
-    def layer_list(self) -> list[Layer]:
+    def cut(self) -> list[Layer]:
         """One layer per segment, named after its children ("embed", or "hidden0..hidden2" for several)."""
         named, out, start = list(self.inner.named_children()), LayerList(), 0
         for s, end in enumerate(self.bounds):

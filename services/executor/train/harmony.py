@@ -50,12 +50,19 @@ from services.zoo.graph import Decomposition, Layer
 EMPTY = torch.empty(0)
 
 
+UNTIE = {  # where a model's tie is set, by its spec's config
+    "transformer": ("model.transformer.tie_embeddings", "set transformer.tie_embeddings false"),
+    "hf": ("model.hf.config.tie_word_embeddings", "set tie_word_embeddings: false in the config"),
+    "custom": ("model.custom.factory", "give each layer parameters of its own"),
+}
+
+
 def check_model(spec: model_pb2.ModelSpec, dec: Decomposition) -> None:
     """Refuse what the schedule cannot run, naming the field and the fix."""
     if dec.shared:
+        field, untie = UNTIE.get(spec.WhichOneof("config"), UNTIE["transformer"])
         raise InvalidArgument("the Harmony schedule moves each layer's weights on their own; this model shares "
-                              f"{dec.shared[0].name} between layers: set transformer.tie_embeddings false",
-                              field="model.transformer.tie_embeddings")
+                              f"{dec.shared[0].name} between layers: {untie}", field=field)
     if dec.relay:
         raise InvalidArgument("the Harmony schedule runs a chain of layers; this model has skip edges (layers "
                               f"{dec.relay} are read past their successor): use chunk offload for it", field="model")

@@ -53,8 +53,7 @@ class Block(nn.Module):
         super().__init__()
         self.block = block
         self.rotary = rotary
-        self.__dict__["config"] = config  # not a module: kept out of the state
-        self.__dict__["mask"] = mask
+        self.config, self.mask = config, mask  # plain attributes: neither is a module, parameter or buffer
         self._tp_plan, self._tp_sizes = dict(tp_plan or {}), tp_sizes
 
     def forward(self, x: Tensor) -> Tensor:

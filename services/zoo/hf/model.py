@@ -3,9 +3,11 @@ safetensors weights, cut into layers by its architecture's adapter."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 from torch import Tensor, nn
 from transformers import (
     AutoModelForCausalLM,
@@ -18,8 +20,8 @@ from ballast.v1 import model_pb2
 from services.runtime.errors import InvalidArgument
 from services.specs.model import HF_TEXT_TASKS
 from services.specs.user_models import UserModels
-from services.zoo.base import ZooModel
-from services.zoo.graph import Inputs, Layer, run_layers
+from services.zoo.base import CutModel
+from services.zoo.graph import Layer
 from services.zoo.hf.adapters import ADAPTERS
 from services.zoo.hf.config import FIELD, hf_config
 
@@ -29,7 +31,7 @@ AUTO = {T.HF_TASK_CAUSAL_LM: AutoModelForCausalLM, T.HF_TASK_MASKED_LM: AutoMode
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 
 
-class HuggingFace(ZooModel):
+class HuggingFace(CutModel):
     """`self.hf` is the unmodified transformers model (its own parameter names: what an export writes); the layers
     wrap its submodules."""
 
@@ -37,28 +39,18 @@ class HuggingFace(ZooModel):
         super().__init__(spec)
         config = hf_config(spec, user_models)
         check_seq_length(spec.hf, config)
-        self.__dict__["config"] = config
+        self.config = config
         self.hf = AUTO[spec.hf.task].from_config(config, attn_implementation="sdpa")
-        self.__dict__["_dec"] = None
         if spec.hf.weights_dir and next(self.hf.parameters()).device.type != "meta":  # a meta build has no values
             self.load_weights(user_models.directory(spec.hf.weights_dir, f"{FIELD}.weights_dir"))
 
-    def layer_list(self) -> list[Layer]:
+    def cut(self) -> list[Layer]:
         return ADAPTERS[self.config.model_type](self.hf, self.config)
-
-    def forward(self, inputs: Inputs) -> Tensor:
-        if self._dec is None:
-            self.__dict__["_dec"] = self.decompose()
-        return run_layers(self._dec, inputs)
 
     def load_weights(self, directory: str) -> None:
         """The weights of a safetensors directory (save_pretrained's layout), every parameter accounted for."""
-        from safetensors.torch import load_file
-
         root = Path(directory)
         if (root / "model.safetensors.index.json").exists():
-            import json
-
             index = json.loads((root / "model.safetensors.index.json").read_text())
             files = sorted(set(index.get("weight_map", {}).values()))
         elif (root / "model.safetensors").exists():
