@@ -90,7 +90,7 @@ def cut_fidelity() -> float:
         ours.backward()
         grad_dev = max(float((p.grad - their_grads[n]).abs().max() / their_grads[n].abs().max().clamp_min(1e-12))
                        for n, p in model.named_parameters())
-        dev = abs(float(ours) / float(theirs) - 1)
+        dev = abs(float(ours.detach()) / float(theirs.detach()) - 1)
         worst = max(worst, dev)
         print(f"   {arch:<10} {len(dec):>6} {dev:>15.2e} {grad_dev:>16.2e}")
     return worst

@@ -122,3 +122,21 @@ def test_a_user_module_trains_under_chunk_offload(tmp_path):
     events = run(spec, [[0, 4]], 2, 4, user_models=user_models, chunk_bytes=300_000, device_budget_bytes=3_000_000)
     assert of(events[0], "iteration")[0]["swap_in_bytes"] > 0
     assert losses(events) == pytest.approx(reference(spec, 2, 4, user_models), rel=1e-5)
+
+
+def test_the_profilers_co_location_siblings_build_a_user_module_too(tmp_path):
+    """A host of several CPU slots is profiled with siblings running the same model beside it (whole.py): they
+    build it as the profiler does, with the operator's allow-list and model path, else they die and the profile
+    waits out their barrier and records no slowdown (0)."""
+    from google.protobuf.json_format import MessageToJson
+
+    from services.profiler.whole import colocated_slowdown
+    from services.zoo import build_model, example_input
+
+    spec, user_models = user_model(tmp_path / "operator-models", name="crowded_classifier")
+    model = build_model(spec, seed=0, user_models=user_models)
+    with torch_threads(1):
+        slowdown = colocated_slowdown(MessageToJson(spec), model.decompose(), example_input(spec, 4,
+                                      user_models=user_models), repeats=3, siblings=1, timeout_s=15,
+                                      user_models=user_models)
+    assert slowdown >= 1.0
