@@ -102,6 +102,9 @@ class Settings:
     # model; Hugging Face config and weights directories must lie inside one)
     allowed_model_factories: tuple[str, ...] = ()
     model_path: tuple[str, ...] = ()
+    # users' data (docs/data.md): the directories a job's files may be read from, and the data factories allowed
+    data_roots: tuple[str, ...] = ()
+    allowed_data_factories: tuple[str, ...] = ()
     fleet_policy: str = ""  # policy YAML the planner stores at start-up when it differs (services/specs/policy.py)
 
     def address(self, service: str) -> str:
@@ -151,7 +154,7 @@ def _coerce(name: str, value: object) -> object:
         return float(value)  # type: ignore[arg-type]
     if kind.startswith("tuple"):
         if isinstance(value, str):
-            separators = f",{os.pathsep}" if name == "model_path" else ","
+            separators = f",{os.pathsep}" if name in ("model_path", "data_roots") else ","
             return tuple(v.strip() for v in re.split(f"[{re.escape(separators)}]", value) if v.strip())
         return tuple(value)  # type: ignore[arg-type]
     return str(value)

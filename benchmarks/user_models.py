@@ -10,7 +10,7 @@
 4. The check at Submit: `ProfilerService.Inspect`'s worker process, cold (a fresh process imports torch, and
    transformers for an HF model) and warm (answered from the profiler's memory).
 
-    .venv/bin/python benchmarks/user_models.py [--steps 6] [--timing-steps 20]
+    .venv/bin/python benchmarks/user_inputs.py [--steps 6] [--timing-steps 20]
 
 Exit status 0 when every deviation is within its tolerance (rtol 1e-6 for the cut, 1e-5 for training).
 """
@@ -37,12 +37,12 @@ from services.executor.train.stage import make_optimizer  # noqa: E402
 from services.profiler.runner import Runner  # noqa: E402
 from services.runtime.allocator import STEADY_ALLOCATOR  # noqa: E402
 from services.specs.model import load_model_spec  # noqa: E402
-from services.specs.user_models import NO_USER_MODELS, UserModels  # noqa: E402
+from services.specs.user_inputs import NO_USER_INPUTS, UserInputs  # noqa: E402
 from services.zoo import build_model, example_input  # noqa: E402
 from services.zoo.graph import run_layers  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = UserModels.of(["mlp:build"], [str(ROOT / "examples" / "models")])
+EXAMPLE = UserInputs.of(["mlp:build"], [str(ROOT / "examples" / "models")])
 ADAM = {"name": "adam", "learning_rate": 3e-3, "weight_decay": 0.01}
 DATA = {"kind": "synthetic"}
 DECODER = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
@@ -101,24 +101,24 @@ def distributed(steps: int) -> float:
     llama = hf("bench-llama", *TINY["llama"])
     runs = [("user module (examples/models/mlp.py)", load_model_spec(ROOT / "examples" / "user-mlp.yaml"),
              [[0, 3], [3, 6]], 2, EXAMPLE, {}),
-            ("HF GPT-2 (tied embedding)", hf("bench-gpt2", *TINY["gpt2"]), [[0, 2], [2, 4]], 2, NO_USER_MODELS, {}),
-            ("HF Llama (GQA)", llama, [[0, 2], [2, 4]], 2, NO_USER_MODELS, {}),
-            ("HF Llama, blocks TP 2", llama, [[0, 4]], 2, NO_USER_MODELS, {"tp_layers": [[1, 2], [2, 2]],
+            ("HF GPT-2 (tied embedding)", hf("bench-gpt2", *TINY["gpt2"]), [[0, 2], [2, 4]], 2, NO_USER_INPUTS, {}),
+            ("HF Llama (GQA)", llama, [[0, 2], [2, 4]], 2, NO_USER_INPUTS, {}),
+            ("HF Llama, blocks TP 2", llama, [[0, 4]], 2, NO_USER_INPUTS, {"tp_layers": [[1, 2], [2, 2]],
                                                                            "online": False})]
     worst = 0.0
-    for label, spec, bounds, replicas, user_models, extra in runs:
+    for label, spec, bounds, replicas, user_inputs, extra in runs:
         micro, num_micro = 8 // (replicas * 2), 2
         template = WorkerConfig(
             job_id="bench", model=MessageToDict(spec, preserving_proto_field_name=True), stage_bounds=bounds,
             num_replicas=1, stage_index=0, replica_index=0, rank=0, world_size=1, micro_batch_size=micro,
             num_micro_batches=num_micro, iterations=steps, init_method="", optimizer=ADAM, seed=4, data=DATA,
-            timeout_s=120, user_models=user_models, **extra)
+            timeout_s=120, user_inputs=user_inputs, **extra)
         started = time.perf_counter()
         events = run_local(plan_configs(template, bounds, replicas), env=STEADY_ALLOCATOR, timeout_s=300)
         wall = time.perf_counter() - started
         got = [e["loss"] for e in events[-1] if e["event"] == "iteration"]
         torch.set_num_threads(1)
-        want = train_single(spec, DATA, 4, 8, steps, ADAM, user_models=user_models)
+        want = train_single(spec, DATA, 4, 8, steps, ADAM, user_inputs=user_inputs)
         dev = max(abs(a / b - 1) for a, b in zip(got, want, strict=True))
         worst = max(worst, dev)
         shape = f"{len(bounds)} stage(s) x {replicas}"
@@ -169,7 +169,7 @@ def adapter_price(steps: int) -> None:
 
 
 def inspect_latency() -> None:
-    runner = Runner(store=None, user_models=EXAMPLE)  # Inspect reads and writes no store
+    runner = Runner(store=None, user_inputs=EXAMPLE)  # Inspect reads and writes no store
     print("4. ProfilerService.Inspect (the check at Submit), in its worker process")
     for label, spec in (("user module", load_model_spec(ROOT / "examples" / "user-mlp.yaml")),
                         ("HF Llama", load_model_spec(ROOT / "examples" / "hf-llama-tiny.yaml"))):

@@ -27,7 +27,7 @@ from ballast.v1 import job_pb2, queue_pb2, store_pb2
 from services.runtime.auth import Principal
 from services.runtime.store_api import Store as StoreAPI
 from services.runtime.store_client import RemoteStore
-from services.specs.user_models import UserModels
+from services.specs.user_inputs import UserInputs
 from services.store import schema
 from services.store.db import create_engine
 from services.store.local import LocalStore
@@ -102,7 +102,7 @@ def open_store(url: str, backend: str, data_dir: Path) -> Iterator[Store]:
     schema.upgrade(url)
     engine = create_engine(url)
     clock = FakeClock()
-    repo = Repository(engine, now=clock, user_models=UserModels.of([FACTORY]))
+    repo = Repository(engine, now=clock, user_inputs=UserInputs.of([FACTORY]))
     try:
         admin = repo.ensure_admin(ADMIN_TOKEN)
         tokens = {admin.tenant_id: ADMIN_TOKEN}

@@ -17,7 +17,7 @@ from torch import nn
 from ballast.v1 import common_pb2, model_pb2, profile_pb2, services_pb2
 from services.profiler import driver
 from services.profiler.measure import iter_layer_args, measure_layer
-from services.specs.user_models import UserModels
+from services.specs.user_inputs import UserInputs
 from services.zoo import build_model, example_input
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -216,7 +216,7 @@ def test_nothing_fits_at_micro_batch_one_gives_notes_not_a_crash(sizes):
 def test_probe_peak_is_the_measured_peak():
     model_spec = spec()
     decomposition = build_model(model_spec, seed=0).decompose()
-    session = driver._Session(model_spec, decomposition, torch.device("cpu"), torch.float32, 2**40, UserModels())
+    session = driver._Session(model_spec, decomposition, torch.device("cpu"), torch.float32, 2**40, UserInputs())
     for i, args in iter_layer_args(decomposition, example_input(model_spec, 2)):
         assert session.peak(i, args, 2) == measure_layer(decomposition, i, args).peak_memory_bytes
 
@@ -240,7 +240,7 @@ def test_bad_options_name_the_field():
 
 def job(raw_spec: dict, req: services_pb2.ProfileRequest) -> str:
     return json.dumps(
-        {"request": MessageToDict(req), "spec": MessageToDict(spec(raw_spec)), "user_models": {}, "device": "cpu"}
+        {"request": MessageToDict(req), "spec": MessageToDict(spec(raw_spec)), "user_inputs": {}, "device": "cpu"}
     )
 
 

@@ -20,7 +20,7 @@ from services.profiler.meta_costs import layer_costs_from_meta, trace_layers
 from services.profiler.projection import ASSUMED_EFFICIENCY, analytical_profile, model_costs
 from services.runtime.errors import InvalidArgument
 from services.specs.catalog import to_proto
-from services.specs.user_models import UserModels
+from services.specs.user_inputs import UserInputs
 from services.zoo import build_model, count_parameters, example_input
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -57,7 +57,7 @@ def tiny(name: str) -> model_pb2.ModelSpec:
 
 def double_counted(spec: model_pb2.ModelSpec, allowed: tuple[str, ...] = ()) -> int:
     """Parameters counted once more per extra layer that uses them (tied weights, shared tables)."""
-    model = build_model(spec, device="meta", user_models=UserModels.of(allowed))
+    model = build_model(spec, device="meta", user_inputs=UserInputs.of(allowed))
     params = dict(model.named_parameters())
     return sum((len(s.layers) - 1) * params[s.name].numel() for s in model.decompose().shared)
 
@@ -212,11 +212,11 @@ def test_custom_models_need_the_allow_list() -> None:
     with pytest.raises(InvalidArgument) as err:
         model_costs(spec)
     assert err.value.field == "spec.custom.factory"
-    costs = model_costs(spec, user_models=UserModels.of([FACTORY]))
-    layers = build_model(spec, device="meta", user_models=UserModels.of([FACTORY])).decompose().layers
+    costs = model_costs(spec, user_inputs=UserInputs.of([FACTORY]))
+    layers = build_model(spec, device="meta", user_inputs=UserInputs.of([FACTORY])).decompose().layers
     assert [(c.name, list(c.tied_with)) for c in costs] == [(x.name, x.tied_with) for x in layers]
     total = sum(c.parameter_count for c in costs) - double_counted(spec, (FACTORY,))
-    assert total == count_parameters(spec, user_models=UserModels.of([FACTORY]))
+    assert total == count_parameters(spec, user_inputs=UserInputs.of([FACTORY]))
     assert all(c.flops("forward", 1) > 0 for c in costs)
 
 

@@ -9,7 +9,7 @@ import pytest
 from ballast.v1 import fleet_pb2, job_pb2, model_pb2, plan_pb2
 from services.runtime.errors import InvalidArgument
 from services.specs.model import load_model_spec, model_signature, validate_job_spec, validate_model_spec
-from services.specs.user_models import UserModels
+from services.specs.user_inputs import UserInputs
 
 F = model_pb2.ModelFamily
 FACTORY = "mypkg.models:build"
@@ -32,7 +32,7 @@ def custom(factory: str = FACTORY) -> model_pb2.ModelSpec:
 
 def field_of(spec: model_pb2.ModelSpec, allowed: tuple[str, ...] = (FACTORY,)) -> str | None:
     try:
-        validate_model_spec(spec, UserModels.of(allowed))
+        validate_model_spec(spec, UserInputs.of(allowed))
     except InvalidArgument as err:
         assert err.fix, "every validation error says how to fix it"
         return err.field
@@ -92,7 +92,7 @@ def test_dropout_range(dropout):
 
 def test_custom_factory_needs_the_allow_list():
     with pytest.raises(InvalidArgument) as err:
-        validate_model_spec(custom(), UserModels())
+        validate_model_spec(custom(), UserInputs())
     assert err.value.field == "spec.custom.factory"
     assert err.value.fix == "ask the platform operator to add it to BALLAST_ALLOWED_MODEL_FACTORIES"
 
@@ -127,7 +127,7 @@ def test_job_spec_rules_use_job_paths():
         with pytest.raises(InvalidArgument) as err:
             validate_job_spec(spec)
         assert err.value.field == field
-    validate_job_spec(job(model=custom()), UserModels.of([FACTORY]))
+    validate_job_spec(job(model=custom()), UserInputs.of([FACTORY]))
 
 
 def test_signature_ignores_name_only():
@@ -144,7 +144,7 @@ def test_signature_ignores_name_only():
 def test_every_example_model_spec_loads_and_validates():
     paths = [p for p in sorted(EXAMPLES.glob("*.yaml")) if not p.name.startswith("fleet-")]
     assert any(p.name == "gpt-tiny.yaml" for p in paths)
-    examples = UserModels.of(["mlp:build"], [str(EXAMPLES / "models")])  # what the example's operator allows
+    examples = UserInputs.of(["mlp:build"], [str(EXAMPLES / "models")])  # what the example's operator allows
     for path in paths:
         spec = load_model_spec(path)
         assert spec.name, path

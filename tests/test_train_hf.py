@@ -13,7 +13,7 @@ from services.executor.train.config import WorkerConfig
 from services.executor.train.launch import plan_configs, run_local
 from services.executor.train.reference import train_single
 from services.runtime.allocator import STEADY_ALLOCATOR
-from services.specs.user_models import NO_USER_MODELS, UserModels
+from services.specs.user_inputs import NO_USER_INPUTS, UserInputs
 from tests.harness import losses, of, torch_threads
 from tests.user_model_support import hf_spec, user_model
 
@@ -23,23 +23,23 @@ SEED, MICRO, NUM_MICRO = 4, 2, 2
 
 
 def run(spec: model_pb2.ModelSpec, bounds: list[list[int]], replicas: int, steps: int,
-        user_models: UserModels = NO_USER_MODELS, commands: list[dict] | None = None, check: bool = True,
+        user_inputs: UserInputs = NO_USER_INPUTS, commands: list[dict] | None = None, check: bool = True,
         micro: int = MICRO, **changes) -> list[list[dict]]:
     template = WorkerConfig(
         job_id="job-user-model", model=MessageToDict(spec, preserving_proto_field_name=True), stage_bounds=bounds,
         num_replicas=1, stage_index=0, replica_index=0, rank=0, world_size=1, micro_batch_size=micro,
         num_micro_batches=NUM_MICRO, iterations=steps, init_method="", optimizer=ADAM, seed=SEED, data=DATA,
-        timeout_s=60, user_models=user_models, **changes)
+        timeout_s=60, user_inputs=user_inputs, **changes)
     configs = plan_configs(template, bounds, replicas)
     return run_local(configs, env=STEADY_ALLOCATOR, timeout_s=240, check=check,
                      commands={c.rank: commands for c in configs} if commands else None)
 
 
 def reference(spec: model_pb2.ModelSpec, replicas: int, steps: int,
-              user_models: UserModels = NO_USER_MODELS, batch: int = 0) -> list[float]:
+              user_inputs: UserInputs = NO_USER_INPUTS, batch: int = 0) -> list[float]:
     with torch_threads(1):
         return train_single(spec, DATA, SEED, batch or MICRO * NUM_MICRO * replicas, steps, ADAM,
-                            user_models=user_models)
+                            user_inputs=user_inputs)
 
 
 def test_a_hugging_face_llama_runs_tensor_parallel_to_the_single_process_losses():
@@ -75,10 +75,10 @@ def test_a_llama_block_migrates_live_between_stages_keeping_the_losses(tp):
 
 @pytest.mark.slow
 def test_a_user_module_from_a_file_outside_the_repository_trains_pipelined_and_data_parallel(tmp_path):
-    spec, user_models = user_model(tmp_path / "operator-models")
-    events = run(spec, [[0, 2], [2, 4]], 2, 8, user_models=user_models)
+    spec, user_inputs = user_model(tmp_path / "operator-models")
+    events = run(spec, [[0, 2], [2, 4]], 2, 8, user_inputs=user_inputs)
     assert [e["layers"] for e in (of(r, "started")[0] for r in events)] == [[0, 1], [0, 1], [2, 3], [2, 3]]
-    assert losses(events) == pytest.approx(reference(spec, 2, 8, user_models), rel=1e-5)
+    assert losses(events) == pytest.approx(reference(spec, 2, 8, user_inputs), rel=1e-5)
     refused = run(spec, [[0, 4]], 1, 2, check=False)  # the same spec on a worker whose operator allows nothing
     assert "not allowed" in of(refused[0], "error")[0]["message"]
 
@@ -117,11 +117,11 @@ def test_a_hugging_face_llama_keeps_its_losses_under_every_data_parallel_and_off
 def test_a_user_module_trains_under_chunk_offload(tmp_path):
     """Chunk offload follows the model's layers with hooks on their modules: a user's segments are the very modules
     its forward runs (zoo.base.CutModel), so every chunk is on the device when a segment needs it."""
-    spec, user_models = user_model(tmp_path / "operator-models", name="chunked_classifier")
+    spec, user_inputs = user_model(tmp_path / "operator-models", name="chunked_classifier")
     spec.custom.kwargs.update({"width": 128})  # 400k parameters, 4.8 MiB with Adam's states: over the budget
-    events = run(spec, [[0, 4]], 2, 4, user_models=user_models, chunk_bytes=300_000, device_budget_bytes=3_000_000)
+    events = run(spec, [[0, 4]], 2, 4, user_inputs=user_inputs, chunk_bytes=300_000, device_budget_bytes=3_000_000)
     assert of(events[0], "iteration")[0]["swap_in_bytes"] > 0
-    assert losses(events) == pytest.approx(reference(spec, 2, 4, user_models), rel=1e-5)
+    assert losses(events) == pytest.approx(reference(spec, 2, 4, user_inputs), rel=1e-5)
 
 
 def test_the_profilers_co_location_siblings_build_a_user_module_too(tmp_path):
@@ -133,10 +133,10 @@ def test_the_profilers_co_location_siblings_build_a_user_module_too(tmp_path):
     from services.profiler.whole import colocated_slowdown
     from services.zoo import build_model, example_input
 
-    spec, user_models = user_model(tmp_path / "operator-models", name="crowded_classifier")
-    model = build_model(spec, seed=0, user_models=user_models)
+    spec, user_inputs = user_model(tmp_path / "operator-models", name="crowded_classifier")
+    model = build_model(spec, seed=0, user_inputs=user_inputs)
     with torch_threads(1):
         slowdown = colocated_slowdown(MessageToJson(spec), model.decompose(), example_input(spec, 4,
-                                      user_models=user_models), repeats=3, siblings=1, timeout_s=15,
-                                      user_models=user_models)
+                                      user_inputs=user_inputs), repeats=3, siblings=1, timeout_s=15,
+                                      user_inputs=user_inputs)
     assert slowdown >= 1.0

@@ -18,7 +18,7 @@ from google.protobuf.json_format import MessageToDict
 
 from services.executor.train.reference import train_single
 from services.specs.model import load_model_spec
-from services.specs.user_models import UserModels
+from services.specs.user_inputs import UserInputs
 from tests.harness import ROOT, make_settings, run_cli, torch_threads, wait_for
 from tests.user_model_support import hf_spec, user_model
 
@@ -28,19 +28,19 @@ MORPHING = 150  # the morphing job's iterations: enough that it is still trainin
 ADAM = {"name": "adam", "learning_rate": 1e-3, "weight_decay": 0.0}  # what the workers run for an unset optimizer
 
 
-EXAMPLE = UserModels.of(["mlp:build"], [str(ROOT / "examples" / "models")])  # the README's operator settings
+EXAMPLE = UserInputs.of(["mlp:build"], [str(ROOT / "examples" / "models")])  # the README's operator settings
 
 
 @pytest.fixture(scope="module")
 def plane(tmp_path_factory):
-    spec, user_models = user_model(tmp_path_factory.mktemp("their-models"))
-    settings = make_settings(tmp_path_factory.mktemp("plane"), model_path=user_models.path + EXAMPLE.path,
-                             allowed_model_factories=user_models.factories + EXAMPLE.factories, host_lost_s=2.0)
+    spec, user_inputs = user_model(tmp_path_factory.mktemp("their-models"))
+    settings = make_settings(tmp_path_factory.mktemp("plane"), model_path=user_inputs.path + EXAMPLE.path,
+                             allowed_model_factories=user_inputs.factories + EXAMPLE.factories, host_lost_s=2.0)
     up = run_cli(settings, "up", "--data-dir", str(settings.data_dir), "--executors", "2", "--cpu-slots", "2",
                  timeout=180)
     assert up.returncode == 0, up.stdout + up.stderr
     try:
-        yield settings, spec, user_models
+        yield settings, spec, user_inputs
     finally:
         run_cli(settings, "down", "--data-dir", str(settings.data_dir), timeout=60)
 
@@ -65,13 +65,13 @@ def losses(settings, job_id: str) -> list[float]:
     return [r[1] for r in rows]
 
 
-def check_run(settings, job_id: str, spec, user_models=None, iterations: int = ITERATIONS) -> None:
+def check_run(settings, job_id: str, spec, user_inputs=None, iterations: int = ITERATIONS) -> None:
     layout = sql(settings, f"SELECT DISTINCT stage_index, replica_index FROM iteration_metrics WHERE job_id = "
                            f"'{job_id}' ORDER BY stage_index, replica_index")
     assert layout == [[0, 0], [0, 1], [1, 0], [1, 1]]  # 2 stages x 2 replicas ran it
     with torch_threads(1):
         expected = train_single(spec, {"kind": "synthetic"}, 0, BATCH, iterations, ADAM,
-                                **({"user_models": user_models} if user_models else {}))
+                                **({"user_inputs": user_inputs} if user_inputs else {}))
     assert losses(settings, job_id) == pytest.approx(expected, rel=1e-5)
 
 
@@ -84,8 +84,8 @@ def submit(settings, path: str, *flags: str, wait: bool = True, iterations: int 
 
 
 def test_a_user_module_from_outside_the_repository_trains_as_2_stages_x_2_replicas(plane, tmp_path):
-    settings, spec, user_models = plane
-    check_run(settings, submit(settings, spec_file(tmp_path, spec)), spec, user_models)
+    settings, spec, user_inputs = plane
+    check_run(settings, submit(settings, spec_file(tmp_path, spec)), spec, user_inputs)
 
 
 def test_the_readmes_three_commands_train_the_example_model(plane):

@@ -12,7 +12,7 @@ from google.protobuf.json_format import ParseDict
 from ballast.v1 import model_pb2
 from services.runtime.errors import InvalidArgument
 from services.specs.model import load_model_spec
-from services.specs.user_models import UserModels
+from services.specs.user_inputs import UserInputs
 from services.zoo import build_model, count_parameters, example_input, run_layers
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -58,7 +58,7 @@ def spec_of(name: str, **changes) -> model_pb2.ModelSpec:
 
 
 def build(spec: model_pb2.ModelSpec):
-    return build_model(spec, user_models=UserModels.of([FACTORY]), seed=0)
+    return build_model(spec, user_inputs=UserInputs.of([FACTORY]), seed=0)
 
 
 def grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -71,7 +71,7 @@ def grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def test_layer_by_layer_equals_whole_model(name: str) -> None:
     spec = spec_of(name)
     model = build(spec)
-    batch = example_input(spec, 2, user_models=UserModels.of([FACTORY]))
+    batch = example_input(spec, 2, user_inputs=UserInputs.of([FACTORY]))
     whole = model(batch)
     whole.backward()
     whole_grads = grads(model)
@@ -183,9 +183,9 @@ def test_custom_factory_refused_unless_allow_listed() -> None:
     assert err.value.field == "spec.custom.factory"
     assert "tests.zoo_factory" not in sys.modules  # refused before anything was imported
     with pytest.raises(InvalidArgument) as err:
-        count_parameters(spec, user_models=UserModels.of(["tests.zoo_factory:other"]))
+        count_parameters(spec, user_inputs=UserInputs.of(["tests.zoo_factory:other"]))
     assert err.value.field == "spec.custom.factory"
-    assert count_parameters(spec, user_models=UserModels.of([FACTORY])) == 4 * 8 + 3 * (8 * 8 + 8)
+    assert count_parameters(spec, user_inputs=UserInputs.of([FACTORY])) == 4 * 8 + 3 * (8 * 8 + 8)
     spec.custom.cut_points[:] = ["hidden1", "embed"]
     with pytest.raises(InvalidArgument) as err:
         build(spec)

@@ -9,7 +9,7 @@ import pytest
 
 from ballast.v1 import model_pb2
 from services.runtime.errors import InvalidArgument
-from services.specs.user_models import UserModels
+from services.specs.user_inputs import UserInputs
 from services.zoo.contract import inspect_model
 from tests.user_model_support import hf_spec
 
@@ -56,18 +56,18 @@ PEEK = '''
 '''
 
 
-def user_model(tmp_path, source: str, module: str) -> tuple[model_pb2.ModelSpec, UserModels]:
+def user_model(tmp_path, source: str, module: str) -> tuple[model_pb2.ModelSpec, UserInputs]:
     """The model in its own file (a module name of its own: a process imports a module once)."""
     (tmp_path / f"{module}.py").write_text(textwrap.dedent(source) + textwrap.dedent(PEEK) +
                                            "\n\ndef build():\n    return Model()\n")
     spec = model_pb2.ModelSpec(name="mine", family=model_pb2.MODEL_FAMILY_CUSTOM,
                                custom=model_pb2.CustomModel(factory=f"{module}:build", cut_points=["first"]))
-    return spec, UserModels.of([f"{module}:build"], [str(tmp_path)])
+    return spec, UserInputs.of([f"{module}:build"], [str(tmp_path)])
 
 
 def test_a_model_that_keeps_the_rules_is_listed_layer_by_layer(tmp_path):
-    spec, user_models = user_model(tmp_path, GOOD, "contract_good")
-    inspection = inspect_model(spec, user_models)
+    spec, user_inputs = user_model(tmp_path, GOOD, "contract_good")
+    inspection = inspect_model(spec, user_inputs)
     assert [(x.name, x.kind, x.parameter_count, list(x.output_shape)) for x in inspection.layers] == [
         ("first", "segment", 4 * 8 + 8, [2, 8]), ("second", "segment", 8 * 3 + 3, [])]
     assert inspection.parameter_count == 40 + 27 and inspection.signature
@@ -78,9 +78,9 @@ def test_a_model_that_keeps_the_rules_is_listed_layer_by_layer(tmp_path):
 def test_each_broken_rule_is_named_with_its_fix(tmp_path, rule):
     old, new, words, fix = BROKEN[rule]
     assert old in GOOD
-    spec, user_models = user_model(tmp_path, GOOD.replace(old, new, 1), f"contract_{rule}")
+    spec, user_inputs = user_model(tmp_path, GOOD.replace(old, new, 1), f"contract_{rule}")
     with pytest.raises(InvalidArgument) as err:
-        inspect_model(spec, user_models)
+        inspect_model(spec, user_inputs)
     assert words in err.value.message, err.value
     assert fix in (err.value.fix or ""), err.value
     assert err.value.field in ("spec", "spec.custom.factory")
@@ -89,15 +89,15 @@ def test_each_broken_rule_is_named_with_its_fix(tmp_path, rule):
 def test_a_model_file_that_is_not_on_the_model_path_says_where_to_put_it(tmp_path):
     spec, _ = user_model(tmp_path, GOOD, "contract_elsewhere")
     with pytest.raises(InvalidArgument) as err:
-        inspect_model(spec, UserModels.of(["contract_elsewhere:build"], [str(tmp_path / "elsewhere")]))
+        inspect_model(spec, UserInputs.of(["contract_elsewhere:build"], [str(tmp_path / "elsewhere")]))
     assert "cannot import 'contract_elsewhere'" in err.value.message and "BALLAST_MODEL_PATH" in err.value.fix
     with pytest.raises(InvalidArgument) as err:
-        inspect_model(spec, UserModels.of([], [str(tmp_path)]))
+        inspect_model(spec, UserInputs.of([], [str(tmp_path)]))
     assert err.value.field == "spec.custom.factory" and "BALLAST_ALLOWED_MODEL_FACTORIES" in err.value.fix
 
 
 def test_a_hugging_face_model_is_listed_with_its_splits_and_ties():
-    inspection = inspect_model(hf_spec("gpt2"), UserModels())
+    inspection = inspect_model(hf_spec("gpt2"), UserInputs())
     assert [x.name for x in inspection.layers] == ["embed", "block.0", "block.1", "head"]
     assert list(inspection.layers[0].tied_with) == [3] and list(inspection.layers[1].output_shape) == [2, 16, 32]
-    assert [x.tensor_parallel for x in inspect_model(hf_spec("llama"), UserModels()).layers] == [0, 2, 2, 0]
+    assert [x.tensor_parallel for x in inspect_model(hf_spec("llama"), UserInputs()).layers] == [0, 2, 2, 0]

@@ -15,7 +15,7 @@ from ballast.v1 import model_pb2
 from services.executor.train.data import batch_for
 from services.executor.train.stage import model_info
 from services.runtime.errors import InvalidArgument
-from services.specs.user_models import UserModels
+from services.specs.user_inputs import UserInputs
 from services.zoo import build_model, example_input
 from services.zoo.graph import run_layers
 from tests.user_model_support import CONFIGS, hf_spec
@@ -114,13 +114,13 @@ def saved(tmp_path, arch: str = "llama", weights: bool = True):
 
 def test_a_config_directory_and_safetensors_weights_are_read_from_the_model_path(tmp_path):
     directory, trained = saved(tmp_path)
-    user_models = UserModels.of(path=[str(tmp_path / "models")])
+    user_inputs = UserInputs.of(path=[str(tmp_path / "models")])
     spec = model_pb2.ModelSpec(name="from-disk", family=model_pb2.MODEL_FAMILY_HF, hf=model_pb2.HuggingFaceModel(
         task=model_pb2.HF_TASK_CAUSAL_LM, config_dir=str(directory), weights_dir=str(directory), seq_length=16))
-    loaded = build_model(spec, seed=99, user_models=user_models)  # another seed: the weights win
+    loaded = build_model(spec, seed=99, user_inputs=user_inputs)  # another seed: the weights win
     theirs = dict(trained.hf.named_parameters())
     assert all(torch.equal(p, theirs[n]) for n, p in loaded.hf.named_parameters())
-    assert build_model(spec, device="meta", user_models=user_models).hf.config.num_key_value_heads == 2
+    assert build_model(spec, device="meta", user_inputs=user_inputs).hf.config.num_key_value_heads == 2
 
 
 @pytest.mark.parametrize(("change", "field", "words"), [
@@ -148,14 +148,14 @@ def test_a_bad_hugging_face_spec_names_the_field_and_the_fix(change, field, word
 def test_directories_are_read_only_from_the_model_path_and_weights_only_from_safetensors(tmp_path):
     directory, _ = saved(tmp_path, weights=False)
     (directory / "pytorch_model.bin").write_bytes(b"a pickle is never read")
-    inside = UserModels.of(path=[str(tmp_path / "models")])
+    inside = UserInputs.of(path=[str(tmp_path / "models")])
 
     def spec(**hf) -> model_pb2.ModelSpec:
         return model_pb2.ModelSpec(family=model_pb2.MODEL_FAMILY_HF, hf=model_pb2.HuggingFaceModel(
             task=model_pb2.HF_TASK_CAUSAL_LM, **{"seq_length": 16, **hf}))
 
     cases = [
-        (spec(config_dir=str(directory)), UserModels.of(path=[str(tmp_path / "elsewhere")]), "spec.hf.config_dir",
+        (spec(config_dir=str(directory)), UserInputs.of(path=[str(tmp_path / "elsewhere")]), "spec.hf.config_dir",
          "outside the model directories"),
         (spec(config_dir=str(tmp_path / "models" / ".." / "models" / "llama" / "..")), inside, "spec.hf.config_dir",
          "holds no config.json"),
@@ -164,15 +164,15 @@ def test_directories_are_read_only_from_the_model_path_and_weights_only_from_saf
          "no safetensors weights"),
         (spec(config_dir=str(directory), seq_length=65), inside, "spec.hf.seq_length", "past the config's 64"),
     ]
-    for bad, user_models, field, words in cases:
+    for bad, user_inputs, field, words in cases:
         with pytest.raises(InvalidArgument) as err:
-            build_model(bad, user_models=user_models)
+            build_model(bad, user_inputs=user_inputs)
         assert (err.value.field, words in err.value.message) == (field, True), err.value
     other, _ = saved(tmp_path / "other", "gpt2")
     with pytest.raises(InvalidArgument, match="do not fit the config"):
         build_model(spec(config_dir=str(directory), weights_dir=str(other)),
-                    user_models=UserModels.of(path=[str(tmp_path)]))
+                    user_inputs=UserInputs.of(path=[str(tmp_path)]))
     config = json.loads((directory / "config.json").read_text())
     (directory / "config.json").write_text(json.dumps({**config, "auto_map": {"AutoModel": "m.M"}}))
     with pytest.raises(InvalidArgument, match="never runs remote code"):
-        build_model(spec(config_dir=str(directory)), user_models=inside)
+        build_model(spec(config_dir=str(directory)), user_inputs=inside)

@@ -1,5 +1,5 @@
 """Users' models for the tests: tiny Hugging Face specs built in code (no hub, HF_HUB_OFFLINE=1), and a user's own
-module written to a directory outside the repository with the operator's word (UserModels) that admits it."""
+module written to a directory outside the repository with the operator's word (UserInputs) that admits it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 from google.protobuf.json_format import ParseDict
 
 from ballast.v1 import model_pb2
-from services.specs.user_models import UserModels
+from services.specs.user_inputs import UserInputs
 
 SEQ = 16
 CAUSAL, MASKED, IMAGE = "HF_TASK_CAUSAL_LM", "HF_TASK_MASKED_LM", "HF_TASK_IMAGE_CLASSIFICATION"
@@ -76,11 +76,11 @@ MODEL_FILE = '''
 '''
 
 
-def user_model(directory: Path, name: str = "my_classifier") -> tuple[model_pb2.ModelSpec, UserModels]:
+def user_model(directory: Path, name: str = "my_classifier") -> tuple[model_pb2.ModelSpec, UserInputs]:
     """The user's file written outside the repository, the spec naming its factory, and the operator's word."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / f"{name}.py").write_text(textwrap.dedent(MODEL_FILE))
     spec = model_pb2.ModelSpec(name="my-classifier", family=model_pb2.MODEL_FAMILY_CUSTOM,
                                custom=model_pb2.CustomModel(factory=f"{name}:build",
                                                             cut_points=["embed", "block0", "block1"]))
-    return spec, UserModels.of([f"{name}:build"], [str(directory)])
+    return spec, UserInputs.of([f"{name}:build"], [str(directory)])

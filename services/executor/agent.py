@@ -31,7 +31,7 @@ from services.executor.inventory import SUPPORTED, devices, host_labels
 from services.executor.outbox import Outbox
 from services.executor.workers import Workers
 from services.runtime.server import Server, ServerSpec
-from services.specs.user_models import UserModels
+from services.specs.user_inputs import UserInputs
 
 log = logging.getLogger("ballast.agent")
 STATS_BATCH_S = 0.25  # per-iteration stats arriving this close together go in one heartbeat (one store write)
@@ -56,7 +56,7 @@ class Agent:
         self.host_id = ""
         self.outbox = Outbox()
         self.workers = Workers(self.outbox.put, settings.data_dir / "executor" / name,
-                               user_models=UserModels.of_settings(settings))
+                               user_inputs=UserInputs.of_settings(settings))
 
     def host(self) -> fleet_pb2.Host:
         return fleet_pb2.Host(name=self.name, address=self.settings.advertised_host(),

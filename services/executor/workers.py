@@ -32,7 +32,7 @@ from google.protobuf.json_format import MessageToDict
 from ballast.v1 import common_pb2, executor_pb2, job_pb2, plan_pb2
 from services.executor.train.config import WorkerConfig
 from services.runtime.allocator import STEADY_ALLOCATOR
-from services.specs.user_models import NO_USER_MODELS, UserModels
+from services.specs.user_inputs import NO_USER_INPUTS, UserInputs
 
 AGENT_PID_ENV = "BALLAST_AGENT_PID"  # the worker dies with this agent (train/worker.py die_with_agent)
 
@@ -49,8 +49,8 @@ Emit = Callable[[executor_pb2.AgentMessage], None]
 
 
 def worker_config(assign: executor_pb2.AssignInstruction, worker: executor_pb2.WorkerAssignment, job_id: str,
-                  user_models: UserModels = NO_USER_MODELS) -> WorkerConfig:
-    """The WorkerConfig (services/executor/train/config.py) of one assigned worker; `user_models` is this agent's
+                  user_inputs: UserInputs = NO_USER_INPUTS) -> WorkerConfig:
+    """The WorkerConfig (services/executor/train/config.py) of one assigned worker; `user_inputs` is this agent's
     operator policy (it decides what the worker may import, whatever the planner sent)."""
     plan, spec = assign.plan, assign.spec
     optimizer = spec.optimizer
@@ -92,7 +92,7 @@ def worker_config(assign: executor_pb2.AssignInstruction, worker: executor_pb2.W
         chunk_bytes=plan.offload.chunk_bytes if plan.HasField("offload") else 0,
         device_budget_bytes=plan.offload.device_budget_bytes if plan.HasField("offload") else 0,
         harmony=harmony(plan, job_id),
-        user_models=user_models,
+        user_inputs=user_inputs,
     )
 
 
@@ -226,8 +226,8 @@ class Workers:
     """Every worker process this agent runs, by job."""
 
     def __init__(self, emit: Emit, work_dir: Path, command: tuple[str, ...] = WORKER,
-                 user_models: UserModels = NO_USER_MODELS):
-        self._emit, self._dir, self._command, self._user_models = emit, work_dir, command, user_models
+                 user_inputs: UserInputs = NO_USER_INPUTS):
+        self._emit, self._dir, self._command, self._user_inputs = emit, work_dir, command, user_inputs
         self._jobs: dict[str, list[Worker]] = {}
         self._exits: dict[str, list[executor_pb2.WorkerExit]] = {}  # insertion-ordered: oldest job first
         # job -> iteration -> its ranks' reports: a report in flight when the stream broke is otherwise lost
@@ -269,7 +269,7 @@ class Workers:
         folder = self._dir / job_id
         folder.mkdir(parents=True, exist_ok=True)
         config = folder / f"rank-{assignment.rank}.json"
-        settings = worker_config(assign, assignment, job_id, self._user_models)
+        settings = worker_config(assign, assignment, job_id, self._user_inputs)
         config.write_text(settings.to_json())
         env = {**STEADY_ALLOCATOR, **os.environ, "OMP_NUM_THREADS": "1", AGENT_PID_ENV: str(os.getpid())}
         if assign.backend == "nccl":

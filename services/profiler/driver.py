@@ -71,7 +71,7 @@ from services.profiler.sweep import fit_fields, fit_samples, interpolate, is_oom
 from services.profiler.versions import software
 from services.runtime.errors import FailedPrecondition, InvalidArgument
 from services.specs import catalog
-from services.specs.user_models import NO_USER_MODELS, UserModels
+from services.specs.user_inputs import NO_USER_INPUTS, UserInputs
 from services.zoo import Decomposition, build_model, check_spec, example_input
 from services.zoo.graph import parameter_tensors
 
@@ -183,19 +183,19 @@ class _Session:
         device: torch.device,
         dtype: torch.dtype,
         cap_bytes: int,
-        user_models: UserModels,
+        user_inputs: UserInputs,
         repeats: int = MIN_REPEATS,
         warmup: int = MIN_WARMUP,
     ) -> None:
         self.spec, self.decomposition, self.device, self.dtype = spec, decomposition, device, dtype
-        self.cap_bytes, self.user_models, self.repeats, self.warmup = cap_bytes, user_models, repeats, warmup
+        self.cap_bytes, self.user_inputs, self.repeats, self.warmup = cap_bytes, user_inputs, repeats, warmup
         self.on_measure: Callable[[Group, int], None] = lambda g, m: None
         self.groups = self._group()
-        self.per_sample = example_input(spec, 1, user_models=user_models)  # batch fields of one sample
+        self.per_sample = example_input(spec, 1, user_inputs=user_inputs)  # batch fields of one sample
         self.group_of = {i: g for g in self.groups for i in g.members}
 
     def batch(self, m: int) -> dict[str, Tensor]:
-        return example_input(self.spec, m, device=self.device, user_models=self.user_models)
+        return example_input(self.spec, m, device=self.device, user_inputs=self.user_inputs)
 
     def _group(self) -> list[Group]:
         """Signatures from a micro-batch 1 pass (shapes only; the chain forward gives real inputs)."""
@@ -418,14 +418,14 @@ def profile(
     request: services_pb2.ProfileRequest,
     *,
     device: str | torch.device = "cpu",
-    user_models: UserModels = NO_USER_MODELS,
+    user_inputs: UserInputs = NO_USER_INPUTS,
     progress: Progress = lambda p: None,
 ) -> profile_pb2.Profile:
     """Measure `spec` as `request` asks (see the module docstring); ids, model and signature are the
     caller's to fill. Raises InvalidArgument for a bad spec or option, never for a layer that does not fit."""
     t0 = time.perf_counter()
     check_request(request)
-    check_spec(spec, user_models)  # before any progress line: a bad spec is the whole answer
+    check_spec(spec, user_inputs)  # before any progress line: a bad spec is the whole answer
     opts = request.options
     dev = _torch_device(device)
     try:
@@ -445,11 +445,11 @@ def profile(
 
     report = _Reporter(progress, 0, weights)
     report("building", 0.0, f"building {spec.name or 'model'}")
-    model = build_model(spec, device=dev, user_models=user_models, seed=0)  # InvalidArgument on a bad spec
+    model = build_model(spec, device=dev, user_inputs=user_inputs, seed=0)  # InvalidArgument on a bad spec
     decomposition = model.decompose()
     report.layers_total = len(decomposition.layers)
     report("building", 0.5, f"built {spec.name or 'model'}: {len(decomposition.layers)} layers")
-    session = _Session(spec, decomposition, dev, dt, cap_bytes, user_models, repeats, warmup)
+    session = _Session(spec, decomposition, dev, dt, cap_bytes, user_inputs, repeats, warmup)
     report("building", 1.0, f"{len(session.groups)} distinct layers of {session.n}")
     top, to_measure = _sizes(session, request, report, t0)
 
@@ -459,7 +459,7 @@ def profile(
     out = profile_pb2.Profile(
         device=hw,
         dtype=proto_dtype(dt),
-        software=software(spec, user_models),
+        software=software(spec, user_inputs),
         intra_op_threads=threads,
         layers=layers,
         measured_micro_batch_sizes=measured,
@@ -478,7 +478,7 @@ def profile(
         if measured and dt == torch.float32 and dev.type == "cpu":  # GPUs do not share compute
             out.comm.colocated_slowdown = whole.colocated_slowdown(
                 MessageToJson(spec), decomposition, session.batch(measured[len(measured) // 2]), repeats,
-                siblings=max(groups) - 1, user_models=user_models)
+                siblings=max(groups) - 1, user_inputs=user_inputs)
             whole.release_gradients(decomposition)
         report("calibrate", 1.0, f"{len(out.comm.fits)} fits")
     out.profiling_time_s = time.perf_counter() - t0

@@ -56,7 +56,7 @@ from services.profiler.measure_bytes import (
 from services.profiler.measure_timing import MAD_K, Summary, Timer, robust_median
 from services.profiler.memtrace import LiveTensorTracker, trace_iteration
 from services.profiler.versions import software
-from services.specs.user_models import NO_USER_MODELS, UserModels
+from services.specs.user_inputs import NO_USER_INPUTS, UserInputs
 from services.zoo import Decomposition, build_model, example_input
 
 # Timed forward+backward a measurement accumulates before it stops repeating, and the repeat cap.
@@ -401,7 +401,7 @@ def profile_layers(
     intra_op_threads: int = 1,
     mad_k: float = MAD_K,
     seed: int = 0,
-    user_models: UserModels = NO_USER_MODELS,
+    user_inputs: UserInputs = NO_USER_INPUTS,
 ) -> list[profile_pb2.LayerProfile]:
     """Build the spec's model once and profile every layer at each micro-batch size.
 
@@ -410,10 +410,10 @@ def profile_layers(
     defaults to the spec's training precision.
     """
     torch.set_num_threads(intra_op_threads)
-    model = build_model(spec, device=device, user_models=user_models, seed=seed)
+    model = build_model(spec, device=device, user_inputs=user_inputs, seed=seed)
     decomposition = model.decompose()
     sizes = sorted(set(micro_batch_sizes))
-    batches = {m: example_input(spec, m, device=device, user_models=user_models) for m in sizes}
+    batches = {m: example_input(spec, m, device=device, user_inputs=user_inputs) for m in sizes}
     found = measure_model(
         decomposition,
         batches,
@@ -435,7 +435,7 @@ def profile_model(
     dtype: torch.dtype | str | int | None = None,
     intra_op_threads: int = 1,
     trace_memory: bool = True,
-    user_models: UserModels = NO_USER_MODELS,
+    user_inputs: UserInputs = NO_USER_INPUTS,
     **options: object,
 ) -> profile_pb2.Profile:
     """`profile_layers` wrapped in a Profile that records precision, software and intra-op threads.
@@ -447,13 +447,13 @@ def profile_model(
     sizes = sorted(set(micro_batch_sizes))
     dt = as_dtype(dtype if dtype is not None else spec.dtype)
     layers = profile_layers(
-        spec, sizes, device=device, dtype=dt, intra_op_threads=intra_op_threads, user_models=user_models, **options
+        spec, sizes, device=device, dtype=dt, intra_op_threads=intra_op_threads, user_inputs=user_inputs, **options
     )
     profile = profile_pb2.Profile(
-        dtype=proto_dtype(dt), software=software(spec, user_models), intra_op_threads=intra_op_threads, layers=layers
+        dtype=proto_dtype(dt), software=software(spec, user_inputs), intra_op_threads=intra_op_threads, layers=layers
     )
     if trace_memory and sizes:
-        model = build_model(spec, device=device, user_models=user_models, seed=0)
-        batch = example_input(spec, sizes[-1], device=device, user_models=user_models)
+        model = build_model(spec, device=device, user_inputs=user_inputs, seed=0)
+        batch = example_input(spec, sizes[-1], device=device, user_inputs=user_inputs)
         profile.non_model_memory_bytes = trace_iteration(model.decompose(), batch).peak_non_model_bytes
     return profile

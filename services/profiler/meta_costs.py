@@ -56,7 +56,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from ballast.v1 import model_pb2
 from services.profiler.layer_cost import LayerCost
 from services.runtime.errors import InvalidArgument
-from services.specs.user_models import NO_USER_MODELS, UserModels
+from services.specs.user_inputs import NO_USER_INPUTS, UserInputs
 from services.zoo import Decomposition, Layer, build_model, example_input
 
 TRACE_ELEMENT_BYTES = 4  # the zoo builds in fp32
@@ -65,7 +65,7 @@ aten = torch.ops.aten
 
 
 def layer_costs_from_meta(
-    spec: model_pb2.ModelSpec, *, user_models: UserModels = NO_USER_MODELS, fused_attention: bool = True
+    spec: model_pb2.ModelSpec, *, user_inputs: UserInputs = NO_USER_INPUTS, fused_attention: bool = True
 ) -> list[LayerCost]:
     """One LayerCost per decomposed layer of the spec's zoo model, in layer order (see module doc).
 
@@ -73,14 +73,14 @@ def layer_costs_from_meta(
     Results are cached per (spec, user models, attention mode): the planner asks for the same model often.
     """
     key = spec.SerializeToString(deterministic=True)
-    return list(_cached_costs(key, user_models, fused_attention))
+    return list(_cached_costs(key, user_inputs, fused_attention))
 
 
 @functools.lru_cache(maxsize=32)
-def _cached_costs(spec_bytes: bytes, user_models: UserModels, fused_attention: bool) -> tuple[LayerCost, ...]:
+def _cached_costs(spec_bytes: bytes, user_inputs: UserInputs, fused_attention: bool) -> tuple[LayerCost, ...]:
     spec = model_pb2.ModelSpec.FromString(spec_bytes)
-    model = build_model(spec, device="meta", user_models=user_models)
-    batches = {m: example_input(spec, m, device="meta", user_models=user_models) for m in TRACE_SIZES}
+    model = build_model(spec, device="meta", user_inputs=user_inputs)
+    batches = {m: example_input(spec, m, device="meta", user_inputs=user_inputs) for m in TRACE_SIZES}
     decomposition = model.decompose()
     traces = trace_layers(decomposition, batches, fused_attention=fused_attention)
     return tuple(_layer_cost(layer, traces[layer.index]) for layer in decomposition.layers)

@@ -27,7 +27,7 @@ from ballast.v1 import common_pb2, fleet_pb2, model_pb2, profile_pb2
 from services.profiler.layer_cost import LayerCost
 from services.runtime.errors import InvalidArgument
 from services.specs import catalog
-from services.specs.user_models import NO_USER_MODELS, UserModels
+from services.specs.user_inputs import NO_USER_INPUTS, UserInputs
 
 # Achieved fraction of peak FLOP/s and bandwidth assumed where nothing was measured. Large
 # transformer GEMMs reach 50-70% of dense peak and streaming kernels 70-90% of bandwidth; 0.5 is
@@ -210,7 +210,7 @@ def analytical_profile(
     tf32: bool = False,
     model_id: str = "",
     model_signature: str = "",
-    user_models: UserModels = NO_USER_MODELS,
+    user_inputs: UserInputs = NO_USER_INPUTS,
 ) -> profile_pb2.Profile:
     """A profile from FLOP and byte counts alone: time = roofline / efficiency, nothing measured.
 
@@ -224,7 +224,7 @@ def analytical_profile(
         raise InvalidArgument(f"efficiency {efficiency} outside (0, 1]", field="efficiency", fix="e.g. 0.5")
     if not micro_batch_sizes or min(micro_batch_sizes) < 1:
         raise InvalidArgument("needs positive sizes", field="micro_batch_sizes", fix="e.g. (1, 2, 4, 8)")
-    costs = model_costs(model, user_models=user_models) if isinstance(model, model_pb2.ModelSpec) else list(model)
+    costs = model_costs(model, user_inputs=user_inputs) if isinstance(model, model_pb2.ModelSpec) else list(model)
     if dtype is None and isinstance(model, model_pb2.ModelSpec) and model.dtype:
         dtype = model.dtype
     if dtype is None:
@@ -349,7 +349,7 @@ def transformer_layer_costs(
     return [*rows, head]
 
 
-def model_costs(spec: model_pb2.ModelSpec, *, user_models: UserModels = NO_USER_MODELS) -> list[LayerCost]:
+def model_costs(spec: model_pb2.ModelSpec, *, user_inputs: UserInputs = NO_USER_INPUTS) -> list[LayerCost]:
     """LayerCost rows for a zoo ModelSpec, one per decomposed layer.
 
     GPT keeps the closed form above (what the GPT tests and benchmarks were written against); every
@@ -364,4 +364,4 @@ def model_costs(spec: model_pb2.ModelSpec, *, user_models: UserModels = NO_USER_
         )
     from services.profiler.meta_costs import layer_costs_from_meta
 
-    return layer_costs_from_meta(spec, user_models=user_models)
+    return layer_costs_from_meta(spec, user_inputs=user_inputs)

@@ -40,7 +40,7 @@ from services.runtime.lru import BytesLRU
 from services.runtime.store_api import Store, every_page
 from services.specs import catalog
 from services.specs.model import model_signature, validate_model_spec
-from services.specs.user_models import NO_USER_MODELS, UserModels
+from services.specs.user_inputs import NO_USER_INPUTS, UserInputs
 
 log = logging.getLogger("ballast.profiler")
 
@@ -51,12 +51,12 @@ INSPECTIONS_KEPT = 1024  # inspections a profiler keeps, by signature and code v
 
 
 def resolve_model(store: Store, request: services_pb2.ProfileRequest,
-                  user_models: UserModels = NO_USER_MODELS) -> model_pb2.Model:
+                  user_inputs: UserInputs = NO_USER_INPUTS) -> model_pb2.Model:
     """The stored model: by id, or the inline spec matched by signature (any name), or stored now."""
     if request.model_id:
         return store.get_model(store_pb2.GetRequest(id=request.model_id))
     if request.HasField("model"):
-        validate_model_spec(request.model, user_models, prefix="model")  # bad specs fail before anything is stored
+        validate_model_spec(request.model, user_inputs, prefix="model")  # bad specs fail before anything is stored
         known = store.list_models(store_pb2.ListModelsRequest(signature=model_signature(request.model)))
         if known.models:
             return known.models[0]
@@ -76,13 +76,13 @@ def local_device(kind: str) -> str:
 
 
 def cached(store: Store, model: model_pb2.Model, device: str, dtype: int,
-           user_models: UserModels = NO_USER_MODELS) -> profile_pb2.Profile | None:
+           user_inputs: UserInputs = NO_USER_INPUTS) -> profile_pb2.Profile | None:
     """The newest measured profile of the same model, device, precision and software. By model id, not only
     signature: a platform caller (a worker preparing a job) sees every tenant's profiles and must get the
     job's own (a tenant stores each signature once, so for tenants the two keys agree)."""
     request = store_pb2.ListProfilesRequest(model_id=model.id, model_signature=model.signature,
                                             device_kind=device, dtype=dtype,
-                                            software=software(model.spec, user_models), projected=False)
+                                            software=software(model.spec, user_inputs), projected=False)
     newest = None
     for reply in every_page(store.list_profiles, request):
         newest = reply.profiles[-1] if reply.profiles else newest
@@ -92,10 +92,10 @@ def cached(store: Store, model: model_pb2.Model, device: str, dtype: int,
 class Runner:
     """Profiles one model at a time (profiling owns the CPU; a second request waits its turn)."""
 
-    def __init__(self, store: Store, user_models: UserModels = NO_USER_MODELS,
+    def __init__(self, store: Store, user_inputs: UserInputs = NO_USER_INPUTS,
                  worker_command: tuple[str, ...] = WORKER_COMMAND):
         self._store = store
-        self._user_models = user_models
+        self._user_inputs = user_inputs
         self._worker_command = worker_command
         self._turn = threading.Semaphore(1)
         self._inspections = BytesLRU(INSPECTIONS_KEPT, 8 << 20)
@@ -114,9 +114,9 @@ class Runner:
             return
         device = local_device(request.device_kind)
         target = catalog.device(request.project_to) if request.project_to else None
-        model = resolve_model(self._store, request, self._user_models)
+        model = resolve_model(self._store, request, self._user_inputs)
         dtype = request.dtype or model.spec.dtype or common_pb2.DTYPE_FP32
-        hit = None if request.refresh else cached(self._store, model, device, dtype, self._user_models)
+        hit = None if request.refresh else cached(self._store, model, device, dtype, self._user_inputs)
         if hit is not None and request.options.calibrate and not hit.comm.fits:
             hit = None  # calibrated links were asked for and that profile has none: measure again
         if hit is not None:
@@ -125,7 +125,7 @@ class Runner:
         yield services_pb2.ProfileProgress(phase="queued", message="waiting for the profiler")
         with self.turn():
             measured = None
-            for update in run_worker(request, model.spec, device, self._user_models, active, self._worker_command):
+            for update in run_worker(request, model.spec, device, self._user_inputs, active, self._worker_command):
                 if update.HasField("profile"):
                     measured = update.profile
                 else:
@@ -155,9 +155,9 @@ class Runner:
             raise InvalidArgument("an analytical profile is computed for device_kind directly", field="project_to",
                                   fix="leave project_to empty and set device_kind")
         kind = catalog.device(request.device_kind).kind
-        model = resolve_model(self._store, request, self._user_models)
+        model = resolve_model(self._store, request, self._user_inputs)
         sizes = analytical_sizes(request)
-        code = code_version(model.spec, self._user_models)  # an edited model file is priced again
+        code = code_version(model.spec, self._user_inputs)  # an edited model file is priced again
         formula = projection.analytical_software() + (f"; {code}" if code else "")
         dtype = request.dtype or model.spec.dtype or catalog.device(kind).default_dtype
         lookup = store_pb2.ListProfilesRequest(model_id=model.id, model_signature=model.signature, device_kind=kind,
@@ -172,7 +172,7 @@ class Runner:
         if model.spec.family in USER_FAMILIES:  # a user's code: priced in a worker process
             asked = services_pb2.ProfileRequest(device_kind=kind, dtype=dtype,
                                                 options=services_pb2.ProfileOptions(micro_batch_sizes=sizes))
-            _, profile = worker_result(asked, model.spec, "analytical", self._user_models, self._worker_command)
+            _, profile = worker_result(asked, model.spec, "analytical", self._user_inputs, self._worker_command)
             profile.model_id, profile.model_signature = model.id, model.signature
         else:
             profile = projection.analytical_profile(model.spec, kind, dtype, sizes, model_id=model.id,
@@ -188,15 +188,15 @@ class Runner:
         if not request.HasField("model"):
             raise InvalidArgument("required", field="model", fix="send the ModelSpec to check")
         spec = request.model
-        validate_model_spec(spec, self._user_models)  # the cheap rules first, with no process started
-        key = f"{model_signature(spec)}|{software(spec, self._user_models)}"
+        validate_model_spec(spec, self._user_inputs)  # the cheap rules first, with no process started
+        key = f"{model_signature(spec)}|{software(spec, self._user_inputs)}"
         with self._checking(key):  # one worker per model however many Submits of it arrive at once
             known = self._inspections.get(key)
             if known is not None:
                 return model_pb2.ModelInspection.FromString(known)
-            _, inspection = worker_result(services_pb2.ProfileRequest(), spec, "inspect", self._user_models,
+            _, inspection = worker_result(services_pb2.ProfileRequest(), spec, "inspect", self._user_inputs,
                                           self._worker_command)
-            inspection.code_version = code_version(spec, self._user_models)
+            inspection.code_version = code_version(spec, self._user_inputs)
             self._inspections.put(key, inspection.SerializeToString())
             return inspection
 
@@ -292,19 +292,19 @@ def list_device_kinds() -> services_pb2.ListDeviceKindsResponse:
 
 
 def worker_result(request: services_pb2.ProfileRequest, spec: model_pb2.ModelSpec, mode: str,
-                  user_models: UserModels, command: tuple[str, ...] = WORKER_COMMAND) -> tuple[str, Message]:
+                  user_inputs: UserInputs, command: tuple[str, ...] = WORKER_COMMAND) -> tuple[str, Message]:
     """A worker job that answers with one message ("inspect", "analytical"): (its key, the message)."""
-    for key, message in worker_messages(request, spec, "cpu", user_models, lambda: True, command, mode):
+    for key, message in worker_messages(request, spec, "cpu", user_inputs, lambda: True, command, mode):
         if key != "progress":
             return key, message
     raise Unavailable("the profiler's worker process ended without an answer", fix="retry")
 
 
 def run_worker(request: services_pb2.ProfileRequest, spec: model_pb2.ModelSpec, device: str,
-               user_models: UserModels, active: Callable[[], bool],
+               user_inputs: UserInputs, active: Callable[[], bool],
                command: tuple[str, ...] = WORKER_COMMAND) -> Iterator[services_pb2.ProfileProgress]:
     """Run the profiling worker; yields its progress and finally a ProfileProgress carrying the profile."""
-    for key, message in worker_messages(request, spec, device, user_models, active, command, "profile"):
+    for key, message in worker_messages(request, spec, device, user_inputs, active, command, "profile"):
         yield message if key == "progress" else services_pb2.ProfileProgress(profile=message)
 
 
@@ -313,11 +313,11 @@ RESULTS = {"progress": services_pb2.ProfileProgress, "profile": profile_pb2.Prof
 
 
 def worker_messages(request: services_pb2.ProfileRequest, spec: model_pb2.ModelSpec, device: str,
-                    user_models: UserModels, active: Callable[[], bool], command: tuple[str, ...],
+                    user_inputs: UserInputs, active: Callable[[], bool], command: tuple[str, ...],
                     mode: str) -> Iterator[tuple[str, Message]]:
     """Run one worker job; yields (key, message) for its progress and its result, raises its error."""
     job = {"mode": mode, "request": MessageToDict(request), "spec": MessageToDict(spec), "device": device,
-           "user_models": {"factories": list(user_models.factories), "path": list(user_models.path)}}
+           "user_inputs": user_inputs.to_json()}
     stderr = tempfile.TemporaryFile()  # a file, not a pipe: a chatty worker must never block on it
     env = {**STEADY_ALLOCATOR, **os.environ}
     proc = subprocess.Popen(list(command), stdin=subprocess.PIPE, env=env,

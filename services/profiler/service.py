@@ -12,14 +12,14 @@ from services.runtime.ratelimit import RateLimiter
 from services.runtime.server import Server, ServerSpec
 from services.runtime.servicer import delegate
 from services.runtime.store_client import StoreAuthenticator, anonymous_store, remote_stores
-from services.specs.user_models import UserModels
+from services.specs.user_inputs import UserInputs
 
 PROFILER = services_pb2.DESCRIPTOR.services_by_name["ProfilerService"]
 
 
 def build_server(settings: Settings, address: str | None = None) -> Server:
     as_caller, as_platform = remote_stores(settings)
-    runner = Runner(as_caller, UserModels.of_settings(settings))
+    runner = Runner(as_caller, UserInputs.of_settings(settings))
     servicer = delegate(
         PROFILER,
         None,

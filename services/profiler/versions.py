@@ -12,7 +12,7 @@ from importlib import metadata
 from pathlib import Path
 
 from ballast.v1 import model_pb2
-from services.specs.user_models import NO_USER_MODELS, UserModels
+from services.specs.user_inputs import NO_USER_INPUTS, UserInputs
 
 
 def version(package: str) -> str:
@@ -22,18 +22,18 @@ def version(package: str) -> str:
         return "unknown"
 
 
-def software(spec: model_pb2.ModelSpec | None = None, user_models: UserModels = NO_USER_MODELS) -> str:
+def software(spec: model_pb2.ModelSpec | None = None, user_inputs: UserInputs = NO_USER_INPUTS) -> str:
     """"torch 2.13.0, ballast 0.1.0" (plus the model's code version): an upgrade misses the cache and re-profiles."""
     base = f"torch {version('torch')}, ballast {version('ballast')}"
-    code = code_version(spec, user_models) if spec is not None else ""
+    code = code_version(spec, user_inputs) if spec is not None else ""
     return f"{base}, {code}" if code else base
 
 
-def code_version(spec: model_pb2.ModelSpec, user_models: UserModels) -> str:
+def code_version(spec: model_pb2.ModelSpec, user_inputs: UserInputs) -> str:
     """What built a user's model beyond its spec ("" for the zoo): found on disk, nothing imported."""
     if spec.family == model_pb2.MODEL_FAMILY_CUSTOM:
         module = spec.custom.factory.partition(":")[0]
-        found = module_file(module, [*sys.path, *user_models.path])
+        found = module_file(module, [*sys.path, *user_inputs.path])
         return f"model {digest(found)}" if found else ""
     if spec.family == model_pb2.MODEL_FAMILY_HF:
         config = Path(spec.hf.config_dir) / "config.json" if spec.hf.config_dir else None

@@ -20,7 +20,7 @@ import time
 import torch
 from torch import Tensor, nn
 
-from services.specs.user_models import NO_USER_MODELS, UserModels
+from services.specs.user_inputs import NO_USER_INPUTS, UserInputs
 from services.zoo import Decomposition
 from services.zoo.graph import run_layers
 
@@ -82,14 +82,14 @@ def release_gradients(decomposition: Decomposition) -> None:
 
 def colocated_slowdown(spec_json: str, decomposition: Decomposition, batch: dict[str, Tensor], repeats: int,
                        siblings: int, timeout_s: float = 120.0,
-                       user_models: UserModels = NO_USER_MODELS) -> float:
+                       user_inputs: UserInputs = NO_USER_INPUTS) -> float:
     """Whole step with `siblings` processes running the same steps, over the step alone (>= 1; 0 on failure).
-    The siblings build the model as this process did: with the operator's `user_models` (a user's factory)."""
+    The siblings build the model as this process did: with the operator's `user_inputs` (a user's factory)."""
     alone = whole_step_s(decomposition, batch, repeats)
     ctx = multiprocessing.get_context("spawn")
     ready, stop = ctx.Barrier(siblings + 1), ctx.Event()
     m = next(iter(batch.values())).shape[0]
-    allowed = {"factories": list(user_models.factories), "path": list(user_models.path)}
+    allowed = user_inputs.to_json()
     procs = [ctx.Process(target=_sibling, args=(spec_json, m, ready, stop, allowed), daemon=True)
              for _ in range(siblings)]
     for proc in procs:
@@ -117,9 +117,9 @@ def _sibling(spec_json: str, m: int, ready, stop, allowed: dict) -> None:
     from services.zoo import build_model, example_input
 
     torch.set_num_threads(1)
-    spec, user_models = Parse(spec_json, model_pb2.ModelSpec()), UserModels.from_json(allowed)
-    decomposition = build_model(spec, seed=0, user_models=user_models).decompose()
-    batch = example_input(spec, m, user_models=user_models)
+    spec, user_inputs = Parse(spec_json, model_pb2.ModelSpec()), UserInputs.from_json(allowed)
+    decomposition = build_model(spec, seed=0, user_inputs=user_inputs).decompose()
+    batch = example_input(spec, m, user_inputs=user_inputs)
     run_layers(decomposition, batch).backward()  # warm
     ready.wait()
     while not stop.is_set():

@@ -4,7 +4,7 @@ The profiler service spawns this so that an out-of-memory kill or a crash inside
 only this process, and nothing half-done is stored. Protocol, JSON only (never pickle):
 
 * stdin: one JSON object {"mode": "profile" | "inspect" | "analytical", "request": ProfileRequest,
-  "spec": ModelSpec, "user_models": {"factories": [...], "path": [...]}, "device": "cpu"}, messages as
+  "spec": ModelSpec, "user_inputs": {"factories": [...], "path": [...]}, "device": "cpu"}, messages as
   `MessageToDict` writes them. "profile" (the default) measures; "inspect" checks a user's model against the
   rules (zoo.contract); "analytical" prices it from FLOP and byte counts for request.device_kind at the
   request's micro-batch sizes: user code (a factory, transformers) runs here, never in the service.
@@ -28,7 +28,7 @@ from google.protobuf.message import Message
 
 from ballast.v1 import model_pb2, services_pb2
 from services.runtime.errors import BallastError, InvalidArgument
-from services.specs.user_models import UserModels
+from services.specs.user_inputs import UserInputs
 
 log = logging.getLogger("ballast.profiler.worker")
 MODES = ("profile", "inspect", "analytical")
@@ -55,9 +55,9 @@ def parse_job(text: str) -> dict[str, Any]:
             fix = f"pass a {type(message).__name__} as MessageToDict writes it"
             raise InvalidArgument(str(exc), field=key, fix=fix) from exc
     try:
-        parsed["user_models"] = UserModels.from_json(job.get("user_models") or {})
+        parsed["user_inputs"] = UserInputs.from_json(job.get("user_inputs") or {})
     except ValueError as exc:
-        raise InvalidArgument(str(exc), field="user_models", fix='{"factories": [...], "path": [...]}') from exc
+        raise InvalidArgument(str(exc), field="user_inputs", fix='{"factories": [...], "path": [...]}') from exc
     parsed["device"] = str(job.get("device") or "cpu")
     parsed["mode"] = job.get("mode") or "profile"
     if parsed["mode"] not in MODES:
@@ -70,18 +70,18 @@ def answer(job: dict[str, Any], out: TextIO) -> tuple[str, Message]:
     if job["mode"] == "inspect":
         from services.zoo.contract import inspect_model  # imports torch: after stdout is diverted
 
-        return "inspection", inspect_model(job["spec"], job["user_models"])
+        return "inspection", inspect_model(job["spec"], job["user_inputs"])
     if job["mode"] == "analytical":
         from services.profiler import projection
 
         request = job["request"]
         return "profile", projection.analytical_profile(job["spec"], request.device_kind, request.dtype or None,
                                                         sorted(request.options.micro_batch_sizes),
-                                                        user_models=job["user_models"])
+                                                        user_inputs=job["user_inputs"])
     from services.profiler import driver
 
     return "profile", driver.profile(job["spec"], job["request"], device=job["device"],
-                                     user_models=job["user_models"],
+                                     user_inputs=job["user_inputs"],
                                      progress=lambda p: _emit(out, {"progress": MessageToDict(p)}))
 
 

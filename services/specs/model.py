@@ -19,7 +19,7 @@ from google.protobuf.json_format import MessageToDict
 from ballast.specfile import read_model_spec
 from ballast.v1 import job_pb2, model_pb2, plan_pb2
 from services.runtime.errors import InvalidArgument
-from services.specs.user_models import ALLOWED_FACTORIES_FIX, NO_USER_MODELS, UserModels
+from services.specs.user_inputs import ALLOWED_FACTORIES_FIX, NO_USER_INPUTS, UserInputs
 
 F = model_pb2.ModelFamily
 _CONFIG_FOR_FAMILY = {
@@ -112,7 +112,7 @@ def _vision(cfg: model_pb2.VisionConfig, family: int, prefix: str) -> None:
         )
 
 
-def _custom(cfg: model_pb2.CustomModel, user_models: UserModels, prefix: str) -> None:
+def _custom(cfg: model_pb2.CustomModel, user_inputs: UserInputs, prefix: str) -> None:
     field = f"{prefix}.factory"
     if not FACTORY_RE.match(cfg.factory):
         raise InvalidArgument(
@@ -120,7 +120,7 @@ def _custom(cfg: model_pb2.CustomModel, user_models: UserModels, prefix: str) ->
             field=field,
             fix='use the form "pkg.module:callable"',
         )
-    if not user_models.allows(cfg.factory):
+    if not user_inputs.allows(cfg.factory):
         raise InvalidArgument(
             f"factory {cfg.factory!r} is not allowed", field=field, fix=ALLOWED_FACTORIES_FIX
         )
@@ -145,7 +145,7 @@ def check_hf_architecture(model_type: str, task: int, field: str) -> None:
                 "children run in order (docs/models.md)")
 
 
-def _hf(cfg: model_pb2.HuggingFaceModel, user_models: UserModels, prefix: str) -> None:
+def _hf(cfg: model_pb2.HuggingFaceModel, user_inputs: UserInputs, prefix: str) -> None:
     if cfg.task not in HF_ARCHITECTURES:
         raise InvalidArgument("the task is not set", field=f"{prefix}.task",
                               fix=f"one of {[model_pb2.HFTask.Name(t) for t in HF_ARCHITECTURES]}")
@@ -165,16 +165,16 @@ def _hf(cfg: model_pb2.HuggingFaceModel, user_models: UserModels, prefix: str) -
                                   fix='set model_type, e.g. "llama"')
         check_hf_architecture(keys["model_type"], cfg.task, f"{prefix}.config.model_type")
     else:
-        user_models.directory(cfg.config_dir, f"{prefix}.config_dir")
+        user_inputs.directory(cfg.config_dir, f"{prefix}.config_dir")
     if cfg.weights_dir:
-        user_models.directory(cfg.weights_dir, f"{prefix}.weights_dir")
+        user_inputs.directory(cfg.weights_dir, f"{prefix}.weights_dir")
     if cfg.task in HF_TEXT_TASKS and not 0 < cfg.seq_length <= MAX_SEQ_LENGTH:
         raise InvalidArgument(f"seq_length {cfg.seq_length} is outside [1, {MAX_SEQ_LENGTH}]",
                               field=f"{prefix}.seq_length", fix="set the tokens per training sequence, e.g. 128")
 
 
 def validate_model_spec(
-    spec: model_pb2.ModelSpec, user_models: UserModels = NO_USER_MODELS, *, prefix: str = "spec"
+    spec: model_pb2.ModelSpec, user_inputs: UserInputs = NO_USER_INPUTS, *, prefix: str = "spec"
 ) -> None:
     """Raise InvalidArgument naming the first bad field; `prefix` is the spec's own proto path."""
     if spec.family not in _CONFIG_FOR_FAMILY:
@@ -194,20 +194,20 @@ def validate_model_spec(
     elif expected == "vision":
         _vision(spec.vision, spec.family, f"{prefix}.vision")
     elif expected == "hf":
-        _hf(spec.hf, user_models, f"{prefix}.hf")
+        _hf(spec.hf, user_inputs, f"{prefix}.hf")
     else:
-        _custom(spec.custom, user_models, f"{prefix}.custom")
+        _custom(spec.custom, user_inputs, f"{prefix}.custom")
     if not 0.0 <= spec.dropout < 1.0:  # also rejects NaN
         raise InvalidArgument(
             f"dropout {spec.dropout} is outside [0, 1)", field=f"{prefix}.dropout", fix="use 0 to 0.9"
         )
 
 
-def validate_job_spec(spec: job_pb2.JobSpec, user_models: UserModels = NO_USER_MODELS) -> None:
+def validate_job_spec(spec: job_pb2.JobSpec, user_inputs: UserInputs = NO_USER_INPUTS) -> None:
     """Raise InvalidArgument naming the first bad field of a job spec (paths start at "spec")."""
     if not spec.HasField("model"):
         raise InvalidArgument("a job needs a model", field="spec.model", fix="set model (a ModelSpec)")
-    validate_model_spec(spec.model, user_models, prefix="spec.model")
+    validate_model_spec(spec.model, user_inputs, prefix="spec.model")
     _positive(spec, ("global_batch_size", "iterations"), "spec")
     if spec.optimizer.name not in OPTIMIZERS:
         raise InvalidArgument(

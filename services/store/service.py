@@ -21,7 +21,7 @@ from services.runtime.ratelimit import RateLimiter
 from services.runtime.rpcs import changes_state
 from services.runtime.server import Server, ServerSpec
 from services.runtime.servicer import delegate
-from services.specs.user_models import UserModels
+from services.specs.user_inputs import UserInputs
 from services.store import schema, sql
 from services.store.db import checkpoint_in_background, create_engine
 from services.store.gate import CallGate
@@ -66,7 +66,7 @@ def build_server(
     schema.check_schema(engine)
     if repo is None:
         repo = Repository(
-            engine, user_models=UserModels.of_settings(settings), sql_engine=query_engine(settings, engine)
+            engine, user_inputs=UserInputs.of_settings(settings), sql_engine=query_engine(settings, engine)
         )
     token = settings.resolved_token()
     if token and not read_only:

@@ -8,7 +8,7 @@ from torch import Tensor
 from ballast.v1 import model_pb2
 from services.runtime.errors import InvalidArgument
 from services.specs.model import validate_model_spec
-from services.specs.user_models import NO_USER_MODELS, UserModels
+from services.specs.user_inputs import NO_USER_INPUTS, UserInputs
 from services.zoo.base import IGNORE_INDEX, ZooModel
 from services.zoo.custom import CustomZooModel
 from services.zoo.t5 import T5
@@ -23,11 +23,11 @@ FAMILIES: dict[int, type[ZooModel]] = {
     F.MODEL_FAMILY_T5: T5,
     F.MODEL_FAMILY_VIT: ViT,
     F.MODEL_FAMILY_SWIN: Swin,
-}  # the built-in zoo; custom factories and Hugging Face models are built with the operator's UserModels
+}  # the built-in zoo; custom factories and Hugging Face models are built with the operator's UserInputs
 MLM_FRACTION = 0.15
 
 
-def causal_lm_shape(spec: model_pb2.ModelSpec, user_models: UserModels = NO_USER_MODELS) -> tuple[int, int] | None:
+def causal_lm_shape(spec: model_pb2.ModelSpec, user_inputs: UserInputs = NO_USER_INPUTS) -> tuple[int, int] | None:
     """(vocab size, sequence length) of a next-token model (the zoo's GPT, a Hugging Face causal LM), else None:
     the data path draws token sequences for them."""
     if spec.family == F.MODEL_FAMILY_GPT:
@@ -35,13 +35,13 @@ def causal_lm_shape(spec: model_pb2.ModelSpec, user_models: UserModels = NO_USER
     if spec.family == F.MODEL_FAMILY_HF and spec.hf.task == T.HF_TASK_CAUSAL_LM:
         from services.zoo.hf.config import hf_shape
 
-        return hf_shape(spec, user_models).vocab_size, spec.hf.seq_length
+        return hf_shape(spec, user_inputs).vocab_size, spec.hf.seq_length
     return None
 
 
-def check_spec(spec: model_pb2.ModelSpec, user_models: UserModels = NO_USER_MODELS) -> None:
+def check_spec(spec: model_pb2.ModelSpec, user_inputs: UserInputs = NO_USER_INPUTS) -> None:
     """The store's validation plus what only the zoo knows (Swin geometry); raises InvalidArgument."""
-    validate_model_spec(spec, user_models)
+    validate_model_spec(spec, user_inputs)
     if spec.family != F.MODEL_FAMILY_SWIN:
         return
     cfg = spec.vision
@@ -66,36 +66,36 @@ def build_model(
     spec: model_pb2.ModelSpec,
     *,
     device: str | torch.device = "cpu",
-    user_models: UserModels = NO_USER_MODELS,
+    user_inputs: UserInputs = NO_USER_INPUTS,
     seed: int | None = None,
 ) -> ZooModel:
     """Build the spec's model in fp32 on `device` ("meta" allocates nothing).
 
-    A custom factory is imported only if `user_models` (the operator's allow-list) admits it, from the import
+    A custom factory is imported only if `user_inputs` (the operator's allow-list) admits it, from the import
     path plus the operator's model directories; a Hugging Face model reads its config and weights only from
     those directories. With `seed`, initialisation is reproducible (per device type) and leaves the global RNG
     untouched.
     """
-    check_spec(spec, user_models)
+    check_spec(spec, user_inputs)
     device = torch.device(device)
     forked = [device.index or 0] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=forked, enabled=seed is not None), device:
         if seed is not None:
             torch.manual_seed(seed)
         if spec.family == F.MODEL_FAMILY_CUSTOM:
-            model: ZooModel = CustomZooModel(spec, user_models)
+            model: ZooModel = CustomZooModel(spec, user_inputs)
         elif spec.family == F.MODEL_FAMILY_HF:
             from services.zoo.hf.model import HuggingFace  # imports transformers: only for such a model
 
-            model = HuggingFace(spec, user_models)
+            model = HuggingFace(spec, user_inputs)
         else:
             model = FAMILIES[spec.family](spec)
     return model
 
 
-def count_parameters(spec: model_pb2.ModelSpec, *, user_models: UserModels = NO_USER_MODELS) -> int:
+def count_parameters(spec: model_pb2.ModelSpec, *, user_inputs: UserInputs = NO_USER_INPUTS) -> int:
     """Distinct parameters (a tied weight counts once), from a meta-device build: no memory used."""
-    model = build_model(spec, device="meta", user_models=user_models)
+    model = build_model(spec, device="meta", user_inputs=user_inputs)
     return sum(p.numel() for p in model.parameters())
 
 
@@ -105,17 +105,17 @@ def example_input(
     *,
     device: str | torch.device = "cpu",
     generator: torch.Generator | None = None,
-    user_models: UserModels = NO_USER_MODELS,
+    user_inputs: UserInputs = NO_USER_INPUTS,
 ) -> dict[str, Tensor]:
     """A synthetic batch, drawn on the CPU from `generator` (default: seeded 0) so it is the same
     on every device. Keys match the layers' `batch_keys`."""
-    check_spec(spec, user_models)
+    check_spec(spec, user_inputs)
     g = generator if generator is not None else torch.Generator().manual_seed(0)
     b = batch_size
     if spec.family == F.MODEL_FAMILY_CUSTOM:
-        batch = build_model(spec, device="meta", user_models=user_models).example_input(b, g)
+        batch = build_model(spec, device="meta", user_inputs=user_inputs).example_input(b, g)
     elif spec.family == F.MODEL_FAMILY_HF:
-        batch = _hf_batch(spec, b, g, user_models)
+        batch = _hf_batch(spec, b, g, user_inputs)
     elif spec.family in (F.MODEL_FAMILY_VIT, F.MODEL_FAMILY_SWIN):
         v = spec.vision
         batch = _image_batch(b, v.channels, v.image_size, v.num_classes, g)
@@ -130,10 +130,10 @@ def _image_batch(b: int, channels: int, side: int, classes: int, g: torch.Genera
             "labels": torch.randint(classes, (b,), generator=g)}
 
 
-def _hf_batch(spec: model_pb2.ModelSpec, b: int, g: torch.Generator, user_models: UserModels) -> dict[str, Tensor]:
+def _hf_batch(spec: model_pb2.ModelSpec, b: int, g: torch.Generator, user_inputs: UserInputs) -> dict[str, Tensor]:
     from services.zoo.hf.config import hf_shape  # imports transformers: only for such a model
 
-    shape = hf_shape(spec, user_models)
+    shape = hf_shape(spec, user_inputs)
     if spec.hf.task == T.HF_TASK_IMAGE_CLASSIFICATION:
         return _image_batch(b, shape.channels, shape.image_size, shape.num_labels, g)
     family = F.MODEL_FAMILY_GPT if spec.hf.task == T.HF_TASK_CAUSAL_LM else F.MODEL_FAMILY_BERT

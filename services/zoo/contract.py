@@ -19,7 +19,7 @@ from torch import Tensor
 from ballast.v1 import model_pb2
 from services.runtime.errors import BallastError, InvalidArgument
 from services.specs.model import model_signature
-from services.specs.user_models import UserModels
+from services.specs.user_inputs import UserInputs
 from services.zoo.build import build_model, example_input
 from services.zoo.graph import Decomposition
 
@@ -32,18 +32,18 @@ META_FIX = ("stage boundaries are sized by a dry run on the meta device: avoid d
             "(.item(), .tolist(), branching on values)")
 
 
-def inspect_model(spec: model_pb2.ModelSpec, user_models: UserModels) -> model_pb2.ModelInspection:
+def inspect_model(spec: model_pb2.ModelSpec, user_inputs: UserInputs) -> model_pb2.ModelInspection:
     """The model's layers as Ballast cuts them; InvalidArgument naming the rule it breaks and the fix."""
     field = _field(spec)
     try:
-        model = build_model(spec, device="meta", user_models=user_models)
+        model = build_model(spec, device="meta", user_inputs=user_inputs)
         dec = model.decompose()
     except BallastError:
         raise
     except Exception as exc:  # the user's constructor or its config
         raise InvalidArgument(f"building the model raised {type(exc).__name__}: {exc}", field=field,
                               fix="make the model build from its spec alone") from exc
-    batch = _example(spec, user_models, field)
+    batch = _example(spec, user_inputs, field)
     if spec.family == F.MODEL_FAMILY_CUSTOM:
         _chain_children(model.inner, batch["x"], field)
     outputs = _dry_run(dec, batch, field, custom=spec.family == F.MODEL_FAMILY_CUSTOM)
@@ -66,9 +66,9 @@ def _field(spec: model_pb2.ModelSpec) -> str:
     return "spec.hf" if spec.family == F.MODEL_FAMILY_HF else "spec"
 
 
-def _example(spec: model_pb2.ModelSpec, user_models: UserModels, field: str) -> dict[str, Tensor]:
+def _example(spec: model_pb2.ModelSpec, user_inputs: UserInputs, field: str) -> dict[str, Tensor]:
     try:
-        batch = example_input(spec, EXAMPLE_BATCH, user_models=user_models)
+        batch = example_input(spec, EXAMPLE_BATCH, user_inputs=user_inputs)
     except BallastError:
         raise
     except Exception as exc:

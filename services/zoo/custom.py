@@ -19,23 +19,23 @@ from torch import Tensor, nn
 
 from ballast.v1 import model_pb2
 from services.runtime.errors import InvalidArgument
-from services.specs.user_models import MODEL_PATH_FIX, UserModels
+from services.specs.user_inputs import MODEL_PATH_FIX, UserInputs
 from services.zoo.base import CutModel, struct_values, sum_cross_entropy
 from services.zoo.graph import Layer, LayerList
 
 FIELD = "spec.custom"
 
 
-def load_factory(path: str, user_models: UserModels) -> Callable[..., nn.Module]:
+def load_factory(path: str, user_inputs: UserInputs) -> Callable[..., nn.Module]:
     """Import "pkg.module:callable"; call only with a path the allow-list already admitted."""
     module_name, _, attr = path.partition(":")
-    user_models.importable()
+    user_inputs.importable()
     try:
         target = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         raise InvalidArgument(f"cannot import {module_name!r} for factory {path!r}: {exc}", field=f"{FIELD}.factory",
                               fix=f"{MODEL_PATH_FIX.replace('give its absolute path', 'or install it')} "
-                                  f"(model directories here: {list(user_models.path)})") from exc
+                                  f"(model directories here: {list(user_inputs.path)})") from exc
     except Exception as exc:  # the user's module raised while it was imported
         raise InvalidArgument(f"importing {module_name!r} raised {type(exc).__name__}: {exc}",
                               field=f"{FIELD}.factory", fix="make the module importable on its own") from exc
@@ -94,10 +94,10 @@ class Segment(nn.Module):
 
 
 class CustomZooModel(CutModel):
-    def __init__(self, spec: model_pb2.ModelSpec, user_models: UserModels) -> None:
+    def __init__(self, spec: model_pb2.ModelSpec, user_inputs: UserInputs) -> None:
         super().__init__(spec)
         cfg = spec.custom
-        factory = load_factory(cfg.factory, user_models)
+        factory = load_factory(cfg.factory, user_inputs)
         try:
             inner = factory(**factory_kwargs(cfg))
         except Exception as exc:  # the user's code: its error is the answer

@@ -24,7 +24,7 @@ from google.protobuf.json_format import ParseDict
 
 from ballast.v1 import model_pb2
 from services.executor.train.dims import ParallelDims
-from services.specs.user_models import NO_USER_MODELS, UserModels
+from services.specs.user_inputs import NO_USER_INPUTS, UserInputs
 
 SCHEDULES = ("1f1b", "gpipe")
 OPTIMIZERS = ("adam", "sgd")
@@ -95,7 +95,7 @@ class WorkerConfig:
     harmony: dict[str, Any] = field(default_factory=dict)
     # The operator's word on users' models, from the agent's settings (BALLAST_ALLOWED_MODEL_FACTORIES,
     # BALLAST_MODEL_PATH): the worker imports a factory only if allowed, from its import path plus these directories.
-    user_models: UserModels = NO_USER_MODELS
+    user_inputs: UserInputs = NO_USER_INPUTS
 
     @property
     def num_stages(self) -> int:
@@ -134,8 +134,8 @@ class WorkerConfig:
         missing = sorted(required - set(raw))
         if missing:
             raise ValueError(f"WorkerConfig: missing required fields {missing} (the launcher must set them)")
-        if "user_models" in raw:
-            raw["user_models"] = UserModels.from_json(raw["user_models"])
+        if "user_inputs" in raw:
+            raw["user_inputs"] = UserInputs.from_json(raw["user_inputs"])
         config = cls(**raw)
         config.validate()
         return config

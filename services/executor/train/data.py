@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from ballast.v1 import model_pb2
-from services.specs.user_models import NO_USER_MODELS, UserModels
+from services.specs.user_inputs import NO_USER_INPUTS, UserInputs
 from services.zoo import causal_lm_shape, example_input
 
 MAX_STEP = 4
@@ -62,7 +62,7 @@ def batch_for(
     sample_end: int,
     *,
     global_batch: int,
-    user_models: UserModels = NO_USER_MODELS,
+    user_inputs: UserInputs = NO_USER_INPUTS,
 ) -> dict[str, Tensor]:
     """Samples [sample_begin, sample_end) of 0-based iteration `iteration`, keyed as the zoo layers read them."""
     if not 0 <= sample_begin < sample_end <= global_batch:
@@ -70,7 +70,7 @@ def batch_for(
     first = iteration * global_batch + sample_begin
     indices = range(first, first + sample_end - sample_begin)
     kind = data.get("kind")
-    text = causal_lm_shape(spec, user_models)  # (vocab, seq_length) of a next-token model
+    text = causal_lm_shape(spec, user_inputs)  # (vocab, seq_length) of a next-token model
     if kind == "tokens":
         if text is None:
             raise ValueError("data.kind 'tokens' supports next-token models only (GPT, a Hugging Face causal LM); "
@@ -80,7 +80,7 @@ def batch_for(
         raise ValueError(f"data.kind {kind!r}: use 'synthetic' or 'tokens'")
     if text is not None:
         return _progressions(*text, seed, indices)
-    parts = [example_input(spec, 1, generator=torch.Generator().manual_seed(mix(seed, n)), user_models=user_models)
+    parts = [example_input(spec, 1, generator=torch.Generator().manual_seed(mix(seed, n)), user_inputs=user_inputs)
              for n in indices]
     return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 

@@ -43,7 +43,7 @@ from services.executor.train.offload import ActivationMeter
 from services.runtime.errors import InvalidArgument
 from services.runtime.harmony import FORWARD, FORWARD_BACKWARD, HarmonyLayer, HarmonySchedule, Task
 from services.runtime.memory_pool import MemoryPool
-from services.specs.user_models import NO_USER_MODELS, UserModels
+from services.specs.user_inputs import NO_USER_INPUTS, UserInputs
 from services.zoo import build_model
 from services.zoo.graph import Decomposition, Layer
 
@@ -200,10 +200,10 @@ class HarmonyRank:
     def __init__(self, spec: model_pb2.ModelSpec, data: dict[str, Any], seed: int, minibatch: int,
                  optimizer: dict[str, Any], schedule: HarmonySchedule, store_dir: Path, *,
                  device_budget: int | None, rank: int = 0, prefetch: bool = True,
-                 user_models: UserModels = NO_USER_MODELS) -> None:
+                 user_inputs: UserInputs = NO_USER_INPUTS) -> None:
         self.spec, self.data, self.seed, self.minibatch, self.optimizer = spec, data, seed, minibatch, optimizer
-        self.rank, self.schedule, self.user_models = rank, schedule, user_models
-        model = build_model(spec, seed=seed, user_models=user_models)
+        self.rank, self.schedule, self.user_inputs = rank, schedule, user_inputs
+        model = build_model(spec, seed=seed, user_inputs=user_inputs)
         model.train()
         self.dec = model.decompose()
         check_model(spec, self.dec)
@@ -381,7 +381,7 @@ class HarmonyRank:
     # -- tasks ---------------------------------------------------------------------------------------------------
     def batch(self, iteration: int, begin: int, end: int) -> dict[str, Tensor]:
         return batch_for(self.spec, self.data, self.seed, iteration, begin, end, global_batch=self.minibatch,
-                         user_models=self.user_models)
+                         user_inputs=self.user_inputs)
 
     def forward(self, task: Task, iteration: int) -> None:
         a, b = task.span

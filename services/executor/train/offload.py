@@ -39,7 +39,7 @@ from services.executor.train.chunks import ChunkManager, pool_budget, runtime_re
 from services.executor.train.data import batch_for, dropout_seed
 from services.runtime.chunk_policy import TensorState, Traffic
 from services.runtime.memory_pool import MemoryPool
-from services.specs.user_models import NO_USER_MODELS, UserModels
+from services.specs.user_inputs import NO_USER_INPUTS, UserInputs
 from services.zoo import build_model
 from services.zoo.graph import parameter_tensors
 
@@ -174,17 +174,17 @@ class ChunkedTrainer:
     def __init__(self, spec: model_pb2.ModelSpec, data: dict[str, Any], seed: int, global_batch: int,
                  optimizer: dict[str, Any], *, device_budget: int | None, chunk_bytes: int, micro_batches: int = 1,
                  host_budget: int | None = None, device: str | torch.device = "cpu", rank: int = 0, world: int = 1,
-                 group: object = None, user_models: UserModels = NO_USER_MODELS) -> None:
+                 group: object = None, user_inputs: UserInputs = NO_USER_INPUTS) -> None:
         if global_batch % (world * micro_batches):
             raise ValueError(f"global_batch {global_batch} must split into {world} replicas x {micro_batches} "
                              "micro-batches")
         self.spec, self.data, self.seed, self.global_batch = spec, data, seed, global_batch
         self.optimizer, self.micro_batches, self.device = optimizer, micro_batches, torch.device(device)
-        self.rank, self.world, self.group, self.user_models = rank, world, group, user_models
+        self.rank, self.world, self.group, self.user_inputs = rank, world, group, user_inputs
         cuda = self.device.type == "cuda"
         self.dtype = compute_dtype(spec, self.device)
         self.model = build_model(spec, seed=seed, device="cpu" if cuda else self.device,
-                                 user_models=user_models).to(self.dtype)
+                                 user_inputs=user_inputs).to(self.dtype)
         self.model.train()
         self.params = parameter_tensors(self.model.decompose())[0]  # the layout the planner's profile lists
         self.model_bytes = sum(p.numel() * p.element_size() for p in self.params)
@@ -224,7 +224,7 @@ class ChunkedTrainer:
         started = time.perf_counter()
         manager.take_swap_s()
         whole = batch_for(self.spec, self.data, self.seed, iteration, 0, self.global_batch,
-                          global_batch=self.global_batch, user_models=self.user_models)
+                          global_batch=self.global_batch, user_inputs=self.user_inputs)
         count = max(model.loss_count(whole), 1)
         total = 0.0
         forward_s = backward_s = 0.0
@@ -233,7 +233,7 @@ class ChunkedTrainer:
             begin = self.rank * per_replica + k * size
             batch = {key: v.to(self.device) for key, v in batch_for(
                 self.spec, self.data, self.seed, iteration, begin, begin + size,
-                global_batch=self.global_batch, user_models=self.user_models).items()}
+                global_batch=self.global_batch, user_inputs=self.user_inputs).items()}
             torch.manual_seed(dropout_seed(self.seed, iteration, self.rank * self.micro_batches + k))
             t, comm = time.perf_counter(), manager.comm_s
             with self.meter.saving(), torch.autocast(self.device.type, self.dtype, enabled=self.mixed):

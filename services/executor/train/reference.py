@@ -18,7 +18,7 @@ from ballast.v1 import model_pb2
 from services.executor.train import checkpoint as ckpt
 from services.executor.train.data import batch_for, dropout_seed
 from services.executor.train.stage import layer_active, make_optimizer, model_info, parse_toggles, tied_aliases
-from services.specs.user_models import NO_USER_MODELS, UserModels
+from services.specs.user_inputs import NO_USER_INPUTS, UserInputs
 from services.zoo import build_model
 
 
@@ -36,14 +36,14 @@ def train_single(
     checkpoint_every: int = 0,
     device: str = "cpu",
     layer_toggles: list[list[int]] | None = None,
-    user_models: UserModels = NO_USER_MODELS,
+    user_inputs: UserInputs = NO_USER_INPUTS,
 ) -> list[float]:
     """Mean losses of iterations start..iterations-1 (resumed iterations start at the checkpoint's)."""
-    model = build_model(spec, seed=seed, device=device, user_models=user_models)
+    model = build_model(spec, seed=seed, device=device, user_inputs=user_inputs)
     model.train()
     dec = model.decompose()
     aliases = tied_aliases(model, dec, 0, len(dec))
-    toggles = parse_toggles(model_info(spec, 1, user_models), layer_toggles) if layer_toggles else None
+    toggles = parse_toggles(model_info(spec, 1, user_inputs), layer_toggles) if layer_toggles else None
     opt = make_optimizer(list(model.parameters()), optimizer)
     model_dict = MessageToDict(spec, preserving_proto_field_name=True)
     if resume_from:
@@ -55,7 +55,7 @@ def train_single(
     for iteration in range(start_iteration, iterations):
         batch = {k: v.to(device) for k, v in
                  batch_for(spec, data, seed, iteration, 0, global_batch, global_batch=global_batch,
-                           user_models=user_models).items()}
+                           user_inputs=user_inputs).items()}
         count = max(model.loss_count(batch), 1)
         torch.manual_seed(dropout_seed(seed, iteration, 0))
         if toggles is None:

@@ -29,7 +29,7 @@ from torch.distributed.tensor import DTensor
 from ballast.v1 import model_pb2
 from services.executor.train.recompute import Segment
 from services.executor.train.swap import SwapPool
-from services.specs.user_models import NO_USER_MODELS, UserModels
+from services.specs.user_inputs import NO_USER_INPUTS, UserInputs
 from services.zoo import IGNORE_INDEX, ZooModel, build_model, example_input
 from services.zoo.graph import Decomposition, Layer
 
@@ -200,16 +200,16 @@ class ModelInfo:
         return {s.name: tuple(sorted({stage_of(stage_bounds, i) for i in s.layers})) for s in self.dec.shared}
 
 
-_INFO: dict[tuple[bytes, int, UserModels], ModelInfo] = {}
+_INFO: dict[tuple[bytes, int, UserInputs], ModelInfo] = {}
 
 
 def model_info(spec: model_pb2.ModelSpec, micro_batch_size: int,
-               user_models: UserModels = NO_USER_MODELS) -> ModelInfo:
-    key = (spec.SerializeToString(deterministic=True), micro_batch_size, user_models)
+               user_inputs: UserInputs = NO_USER_INPUTS) -> ModelInfo:
+    key = (spec.SerializeToString(deterministic=True), micro_batch_size, user_inputs)
     if key not in _INFO:
-        model = build_model(spec, device="meta", user_models=user_models)
+        model = build_model(spec, device="meta", user_inputs=user_inputs)
         dec = model.decompose()
-        batch = example_input(spec, micro_batch_size, device="meta", user_models=user_models)
+        batch = example_input(spec, micro_batch_size, device="meta", user_inputs=user_inputs)
         env: dict[int, Tensor] = {}
         with torch.no_grad():
             for layer in dec.layers[:-1]:
@@ -261,11 +261,11 @@ def tied_aliases(model: nn.Module, dec: Decomposition, begin: int, end: int) -> 
 
 
 def boundary_shapes(spec: model_pb2.ModelSpec, micro_batch_size: int, wanted: set[int],
-                    user_models: UserModels = NO_USER_MODELS) -> dict[int, Boundary]:
+                    user_inputs: UserInputs = NO_USER_INPUTS) -> dict[int, Boundary]:
     """Shapes and dtypes of the wanted layer outputs at this micro-batch size, from a (cached) meta dry run."""
     if not wanted:
         return {}
-    outputs = model_info(spec, micro_batch_size, user_models).outputs
+    outputs = model_info(spec, micro_batch_size, user_inputs).outputs
     return {i: outputs[i] for i in sorted(wanted)}
 
 
@@ -306,11 +306,11 @@ def build_stage(
     swap_layers: Sequence[int] = (),
     layer_toggles: Sequence[Sequence[int]] = (),
     device: str | torch.device = "cpu",
-    user_models: UserModels = NO_USER_MODELS,
+    user_inputs: UserInputs = NO_USER_INPUTS,
 ) -> Stage:
-    info = model_info(spec, micro_batch_size, user_models)
+    info = model_info(spec, micro_batch_size, user_inputs)
     toggles = parse_toggles(info, layer_toggles)
-    model = build_model(spec, seed=seed, device=device, user_models=user_models)
+    model = build_model(spec, seed=seed, device=device, user_inputs=user_inputs)
     model.train()
     dec: Decomposition = model.decompose()
     n = len(dec)

@@ -131,7 +131,7 @@ class Trainer:
         c = self.config
         begin, end = sample_range(c.replica_index, micro_batch, c.micro_batch_size, c.num_micro_batches)
         full = batch_for(self.spec, c.data, c.seed, iteration, begin, end, global_batch=c.global_batch,
-                         user_models=c.user_models)
+                         user_inputs=c.user_inputs)
         return {k: full[k].to(self.device) for k in self.stage.batch_keys}
 
     def step(self, iteration: int, on_start: Callable[[], None] | None = None) -> dict[str, Any]:

@@ -158,7 +158,7 @@ def run(config: WorkerConfig, report: Report, should_stop: Callable[[], bool] | 
     to checkpoint and stop at an agreed boundary (Stopped.drained). With `chunk_bytes` > 0 the whole model
     trains with its data in chunks instead (chunk mode above); with `harmony` set, on Harmony's schedule."""
     config.validate()
-    config.user_models.importable()  # the operator's model directories: a user's module file is found there
+    config.user_inputs.importable()  # the operator's model directories: a user's module file is found there
     head = {"job_id": config.job_id, "rank": config.rank, "stage": config.stage_index,
             "replica": config.replica_index}
     torch.set_num_threads(config.intra_op_threads)
@@ -194,14 +194,14 @@ def prepare_stage(config: WorkerConfig, device: torch.device, head: dict[str, An
     stage = build_stage(config.spec(), config.stage_bounds, config.stage_index, seed=config.seed,
                         micro_batch_size=config.micro_batch_size, checkpoint_layers=config.checkpoint_layers,
                         swap_layers=config.swap_layers, layer_toggles=config.layer_toggles, device=device,
-                        user_models=config.user_models)
+                        user_inputs=config.user_inputs)
     check_layers("zero1_layers", config.zero1_layers, stage.num_layers)
     check_layers("zero2_layers", config.zero2_layers, stage.num_layers)
     check_layers("tp_layers", [t[0] for t in config.tp_layers], stage.num_layers)
     check_layers("sdp_layers", config.sdp_layers, stage.num_layers)
     layer_strategies = hybrid.strategies(config.tp_layers, config.sdp_layers, config.num_replicas)
     # over the whole model: every rank of every stage refuses alike
-    info = model_info(config.spec(), config.micro_batch_size, config.user_models)
+    info = model_info(config.spec(), config.micro_batch_size, config.user_inputs)
     hybrid.check_model(info, layer_strategies)
     inbox = PlanInbox(info, config.num_stages, Plan.initial(config), hybrid=frozenset(layer_strategies))
     if config.online:  # otherwise no command is ever read, so every rank stays on the initial plan
@@ -275,7 +275,7 @@ def prepare_chunks(config: WorkerConfig, device: torch.device, head: dict[str, A
     trainer = ChunkedTrainer(config.spec(), config.data, config.seed, config.global_batch, config.optimizer,
                              device_budget=config.device_budget_bytes or None, chunk_bytes=config.chunk_bytes,
                              micro_batches=config.num_micro_batches, device=device, rank=config.replica_index,
-                             world=config.num_replicas, user_models=config.user_models)
+                             world=config.num_replicas, user_inputs=config.user_inputs)
     layers = list(range(len(trainer.model.decompose().layers)))
     if config.bounds != (0, len(layers)):
         raise ValueError(f"WorkerConfig.stage_bounds: chunk offload's one stage holds every layer, [0, {len(layers)}), "
@@ -342,7 +342,7 @@ def prepare_harmony(config: WorkerConfig, head: dict[str, Any], report: Report, 
     """Harmony mode: refuse what the schedule cannot run from the model's shape alone (no weights, no store: every
     rank alike), then build this device's HarmonyRank over the host store; rank 0 writes the initial weights there."""
     spec, h = config.spec(), config.harmony
-    dec = build_model(spec, device="meta", user_models=config.user_models).decompose()
+    dec = build_model(spec, device="meta", user_inputs=config.user_inputs).decompose()
     check_model(spec, dec)
     if config.bounds != (0, len(dec.layers)):
         raise ValueError(f"WorkerConfig.stage_bounds: Harmony's one stage holds every layer, [0, {len(dec.layers)}), "
@@ -357,7 +357,7 @@ def prepare_harmony(config: WorkerConfig, head: dict[str, Any], report: Report, 
     try:
         runner = HarmonyRank(spec, config.data, config.seed, config.global_batch, config.optimizer, schedule, store,
                              device_budget=h["device_budget_bytes"] or None, rank=config.rank,
-                             prefetch=h["prefetch"], user_models=config.user_models)
+                             prefetch=h["prefetch"], user_inputs=config.user_inputs)
     except BaseException:
         remove_store(config)
         raise

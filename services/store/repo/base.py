@@ -36,7 +36,7 @@ from services.runtime.errors import (
     Unavailable,
 )
 from services.runtime.metrics import STORE_TRANSACTION_SECONDS
-from services.specs.user_models import NO_USER_MODELS, UserModels
+from services.specs.user_inputs import NO_USER_INPUTS, UserInputs
 from services.store import models as m
 from services.store.convert import check_column, column_of
 from services.store.db import session_factory
@@ -122,13 +122,13 @@ class RepositoryBase:
         engine: sa.Engine,
         *,
         now: Callable[[], datetime] = utc_now,
-        user_models: UserModels = NO_USER_MODELS,
+        user_inputs: UserInputs = NO_USER_INPUTS,
         sql_engine: sa.Engine | None = None,
     ):
         self.engine = engine
         self.sql_engine = sql_engine or engine  # what the admin's read-only SQL runs on
         self.now = now
-        self.user_models = user_models
+        self.user_inputs = user_inputs
         self._writes = session_factory(engine)
         self._reads = session_factory(engine, read_only=True)
         # SQLite has one writer at a time, and a writer waiting in its busy handler sleeps in growing steps

@@ -152,7 +152,7 @@ class JobStore(ModelStore, LeaseStore, QueueStore):
             return store_pb2.CreateQueuedJobResponse(job=job_pb(job), request=request_pb(row))
 
     def _check_spec(self, spec: job_pb2.JobSpec) -> None:
-        validate_job_spec(spec, self.user_models)
+        validate_job_spec(spec, self.user_inputs)
         fit(m.Job.name, spec.name, "spec.name")
 
     @staticmethod

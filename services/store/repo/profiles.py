@@ -115,7 +115,7 @@ class ModelStore(RepositoryBase):
         return row
 
     def create_model(self, p: Principal, req: store_pb2.CreateModelRequest) -> model_pb2.Model:
-        validate_model_spec(req.spec, self.user_models)
+        validate_model_spec(req.spec, self.user_inputs)
         if not req.spec.name:
             raise InvalidArgument("a stored model needs a name", field="spec.name", fix='e.g. name: "gpt-tiny"')
         fit(m.Model.name, req.spec.name, "spec.name")

@@ -15,7 +15,7 @@ from transformers import AutoConfig, PretrainedConfig
 from ballast.v1 import model_pb2
 from services.runtime.errors import InvalidArgument
 from services.specs.model import HF_REMOTE_CODE, check_hf_architecture
-from services.specs.user_models import UserModels
+from services.specs.user_inputs import UserInputs
 from services.zoo.base import struct_values
 
 FIELD = "spec.hf"
@@ -39,11 +39,11 @@ def read_config_dir(directory: str) -> dict[str, Any]:
     return raw
 
 
-def hf_config(spec: model_pb2.ModelSpec, user_models: UserModels) -> PretrainedConfig:
+def hf_config(spec: model_pb2.ModelSpec, user_inputs: UserInputs) -> PretrainedConfig:
     """The transformers config the model is built from (architecture checked, dropouts set, sdpa attention)."""
     cfg = spec.hf
     if cfg.config_dir:
-        directory = user_models.directory(cfg.config_dir, f"{FIELD}.config_dir")
+        directory = user_inputs.directory(cfg.config_dir, f"{FIELD}.config_dir")
         fields = read_config_dir(directory)
         where = f"{FIELD}.config_dir"
     else:
@@ -81,13 +81,13 @@ class HFShape:
     num_labels: int
 
 
-def hf_shape(spec: model_pb2.ModelSpec, user_models: UserModels) -> HFShape:
-    return _shape(spec.SerializeToString(deterministic=True), user_models)
+def hf_shape(spec: model_pb2.ModelSpec, user_inputs: UserInputs) -> HFShape:
+    return _shape(spec.SerializeToString(deterministic=True), user_inputs)
 
 
 @functools.lru_cache(maxsize=64)
-def _shape(spec_bytes: bytes, user_models: UserModels) -> HFShape:
-    config = hf_config(model_pb2.ModelSpec.FromString(spec_bytes), user_models)
+def _shape(spec_bytes: bytes, user_inputs: UserInputs) -> HFShape:
+    config = hf_config(model_pb2.ModelSpec.FromString(spec_bytes), user_inputs)
     return HFShape(int(getattr(config, "vocab_size", 0) or 0), int(getattr(config, "type_vocab_size", 0) or 0),
                    int(getattr(config, "num_channels", 0) or 0), int(getattr(config, "image_size", 0) or 0),
                    int(getattr(config, "num_labels", 0) or 0))

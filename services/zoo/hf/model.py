@@ -19,7 +19,7 @@ from transformers import (
 from ballast.v1 import model_pb2
 from services.runtime.errors import InvalidArgument
 from services.specs.model import HF_TEXT_TASKS
-from services.specs.user_models import UserModels
+from services.specs.user_inputs import UserInputs
 from services.zoo.base import CutModel
 from services.zoo.graph import Layer
 from services.zoo.hf.adapters import ADAPTERS
@@ -35,14 +35,14 @@ class HuggingFace(CutModel):
     """`self.hf` is the unmodified transformers model (its own parameter names: what an export writes); the layers
     wrap its submodules."""
 
-    def __init__(self, spec: model_pb2.ModelSpec, user_models: UserModels) -> None:
+    def __init__(self, spec: model_pb2.ModelSpec, user_inputs: UserInputs) -> None:
         super().__init__(spec)
-        config = hf_config(spec, user_models)
+        config = hf_config(spec, user_inputs)
         check_seq_length(spec.hf, config)
         self.config = config
         self.hf = AUTO[spec.hf.task].from_config(config, attn_implementation="sdpa")
         if spec.hf.weights_dir and next(self.hf.parameters()).device.type != "meta":  # a meta build has no values
-            self.load_weights(user_models.directory(spec.hf.weights_dir, f"{FIELD}.weights_dir"))
+            self.load_weights(user_inputs.directory(spec.hf.weights_dir, f"{FIELD}.weights_dir"))
 
     def cut(self) -> list[Layer]:
         return ADAPTERS[self.config.model_type](self.hf, self.config)
