@@ -278,11 +278,13 @@ class Client:
             pass
         return self.job(job_id)
 
-    def inspect(self, model: model_pb2.ModelSpec | str | os.PathLike[str]) -> model_pb2.ModelInspection:
-        """Check a model against Ballast's rules and list the layers it is cut into (`ballast inspect`); nothing
-        is stored. A user's factory or Hugging Face model is built and dry-run by the profiler in a worker
-        process; a rule it breaks comes back as INVALID_ARGUMENT naming the rule and the fix."""
-        return self._call("profiler", "Inspect", services_pb2.InspectModelRequest(model=sdk.model_spec(model)))
+    def inspect(self, model: model_pb2.ModelSpec | str | os.PathLike[str],
+                data: job_pb2.DataSpec | None = None) -> services_pb2.Inspection:
+        """Check a model (and the data it would train on) against Ballast's rules and list the layers it is cut into
+        (`ballast inspect`); nothing is stored. A user's factory or Hugging Face model is built and dry-run, the
+        data's files read, by the profiler in a worker process; a rule broken comes back as INVALID_ARGUMENT naming
+        the rule and the fix."""
+        return self._call("profiler", "Inspect", services_pb2.InspectRequest(model=sdk.model_spec(model), data=data))
 
     def profile(self, model: model_pb2.ModelSpec | str | os.PathLike[str], *, device: str = sdk.LOCAL_DEVICE,
                 micro_batch_sizes: Sequence[int] = (), max_micro_batch: int = 0, time_budget_s: float = 0.0,

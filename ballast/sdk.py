@@ -11,12 +11,13 @@ import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from google.protobuf.json_format import MessageToDict
 
 from ballast.errors import InvalidInput
-from ballast.specfile import read_model_spec
+from ballast.specfile import read_data_spec, read_model_spec
 from ballast.v1 import common_pb2, fleet_pb2, job_pb2, model_pb2, plan_pb2, services_pb2, store_pb2
 
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -25,6 +26,7 @@ ENGINES = {"galvatron": plan_pb2.PLAN_ENGINE_GALVATRON, "varuna": plan_pb2.PLAN_
            "harmony": plan_pb2.PLAN_ENGINE_HARMONY, "patrickstar": plan_pb2.PLAN_ENGINE_PATRICKSTAR}
 SCHEDULES = {"gpipe": plan_pb2.SCHEDULE_GPIPE, "1f1b": plan_pb2.SCHEDULE_1F1B, "varuna": plan_pb2.SCHEDULE_VARUNA}
 DTYPES = {"fp32": common_pb2.DTYPE_FP32, "fp16": common_pb2.DTYPE_FP16, "bf16": common_pb2.DTYPE_BF16}
+TOKEN_DTYPES = {"uint16": job_pb2.TOKEN_DTYPE_UINT16, "uint32": job_pb2.TOKEN_DTYPE_UINT32}
 PROFILE_KINDS = ("auto", "measured", "projected", "analytical")
 LOCAL_DEVICE = "cpu"  # the device this host measures
 # `ballast profile`'s defaults, shared so that `ballast plan` and `Client.plan` profile as it would
@@ -119,8 +121,11 @@ def job_spec(model: model_pb2.ModelSpec | str | os.PathLike[str], *, batch: int 
              engine: str | None = None, schedule: str | None = None, stages: int = 0, online: bool = False,
              toggles: Iterable[job_pb2.LayerToggle] = (), priority: str = "", min_devices: int | None = None,
              max_devices: int | None = None, micro_batches: int = 0, checkpoint_every: int = 0,
-             elastic: bool = False) -> job_pb2.JobSpec:
-    """The JobSpec `ballast submit` sends, from values (see its flags); InvalidInput before anything is sent."""
+             elastic: bool = False, data: job_pb2.DataSpec | str | os.PathLike[str] | None = None,
+             eval_every: int = 0, eval_batches: int = 0, keep_checkpoints: int = 0, init_from: str = "",
+             resume_from: str = "") -> job_pb2.JobSpec:
+    """The JobSpec `ballast submit` sends, from values (see its flags); InvalidInput before anything is sent.
+    `data` is a DataSpec or the path of its YAML (docs/data.md); `token_data` makes one for a token file."""
     problem = device_range_problem(min_devices, max_devices)
     if problem:
         raise InvalidInput(problem, field="max_devices" if max_devices is None else "min_devices")
@@ -129,7 +134,9 @@ def job_spec(model: model_pb2.ModelSpec | str | os.PathLike[str], *, batch: int 
                            field="min_devices", fix="e.g. elastic=True, min_devices=1, max_devices=4")
     for field, value, least in (("batch", batch, 1), ("iterations", iterations, 1), ("stages", stages, 0),
                                 ("micro_batches", micro_batches, 0), ("checkpoint_every", checkpoint_every, 0),
-                                ("min_devices", min_devices or 1, 1), ("max_devices", max_devices or 1, 1)):
+                                ("min_devices", min_devices or 1, 1), ("max_devices", max_devices or 1, 1),
+                                ("eval_every", eval_every, 0), ("eval_batches", eval_batches, 0),
+                                ("keep_checkpoints", keep_checkpoints, 0)):
         _count(value, field, least)
     spec = model_spec(model)
     job = job_pb2.JobSpec(name=name or spec.name, model=spec, global_batch_size=batch, iterations=iterations,
@@ -137,10 +144,32 @@ def job_spec(model: model_pb2.ModelSpec | str | os.PathLike[str], *, batch: int 
                           engine=choice(ENGINES, engine, "engine"), schedule=choice(SCHEDULES, schedule, "schedule"),
                           online_repartition=online, layer_toggles=list(toggles), pipeline_stages=stages,
                           priority_class=priority, min_devices=min_devices or 0, max_devices=max_devices or 0,
-                          micro_batches=micro_batches, checkpoint_every=checkpoint_every, elastic=elastic)
+                          micro_batches=micro_batches, checkpoint_every=checkpoint_every, elastic=elastic,
+                          eval_every=eval_every, eval_batches=eval_batches, keep_checkpoints=keep_checkpoints,
+                          init_from=init_from, resume_from=resume_from)
     if fleet is not None:
         job.fleet.CopyFrom(fleet)
+    if data is not None:
+        job.data.CopyFrom(data_spec(data))
     return job
+
+
+def data_spec(data: job_pb2.DataSpec | str | os.PathLike[str]) -> job_pb2.DataSpec:
+    """A DataSpec as given, or read from its YAML file (tokens:, hf_dataset: or factory:); relative paths in the
+    file are taken from the file's directory and made absolute (the services read them there)."""
+    if isinstance(data, job_pb2.DataSpec):
+        return data
+    return read_data_spec(data)
+
+
+def token_data(path: str | os.PathLike[str], validation: str | os.PathLike[str] | None = None,
+               dtype: str = "uint16") -> job_pb2.DataSpec:
+    """Data from a flat file of token ids (and one held out for evaluation), paths made absolute."""
+    if dtype.lower() not in TOKEN_DTYPES:
+        raise InvalidInput(f"unknown token dtype {dtype!r}", field="dtype", fix=f"one of {', '.join(TOKEN_DTYPES)}")
+    return job_pb2.DataSpec(tokens=job_pb2.TokenFile(
+        path=str(Path(path).expanduser().resolve()), dtype=TOKEN_DTYPES[dtype.lower()],
+        validation_path=str(Path(validation).expanduser().resolve()) if validation else ""))
 
 
 def job_state(until: str | int | None) -> int | None:

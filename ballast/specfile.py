@@ -16,11 +16,24 @@ from google.protobuf.json_format import ParseDict, ParseError
 from google.protobuf.message import Message
 
 from ballast.errors import InvalidInput
-from ballast.v1 import model_pb2
+from ballast.v1 import job_pb2, model_pb2
 
 M = TypeVar("M", bound=Message)
 FREE_FORM = ("google.protobuf.Struct", "google.protobuf.Value", "google.protobuf.ListValue")
 SpecFileError = InvalidInput  # a spec file that cannot be read; `field` is the offending key's path in the file
+
+
+def read_data_spec(path: str | os.PathLike[str]) -> job_pb2.DataSpec:
+    """A DataSpec from YAML; relative paths are taken from the file's directory and made absolute."""
+    spec = message_from_dict(read_yaml(path, "a data.yaml with tokens:, hf_dataset: or factory:"), job_pb2.DataSpec(),
+                             where=str(path))
+    base = Path(path).resolve().parent
+    for message, names in ((spec.tokens, ("path", "validation_path")), (spec.hf_dataset, ("path", "tokenizer_dir"))):
+        for name in names:
+            value = os.path.expanduser(getattr(message, name))
+            if value and not os.path.isabs(value):
+                setattr(message, name, str(base / value))
+    return spec
 
 
 def read_model_spec(path: str | os.PathLike[str]) -> model_pb2.ModelSpec:

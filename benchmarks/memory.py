@@ -56,8 +56,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from google.protobuf.json_format import MessageToDict, ParseDict  # noqa: E402
 
 from ballast.v1 import model_pb2, services_pb2  # noqa: E402
+from services.data.batches import batch_for  # noqa: E402
 from services.executor.train.config import WorkerConfig  # noqa: E402
-from services.executor.train.data import batch_for  # noqa: E402
 from services.executor.train.harmony import measure_layers, store_root  # noqa: E402
 from services.executor.train.launch import plan_configs, run_local  # noqa: E402
 from services.executor.train.offload import tensor_map, train_chunked  # noqa: E402
@@ -85,7 +85,7 @@ def parameters(args: argparse.Namespace, layers: int, tied: bool = True) -> int:
 
 
 def activation_peak(args: argparse.Namespace, layers: int) -> int:
-    run = train_chunked(spec(args, layers), {"kind": "synthetic"}, 1, args.micro_batch, 1, ADAM,
+    run = train_chunked(spec(args, layers), {}, 1, args.micro_batch, 1, ADAM,
                         device_budget=None, chunk_bytes=args.chunk_mib * MIB)
     return run.non_model_peak
 
@@ -106,7 +106,7 @@ def plain_throughput(args: argparse.Namespace, layers: int) -> float:
         job_id="bench-memory-plain", model=MessageToDict(model, preserving_proto_field_name=True),
         stage_bounds=bounds, num_replicas=1, stage_index=0, replica_index=0, rank=0, world_size=1,
         micro_batch_size=args.micro_batch, num_micro_batches=1, iterations=args.iterations, init_method="",
-        optimizer=ADAM, seed=1, data={"kind": "synthetic"}, timeout_s=300, online=False)
+        optimizer=ADAM, seed=1, data={}, timeout_s=300, online=False)
     events = run_local(plan_configs(template, bounds, args.workers), env=STEADY_ALLOCATOR, timeout_s=600)
     seconds = [e["iteration_s"] for e in events[0] if e["event"] == "iteration"][1:]
     return args.workers * args.micro_batch / (sum(seconds) / len(seconds))
@@ -165,7 +165,7 @@ def chunked(args: argparse.Namespace, layers: int, budget: int, kinds: dict[str,
 def harmony_costs(args: argparse.Namespace, layers: int) -> list[HarmonyLayer]:
     """Per-layer costs of the untied GPT of `layers` blocks, measured on one block (the blocks are alike)."""
     one = spec(args, 1, tied=False)
-    batch = batch_for(one, {"kind": "synthetic"}, 1, 0, 0, 1, global_batch=args.workers * args.micro_batch)
+    batch = batch_for(one, {}, 1, 0, 0, 1, global_batch=args.workers * args.micro_batch)
     embed, block, head = measure_layers(build_model(one, seed=1).decompose(), batch, "adam")
     return [embed, *[block] * layers, head]
 

@@ -45,13 +45,14 @@ import torch  # noqa: E402
 
 from ballast.v1 import common_pb2  # noqa: E402
 from benchmarks.memory import ADAM, MIB, parameters, spec  # noqa: E402
-from services.executor.train.data import batch_for, dropout_seed  # noqa: E402
+from services.data.batches import batch_for  # noqa: E402
+from services.executor.train.data import dropout_seed  # noqa: E402
 from services.executor.train.offload import ChunkedTrainer  # noqa: E402
 from services.executor.train.stage import make_optimizer  # noqa: E402
 from services.runtime.memory_pool import BudgetExceeded  # noqa: E402
 from services.zoo import build_model  # noqa: E402
 
-DATA = {"kind": "synthetic"}
+DATA = {}
 SEED = 1
 DEVICE = torch.device("cuda")
 

@@ -29,8 +29,8 @@ import torch  # noqa: E402
 from google.protobuf.json_format import MessageToDict, ParseDict  # noqa: E402
 
 from ballast.v1 import model_pb2, services_pb2  # noqa: E402
+from services.data.batches import batch_for  # noqa: E402
 from services.executor.train.config import WorkerConfig  # noqa: E402
-from services.executor.train.data import batch_for  # noqa: E402
 from services.executor.train.launch import plan_configs, run_local  # noqa: E402
 from services.executor.train.reference import train_single  # noqa: E402
 from services.executor.train.stage import make_optimizer  # noqa: E402
@@ -44,7 +44,7 @@ from services.zoo.graph import run_layers  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = UserInputs.of(["mlp:build"], [str(ROOT / "examples" / "models")])
 ADAM = {"name": "adam", "learning_rate": 3e-3, "weight_decay": 0.01}
-DATA = {"kind": "synthetic"}
+DATA = {}
 DECODER = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
            "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}
 TINY = {
@@ -174,10 +174,10 @@ def inspect_latency() -> None:
     for label, spec in (("user module", load_model_spec(ROOT / "examples" / "user-mlp.yaml")),
                         ("HF Llama", load_model_spec(ROOT / "examples" / "hf-llama-tiny.yaml"))):
         started = time.perf_counter()
-        inspection = runner.inspect(services_pb2.InspectModelRequest(model=spec))
+        inspection = runner.inspect(services_pb2.InspectRequest(model=spec)).model
         cold = time.perf_counter() - started
         started = time.perf_counter()
-        runner.inspect(services_pb2.InspectModelRequest(model=spec))
+        runner.inspect(services_pb2.InspectRequest(model=spec))
         warm = time.perf_counter() - started
         print(f"   {label:<12} {len(inspection.layers)} layers: cold {cold:.2f} s, warm {warm * 1e3:.2f} ms")
 

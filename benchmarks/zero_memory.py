@@ -127,7 +127,7 @@ def train(spec: model_pb2.ModelSpec, num_layers: int, flavour: str, args: argpar
         job_id=f"bench-zero-{flavour}", model=MessageToDict(spec, preserving_proto_field_name=True),
         stage_bounds=bounds, num_replicas=1, stage_index=0, replica_index=0, rank=0, world_size=1,
         micro_batch_size=args.micro_batch, num_micro_batches=args.micro_batches, iterations=args.iterations,
-        init_method="", optimizer=ADAM, seed=SEED, data={"kind": "synthetic"}, timeout_s=300, online=False,
+        init_method="", optimizer=ADAM, seed=SEED, data={}, timeout_s=300, online=False,
         zero1_layers=layers if flavour == ZERO1 else [], zero2_layers=layers if flavour == ZERO2 else [])
     t0 = time.perf_counter()
     events = run_local(plan_configs(template, bounds, args.replicas), env={**STEADY_ALLOCATOR, heap.ENV: "1"},

@@ -22,6 +22,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("runtime", ("services", "services.runtime")),
     ("specs", ("services.specs",)),
     ("zoo", ("services.zoo",)),
+    ("data", ("services.data",)),
     ("services", ("services.store", "services.profiler", "services.planner", "services.executor",
                   "services.dashboard")),
     ("CLI", ("ballast.cli", "ballast.__main__")),

@@ -34,7 +34,7 @@ SPEC = ParseDict({"name": "gpt-drain", "family": "MODEL_FAMILY_GPT", "transforme
     "num_layers": 2, "hidden_size": 32, "num_heads": 2, "vocab_size": 64, "seq_length": 16,
     "tie_embeddings": True}}, model_pb2.ModelSpec())  # embed, block.0-1, head (tied to the embedding): 4 layers
 ADAM = {"name": "adam", "learning_rate": 3e-3, "weight_decay": 0.01}
-DATA = {"kind": "synthetic"}
+DATA = {}
 SEED, MICRO, NUM_MICRO, MORE = 7, 2, 2, 3  # MORE: iterations the resumed run trains past the drain
 BOUNDS = [[0, 2], [2, 4]]
 

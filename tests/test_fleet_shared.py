@@ -195,7 +195,7 @@ def test_a_high_priority_job_preempts_and_the_victim_resumes_to_the_same_losses(
             store_pb2.ListCheckpointsRequest(job_id=low)).checkpoints if c.iteration == resumed_at)
         directory = checkpoint.layers[0].uri.removeprefix("file://").rsplit("/", 1)[0]
         job_spec = get(low_client, low).spec
-        reference = train_single(job_spec.model, {"kind": "synthetic"}, job_spec.seed, job_spec.global_batch_size,
+        reference = train_single(job_spec.model, {}, job_spec.seed, job_spec.global_batch_size,
                                  job_spec.iterations, {"name": "adam", "learning_rate": 1e-3, "weight_decay": 0.0},
                                  resume_from=directory)
         measured = {}

@@ -17,7 +17,7 @@ import pytest
 from google.protobuf.json_format import MessageToDict, ParseDict
 
 from ballast.v1 import model_pb2
-from services.executor.train.data import batch_for
+from services.data.batches import batch_for
 from services.executor.train.harmony import measure_layers, train_harmony
 from services.executor.train.reference import train_single
 from services.planner.sim.harmony_search import Machine, balanced_packs, estimate, search
@@ -40,7 +40,7 @@ SPEC = ParseDict({"name": "gpt-chain", "family": "MODEL_FAMILY_GPT", "transforme
     "tie_embeddings": False}}, model_pb2.ModelSpec())
 ADAM = {"name": "adam", "learning_rate": 3e-3, "weight_decay": 0.01}
 SGD = {"name": "sgd", "learning_rate": 0.05}
-DATA = {"kind": "synthetic"}
+DATA = {}
 SEED, STEPS, MINIBATCH = 11, 3, 4
 BUDGET = 4_500_000  # the model's parameters are 6.5 MB; with Adam's states and gradients training needs 4x that
 MB = 2**20

@@ -212,7 +212,7 @@ CASES: dict[str, Case] = {
     # an operator's measurement of the host: admin only (the admin's control call is refused for its 1 rank)
     f"{R}/Calibrate": Case(ADMIN, lambda w: services_pb2.CalibrateRequest(group_sizes=[1])),
     # checks a model the caller sends (a meta-device build in a worker process): nobody's rows are read or written
-    f"{R}/Inspect": Case(OWN, lambda w: services_pb2.InspectModelRequest(model=gpt("iso-inspect", layers=2))),
+    f"{R}/Inspect": Case(OWN, lambda w: services_pb2.InspectRequest(model=gpt("iso-inspect", layers=2))),
     # --- planner
     f"{P}/Plan": Case(TENANT, lambda w: services_pb2.PlanRequest(profile_id=w.profile, fleet=fleet(),
                                                                  global_batch_size=8)),

@@ -155,7 +155,7 @@ def test_a_lost_host_morphs_the_job_onto_the_device_left_to_the_same_losses(plan
         store_pb2.ListCheckpointsRequest(job_id=job_id)).checkpoints if c.iteration == resumed)
     directory = checkpoint.layers[0].uri.removeprefix("file://").rsplit("/", 1)[0]
     job_spec = done.spec
-    reference = train_single(job_spec.model, {"kind": "synthetic"}, job_spec.seed, job_spec.global_batch_size,
+    reference = train_single(job_spec.model, {}, job_spec.seed, job_spec.global_batch_size,
                              job_spec.iterations, {"name": "adam", "learning_rate": 1e-3, "weight_decay": 0.0},
                              resume_from=directory)
     measured = {m.iteration: m.loss for m in plane.client().iteration_metrics(job_id)

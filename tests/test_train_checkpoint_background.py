@@ -24,7 +24,7 @@ from services.runtime.ports import free_port
 SPEC = ParseDict({"name": "gpt-small", "family": "MODEL_FAMILY_GPT", "transformer": {
     "num_layers": 2, "hidden_size": 32, "num_heads": 2, "vocab_size": 64, "seq_length": 16}}, model_pb2.ModelSpec())
 ADAM = {"name": "adam", "learning_rate": 3e-3}
-DATA = {"kind": "synthetic"}
+DATA = {}
 SEED, GLOBAL_BATCH, ITERATIONS = 3, 4, 6
 BOUNDS = [[0, 2], [2, 4]]
 

@@ -33,7 +33,7 @@ SPEC = ParseDict({"name": "gpt-wide", "family": "MODEL_FAMILY_GPT", "transformer
     "tie_embeddings": True}}, model_pb2.ModelSpec())
 ADAM = {"name": "adam", "learning_rate": 3e-3, "weight_decay": 0.01}
 SGD = {"name": "sgd", "learning_rate": 0.05, "weight_decay": 0.01}
-DATA = {"kind": "synthetic"}
+DATA = {}
 SEED, STEPS = 11, 4
 MODEL_BYTES = 12_777_472  # the parameters of SPEC, fp32
 CHUNK = 1_310_720  # 327,680 elements: holds the largest tensor (fc1, 262,144)

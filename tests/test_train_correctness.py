@@ -18,7 +18,7 @@ SPEC = ParseDict({"name": "gpt-small", "family": "MODEL_FAMILY_GPT", "transforme
     "num_layers": 4, "hidden_size": 64, "num_heads": 2, "vocab_size": 128, "seq_length": 32,
     "tie_embeddings": True}}, model_pb2.ModelSpec())
 ADAM = {"name": "adam", "learning_rate": 3e-3, "weight_decay": 0.01}
-DATA = {"kind": "synthetic"}
+DATA = {}
 SEED, STEPS, MICRO, NUM_MICRO, REPLICAS = 11, 20, 2, 2, 2
 BOUNDS = [[0, 3], [3, 6]]  # embed, block.0, block.1 | block.2, block.3, head (tied to the embedding)
 

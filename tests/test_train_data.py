@@ -10,10 +10,13 @@ import torch
 from google.protobuf.json_format import ParseDict
 
 from ballast.v1 import model_pb2
-from services.executor.train.data import batch_for, sample_range
+from services.data.batches import batch_for
+from services.executor.train.data import sample_range
 from services.executor.train.reference import train_single
+from services.runtime.errors import FailedPrecondition, InvalidArgument
+from services.specs.user_inputs import UserInputs
 
-SYNTHETIC = {"kind": "synthetic"}
+SYNTHETIC = {}
 
 
 def gpt(**transformer) -> model_pb2.ModelSpec:
@@ -65,26 +68,36 @@ def test_synthetic_task_is_learnable():
     assert np.mean(losses[-5:]) < 0.75 * losses[0]
 
 
-@pytest.mark.parametrize("dtype", ["uint16", "int32"])
-def test_token_file_windows(tmp_path, dtype):
+@pytest.mark.parametrize("dtype", ["uint16", "uint32"])
+def test_token_file_windows_are_drawn_once_per_epoch_in_a_reshuffled_order(tmp_path, dtype):
     seq, vocab = 16, 64
     tokens = (np.arange(5 * (seq + 1) + 3) % vocab).astype(dtype)  # five whole windows and a ragged tail
     path = tmp_path / "tokens.bin"
     tokens.tofile(path)
-    data = {"kind": "tokens", "path": str(path), "dtype": dtype}
-    b = batch_for(gpt(), data, 0, 1, 0, 4, global_batch=4)  # global samples 4..7 -> windows 4, 0, 1, 2
-    rows = [torch.from_numpy(tokens[w * (seq + 1) : (w + 1) * (seq + 1)].astype(np.int64)) for w in (4, 0, 1, 2)]
-    assert torch.equal(b["input_ids"], torch.stack([r[:-1] for r in rows]))
-    assert torch.equal(b["labels"], torch.stack([r[1:] for r in rows]))
+    data = {"tokens": {"path": str(path), "dtype": f"TOKEN_DTYPE_{dtype.upper()}"}}
+    roots = UserInputs.of(data_roots=[str(tmp_path)])
+    windows = [tokens[w * (seq + 1):(w + 1) * (seq + 1)].astype(np.int64) for w in range(5)]
+    epochs = [batch_for(gpt(), data, 3, e, 0, 5, global_batch=5, user_inputs=roots) for e in range(3)]
+    for b in epochs:  # each epoch (5 samples = one iteration here) is every window once
+        got = sorted(tuple(row) for row in torch.cat([b["input_ids"], b["labels"][:, -1:]], 1).tolist())
+        assert got == sorted(tuple(w) for w in windows)
+        assert torch.equal(b["input_ids"][:, 1:], b["labels"][:, :-1])
+    orders = [tuple(b["input_ids"][:, 0].tolist()) for b in epochs]
+    assert len(set(orders)) > 1  # reshuffled from the seed ...
+    again = batch_for(gpt(), data, 3, 1, 1, 3, global_batch=5, user_inputs=roots)
+    assert torch.equal(again["input_ids"], epochs[1]["input_ids"][1:3])  # ... and the same whoever draws it
 
 
-def test_token_file_errors(tmp_path):
+def test_token_data_is_read_under_the_data_roots_and_checked_against_the_vocabulary(tmp_path):
     path = tmp_path / "tokens.bin"
     (np.arange(40) + 100).astype(np.uint16).tofile(path)
-    data = {"kind": "tokens", "path": str(path)}
-    with pytest.raises(ValueError, match="vocab_size"):
-        batch_for(gpt(), data, 0, 0, 0, 1, global_batch=1)
-    with pytest.raises(ValueError, match="GPT"):
-        batch_for(BERT, data, 0, 0, 0, 1, global_batch=1)
+    data = {"tokens": {"path": str(path)}}
+    roots = UserInputs.of(data_roots=[str(tmp_path)])
+    with pytest.raises(ValueError, match="token id 1[0-3][0-9] is not below the model's vocabulary of 64"):
+        batch_for(gpt(), data, 0, 0, 0, 1, global_batch=1, user_inputs=roots)
+    with pytest.raises(InvalidArgument, match="BALLAST_DATA_ROOTS is empty"):
+        batch_for(gpt(vocab_size=256), data, 0, 0, 0, 1, global_batch=1)
+    with pytest.raises(FailedPrecondition, match="next-token and masked-token models only"):
+        batch_for(BERT, data, 0, 0, 0, 1, global_batch=1, user_inputs=roots)
     with pytest.raises(ValueError, match="global batch"):
         batch_for(gpt(), SYNTHETIC, 0, 0, 3, 5, global_batch=4)

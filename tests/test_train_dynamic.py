@@ -8,8 +8,8 @@ import torch
 from google.protobuf.json_format import MessageToDict, ParseDict
 
 from ballast.v1 import model_pb2
+from services.data.batches import batch_for
 from services.executor.train.config import WorkerConfig
-from services.executor.train.data import batch_for
 from services.executor.train.launch import plan_configs, run_local
 from services.executor.train.reference import train_single
 from services.executor.train.stage import build_stage
@@ -20,7 +20,7 @@ SPEC = ParseDict({"name": "gpt-dynamic", "family": "MODEL_FAMILY_GPT", "transfor
     "num_layers": 6, "hidden_size": 64, "num_heads": 2, "vocab_size": 128, "seq_length": 32,
     "tie_embeddings": True}}, model_pb2.ModelSpec())  # embed, block.0-5, head: 8 layers
 ADAM = {"name": "adam", "learning_rate": 3e-3, "weight_decay": 0.01}
-DATA = {"kind": "synthetic"}
+DATA = {}
 SEED, STEPS, MICRO, NUM_MICRO = 7, 20, 2, 2
 TOGGLES = [[3, 0, 0], [3, 8, 1]]  # block.2 is the identity in iterations 0-7, computes from 8 on
 

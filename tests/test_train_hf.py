@@ -18,7 +18,7 @@ from tests.harness import losses, of, torch_threads
 from tests.user_model_support import hf_spec, user_model
 
 ADAM = {"name": "adam", "learning_rate": 3e-3, "weight_decay": 0.01}
-DATA = {"kind": "synthetic"}
+DATA = {}
 SEED, MICRO, NUM_MICRO = 4, 2, 2
 
 

@@ -33,7 +33,7 @@ SPEC = ParseDict({"name": "gpt-hybrid", "family": "MODEL_FAMILY_GPT", "transform
     "num_layers": 2, "hidden_size": 32, "num_heads": 4, "vocab_size": 64, "seq_length": 16,
     "tie_embeddings": True}}, model_pb2.ModelSpec())
 ADAM = {"name": "adam", "learning_rate": 3e-3, "weight_decay": 0.01}
-DATA = {"kind": "synthetic"}
+DATA = {}
 SEED, STEPS, MICRO, NUM_MICRO = 5, 3, 2, 2
 BLOCK = sum(p.numel() for p in build_model(SPEC, device="meta").blocks[0].parameters())
 LAYER_NORMS = 4 * 32  # two LayerNorms' weights and biases: replicated under TP

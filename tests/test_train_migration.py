@@ -35,7 +35,7 @@ SPEC = ParseDict({"name": "gpt-migrate", "family": "MODEL_FAMILY_GPT", "transfor
     "num_layers": 6, "hidden_size": 64, "num_heads": 2, "vocab_size": 128, "seq_length": 32,
     "tie_embeddings": True}}, model_pb2.ModelSpec())  # embed, block.0-5, head (tied to the embedding): 8 layers
 ADAM = {"name": "adam", "learning_rate": 3e-3, "weight_decay": 0.01}
-DATA = {"kind": "synthetic"}
+DATA = {}
 SEED, STEPS, MICRO, NUM_MICRO, REPLICAS = 3, 20, 2, 2, 2
 
 

@@ -26,7 +26,7 @@ SPEC = ParseDict({"name": "gpt-small", "family": "MODEL_FAMILY_GPT", "transforme
     "num_layers": 4, "hidden_size": 64, "num_heads": 2, "vocab_size": 128, "seq_length": 32,
     "tie_embeddings": True}}, model_pb2.ModelSpec())
 ADAM = {"name": "adam", "learning_rate": 3e-3, "weight_decay": 0.01}
-DATA = {"kind": "synthetic"}
+DATA = {}
 SEED, GLOBAL_BATCH = 5, 4
 
 

@@ -78,7 +78,7 @@ def test_config_rank_layout_is_the_dims_one():
         ({"world_size": 3}, "world_size"),
         ({"schedule": "zigzag"}, "schedule"),
         ({"optimizer": {"name": "lamb", "learning_rate": 1.0}}, "optimizer.name"),
-        ({"data": {"kind": "tokens"}}, "data.path"),
+        ({"data": {"tokens": {"dtype": "TOKEN_DTYPE_INT8"}}}, "data"),
         ({"checkpoint_every": 2}, "checkpoint_dir"),
         ({"backend": "nccl"}, "device"),
     ],

@@ -8,8 +8,8 @@ import torch.distributed as dist
 from google.protobuf.json_format import MessageToDict, ParseDict
 
 from ballast.v1 import model_pb2
+from services.data.batches import batch_for
 from services.executor.train.config import WorkerConfig
-from services.executor.train.data import batch_for
 from services.executor.train.reference import train_single
 from services.executor.train.stage import build_stage
 from services.executor.train.worker import Stopped, run
@@ -60,7 +60,7 @@ def test_t5_stages_relay_skip_edges_and_track_tied_weights():
 
 
 def test_chained_stages_equal_the_whole_model():
-    batch = batch_for(GPT, {"kind": "synthetic"}, 0, 0, 0, 2, global_batch=2)
+    batch = batch_for(GPT, {}, 0, 0, 0, 2, global_batch=2)
     model = build_model(GPT, seed=4)
     loss = model(batch)
     loss.backward()
@@ -111,7 +111,7 @@ def test_one_rank_worker_reports_every_event(tmp_path):
     for e in events:
         extra = {"every_layer"} if e["event"] == "checkpoint" else set()  # rank 0 lists every layer
         assert set(e) == EVENT_KEYS[e["event"]] | extra, e["event"]
-    reference = train_single(GPT, {"kind": "synthetic"}, 1, 4, 3, ADAM)
+    reference = train_single(GPT, {}, 1, 4, 3, ADAM)
     losses = [e["loss"] for e in events if e["event"] == "iteration"]
     assert losses == pytest.approx(reference, rel=1e-5)
     assert [e["iteration"] for e in events if e["event"] == "iteration"] == [1, 2, 3]

@@ -32,7 +32,7 @@ SPEC = ParseDict({"name": "gpt-zero", "family": "MODEL_FAMILY_GPT", "transformer
     "num_layers": 2, "hidden_size": 64, "num_heads": 2, "vocab_size": 128, "seq_length": 32,
     "tie_embeddings": True}}, model_pb2.ModelSpec())
 ADAM = {"name": "adam", "learning_rate": 3e-3, "weight_decay": 0.01}
-DATA = {"kind": "synthetic"}
+DATA = {}
 SEED, STEPS, MICRO, NUM_MICRO, REPLICAS = 3, 4, 2, 2, 2
 GLOBAL_BATCH = MICRO * NUM_MICRO * REPLICAS
 ALL = [0, 1, 2, 3]

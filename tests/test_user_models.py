@@ -139,3 +139,38 @@ def test_inspect_a_typo_a_missing_file_and_cancel_as_a_new_user_meets_them(balla
     assert code == 0 and f"job {job} CANCELLED" in out
     code, _, err = ballast("cancel", "job-nope")
     assert code == 1 and "NOT_FOUND" in err
+
+
+def test_data_that_cannot_feed_the_model_is_refused_at_submit_on_both_databases(empty_database_url, tmp_path):
+    """Issue 40: the job's data is read at Submit (the profiler's Inspect, in a worker process) and refused with
+    the field and the fix before anything is stored, whichever database the store is on."""
+    import datasets
+    import numpy as np
+
+    data_root = tmp_path / "data"
+    data_root.mkdir()
+    (np.arange(400) % 300).astype(np.uint16).tofile(data_root / "wide.bin")  # ids up to 299: past gpt's 256
+    datasets.Dataset.from_dict({"ids": [[1, 2, 3]]}).save_to_disk(data_root / "rows")
+    settings = make_settings(tmp_path / "plane", database_url=empty_database_url, data_roots=(str(data_root),))
+    plane = start_plane(settings, send=lambda request_id: None)
+    gpt = model_pb2.ModelSpec(name="tiny", family=model_pb2.MODEL_FAMILY_GPT, transformer=model_pb2.TransformerConfig(
+        num_layers=1, hidden_size=16, num_heads=2, vocab_size=256, seq_length=8))
+    cases = [
+        (job_pb2.DataSpec(tokens=job_pb2.TokenFile(path="/etc/passwd")), "spec.data.tokens.path", "outside"),
+        (job_pb2.DataSpec(tokens=job_pb2.TokenFile(path=str(data_root / "wide.bin"))), "spec.data.tokens.path",
+         "token id 299 is not below the model's vocabulary of 256"),
+        (job_pb2.DataSpec(hf_dataset=job_pb2.HFDataset(path=str(data_root / "rows"), column="tokens")),
+         "spec.data.hf_dataset.column", "unknown column 'tokens'"),
+    ]
+    try:
+        with plane.client() as client:
+            for data, field, words in cases:
+                with pytest.raises(CallFailed) as err:
+                    client.submit(job_pb2.JobSpec(name="bad-data", model=gpt, global_batch_size=2, iterations=2,
+                                                  data=data))
+                assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert (err.value.field, words in err.value.message) == (field, True), err.value
+            rows = client.sql("SELECT (SELECT count(*) FROM models), (SELECT count(*) FROM jobs)").rows
+            assert [int(v) for v in rows[0]] == [0, 0]  # nothing written
+    finally:
+        plane.stop()

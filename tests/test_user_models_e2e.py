@@ -70,7 +70,7 @@ def check_run(settings, job_id: str, spec, user_inputs=None, iterations: int = I
                            f"'{job_id}' ORDER BY stage_index, replica_index")
     assert layout == [[0, 0], [0, 1], [1, 0], [1, 1]]  # 2 stages x 2 replicas ran it
     with torch_threads(1):
-        expected = train_single(spec, {"kind": "synthetic"}, 0, BATCH, iterations, ADAM,
+        expected = train_single(spec, {}, 0, BATCH, iterations, ADAM,
                                 **({"user_inputs": user_inputs} if user_inputs else {}))
     assert losses(settings, job_id) == pytest.approx(expected, rel=1e-5)
 

@@ -11,6 +11,7 @@ from google.protobuf.json_format import MessageToDict
 from rich.console import Console
 from rich.table import Table
 
+from ballast.cli.jobs import data_of
 from ballast.cli.options import refused
 from ballast.client import Client
 from ballast.config import Settings
@@ -21,12 +22,13 @@ console = Console()
 def run(settings: Settings, args: argparse.Namespace) -> int:
     with Client.of(settings) as client:
         try:
-            inspection = client.inspect(args.spec)
+            both = client.inspect(args.spec, data_of(args))
         except grpc.RpcError as exc:
             return refused(exc)
     if args.json:
-        print(json.dumps(MessageToDict(inspection, preserving_proto_field_name=True)))
+        print(json.dumps(MessageToDict(both, preserving_proto_field_name=True)))
         return 0
+    inspection, data = both.model, both.data
     table = Table("#", "layer", "kind", "parameters", "tp ways", "tied to", "reads", "output (batch 2)")
     for layer in inspection.layers:
         reads = [f"#{i}" for i in layer.inputs] + list(layer.batch_keys)
@@ -38,4 +40,9 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     code = f"; built by {inspection.code_version}" if inspection.code_version else ""
     console.print(f"{len(inspection.layers)} layers, {inspection.parameter_count:,} parameters{code}: "
                   "the model keeps Ballast's rules (docs/models.md)")
+    if data.source != "synthetic":
+        held = f", {data.validation_samples:,} held out" if data.validation_samples else ", none held out"
+        top = f"; token ids up to {data.largest_token:,}" if data.largest_token else ""
+        console.print(f"data ({data.source}): {data.train_samples:,} samples an epoch{held}{top}; each sample "
+                      f"holds {', '.join(data.fields)}")
     return 0

@@ -55,8 +55,44 @@ def add_submit_arguments(p: argparse.ArgumentParser) -> None:
                    metavar="N",
                    help="write a per-layer checkpoint every N iterations: a job that loses a worker or host resumes "
                         "from the last one (default 0: none, so it restarts from the first iteration)")
+    add_data_arguments(p)
+    p.add_argument("--eval-every", type=device_count("--eval-every", 0, "iterations"), default=0, metavar="N",
+                   help="evaluate on the validation set every N iterations and after the last (validation loss, and "
+                        "perplexity for language models, in `ballast watch` and the evaluations table)")
+    p.add_argument("--eval-batches", type=device_count("--eval-batches", 0, "batches"), default=0, metavar="K",
+                   help="batches of the global batch size per evaluation (default 4)")
+    p.add_argument("--keep-checkpoints", type=device_count("--keep-checkpoints", 0, "checkpoints"), default=0,
+                   metavar="K", help="complete checkpoints kept on disk, older ones deleted (default 3)")
+    p.add_argument("--init-from", default="", metavar="JOB[:ITERATION]|DIR",
+                   help="start from these weights (fine-tuning): a job of yours (its last checkpoint, or the one "
+                        "after ITERATION), or a directory of exported weights")
+    p.add_argument("--resume-from", default="", metavar="JOB",
+                   help="continue a finished, failed or cancelled job from its last checkpoint, with its optimizer "
+                        "state and its place in the data (--iterations is the total)")
     p.set_defaults(check=device_range_problem)
     add_follow_arguments(p, "follow the job's events until it ends (or --until)")
+
+
+def add_data_arguments(p: argparse.ArgumentParser) -> None:
+    """The job's samples (docs/data.md): a data spec file, or a token file for short."""
+    p.add_argument("--data", type=Path, default=None, metavar="DATA.yaml",
+                   help="the data to train on: a YAML with tokens:, hf_dataset: or factory: (docs/data.md)")
+    p.add_argument("--tokens", type=Path, default=None, metavar="TRAIN.bin",
+                   help="train on a flat file of token ids (nanoGPT's layout), instead of --data")
+    p.add_argument("--validation-tokens", type=Path, default=None, metavar="VAL.bin",
+                   help="with --tokens: held-out token ids to evaluate on")
+    p.add_argument("--token-dtype", choices=["uint16", "uint32"], default="uint16")
+
+
+def data_of(args: argparse.Namespace):
+    """The DataSpec the flags name, or None (synthetic samples)."""
+    if getattr(args, "data", None) and getattr(args, "tokens", None):
+        raise ValueError("--data and --tokens each name the data: give one of them")
+    if getattr(args, "tokens", None):
+        return sdk.token_data(args.tokens, args.validation_tokens, args.token_dtype)
+    if getattr(args, "validation_tokens", None):
+        raise ValueError("--validation-tokens goes with --tokens (the training file)")
+    return sdk.data_spec(args.data) if getattr(args, "data", None) else None
 
 
 def device_count(flag: str, least: int = 1, what: str = "devices"):
@@ -109,7 +145,11 @@ def job_spec(args: argparse.Namespace) -> job_pb2.JobSpec:
                         min_devices=getattr(args, "min_devices", None), max_devices=getattr(args, "max_devices", None),
                         micro_batches=getattr(args, "micro_batches", 0) or 0,
                         checkpoint_every=getattr(args, "checkpoint_every", 0) or 0,
-                        elastic=getattr(args, "elastic", False))
+                        elastic=getattr(args, "elastic", False), data=data_of(args),
+                        eval_every=getattr(args, "eval_every", 0) or 0, eval_batches=getattr(args, "eval_batches", 0)
+                        or 0, keep_checkpoints=getattr(args, "keep_checkpoints", 0) or 0,
+                        init_from=getattr(args, "init_from", "") or "",
+                        resume_from=getattr(args, "resume_from", "") or "")
 
 
 def run_submit(settings: Settings, args: argparse.Namespace) -> int:

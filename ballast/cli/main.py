@@ -388,6 +388,9 @@ def build_parser() -> argparse.ArgumentParser:
                                     "(your own factory or Hugging Face model before you submit it)")
     p.add_argument("spec", help="model spec YAML (e.g. examples/user-mlp.yaml)")
     p.add_argument("--json", action="store_true")
+    from ballast.cli.jobs import add_data_arguments
+
+    add_data_arguments(p)
     p = add("submit", cmd_submit, "submit a training job (profiled, planned and run by the control plane)")
     add_submit_arguments(p)
     p = add("watch", cmd_watch, "follow a job's events (state changes, plan, progress)")

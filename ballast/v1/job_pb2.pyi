@@ -1,5 +1,6 @@
 import datetime
 
+from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from ballast.v1 import fleet_pb2 as _fleet_pb2
 from ballast.v1 import model_pb2 as _model_pb2
@@ -28,6 +29,12 @@ class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     JOB_STATE_FAILED: _ClassVar[JobState]
     JOB_STATE_CANCELLED: _ClassVar[JobState]
     JOB_STATE_QUEUED: _ClassVar[JobState]
+
+class TokenDtype(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TOKEN_DTYPE_UNSPECIFIED: _ClassVar[TokenDtype]
+    TOKEN_DTYPE_UINT16: _ClassVar[TokenDtype]
+    TOKEN_DTYPE_UINT32: _ClassVar[TokenDtype]
 JOB_STATE_UNSPECIFIED: JobState
 JOB_STATE_SUBMITTED: JobState
 JOB_STATE_PROFILING: JobState
@@ -41,6 +48,9 @@ JOB_STATE_SUCCEEDED: JobState
 JOB_STATE_FAILED: JobState
 JOB_STATE_CANCELLED: JobState
 JOB_STATE_QUEUED: JobState
+TOKEN_DTYPE_UNSPECIFIED: TokenDtype
+TOKEN_DTYPE_UINT16: TokenDtype
+TOKEN_DTYPE_UINT32: TokenDtype
 
 class OptimizerSpec(_message.Message):
     __slots__ = ("name", "learning_rate", "weight_decay")
@@ -52,8 +62,52 @@ class OptimizerSpec(_message.Message):
     weight_decay: float
     def __init__(self, name: _Optional[str] = ..., learning_rate: _Optional[float] = ..., weight_decay: _Optional[float] = ...) -> None: ...
 
+class TokenFile(_message.Message):
+    __slots__ = ("path", "dtype", "validation_path")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    VALIDATION_PATH_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    dtype: TokenDtype
+    validation_path: str
+    def __init__(self, path: _Optional[str] = ..., dtype: _Optional[_Union[TokenDtype, str]] = ..., validation_path: _Optional[str] = ...) -> None: ...
+
+class HFDataset(_message.Message):
+    __slots__ = ("path", "column", "text_column", "tokenizer_dir", "split", "validation_split")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    COLUMN_FIELD_NUMBER: _ClassVar[int]
+    TEXT_COLUMN_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_DIR_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_FIELD_NUMBER: _ClassVar[int]
+    VALIDATION_SPLIT_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    column: str
+    text_column: str
+    tokenizer_dir: str
+    split: str
+    validation_split: str
+    def __init__(self, path: _Optional[str] = ..., column: _Optional[str] = ..., text_column: _Optional[str] = ..., tokenizer_dir: _Optional[str] = ..., split: _Optional[str] = ..., validation_split: _Optional[str] = ...) -> None: ...
+
+class DataFactory(_message.Message):
+    __slots__ = ("factory", "kwargs")
+    FACTORY_FIELD_NUMBER: _ClassVar[int]
+    KWARGS_FIELD_NUMBER: _ClassVar[int]
+    factory: str
+    kwargs: _struct_pb2.Struct
+    def __init__(self, factory: _Optional[str] = ..., kwargs: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+
+class DataSpec(_message.Message):
+    __slots__ = ("tokens", "hf_dataset", "factory")
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    HF_DATASET_FIELD_NUMBER: _ClassVar[int]
+    FACTORY_FIELD_NUMBER: _ClassVar[int]
+    tokens: TokenFile
+    hf_dataset: HFDataset
+    factory: DataFactory
+    def __init__(self, tokens: _Optional[_Union[TokenFile, _Mapping]] = ..., hf_dataset: _Optional[_Union[HFDataset, _Mapping]] = ..., factory: _Optional[_Union[DataFactory, _Mapping]] = ...) -> None: ...
+
 class JobSpec(_message.Message):
-    __slots__ = ("name", "model", "fleet", "global_batch_size", "iterations", "optimizer", "memory_budget_bytes", "engine", "schedule", "seed", "checkpoint_every", "online_repartition", "layer_toggles", "pipeline_stages", "priority_class", "min_devices", "max_devices", "micro_batches", "elastic")
+    __slots__ = ("name", "model", "fleet", "global_batch_size", "iterations", "optimizer", "memory_budget_bytes", "engine", "schedule", "seed", "checkpoint_every", "online_repartition", "layer_toggles", "pipeline_stages", "priority_class", "min_devices", "max_devices", "micro_batches", "elastic", "data", "eval_every", "eval_batches", "keep_checkpoints", "init_from", "resume_from")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     FLEET_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +127,12 @@ class JobSpec(_message.Message):
     MAX_DEVICES_FIELD_NUMBER: _ClassVar[int]
     MICRO_BATCHES_FIELD_NUMBER: _ClassVar[int]
     ELASTIC_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    EVAL_EVERY_FIELD_NUMBER: _ClassVar[int]
+    EVAL_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    KEEP_CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
+    INIT_FROM_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FROM_FIELD_NUMBER: _ClassVar[int]
     name: str
     model: _model_pb2.ModelSpec
     fleet: _fleet_pb2.Fleet
@@ -92,7 +152,13 @@ class JobSpec(_message.Message):
     max_devices: int
     micro_batches: int
     elastic: bool
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[_Union[_model_pb2.ModelSpec, _Mapping]] = ..., fleet: _Optional[_Union[_fleet_pb2.Fleet, _Mapping]] = ..., global_batch_size: _Optional[int] = ..., iterations: _Optional[int] = ..., optimizer: _Optional[_Union[OptimizerSpec, _Mapping]] = ..., memory_budget_bytes: _Optional[int] = ..., engine: _Optional[_Union[_plan_pb2.PlanEngine, str]] = ..., schedule: _Optional[_Union[_plan_pb2.Schedule, str]] = ..., seed: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., online_repartition: _Optional[bool] = ..., layer_toggles: _Optional[_Iterable[_Union[LayerToggle, _Mapping]]] = ..., pipeline_stages: _Optional[int] = ..., priority_class: _Optional[str] = ..., min_devices: _Optional[int] = ..., max_devices: _Optional[int] = ..., micro_batches: _Optional[int] = ..., elastic: _Optional[bool] = ...) -> None: ...
+    data: DataSpec
+    eval_every: int
+    eval_batches: int
+    keep_checkpoints: int
+    init_from: str
+    resume_from: str
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[_Union[_model_pb2.ModelSpec, _Mapping]] = ..., fleet: _Optional[_Union[_fleet_pb2.Fleet, _Mapping]] = ..., global_batch_size: _Optional[int] = ..., iterations: _Optional[int] = ..., optimizer: _Optional[_Union[OptimizerSpec, _Mapping]] = ..., memory_budget_bytes: _Optional[int] = ..., engine: _Optional[_Union[_plan_pb2.PlanEngine, str]] = ..., schedule: _Optional[_Union[_plan_pb2.Schedule, str]] = ..., seed: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., online_repartition: _Optional[bool] = ..., layer_toggles: _Optional[_Iterable[_Union[LayerToggle, _Mapping]]] = ..., pipeline_stages: _Optional[int] = ..., priority_class: _Optional[str] = ..., min_devices: _Optional[int] = ..., max_devices: _Optional[int] = ..., micro_batches: _Optional[int] = ..., elastic: _Optional[bool] = ..., data: _Optional[_Union[DataSpec, _Mapping]] = ..., eval_every: _Optional[int] = ..., eval_batches: _Optional[int] = ..., keep_checkpoints: _Optional[int] = ..., init_from: _Optional[str] = ..., resume_from: _Optional[str] = ...) -> None: ...
 
 class LayerToggle(_message.Message):
     __slots__ = ("layer_index", "iteration", "active")

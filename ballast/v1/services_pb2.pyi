@@ -129,11 +129,35 @@ class ListDeviceKindsResponse(_message.Message):
     devices: _containers.RepeatedCompositeFieldContainer[_fleet_pb2.DeviceSpec]
     def __init__(self, devices: _Optional[_Iterable[_Union[_fleet_pb2.DeviceSpec, _Mapping]]] = ...) -> None: ...
 
-class InspectModelRequest(_message.Message):
-    __slots__ = ("model",)
+class InspectRequest(_message.Message):
+    __slots__ = ("model", "data")
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
     model: _model_pb2.ModelSpec
-    def __init__(self, model: _Optional[_Union[_model_pb2.ModelSpec, _Mapping]] = ...) -> None: ...
+    data: _job_pb2.DataSpec
+    def __init__(self, model: _Optional[_Union[_model_pb2.ModelSpec, _Mapping]] = ..., data: _Optional[_Union[_job_pb2.DataSpec, _Mapping]] = ...) -> None: ...
+
+class DataInspection(_message.Message):
+    __slots__ = ("source", "train_samples", "validation_samples", "largest_token", "fields")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    VALIDATION_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    LARGEST_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    train_samples: int
+    validation_samples: int
+    largest_token: int
+    fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, source: _Optional[str] = ..., train_samples: _Optional[int] = ..., validation_samples: _Optional[int] = ..., largest_token: _Optional[int] = ..., fields: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Inspection(_message.Message):
+    __slots__ = ("model", "data")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    model: _model_pb2.ModelInspection
+    data: DataInspection
+    def __init__(self, model: _Optional[_Union[_model_pb2.ModelInspection, _Mapping]] = ..., data: _Optional[_Union[DataInspection, _Mapping]] = ...) -> None: ...
 
 class PlanRequest(_message.Message):
     __slots__ = ("profile_id", "fleet", "global_batch_size", "memory_budget_bytes", "engine", "schedule")

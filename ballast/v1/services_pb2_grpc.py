@@ -5,7 +5,6 @@ import warnings
 
 from ballast.v1 import fleet_pb2 as ballast_dot_v1_dot_fleet__pb2
 from ballast.v1 import job_pb2 as ballast_dot_v1_dot_job__pb2
-from ballast.v1 import model_pb2 as ballast_dot_v1_dot_model__pb2
 from ballast.v1 import plan_pb2 as ballast_dot_v1_dot_plan__pb2
 from ballast.v1 import profile_pb2 as ballast_dot_v1_dot_profile__pb2
 from ballast.v1 import queue_pb2 as ballast_dot_v1_dot_queue__pb2
@@ -74,8 +73,8 @@ class ProfilerServiceStub:
                 _registered_method=True)
         self.Inspect = channel.unary_unary(
                 '/ballast.v1.ProfilerService/Inspect',
-                request_serializer=ballast_dot_v1_dot_services__pb2.InspectModelRequest.SerializeToString,
-                response_deserializer=ballast_dot_v1_dot_model__pb2.ModelInspection.FromString,
+                request_serializer=ballast_dot_v1_dot_services__pb2.InspectRequest.SerializeToString,
+                response_deserializer=ballast_dot_v1_dot_services__pb2.Inspection.FromString,
                 _registered_method=True)
 
 
@@ -126,8 +125,9 @@ class ProfilerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Inspect(self, request, context):
-        """Check a model (user factories and Hugging Face models are built and dry-run on the meta device in a
-        worker process) and list the layers Ballast will cut it into. INVALID_ARGUMENT names the rule it breaks.
+        """Check a model and its data (a user's factory or Hugging Face model is built and dry-run on the meta device,
+        data files opened and read, in a worker process) and list the layers Ballast will cut the model into.
+        INVALID_ARGUMENT names the rule broken and the fix.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -168,8 +168,8 @@ def add_ProfilerServiceServicer_to_server(servicer, server):
             ),
             'Inspect': grpc.unary_unary_rpc_method_handler(
                     servicer.Inspect,
-                    request_deserializer=ballast_dot_v1_dot_services__pb2.InspectModelRequest.FromString,
-                    response_serializer=ballast_dot_v1_dot_model__pb2.ModelInspection.SerializeToString,
+                    request_deserializer=ballast_dot_v1_dot_services__pb2.InspectRequest.FromString,
+                    response_serializer=ballast_dot_v1_dot_services__pb2.Inspection.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -360,8 +360,8 @@ class ProfilerService:
             request,
             target,
             '/ballast.v1.ProfilerService/Inspect',
-            ballast_dot_v1_dot_services__pb2.InspectModelRequest.SerializeToString,
-            ballast_dot_v1_dot_model__pb2.ModelInspection.FromString,
+            ballast_dot_v1_dot_services__pb2.InspectRequest.SerializeToString,
+            ballast_dot_v1_dot_services__pb2.Inspection.FromString,
             options,
             channel_credentials,
             insecure,

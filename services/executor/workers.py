@@ -77,7 +77,7 @@ def worker_config(assign: executor_pb2.AssignInstruction, worker: executor_pb2.W
         seed=spec.seed,
         iterations=spec.iterations,
         start_iteration=assign.start_iteration,
-        data={"kind": "synthetic"},
+        data=MessageToDict(spec.data, preserving_proto_field_name=True),
         checkpoint_dir=assign.checkpoint_dir,
         checkpoint_every=spec.checkpoint_every,
         resume_from=assign.checkpoint_uri,

@@ -15,7 +15,7 @@ from services.planner.jobs import lifecycle as jobs
 from services.planner.jobs.calibrate_job import KIND as CALIBRATE
 from services.planner.jobs.control import AgentRegistry
 from services.planner.jobs.gauges import FleetGauges
-from services.planner.jobs.model_check import ModelCheck
+from services.planner.jobs.inputs_check import InputsCheck
 from services.planner.jobs.prepare import KIND as PREPARE
 from services.planner.jobs.scheduler import Scheduler
 from services.planner.plans import operations as plans
@@ -75,7 +75,7 @@ def build_server(settings: Settings, address: str | None = None, send: durable.S
     sweeper = durable.Sweeper(as_platform, send, settings.sweep_interval_s, settings.requeue_unclaimed_s)
 
     what_if = plans.WhatIf()
-    check_model = ModelCheck(lambda: services_pb2_grpc.ProfilerServiceStub(open_channel(
+    check_inputs = InputsCheck(lambda: services_pb2_grpc.ProfilerServiceStub(open_channel(
         settings.address("profiler"), settings.resolved_token(), transport=client_transport(settings))))
     # what Submit checks a job's fleet against: every tenant reads the hosts, and a caller waits on this read,
     # so it goes as the caller's call, not as the platform's background work (services/store/gate.py)
@@ -101,7 +101,7 @@ def build_server(settings: Settings, address: str | None = None, send: durable.S
         JOBS,
         None,
         overrides={
-            "Submit": lambda request, ctx: jobs.submit(as_caller, request, send, hosts, check_model),
+            "Submit": lambda request, ctx: jobs.submit(as_caller, request, send, hosts, check_inputs),
             "Get": lambda request, ctx: as_caller.get_job(request),
             "List": lambda request, ctx: as_caller.list_jobs(request),
             "Watch": lambda request, ctx: jobs.watch(as_caller, request.job_id, request.after_seq, ctx.is_active),

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from google.protobuf.json_format import MessageToDict, ParseDict
 from google.protobuf.message import Message
 
-from ballast.v1 import common_pb2, model_pb2, profile_pb2, services_pb2, store_pb2
+from ballast.v1 import common_pb2, job_pb2, model_pb2, profile_pb2, services_pb2, store_pb2
 from services.profiler import projection
 from services.profiler.bounded import check_budget
 from services.profiler.versions import code_version, software
@@ -39,6 +39,7 @@ from services.runtime.errors import (
 from services.runtime.lru import BytesLRU
 from services.runtime.store_api import Store, every_page
 from services.specs import catalog
+from services.specs.data import data_fingerprint, validate_data_spec
 from services.specs.model import model_signature, validate_model_spec
 from services.specs.user_inputs import NO_USER_INPUTS, UserInputs
 
@@ -182,21 +183,23 @@ class Runner:
         return services_pb2.ProfileProgress(phase="done", fraction=1.0, profile=stored,
                                             message=f"analytical profile {stored.id} for {kind}")
 
-    def inspect(self, request: services_pb2.InspectModelRequest) -> model_pb2.ModelInspection:
-        """The model checked against Ballast's rules and its layers (zoo.contract), built and dry-run in a worker
-        process; kept by signature and code version, so a resubmitted model is answered at once."""
+    def inspect(self, request: services_pb2.InspectRequest) -> services_pb2.Inspection:
+        """The model checked against Ballast's rules with its layers (zoo.contract), and its data against the model
+        (data.check), built, dry-run and read in a worker process; kept by signature, code version and the data's
+        files (their sizes and times), so a resubmitted job is answered at once and a changed file is read again."""
         if not request.HasField("model"):
             raise InvalidArgument("required", field="model", fix="send the ModelSpec to check")
         spec = request.model
         validate_model_spec(spec, self._user_inputs)  # the cheap rules first, with no process started
-        key = f"{model_signature(spec)}|{software(spec, self._user_inputs)}"
+        validate_data_spec(request.data, self._user_inputs)
+        key = f"{model_signature(spec)}|{software(spec, self._user_inputs)}|{data_fingerprint(request.data)}"
         with self._checking(key):  # one worker per model however many Submits of it arrive at once
             known = self._inspections.get(key)
             if known is not None:
-                return model_pb2.ModelInspection.FromString(known)
+                return services_pb2.Inspection.FromString(known)
             _, inspection = worker_result(services_pb2.ProfileRequest(), spec, "inspect", self._user_inputs,
-                                          self._worker_command)
-            inspection.code_version = code_version(spec, self._user_inputs)
+                                          self._worker_command, data=request.data)
+            inspection.model.code_version = code_version(spec, self._user_inputs)
             self._inspections.put(key, inspection.SerializeToString())
             return inspection
 
@@ -292,9 +295,10 @@ def list_device_kinds() -> services_pb2.ListDeviceKindsResponse:
 
 
 def worker_result(request: services_pb2.ProfileRequest, spec: model_pb2.ModelSpec, mode: str,
-                  user_inputs: UserInputs, command: tuple[str, ...] = WORKER_COMMAND) -> tuple[str, Message]:
+                  user_inputs: UserInputs, command: tuple[str, ...] = WORKER_COMMAND,
+                  data: job_pb2.DataSpec | None = None) -> tuple[str, Message]:
     """A worker job that answers with one message ("inspect", "analytical"): (its key, the message)."""
-    for key, message in worker_messages(request, spec, "cpu", user_inputs, lambda: True, command, mode):
+    for key, message in worker_messages(request, spec, "cpu", user_inputs, lambda: True, command, mode, data):
         if key != "progress":
             return key, message
     raise Unavailable("the profiler's worker process ended without an answer", fix="retry")
@@ -309,15 +313,15 @@ def run_worker(request: services_pb2.ProfileRequest, spec: model_pb2.ModelSpec, 
 
 
 RESULTS = {"progress": services_pb2.ProfileProgress, "profile": profile_pb2.Profile,
-           "inspection": model_pb2.ModelInspection}
+           "inspection": services_pb2.Inspection}
 
 
 def worker_messages(request: services_pb2.ProfileRequest, spec: model_pb2.ModelSpec, device: str,
                     user_inputs: UserInputs, active: Callable[[], bool], command: tuple[str, ...],
-                    mode: str) -> Iterator[tuple[str, Message]]:
+                    mode: str, data: job_pb2.DataSpec | None = None) -> Iterator[tuple[str, Message]]:
     """Run one worker job; yields (key, message) for its progress and its result, raises its error."""
     job = {"mode": mode, "request": MessageToDict(request), "spec": MessageToDict(spec), "device": device,
-           "user_inputs": user_inputs.to_json()}
+           "user_inputs": user_inputs.to_json(), "data": MessageToDict(data or job_pb2.DataSpec())}
     stderr = tempfile.TemporaryFile()  # a file, not a pipe: a chatty worker must never block on it
     env = {**STEADY_ALLOCATOR, **os.environ}
     proc = subprocess.Popen(list(command), stdin=subprocess.PIPE, env=env,

@@ -9,7 +9,7 @@ only this process, and nothing half-done is stored. Protocol, JSON only (never p
   rules (zoo.contract); "analytical" prices it from FLOP and byte counts for request.device_kind at the
   request's micro-batch sizes: user code (a factory, transformers) runs here, never in the service.
 * stdout: JSON lines, {"progress": ProfileProgress} while measuring, then exactly one of {"profile": Profile}
-  or {"inspection": ModelInspection} (exit 0), or {"error": {"code": "INVALID_ARGUMENT" | ..., "message",
+  or {"inspection": Inspection} (exit 0), or {"error": {"code": "INVALID_ARGUMENT" | ..., "message",
   "field", "fix"}} (exit 1).
   Codes are BallastError codes; any other exception is INTERNAL, named by its type.
 * stderr: logs. Anything else that writes to sys.stdout while profiling is diverted there, so stdout
@@ -26,7 +26,7 @@ from typing import Any, TextIO
 from google.protobuf.json_format import MessageToDict, ParseDict, ParseError
 from google.protobuf.message import Message
 
-from ballast.v1 import model_pb2, services_pb2
+from ballast.v1 import job_pb2, model_pb2, services_pb2
 from services.runtime.errors import BallastError, InvalidArgument
 from services.specs.user_inputs import UserInputs
 
@@ -48,7 +48,8 @@ def parse_job(text: str) -> dict[str, Any]:
     if not isinstance(job, dict):
         raise InvalidArgument("expected a JSON object", field="stdin", fix='{"request": ..., "spec": ...}')
     parsed: dict[str, Any] = {}
-    for key, message in (("request", services_pb2.ProfileRequest()), ("spec", model_pb2.ModelSpec())):
+    for key, message in (("request", services_pb2.ProfileRequest()), ("spec", model_pb2.ModelSpec()),
+                         ("data", job_pb2.DataSpec())):
         try:
             parsed[key] = ParseDict(job.get(key) or {}, message)
         except ParseError as exc:
@@ -68,9 +69,12 @@ def parse_job(text: str) -> dict[str, Any]:
 def answer(job: dict[str, Any], out: TextIO) -> tuple[str, Message]:
     """The job's result message, under its key in the protocol."""
     if job["mode"] == "inspect":
-        from services.zoo.contract import inspect_model  # imports torch: after stdout is diverted
+        from services.data.check import inspect_data  # imports torch: after stdout is diverted
+        from services.zoo.contract import inspect_model
 
-        return "inspection", inspect_model(job["spec"], job["user_inputs"])
+        model = inspect_model(job["spec"], job["user_inputs"])
+        return "inspection", services_pb2.Inspection(model=model, data=inspect_data(job["spec"], job["data"],
+                                                                                     job["user_inputs"]))
     if job["mode"] == "analytical":
         from services.profiler import projection
 

@@ -19,7 +19,8 @@ from google.protobuf.json_format import MessageToDict
 from ballast.specfile import read_model_spec
 from ballast.v1 import job_pb2, model_pb2, plan_pb2
 from services.runtime.errors import InvalidArgument
-from services.specs.user_inputs import ALLOWED_FACTORIES_FIX, NO_USER_INPUTS, UserInputs
+from services.specs.data import validate_data_spec
+from services.specs.user_inputs import ALLOWED_FACTORIES_FIX, FACTORY_FIX, FACTORY_RE, NO_USER_INPUTS, UserInputs
 
 F = model_pb2.ModelFamily
 _CONFIG_FOR_FAMILY = {
@@ -31,8 +32,6 @@ _CONFIG_FOR_FAMILY = {
     F.MODEL_FAMILY_CUSTOM: "custom",
     F.MODEL_FAMILY_HF: "hf",
 }
-_DOTTED = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
-FACTORY_RE = re.compile(rf"^{_DOTTED}:{_DOTTED}$")
 OPTIMIZERS = ("", "adam", "sgd")
 T = model_pb2.HFTask
 # Hugging Face architectures (config model_type) Ballast cuts into layers itself, per task (zoo/hf/adapters.py).
@@ -118,7 +117,7 @@ def _custom(cfg: model_pb2.CustomModel, user_inputs: UserInputs, prefix: str) ->
         raise InvalidArgument(
             f"factory {cfg.factory!r} is not an import path",
             field=field,
-            fix='use the form "pkg.module:callable"',
+            fix=FACTORY_FIX,
         )
     if not user_inputs.allows(cfg.factory):
         raise InvalidArgument(
@@ -243,6 +242,43 @@ def validate_job_spec(spec: job_pb2.JobSpec, user_inputs: UserInputs = NO_USER_I
             raise InvalidArgument(f"layer {key[0]} is switched twice at iteration {key[1]}",
                                   field=f"spec.layer_toggles[{i}]", fix="keep one toggle per layer and iteration")
         seen.add(key)
+    if spec.HasField("data"):
+        validate_data_spec(spec.data, user_inputs)
+    _training_inputs(spec, user_inputs)
+
+
+MAX_EVAL_BATCHES = 10_000
+MAX_KEPT_CHECKPOINTS = 1000
+JOB_REF = re.compile(r"^(job-[A-Za-z0-9]+)(?::(\d+))?$")  # init_from "JOB" or "JOB:ITERATION"
+
+
+def _training_inputs(spec: job_pb2.JobSpec, user_inputs: UserInputs) -> None:
+    """Evaluation, checkpoint retention and the weights a job starts from (which job they name, and whether it has
+    them, is the store's to check)."""
+    if spec.eval_batches > MAX_EVAL_BATCHES:
+        raise InvalidArgument(f"{spec.eval_batches} evaluation batches", field="spec.eval_batches",
+                              fix=f"use at most {MAX_EVAL_BATCHES} (0 means 4)")
+    if spec.keep_checkpoints > MAX_KEPT_CHECKPOINTS:
+        raise InvalidArgument(f"{spec.keep_checkpoints} kept checkpoints", field="spec.keep_checkpoints",
+                              fix=f"keep at most {MAX_KEPT_CHECKPOINTS} (0 means 3)")
+    if spec.init_from and spec.resume_from:
+        raise InvalidArgument("a job either starts from weights or continues a job, not both",
+                              field="spec.init_from", fix="drop init_from to continue the job (with its optimizer), "
+                                                          "or resume_from to fine-tune from its weights")
+    if spec.resume_from and (not JOB_REF.match(spec.resume_from) or ":" in spec.resume_from):
+        raise InvalidArgument(f"{spec.resume_from!r} is not a job id", field="spec.resume_from",
+                              fix="name a job of yours, e.g. job-1a2b3c (it continues from its last checkpoint)")
+    if spec.init_from and not JOB_REF.match(spec.init_from):
+        field = "spec.init_from"
+        try:
+            user_inputs.data_path(spec.init_from, field)
+        except InvalidArgument as under_data:
+            try:
+                user_inputs.directory(spec.init_from, field)
+            except InvalidArgument:
+                raise InvalidArgument(f"{spec.init_from!r} is neither a job (JOB or JOB:ITERATION) nor a directory "
+                                      "of weights under BALLAST_DATA_ROOTS or BALLAST_MODEL_PATH", field=field,
+                                      fix=under_data.fix) from None
 
 
 def _device_range(spec: job_pb2.JobSpec) -> None:

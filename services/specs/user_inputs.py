@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
@@ -23,6 +24,9 @@ from services.runtime.errors import InvalidArgument
 if TYPE_CHECKING:
     from ballast.config import Settings
 
+_DOTTED = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
+FACTORY_RE = re.compile(rf"^{_DOTTED}:{_DOTTED}$")  # "pkg.module:callable", a model's or a data factory's
+FACTORY_FIX = 'use the form "pkg.module:callable"'
 ALLOWED_FACTORIES_FIX = "ask the platform operator to add it to BALLAST_ALLOWED_MODEL_FACTORIES"
 ALLOWED_DATA_FACTORIES_FIX = "ask the platform operator to add it to BALLAST_ALLOWED_DATA_FACTORIES"
 MODEL_PATH_FIX = ("put it in a directory on the operator's BALLAST_MODEL_PATH (the same path on every host) and "

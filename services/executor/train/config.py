@@ -20,16 +20,15 @@ from collections.abc import Callable
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
-from google.protobuf.json_format import ParseDict
+from google.protobuf.json_format import ParseDict, ParseError
 
-from ballast.v1 import model_pb2
+from ballast.v1 import job_pb2, model_pb2
 from services.executor.train.dims import ParallelDims
 from services.specs.user_inputs import NO_USER_INPUTS, UserInputs
 
 SCHEDULES = ("1f1b", "gpipe")
 OPTIMIZERS = ("adam", "sgd")
 BACKENDS = ("gloo", "nccl")
-DATA_KINDS = ("synthetic", "tokens")
 HARMONY_KEYS = frozenset({"forward_micro_batch", "forward_packs", "backward_micro_batch", "backward_packs", "devices",
                           "prefetch", "device_budget_bytes", "store_dir"})
 
@@ -70,7 +69,7 @@ class WorkerConfig:
     optimizer: dict[str, Any] = field(default_factory=lambda: {"name": "adam", "learning_rate": 1e-3})
     seed: int = 0
     start_iteration: int = 0
-    data: dict[str, Any] = field(default_factory=lambda: {"kind": "synthetic"})
+    data: dict[str, Any] = field(default_factory=dict)  # a DataSpec as MessageToDict writes it; {}: synthetic
     checkpoint_dir: str = ""
     checkpoint_every: int = 0  # 0 = never
     # Write cadence checkpoints in the background (the boundary only copies tensors to host memory); drains and
@@ -120,6 +119,9 @@ class WorkerConfig:
     def spec(self) -> model_pb2.ModelSpec:
         return ParseDict(self.model, model_pb2.ModelSpec())
 
+    def data_spec(self) -> job_pb2.DataSpec:
+        return ParseDict(self.data, job_pb2.DataSpec())
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
 
@@ -165,9 +167,11 @@ class WorkerConfig:
         need(self.schedule in SCHEDULES, "schedule", f"use one of {SCHEDULES}")
         need(self.optimizer.get("name") in OPTIMIZERS, "optimizer.name", f"use one of {OPTIMIZERS}")
         need(float(self.optimizer.get("learning_rate", 0)) > 0, "optimizer.learning_rate", "must be > 0")
-        need(self.data.get("kind") in DATA_KINDS, "data.kind", f"use one of {DATA_KINDS}")
-        need(self.data.get("kind") != "tokens" or bool(self.data.get("path")), "data.path",
-             "a tokens data source needs the token file path")
+        need(isinstance(self.data, dict), "data", "give a DataSpec as JSON ({} trains on synthetic samples)")
+        try:
+            self.data_spec()
+        except ParseError as exc:
+            need(False, "data", f"give a DataSpec as JSON (proto field names): {exc}")
         need(self.backend in BACKENDS, "backend", f"use one of {BACKENDS}")
         need(self.backend != "nccl" or self.device.startswith("cuda"), "device", "nccl needs a cuda device")
         need(0 <= self.start_iteration <= self.iterations, "start_iteration", "must be in [0, iterations]")

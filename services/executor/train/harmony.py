@@ -37,8 +37,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from ballast.v1 import model_pb2
+from services.data.batches import Data, batch_for
 from services.executor.train.chunks import functional_step
-from services.executor.train.data import batch_for
 from services.executor.train.offload import ActivationMeter
 from services.runtime.errors import InvalidArgument
 from services.runtime.harmony import FORWARD, FORWARD_BACKWARD, HarmonyLayer, HarmonySchedule, Task
@@ -197,7 +197,7 @@ class HarmonyRun:
 class HarmonyRank:
     """One device of a Harmony job: its tasks of the schedule, run in order every iteration."""
 
-    def __init__(self, spec: model_pb2.ModelSpec, data: dict[str, Any], seed: int, minibatch: int,
+    def __init__(self, spec: model_pb2.ModelSpec, data: Data, seed: int, minibatch: int,
                  optimizer: dict[str, Any], schedule: HarmonySchedule, store_dir: Path, *,
                  device_budget: int | None, rank: int = 0, prefetch: bool = True,
                  user_inputs: UserInputs = NO_USER_INPUTS) -> None:
@@ -548,7 +548,7 @@ def train_harmony(config: dict[str, Any], rank: int, store_dir: Path, group: Any
     from google.protobuf.json_format import ParseDict
 
     spec = ParseDict(config["model"], model_pb2.ModelSpec())
-    runner = HarmonyRank(spec, config.get("data", {"kind": "synthetic"}), int(config["seed"]),
+    runner = HarmonyRank(spec, config.get("data", {}), int(config["seed"]),
                          int(config["minibatch"]), config["optimizer"], schedule_from(config), store_dir,
                          device_budget=config.get("device_budget"), rank=rank,
                          prefetch=bool(config.get("prefetch", True)))

@@ -35,8 +35,9 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from ballast.v1 import common_pb2, model_pb2
+from services.data.batches import Data, batch_for
 from services.executor.train.chunks import ChunkManager, pool_budget, runtime_reserve
-from services.executor.train.data import batch_for, dropout_seed
+from services.executor.train.data import dropout_seed
 from services.runtime.chunk_policy import TensorState, Traffic
 from services.runtime.memory_pool import MemoryPool
 from services.specs.user_inputs import NO_USER_INPUTS, UserInputs
@@ -171,7 +172,7 @@ class ChunkedTrainer:
     """A model whose data lives in chunks under a device budget, stepped one iteration at a time (the worker
     reports each; `train_chunked` collects them)."""
 
-    def __init__(self, spec: model_pb2.ModelSpec, data: dict[str, Any], seed: int, global_batch: int,
+    def __init__(self, spec: model_pb2.ModelSpec, data: Data, seed: int, global_batch: int,
                  optimizer: dict[str, Any], *, device_budget: int | None, chunk_bytes: int, micro_batches: int = 1,
                  host_budget: int | None = None, device: str | torch.device = "cpu", rank: int = 0, world: int = 1,
                  group: object = None, user_inputs: UserInputs = NO_USER_INPUTS) -> None:
@@ -263,7 +264,7 @@ class ChunkedTrainer:
                            backward_s, optimizer_s, chunk_comm_s + loss_sum_s, manager.take_swap_s(), votes > 0)
 
 
-def train_chunked(spec: model_pb2.ModelSpec, data: dict[str, Any], seed: int, global_batch: int, iterations: int,
+def train_chunked(spec: model_pb2.ModelSpec, data: Data, seed: int, global_batch: int, iterations: int,
                   optimizer: dict[str, Any], *, device_budget: int | None, chunk_bytes: int,
                   micro_batches: int = 1, host_budget: int | None = None, device: str = "cpu", rank: int = 0,
                   world: int = 1, group: object = None) -> ChunkedRun:
@@ -290,7 +291,7 @@ def run_rank(config: dict[str, Any], rank: int, world: int, init_method: str) ->
         dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
     try:
         run = train_chunked(
-            ParseDict(config["model"], model_pb2.ModelSpec()), config.get("data", {"kind": "synthetic"}),
+            ParseDict(config["model"], model_pb2.ModelSpec()), config.get("data", {}),
             int(config["seed"]), int(config["global_batch"]), int(config["iterations"]), config["optimizer"],
             device_budget=config.get("device_budget"), chunk_bytes=int(config["chunk_bytes"]),
             micro_batches=int(config.get("micro_batches", 1)), host_budget=config.get("host_budget"),

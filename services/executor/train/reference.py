@@ -15,8 +15,9 @@ import torch
 from google.protobuf.json_format import MessageToDict
 
 from ballast.v1 import model_pb2
+from services.data.batches import Data, batch_for
 from services.executor.train import checkpoint as ckpt
-from services.executor.train.data import batch_for, dropout_seed
+from services.executor.train.data import dropout_seed
 from services.executor.train.stage import layer_active, make_optimizer, model_info, parse_toggles, tied_aliases
 from services.specs.user_inputs import NO_USER_INPUTS, UserInputs
 from services.zoo import build_model
@@ -24,7 +25,7 @@ from services.zoo import build_model
 
 def train_single(
     spec: model_pb2.ModelSpec,
-    data: dict[str, Any],
+    data: Data,
     seed: int,
     global_batch: int,
     iterations: int,

@@ -40,12 +40,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from services.data.batches import batch_for
 from services.executor.train import checkpoint as ckpt
 from services.executor.train import heap
 from services.executor.train.background import BackgroundWriter
 from services.executor.train.comms import Comms, Counters, Pending
 from services.executor.train.config import WorkerConfig
-from services.executor.train.data import batch_for, dropout_seed, sample_range
+from services.executor.train.data import dropout_seed, sample_range
 from services.executor.train.faults import Faults
 from services.executor.train.hybrid import Hybrid, local
 from services.executor.train.mesh import BACKWARD, FORWARD
@@ -90,7 +91,7 @@ class Trainer:
                  should_drain: Callable[[], bool] = lambda: False, hybrid: Hybrid | None = None) -> None:
         self.config, self.stage, self.comms, self.device = config, stage, comms, device
         self.hybrid = hybrid if hybrid is not None else Hybrid({}, {})  # TP / SDP layers (hybrid.py)
-        self.spec = config.spec()
+        self.spec, self.data = config.spec(), config.data_spec()
         self.inbox = inbox  # plan commands (none arrive unless the worker reads them)
         self.info = inbox.info  # the meta model and its shapes, built once per worker
         self.parameters = stage.parameters()
@@ -130,7 +131,7 @@ class Trainer:
     def batch(self, iteration: int, micro_batch: int) -> dict[str, torch.Tensor]:
         c = self.config
         begin, end = sample_range(c.replica_index, micro_batch, c.micro_batch_size, c.num_micro_batches)
-        full = batch_for(self.spec, c.data, c.seed, iteration, begin, end, global_batch=c.global_batch,
+        full = batch_for(self.spec, self.data, c.seed, iteration, begin, end, global_batch=c.global_batch,
                          user_inputs=c.user_inputs)
         return {k: full[k].to(self.device) for k in self.stage.batch_keys}
 

@@ -272,7 +272,7 @@ def prepare_chunks(config: WorkerConfig, device: torch.device, head: dict[str, A
                    should_drain: Callable[[], bool]) -> Callable[[], None]:
     """Chunk mode: the whole model, this rank a data-parallel replica (rank = replica), its model data in chunks
     under the device budget (offload.py). Built here, before the rendezvous (the chunk layout needs no group)."""
-    trainer = ChunkedTrainer(config.spec(), config.data, config.seed, config.global_batch, config.optimizer,
+    trainer = ChunkedTrainer(config.spec(), config.data_spec(), config.seed, config.global_batch, config.optimizer,
                              device_budget=config.device_budget_bytes or None, chunk_bytes=config.chunk_bytes,
                              micro_batches=config.num_micro_batches, device=device, rank=config.replica_index,
                              world=config.num_replicas, user_inputs=config.user_inputs)
@@ -355,8 +355,8 @@ def prepare_harmony(config: WorkerConfig, head: dict[str, Any], report: Report, 
     store = Path(h["store_dir"])
     store.mkdir(parents=True, exist_ok=True)  # every rank maps its files in the constructor, rank 0 or not
     try:
-        runner = HarmonyRank(spec, config.data, config.seed, config.global_batch, config.optimizer, schedule, store,
-                             device_budget=h["device_budget_bytes"] or None, rank=config.rank,
+        runner = HarmonyRank(spec, config.data_spec(), config.seed, config.global_batch, config.optimizer, schedule,
+                             store, device_budget=h["device_budget_bytes"] or None, rank=config.rank,
                              prefetch=h["prefetch"], user_inputs=config.user_inputs)
     except BaseException:
         remove_store(config)

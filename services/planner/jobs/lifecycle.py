@@ -6,7 +6,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from ballast.v1 import fleet_pb2, job_pb2, model_pb2, services_pb2, store_pb2
+from ballast.v1 import fleet_pb2, job_pb2, services_pb2, store_pb2
 from services.planner.jobs.prepare import KIND as PREPARE
 from services.planner.queue import durable
 from services.runtime.errors import FailedPrecondition, InvalidArgument
@@ -40,17 +40,18 @@ class HostsView:
 
 
 def submit(store: Store, request: services_pb2.SubmitJobRequest, send: durable.Send,
-           hosts: HostsView | None = None, check_model: Callable[[model_pb2.ModelSpec], None] | None = None
+           hosts: HostsView | None = None, check_inputs: Callable[[job_pb2.JobSpec], None] | None = None
            ) -> job_pb2.Job:
     """Store the job, its model, its SUBMITTED event and the request that prepares it (profile and plan,
     services/planner/jobs/prepare.py) in one store transaction (validated there), as the caller, then hand the
     request to `send` (the planner's broker publisher, which does not wait for the broker). A job whose
     preparation could not be handed over is failed with the reason rather than left waiting for nothing.
-    `check_model` (jobs/model_check.py) refuses a user's model that breaks a rule before anything is stored."""
+    `check_inputs` (jobs/inputs_check.py) refuses a user's model or data that breaks a rule before anything is
+    stored."""
     if not request.HasField("spec"):
         raise InvalidArgument("required", field="spec", fix="send a JobSpec with model, global_batch_size, iterations")
-    if check_model is not None and request.spec.HasField("model"):
-        check_model(request.spec.model)
+    if check_inputs is not None and request.spec.HasField("model"):
+        check_inputs(request.spec)
     if request.spec.HasField("fleet"):
         view = hosts or HostsView(store, ttl_s=0.0)
         try:
