@@ -28,7 +28,7 @@ EVENT_KEYS = {
                 "predicted_iteration_s", "device", "pid", "hybrid"},
     "iteration": {"event", "job_id", "rank", "stage", "replica", "iteration", "plan_version", "iteration_s",
                   "forward_s", "backward_s", "recompute_s", "comm_s", "p2p_s", "allreduce_s", "optimizer_s",
-                  "overhead_s", "idle_s", "memory_bytes", "heap_peak_bytes",
+                  "data_s", "overhead_s", "idle_s", "memory_bytes", "heap_peak_bytes",
                   "peak_memory_bytes", "bytes_sent", "bytes_received", "allreduce_bytes", "replica_allreduces",
                   "tied_allreduces", "loss", "has_loss", "samples_per_s", "layers", "swapped_bytes", "active_layers"},
     "checkpoint": {"event", "job_id", "rank", "stage", "replica", "iteration", "plan_version", "dir", "manifest",
@@ -83,7 +83,7 @@ def test_chained_stages_equal_the_whole_model():
     assert torch.allclose(tied, model.embed.tokens.weight.grad, atol=1e-7)
 
 
-PARTS = ("forward_s", "backward_s", "p2p_s", "allreduce_s", "optimizer_s", "overhead_s")
+PARTS = ("forward_s", "backward_s", "p2p_s", "allreduce_s", "optimizer_s", "data_s", "overhead_s")
 
 
 def assert_parts_sum_to_the_iteration(it: dict) -> None:

@@ -13,7 +13,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class StageStats(_message.Message):
-    __slots__ = ("job_id", "stage_index", "replica_index", "iteration", "plan_version", "forward_s", "backward_s", "comm_s", "idle_s", "memory_bytes", "peak_memory_bytes", "loss", "has_loss", "layers", "iteration_time_s", "recompute_s", "bytes_sent", "throughput_samples_per_s", "rank", "swapped_bytes", "active_layers", "p2p_s", "allreduce_s", "optimizer_s", "overhead_s", "swap_in_bytes", "swap_out_bytes", "swap_s", "ended_at")
+    __slots__ = ("job_id", "stage_index", "replica_index", "iteration", "plan_version", "forward_s", "backward_s", "comm_s", "idle_s", "memory_bytes", "peak_memory_bytes", "loss", "has_loss", "layers", "iteration_time_s", "recompute_s", "bytes_sent", "throughput_samples_per_s", "rank", "swapped_bytes", "active_layers", "p2p_s", "allreduce_s", "optimizer_s", "overhead_s", "swap_in_bytes", "swap_out_bytes", "swap_s", "ended_at", "data_s")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     REPLICA_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +43,7 @@ class StageStats(_message.Message):
     SWAP_OUT_BYTES_FIELD_NUMBER: _ClassVar[int]
     SWAP_S_FIELD_NUMBER: _ClassVar[int]
     ENDED_AT_FIELD_NUMBER: _ClassVar[int]
+    DATA_S_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     stage_index: int
     replica_index: int
@@ -72,7 +73,8 @@ class StageStats(_message.Message):
     swap_out_bytes: int
     swap_s: float
     ended_at: _timestamp_pb2.Timestamp
-    def __init__(self, job_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., replica_index: _Optional[int] = ..., iteration: _Optional[int] = ..., plan_version: _Optional[int] = ..., forward_s: _Optional[float] = ..., backward_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., idle_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., peak_memory_bytes: _Optional[int] = ..., loss: _Optional[float] = ..., has_loss: _Optional[bool] = ..., layers: _Optional[_Iterable[int]] = ..., iteration_time_s: _Optional[float] = ..., recompute_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., throughput_samples_per_s: _Optional[float] = ..., rank: _Optional[int] = ..., swapped_bytes: _Optional[int] = ..., active_layers: _Optional[_Iterable[int]] = ..., p2p_s: _Optional[float] = ..., allreduce_s: _Optional[float] = ..., optimizer_s: _Optional[float] = ..., overhead_s: _Optional[float] = ..., swap_in_bytes: _Optional[int] = ..., swap_out_bytes: _Optional[int] = ..., swap_s: _Optional[float] = ..., ended_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    data_s: float
+    def __init__(self, job_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., replica_index: _Optional[int] = ..., iteration: _Optional[int] = ..., plan_version: _Optional[int] = ..., forward_s: _Optional[float] = ..., backward_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., idle_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., peak_memory_bytes: _Optional[int] = ..., loss: _Optional[float] = ..., has_loss: _Optional[bool] = ..., layers: _Optional[_Iterable[int]] = ..., iteration_time_s: _Optional[float] = ..., recompute_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., throughput_samples_per_s: _Optional[float] = ..., rank: _Optional[int] = ..., swapped_bytes: _Optional[int] = ..., active_layers: _Optional[_Iterable[int]] = ..., p2p_s: _Optional[float] = ..., allreduce_s: _Optional[float] = ..., optimizer_s: _Optional[float] = ..., overhead_s: _Optional[float] = ..., swap_in_bytes: _Optional[int] = ..., swap_out_bytes: _Optional[int] = ..., swap_s: _Optional[float] = ..., ended_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., data_s: _Optional[float] = ...) -> None: ...
 
 class RegisterAgent(_message.Message):
     __slots__ = ("host", "applied_versions")

@@ -222,7 +222,7 @@ class JobEvent(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., seq: _Optional[int] = ..., type: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., message: _Optional[str] = ..., attributes: _Optional[_Mapping[str, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class IterationMetric(_message.Message):
-    __slots__ = ("job_id", "iteration", "stage_index", "replica_index", "plan_version", "iteration_time_s", "forward_s", "backward_s", "comm_s", "idle_s", "peak_memory_bytes", "loss", "has_loss", "throughput_samples_per_s", "predicted_iteration_time_s", "recorded_at", "recompute_s", "p2p_s", "allreduce_s", "optimizer_s", "overhead_s", "predicted_peak_memory_bytes", "predicted_stage_compute_s", "swap_in_bytes", "swap_out_bytes", "swap_s", "predicted_swap_in_bytes", "predicted_swap_out_bytes")
+    __slots__ = ("job_id", "iteration", "stage_index", "replica_index", "plan_version", "iteration_time_s", "forward_s", "backward_s", "comm_s", "idle_s", "peak_memory_bytes", "loss", "has_loss", "throughput_samples_per_s", "predicted_iteration_time_s", "recorded_at", "recompute_s", "p2p_s", "allreduce_s", "optimizer_s", "overhead_s", "predicted_peak_memory_bytes", "predicted_stage_compute_s", "swap_in_bytes", "swap_out_bytes", "swap_s", "predicted_swap_in_bytes", "predicted_swap_out_bytes", "data_s")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -251,6 +251,7 @@ class IterationMetric(_message.Message):
     SWAP_S_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_SWAP_IN_BYTES_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_SWAP_OUT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DATA_S_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     iteration: int
     stage_index: int
@@ -279,7 +280,8 @@ class IterationMetric(_message.Message):
     swap_s: float
     predicted_swap_in_bytes: int
     predicted_swap_out_bytes: int
-    def __init__(self, job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., stage_index: _Optional[int] = ..., replica_index: _Optional[int] = ..., plan_version: _Optional[int] = ..., iteration_time_s: _Optional[float] = ..., forward_s: _Optional[float] = ..., backward_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., idle_s: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., loss: _Optional[float] = ..., has_loss: _Optional[bool] = ..., throughput_samples_per_s: _Optional[float] = ..., predicted_iteration_time_s: _Optional[float] = ..., recorded_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., recompute_s: _Optional[float] = ..., p2p_s: _Optional[float] = ..., allreduce_s: _Optional[float] = ..., optimizer_s: _Optional[float] = ..., overhead_s: _Optional[float] = ..., predicted_peak_memory_bytes: _Optional[int] = ..., predicted_stage_compute_s: _Optional[float] = ..., swap_in_bytes: _Optional[int] = ..., swap_out_bytes: _Optional[int] = ..., swap_s: _Optional[float] = ..., predicted_swap_in_bytes: _Optional[int] = ..., predicted_swap_out_bytes: _Optional[int] = ...) -> None: ...
+    data_s: float
+    def __init__(self, job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., stage_index: _Optional[int] = ..., replica_index: _Optional[int] = ..., plan_version: _Optional[int] = ..., iteration_time_s: _Optional[float] = ..., forward_s: _Optional[float] = ..., backward_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., idle_s: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., loss: _Optional[float] = ..., has_loss: _Optional[bool] = ..., throughput_samples_per_s: _Optional[float] = ..., predicted_iteration_time_s: _Optional[float] = ..., recorded_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., recompute_s: _Optional[float] = ..., p2p_s: _Optional[float] = ..., allreduce_s: _Optional[float] = ..., optimizer_s: _Optional[float] = ..., overhead_s: _Optional[float] = ..., predicted_peak_memory_bytes: _Optional[int] = ..., predicted_stage_compute_s: _Optional[float] = ..., swap_in_bytes: _Optional[int] = ..., swap_out_bytes: _Optional[int] = ..., swap_s: _Optional[float] = ..., predicted_swap_in_bytes: _Optional[int] = ..., predicted_swap_out_bytes: _Optional[int] = ..., data_s: _Optional[float] = ...) -> None: ...
 
 class LayerMigration(_message.Message):
     __slots__ = ("id", "job_id", "layer_index", "from_stage", "to_stage", "bytes", "duration_s", "iteration", "plan_version", "created_at")

@@ -187,7 +187,7 @@ def stage_stats(event: dict, job_id: str) -> executor_pb2.StageStats:
         p2p_s=float(event.get("p2p_s", 0.0)), allreduce_s=float(event.get("allreduce_s", 0.0)),
         optimizer_s=float(event.get("optimizer_s", 0.0)), overhead_s=float(event.get("overhead_s", 0.0)),
         swap_in_bytes=int(event.get("swap_in_bytes", 0)), swap_out_bytes=int(event.get("swap_out_bytes", 0)),
-        swap_s=float(event.get("swap_s", 0.0)))
+        swap_s=float(event.get("swap_s", 0.0)), data_s=float(event.get("data_s", 0.0)))
     ended = event.get("time")
     if isinstance(ended, int | float) and not isinstance(ended, bool) and 0 < ended < MAX_TIMESTAMP_S:
         stats.ended_at.FromMicroseconds(round(ended * 1e6))  # a float second holds microseconds, not nanos

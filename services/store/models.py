@@ -340,6 +340,7 @@ class IterationMetric(Base):
     swap_s: Mapped[float | None]
     predicted_swap_in_bytes: Mapped[int | None] = mapped_column(sa.BigInteger)
     predicted_swap_out_bytes: Mapped[int | None] = mapped_column(sa.BigInteger)
+    data_s: Mapped[float | None]  # 0017: drawing the samples, seconds; NULL for earlier rows
 
 
 class LayerMigration(Base):

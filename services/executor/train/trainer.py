@@ -2,9 +2,9 @@
 reductions, the optimizer step and per-layer checkpoints, with the timings each iteration reports.
 
 The timings split the iteration's wall time into disjoint parts: forward_s + backward_s (recompute_s is
-inside backward_s) + p2p_s + allreduce_s + optimizer_s + overhead_s = iteration_s, where overhead_s is the
-rest (batch building, swap prefetches, the end-of-iteration device sync, Python); idle_s is the same rest under
-its older name. The pipeline bubble is in p2p_s: a stage waiting for its neighbour is blocked on a receive. On
+inside backward_s) + p2p_s + allreduce_s + optimizer_s + data_s (drawing the samples) + overhead_s = iteration_s,
+where overhead_s is the rest (swap prefetches, the end-of-iteration device sync, Python); idle_s is the same rest
+under its older name. The pipeline bubble is in p2p_s: a stage waiting for its neighbour is blocked on a receive. On
 a GPU kernels run asynchronously, so each span holds the device work the host waited for inside it.
 
 Sync-SGD semantics: every micro-batch's summed loss is divided by the GLOBAL label count of the iteration
@@ -108,6 +108,7 @@ class Trainer:
         self.faults = Faults.from_env(str(config.model.get("name", "")), config.rank)
         self.writer = BackgroundWriter()
         self.in_flight: Path | None = None  # the checkpoint being written in the background, until settled
+        self.data_s = 0.0  # the iteration's time drawing samples
 
     @property
     def plan_version(self) -> int:
@@ -130,10 +131,13 @@ class Trainer:
 
     def batch(self, iteration: int, micro_batch: int) -> dict[str, torch.Tensor]:
         c = self.config
+        started = time.perf_counter()
         begin, end = sample_range(c.replica_index, micro_batch, c.micro_batch_size, c.num_micro_batches)
         full = batch_for(self.spec, self.data, c.seed, iteration, begin, end, global_batch=c.global_batch,
                          user_inputs=c.user_inputs)
-        return {k: full[k].to(self.device) for k in self.stage.batch_keys}
+        out = {k: full[k].to(self.device) for k in self.stage.batch_keys}
+        self.data_s += time.perf_counter() - started
+        return out
 
     def step(self, iteration: int, on_start: Callable[[], None] | None = None) -> dict[str, Any]:
         """One iteration (0-based index) of the schedule; returns the timing/loss fields of its report.
@@ -142,7 +146,7 @@ class Trainer:
         stop between iterations never leaves a collective posted)."""
         c, stage, comms = self.config, self.stage, self.comms
         start = time.perf_counter()
-        stage.recompute_s = 0.0
+        stage.recompute_s = self.data_s = 0.0
         stage.segments.clear()  # a stopped iteration's leftovers
         stage.set_iteration(iteration)
         swap = stage.swap
@@ -239,12 +243,13 @@ class Trainer:
                loss: float, gradient_bytes: int) -> dict[str, Any]:
         counters = self.comms.take()
         current, peak = memory(self.device)
-        parts = forward_s + backward_s + counters.p2p_s + counters.allreduce_s + optimizer_s
+        parts = forward_s + backward_s + counters.p2p_s + counters.allreduce_s + optimizer_s + self.data_s
         overhead = max(iteration_s - parts, 0.0)  # the timed parts are disjoint spans of the iteration
         return {
             "iteration_s": iteration_s, "forward_s": forward_s, "backward_s": backward_s,
             "recompute_s": self.stage.recompute_s, "comm_s": counters.comm_s, "p2p_s": counters.p2p_s,
-            "allreduce_s": counters.allreduce_s, "optimizer_s": optimizer_s, "overhead_s": overhead,
+            "allreduce_s": counters.allreduce_s, "optimizer_s": optimizer_s, "data_s": self.data_s,
+            "overhead_s": overhead,
             "idle_s": overhead, "memory_bytes": current, "peak_memory_bytes": peak, "heap_peak_bytes": heap.take_peak(),
             "bytes_sent": counters.bytes_sent, "bytes_received": counters.bytes_received,
             "allreduce_bytes": counters.allreduce_bytes, "replica_allreduces": counters.replica_allreduces,

@@ -11,8 +11,8 @@ goes to stdout, one JSON object per line; every event carries "event", "job_id",
   (includes recompute_s), recompute_s, p2p_s (blocked on pipeline receives and send drains), allreduce_s
   (tied and replica gradient allreduces, ZeRO's reduce-scatters and parameter all-gathers, the last stage's
   loss sums), comm_s (p2p_s + allreduce_s),
-  optimizer_s, overhead_s (the rest: forward_s + backward_s + p2p_s + allreduce_s + optimizer_s + overhead_s
-  = iteration_s), idle_s (= overhead_s, its older name), memory_bytes, peak_memory_bytes (CUDA allocator,
+  optimizer_s, data_s (drawing the samples), overhead_s (the rest: forward_s + backward_s + p2p_s + allreduce_s
+  + optimizer_s + data_s + overhead_s = iteration_s), idle_s (= overhead_s, its older name), memory_bytes, peak_memory_bytes (CUDA allocator,
   or process RSS on the CPU), heap_peak_bytes (the CPU's analogue of CUDA's peak: glibc's heap in use at its
   peak during the iteration, the first one's including the worker's setup; sampled by a thread when the
   environment sets BALLAST_HEAP_PEAK=1, heap.py; else 0), bytes_sent / bytes_received (p2p), allreduce_bytes,

@@ -56,7 +56,7 @@ def iteration_metric(st: executor_pb2.StageStats, plan: plan_pb2.Plan | None) ->
         recompute_s=st.recompute_s, p2p_s=st.p2p_s, allreduce_s=st.allreduce_s, optimizer_s=st.optimizer_s,
         overhead_s=st.overhead_s, predicted_peak_memory_bytes=predicted_memory(plan, stage),
         predicted_stage_compute_s=predicted_compute(plan, stage),
-        swap_in_bytes=st.swap_in_bytes, swap_out_bytes=st.swap_out_bytes, swap_s=st.swap_s,
+        swap_in_bytes=st.swap_in_bytes, swap_out_bytes=st.swap_out_bytes, swap_s=st.swap_s, data_s=st.data_s,
         predicted_swap_in_bytes=predicted_swap(plan, st.replica_index)[0],
         predicted_swap_out_bytes=predicted_swap(plan, st.replica_index)[1],
         recorded_at=st.ended_at if st.HasField("ended_at") else None)
