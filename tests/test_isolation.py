@@ -167,6 +167,8 @@ CASES: dict[str, Case] = {
     f"{S}/GetCheckpoint": Case(TENANT, get("checkpoint"), owner_reads=True),
     f"{S}/ListCheckpoints": Case(TENANT, lambda w: store_pb2.ListCheckpointsRequest(job_id=w.job),
                                  owner_reads=True),
+    # the services mark checkpoints deleted (retention) or exported: platform admin only
+    f"{S}/UpdateCheckpoints": Case(ADMIN, lambda w: store_pb2.UpdateCheckpointsRequest(job_id="job-none")),
     f"{S}/RecordMorph": Case(ADMIN, lambda w: store_pb2.RecordMorphRequest(morph=morph(w))),
     f"{S}/MorphResumed": Case(ADMIN, lambda w: store_pb2.MorphResumedRequest(id="mph-none")),
     f"{S}/ListMorphs": Case(LIST, lambda w: store_pb2.ListMorphsRequest(job_id=w.job), shows="morph"),
@@ -289,7 +291,8 @@ def build_world(plane: Plane) -> World:
     job = a.create_job(store_pb2.CreateJobRequest(spec=job_spec("iso-a", model=gpt())))
     checkpoint = a.create_checkpoint(store_pb2.CreateCheckpointRequest(checkpoint=job_pb2.Checkpoint(
         job_id=job.id, iteration=2, plan_version=1, complete=True,
-        layers=[job_pb2.LayerCheckpoint(layer_index=0, uri="file:///x", bytes=1, sha256="0" * 64)])))
+        layers=[job_pb2.LayerCheckpoint(layer_index=0, uri=f"file:///c/{job.id}/iter-00000002/layer-00000.pt",
+                                        bytes=1, sha256="0" * 64)])))
     a.write_iteration_metrics(store_pb2.WriteIterationMetricsRequest(
         metrics=[job_pb2.IterationMetric(job_id=job.id, iteration=1, iteration_time_s=1.0)]))
     a.record_layer_migration(store_pb2.RecordLayerMigrationRequest(

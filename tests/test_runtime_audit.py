@@ -32,7 +32,7 @@ WRITES = {
     "StoreService/RecordCalibration", "StoreService/RecordLayerMigration", "StoreService/RecordMorph",
     "StoreService/RecordWorkerHeartbeat", "StoreService/RegisterHost", "StoreService/RenewLease",
     "StoreService/RotateTenantToken", "StoreService/SetFleetPolicy", "StoreService/TransitionJob",
-    "StoreService/UpdateHostState", "StoreService/WriteIterationMetrics",
+    "StoreService/UpdateCheckpoints", "StoreService/UpdateHostState", "StoreService/WriteIterationMetrics",
 }
 
 

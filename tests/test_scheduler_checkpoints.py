@@ -34,8 +34,8 @@ class Away:
 def report(job_id: str, rank: int, layers: tuple[int, ...], iteration: int = 100,
            complete: bool = False) -> executor_pb2.AgentMessage:
     """Rank `rank`'s report: its stage's layer files, or (rank 0, `complete`) every layer's."""
-    files = [job_pb2.LayerCheckpoint(layer_index=i, uri=f"file:///c/{iteration}/{i}.pt", sha256="ab")
-             for i in layers]
+    files = [job_pb2.LayerCheckpoint(layer_index=i, uri=f"file:///c/{job_id}/iter-{iteration:08d}/layer-{i:05d}.pt",
+                                     sha256="ab") for i in layers]
     return executor_pb2.AgentMessage(checkpoint_written=executor_pb2.CheckpointWritten(
         rank=rank, checkpoint=job_pb2.Checkpoint(job_id=job_id, iteration=iteration, plan_version=1, layers=files,
                                                  complete=complete)))

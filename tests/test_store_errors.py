@@ -56,7 +56,8 @@ def test_out_of_range_input_is_invalid_argument_on_every_backend(store: Store):
             lambda: a.create_checkpoint(
                 store_pb2.CreateCheckpointRequest(
                     checkpoint=job_pb2.Checkpoint(
-                        job_id=job.id, layers=[job_pb2.LayerCheckpoint(layer_index=0, uri="f", bytes=big)]
+                        job_id=job.id, layers=[job_pb2.LayerCheckpoint(
+                            layer_index=0, uri=f"/c/{job.id}/iter-00000000/layer-00000.pt", bytes=big)]
                     )
                 )
             ),

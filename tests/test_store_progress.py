@@ -9,7 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 from ballast.v1 import job_pb2, store_pb2
-from services.runtime.errors import InvalidArgument, NotFound
+from services.runtime.errors import InvalidArgument, NotFound, PermissionDenied
 from services.store import models as m
 from services.store import schema
 from services.store.db import create_engine
@@ -78,14 +78,14 @@ def test_layer_migrations_and_checkpoints(store: Store):
 
     def ckp(it: int, complete: bool) -> job_pb2.Checkpoint:
         layers = [
-            job_pb2.LayerCheckpoint(layer_index=i, uri=f"file:///c/{it}/{i}.pt", bytes=10, sha256="ab")
+            job_pb2.LayerCheckpoint(layer_index=i, uri=file_of(job.id, it, i), bytes=10, sha256="ab")
             for i in (0, 1)
         ]
         c = job_pb2.Checkpoint(job_id=job.id, iteration=it, plan_version=1, complete=complete, layers=layers)
         return a.create_checkpoint(store_pb2.CreateCheckpointRequest(checkpoint=c))
 
     c10, c20, c30 = ckp(10, True), ckp(20, True), ckp(30, False)
-    assert c10.id.startswith("ckp-") and [layer.uri for layer in c10.layers][1] == "file:///c/10/1.pt"
+    assert c10.id.startswith("ckp-") and [layer.uri for layer in c10.layers][1] == file_of(job.id, 10, 1)
     assert a.get_checkpoint(store_pb2.GetRequest(id=c20.id)) == c20
 
     def ids(**kw):
@@ -95,7 +95,7 @@ def test_layer_migrations_and_checkpoints(store: Store):
     assert ids(complete_only=True) == [c20.id, c10.id]
     assert ckp(20, True) == c20 and ids() == [c30.id, c20.id, c10.id]  # a replayed report: the row it has
     moved = job_pb2.Checkpoint(job_id=job.id, iteration=20, plan_version=1, complete=True,
-                               layers=[job_pb2.LayerCheckpoint(layer_index=0, uri="file:///d/20/0.pt")])
+                               layers=[job_pb2.LayerCheckpoint(layer_index=0, uri=file_of(job.id, 20, 0, "/d"))])
     other = a.create_checkpoint(store_pb2.CreateCheckpointRequest(checkpoint=moved))
     assert other.id not in (c10.id, c20.id, c30.id)  # other files at the same iteration: another checkpoint
     rewritten = job_pb2.Checkpoint()
@@ -108,6 +108,33 @@ def test_layer_migrations_and_checkpoints(store: Store):
         a.create_checkpoint(store_pb2.CreateCheckpointRequest(checkpoint=dup))
     with pytest.raises(NotFound):
         a.get_checkpoint(store_pb2.GetRequest(id="ckp-missing"))
+
+    # Issue 40: a checkpoint names only its own job's files, where its workers write them ...
+    other_job = new_job(store, name="other")
+    for uri in ("/etc/passwd", file_of(other_job.id, 40, 0), f"/c/{job.id}/iter-00000040/../x/layer-00000.pt",
+                file_of(job.id, 41, 0), f"c/{job.id}/iter-00000040/layer-00000.pt"):
+        bad = job_pb2.Checkpoint(job_id=job.id, iteration=40, layers=[job_pb2.LayerCheckpoint(layer_index=0, uri=uri)])
+        with pytest.raises(InvalidArgument) as err:
+            a.create_checkpoint(store_pb2.CreateCheckpointRequest(checkpoint=bad))
+        assert err.value.field == "checkpoint.layers[0].uri" and "own checkpoint file" in err.value.message, uri
+    # ... and the services mark them deleted (retention) or exported, once each
+    with pytest.raises(PermissionDenied):
+        a.update_checkpoints(store_pb2.UpdateCheckpointsRequest(job_id=job.id, deleted_ids=[c10.id]))
+    admin = store.as_(store.admin)
+    marked = admin.update_checkpoints(store_pb2.UpdateCheckpointsRequest(job_id=job.id, deleted_ids=[c10.id],
+                                                                         exported_ids=[c20.id]))
+    by_id = {c.id: c for c in marked.checkpoints}
+    assert by_id[c10.id].HasField("deleted_at") and not by_id[c10.id].HasField("exported_at")
+    assert by_id[c20.id].HasField("exported_at") and not by_id[c20.id].HasField("deleted_at")
+    first = by_id[c10.id].deleted_at
+    again = admin.update_checkpoints(store_pb2.UpdateCheckpointsRequest(job_id=job.id, deleted_ids=[c10.id]))
+    assert {c.id: c for c in again.checkpoints}[c10.id].deleted_at == first
+    with pytest.raises(NotFound):
+        admin.update_checkpoints(store_pb2.UpdateCheckpointsRequest(job_id=other_job.id, deleted_ids=[c20.id]))
+
+
+def file_of(job_id: str, iteration: int, layer: int, root: str = "/c") -> str:
+    return f"file://{root}/{job_id}/iter-{iteration:08d}/layer-{layer:05d}.pt"
 
 
 BREAKDOWN = {"forward_s": 0.25, "backward_s": 0.5, "recompute_s": 0.125, "p2p_s": 0.375, "allreduce_s": 0.0625,

@@ -320,7 +320,7 @@ class LayerCheckpoint(_message.Message):
     def __init__(self, layer_index: _Optional[int] = ..., uri: _Optional[str] = ..., bytes: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
 
 class Checkpoint(_message.Message):
-    __slots__ = ("id", "job_id", "iteration", "plan_version", "layers", "complete", "created_at")
+    __slots__ = ("id", "job_id", "iteration", "plan_version", "layers", "complete", "created_at", "deleted_at", "exported_at")
     ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
@@ -328,6 +328,8 @@ class Checkpoint(_message.Message):
     LAYERS_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    DELETED_AT_FIELD_NUMBER: _ClassVar[int]
+    EXPORTED_AT_FIELD_NUMBER: _ClassVar[int]
     id: str
     job_id: str
     iteration: int
@@ -335,7 +337,9 @@ class Checkpoint(_message.Message):
     layers: _containers.RepeatedCompositeFieldContainer[LayerCheckpoint]
     complete: bool
     created_at: _timestamp_pb2.Timestamp
-    def __init__(self, id: _Optional[str] = ..., job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., plan_version: _Optional[int] = ..., layers: _Optional[_Iterable[_Union[LayerCheckpoint, _Mapping]]] = ..., complete: _Optional[bool] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    deleted_at: _timestamp_pb2.Timestamp
+    exported_at: _timestamp_pb2.Timestamp
+    def __init__(self, id: _Optional[str] = ..., job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., plan_version: _Optional[int] = ..., layers: _Optional[_Iterable[_Union[LayerCheckpoint, _Mapping]]] = ..., complete: _Optional[bool] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., deleted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., exported_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Morph(_message.Message):
     __slots__ = ("id", "job_id", "cause", "detail", "from_stages", "from_replicas", "from_plan_version", "to_stages", "to_replicas", "to_plan_version", "failed_iteration", "checkpoint_iteration", "lost_iterations", "detected_at", "resumed_at", "first_iteration_at", "recovery_s")

@@ -340,6 +340,16 @@ class CreateCheckpointRequest(_message.Message):
     checkpoint: _job_pb2.Checkpoint
     def __init__(self, checkpoint: _Optional[_Union[_job_pb2.Checkpoint, _Mapping]] = ...) -> None: ...
 
+class UpdateCheckpointsRequest(_message.Message):
+    __slots__ = ("job_id", "deleted_ids", "exported_ids")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    DELETED_IDS_FIELD_NUMBER: _ClassVar[int]
+    EXPORTED_IDS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    deleted_ids: _containers.RepeatedScalarFieldContainer[str]
+    exported_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job_id: _Optional[str] = ..., deleted_ids: _Optional[_Iterable[str]] = ..., exported_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class ListCheckpointsRequest(_message.Message):
     __slots__ = ("job_id", "complete_only", "page")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]

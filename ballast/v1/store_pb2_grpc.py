@@ -202,6 +202,11 @@ class StoreServiceStub:
                 request_serializer=ballast_dot_v1_dot_store__pb2.ListCheckpointsRequest.SerializeToString,
                 response_deserializer=ballast_dot_v1_dot_store__pb2.ListCheckpointsResponse.FromString,
                 _registered_method=True)
+        self.UpdateCheckpoints = channel.unary_unary(
+                '/ballast.v1.StoreService/UpdateCheckpoints',
+                request_serializer=ballast_dot_v1_dot_store__pb2.UpdateCheckpointsRequest.SerializeToString,
+                response_deserializer=ballast_dot_v1_dot_store__pb2.ListCheckpointsResponse.FromString,
+                _registered_method=True)
         self.EnqueueRequest = channel.unary_unary(
                 '/ballast.v1.StoreService/EnqueueRequest',
                 request_serializer=ballast_dot_v1_dot_store__pb2.EnqueueRequestRequest.SerializeToString,
@@ -562,6 +567,13 @@ class StoreServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateCheckpoints(self, request, context):
+        """Mark checkpoints deleted or exported (the job's checkpoints afterwards, newest first).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def EnqueueRequest(self, request, context):
         """Store a queued request (deduplicated by content).
         """
@@ -905,6 +917,11 @@ def add_StoreServiceServicer_to_server(servicer, server):
             'ListCheckpoints': grpc.unary_unary_rpc_method_handler(
                     servicer.ListCheckpoints,
                     request_deserializer=ballast_dot_v1_dot_store__pb2.ListCheckpointsRequest.FromString,
+                    response_serializer=ballast_dot_v1_dot_store__pb2.ListCheckpointsResponse.SerializeToString,
+            ),
+            'UpdateCheckpoints': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateCheckpoints,
+                    request_deserializer=ballast_dot_v1_dot_store__pb2.UpdateCheckpointsRequest.FromString,
                     response_serializer=ballast_dot_v1_dot_store__pb2.ListCheckpointsResponse.SerializeToString,
             ),
             'EnqueueRequest': grpc.unary_unary_rpc_method_handler(
@@ -1902,6 +1919,33 @@ class StoreService:
             target,
             '/ballast.v1.StoreService/ListCheckpoints',
             ballast_dot_v1_dot_store__pb2.ListCheckpointsRequest.SerializeToString,
+            ballast_dot_v1_dot_store__pb2.ListCheckpointsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateCheckpoints(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ballast.v1.StoreService/UpdateCheckpoints',
+            ballast_dot_v1_dot_store__pb2.UpdateCheckpointsRequest.SerializeToString,
             ballast_dot_v1_dot_store__pb2.ListCheckpointsResponse.FromString,
             options,
             channel_credentials,

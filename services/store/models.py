@@ -365,6 +365,8 @@ class Checkpoint(Base):
     plan_version: Mapped[int]
     complete: Mapped[bool]
     created_at: Mapped[datetime]
+    deleted_at: Mapped[datetime | None]  # 0018: the files deleted by the job's retention
+    exported_at: Mapped[datetime | None]  # 0018: first exported; kept beside the newest ones from then on
 
     layers: Mapped[list[CheckpointLayer]] = relationship(
         order_by="CheckpointLayer.layer_index", cascade="all, delete-orphan"

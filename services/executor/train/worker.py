@@ -7,27 +7,26 @@ goes to stdout, one JSON object per line; every event carries "event", "job_id",
   parameters held), start_iteration, iterations, schedule, global_batch, plan_version,
   predicted_iteration_s, device, pid, hybrid (per held TP/SDP layer: strategy, degree, mesh axis sizes, this
   rank's parameter elements and the layer's whole count; {} when the stage has none).
-- "iteration" (after each): iteration (completed count), plan_version, iteration_s, forward_s, backward_s
-  (includes recompute_s), recompute_s, p2p_s (blocked on pipeline receives and send drains), allreduce_s
-  (tied and replica gradient allreduces, ZeRO's reduce-scatters and parameter all-gathers, the last stage's
-  loss sums), comm_s (p2p_s + allreduce_s),
-  optimizer_s, data_s (drawing the samples), overhead_s (the rest: forward_s + backward_s + p2p_s + allreduce_s
-  + optimizer_s + data_s + overhead_s = iteration_s), idle_s (= overhead_s, its older name), memory_bytes, peak_memory_bytes (CUDA allocator,
-  or process RSS on the CPU), heap_peak_bytes (the CPU's analogue of CUDA's peak: glibc's heap in use at its
-  peak during the iteration, the first one's including the worker's setup; sampled by a thread when the
-  environment sets BALLAST_HEAP_PEAK=1, heap.py; else 0), bytes_sent / bytes_received (p2p), allreduce_bytes,
-  replica_allreduces, tied_allreduces, loss and has_loss (the iteration's global mean loss, on the last stage only),
-  samples_per_s (global batch / s), swapped_bytes (activation bytes moved to host memory this iteration; in
-  chunk mode the chunk bytes moved out, = swap_out_bytes), swap_in_bytes / swap_out_bytes (chunk mode: chunk
-  bytes moved host -> device / device -> host this iteration, optimizer states included; else 0 or absent),
-  swap_s (chunk mode: seconds inside the chunk moves, gathers and reductions; they lie within the other parts),
-  active_layers (held layers that computed: layer_toggles can make one the identity), layers (held during
-  this iteration; plan_version is the version in force during it). With more than one replica also
-  zero1_layers / zero2_layers (held layers under ZeRO-1 / ZeRO-2), optimizer_state_bytes (optimizer state
-  this rank holds after the step: ZeRO layers' chunks only), gradient_bytes (gradients held after the
-  reduction, before the step: ZeRO layers' chunks only), reduce_scatter_bytes / allgather_bytes (ZeRO's padded
-  full gradient and parameter sizes put through the replica group's reduce-scatters and all-gathers),
-  replica_reduce_scatters, replica_allgathers.
+- "iteration" (after each): iteration (completed count), plan_version, iteration_s, forward_s, backward_s (includes
+  recompute_s), recompute_s, p2p_s (blocked on pipeline receives and send drains), allreduce_s (tied and replica
+  gradient allreduces, ZeRO's reduce-scatters and parameter all-gathers, the last stage's loss sums), comm_s (p2p_s
+  + allreduce_s), optimizer_s, data_s (drawing the samples), overhead_s (the rest: forward_s + backward_s + p2p_s +
+  allreduce_s + optimizer_s + data_s + overhead_s = iteration_s), idle_s (= overhead_s, its older name),
+  memory_bytes, peak_memory_bytes (CUDA allocator, or process RSS on the CPU), heap_peak_bytes (the CPU's analogue
+  of CUDA's peak: glibc's heap in use at its peak during the iteration, the first one's including the worker's
+  setup; sampled by a thread when the environment sets BALLAST_HEAP_PEAK=1, heap.py; else 0), bytes_sent /
+  bytes_received (p2p), allreduce_bytes, replica_allreduces, tied_allreduces, loss and has_loss (the iteration's
+  global mean loss, on the last stage only), samples_per_s (global batch / s), swapped_bytes (activation bytes moved
+  to host memory this iteration; in chunk mode the chunk bytes moved out, = swap_out_bytes), swap_in_bytes /
+  swap_out_bytes (chunk mode: chunk bytes moved host -> device / device -> host this iteration, optimizer states
+  included; else 0 or absent), swap_s (chunk mode: seconds inside the chunk moves, gathers and reductions; they lie
+  within the other parts), active_layers (held layers that computed: layer_toggles can make one the identity),
+  layers (held during this iteration; plan_version is the version in force during it). With more than one replica
+  also zero1_layers / zero2_layers (held layers under ZeRO-1 / ZeRO-2), optimizer_state_bytes (optimizer state this
+  rank holds after the step: ZeRO layers' chunks only), gradient_bytes (gradients held after the reduction, before
+  the step: ZeRO layers' chunks only), reduce_scatter_bytes / allgather_bytes (ZeRO's padded full gradient and
+  parameter sizes put through the replica group's reduce-scatters and all-gathers), replica_reduce_scatters,
+  replica_allgathers.
 - "command_rejected" (a warning; training goes on): iteration (completed count when reported), version (the
   command's, 0 if it had none), message
   (names the bad field of a stdin command).

@@ -38,6 +38,7 @@ from services.planner.jobs.lifecycle import TERMINAL
 from services.planner.jobs.metrics import RetainedRows, iteration_metric, observe_iteration
 from services.planner.jobs.rebalance import Rebalancer
 from services.planner.jobs.recovery import Recovery
+from services.planner.jobs.retention import Retention
 from services.planner.jobs.running import (
     END_ATTEMPTS,
     HOST_LOST_S,
@@ -90,6 +91,8 @@ class Scheduler(Recovery, ElasticPass):
         self._failure_rate: tuple[float, int, float] = (0.0, 0, 0.0)  # (read at, failures, device-hours), 7 days
         self._started = time.monotonic()
         self._root = checkpoint_root
+        self._retention = Retention(store, checkpoint_root)
+        self._retention_due: set[str] = set()  # jobs with a new complete checkpoint, or just ended
         self._interval, self._pg_timeout = interval_s, process_group_timeout_s
         self._running: dict[str, Running] = {}
         self._rows = RetainedRows(lambda rows: store.write_iteration_metrics(
@@ -136,6 +139,7 @@ class Scheduler(Recovery, ElasticPass):
     def tick(self) -> None:
         self._rows.flush()  # what a store that was away could not take
         self._checkpoints.flush()
+        self._retain()
         for job_id in self._owed_calibrations():
             if not self._queue_calibration(job_id):
                 break  # the store still refuses: the rest wait for the next tick, not the whole pass
@@ -149,6 +153,16 @@ class Scheduler(Recovery, ElasticPass):
         for job in self._jobs(S.JOB_STATE_CANCELLING):
             self._cancel(job)
         self.rebalance()
+
+    def _retain(self) -> None:
+        """Apply the retention of the jobs with a new complete checkpoint (or just ended) since the last tick."""
+        with self._lock:
+            due, self._retention_due = self._retention_due, set()
+        for job_id in sorted(due):
+            try:
+                self._retention.apply(self._store.get_job(store_pb2.GetRequest(id=job_id)))
+            except Exception:  # noqa: BLE001 - its files stay until its next checkpoint; the job goes on
+                log.exception("checkpoint retention failed", extra={"job_id": job_id})
 
     def rebalance(self) -> None:
         for job_id in self.rebalancer.due():
@@ -553,6 +567,7 @@ class Scheduler(Recovery, ElasticPass):
             with self._lock:
                 if self._running.get(running.job.id) is running:
                     self._running.pop(running.job.id)
+                self._retention_due.add(running.job.id)  # what its last checkpoints left
             self.rebalancer.forget(running.job.id)
             forget_job(running.job.id)
 
@@ -612,6 +627,8 @@ class Scheduler(Recovery, ElasticPass):
             self._checkpoints.write([job_pb2.Checkpoint(
                 job_id=ck.job_id, iteration=ck.iteration, plan_version=ck.plan_version,
                 layers=sorted(layers, key=lambda x: x.layer_index), complete=True)])
+            with self._lock:
+                self._retention_due.add(ck.job_id)
 
 
 def _ranks_attribute(ranks: dict[str, list[int]]) -> str:

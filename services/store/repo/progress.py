@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, selectinload
@@ -23,6 +24,16 @@ def metric_pb(row: m.IterationMetric) -> job_pb2.IterationMetric:
 
 def migration_pb(row: m.LayerMigration) -> job_pb2.LayerMigration:
     return job_pb2.LayerMigration(**shared_fields(row, job_pb2.LayerMigration))
+
+
+def own_file(uri: str, job_id: str, iteration: int, layer: int, field: str) -> None:
+    """A layer file lies where the job's workers write it, `.../<job>/iter-<iteration>/layer-<layer>.pt`: an
+    absolute path (or file:// URI) without `..`, so no checkpoint names another job's files or any other file."""
+    path = unquote(urlparse(uri).path) if uri.startswith("file://") else uri
+    tail = f"/{job_id}/iter-{iteration:08d}/layer-{layer:05d}.pt"
+    if not path.startswith("/") or ".." in path.split("/") or not path.endswith(tail):
+        raise InvalidArgument(f"{uri[:200]!r} is not the job's own checkpoint file", field=field,
+                              fix=f"checkpoint files are written by the job's workers, as ...{tail}")
 
 
 def checkpoint_pb(row: m.Checkpoint) -> job_pb2.Checkpoint:
@@ -112,6 +123,11 @@ class ProgressStore(RepositoryBase):
         indexes = [layer.layer_index for layer in ck.layers]
         if len(set(indexes)) != len(indexes):
             raise InvalidArgument("duplicate layer index", field="checkpoint.layers", fix="one file per layer")
+        for i, layer in enumerate(ck.layers):
+            own_file(layer.uri, ck.job_id, ck.iteration, layer.layer_index, f"checkpoint.layers[{i}].uri")
+        if ck.HasField("deleted_at") or ck.HasField("exported_at"):
+            raise InvalidArgument("a new checkpoint is neither deleted nor exported", field="checkpoint.deleted_at",
+                                  fix="leave deleted_at and exported_at unset (UpdateCheckpoints marks them)")
         values = shared_fields(ck, m.Checkpoint, skip=("id",), field="checkpoint")
         layers = [shared_fields(c, m.CheckpointLayer, field=f"checkpoint.layers[{i}]") for i, c in enumerate(ck.layers)]
         with self._tx(write=True) as s:
@@ -148,6 +164,25 @@ class ProgressStore(RepositoryBase):
             if row is None:
                 raise NotFound(f"checkpoint {quote(req.id)} not found", field="id")
             return checkpoint_pb(row)
+
+    def update_checkpoints(
+        self, p: Principal, req: store_pb2.UpdateCheckpointsRequest
+    ) -> store_pb2.ListCheckpointsResponse:
+        """Mark a job's checkpoints deleted (their files are gone) or exported; the first mark of each kind stays."""
+        self._require_admin(p, "marking checkpoints")
+        marks = [(i, "deleted_at", f"deleted_ids[{n}]") for n, i in enumerate(req.deleted_ids)]
+        marks += [(i, "exported_at", f"exported_ids[{n}]") for n, i in enumerate(req.exported_ids)]
+        with self._tx(write=True) as s:
+            self._job(s, p, req.job_id, lock=True)
+            rows = {r.id: r for r in s.scalars(sa.select(m.Checkpoint).where(m.Checkpoint.job_id == req.job_id))}
+            for checkpoint_id, column, field in marks:
+                row = rows.get(checkpoint_id)
+                if row is None:
+                    raise NotFound(f"checkpoint {quote(checkpoint_id)} of job {quote(req.job_id)} not found",
+                                   field=field)
+                if getattr(row, column) is None:
+                    setattr(row, column, self.now())
+        return self.list_checkpoints(p, store_pb2.ListCheckpointsRequest(job_id=req.job_id))
 
     def list_checkpoints(
         self, p: Principal, req: store_pb2.ListCheckpointsRequest
