@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 
-from ballast import sdk, trace
+from ballast import exported, sdk, trace
 from ballast.config import Settings, load_settings
 from ballast.errors import CallFailed, ClientError, InvalidInput, PlanSearchFailed, SearchTimeout
 from ballast.throttle import ThrottleRetry
@@ -247,6 +247,25 @@ class Client:
     def cancel(self, job_id: str, reason: str = "") -> job_pb2.Job:
         """Cancel a job: at once if nothing runs it yet, else CANCELLING until its workers are gone."""
         return self._call("jobs", "Cancel", services_pb2.CancelJobRequest(job_id=job_id, reason=reason))
+
+    def export(self, job_id: str, out: str | os.PathLike[str], *, iteration: int = 0,
+               format: str = "safetensors") -> exported.Export:  # noqa: A002 - the CLI's flag
+        """Write a job's trained weights into the new or empty directory `out` (`ballast export`): its newest complete
+        checkpoint (or the one at `iteration`), consolidated into one state dict under the model's own names, as
+        model.safetensors, model.pt (`format="torch"`) or, for a Hugging Face model, a save_pretrained directory
+        (`format="hf"`); ballast.json beside it says which job and iteration. Each file is checked against its
+        SHA-256 before it takes its name."""
+        if not job_id:
+            raise InvalidInput("required", field="job_id", fix="pass the id submit() returned (job.id)")
+        folder = exported.target(out)
+        stream = self._call("jobs", "Export", services_pb2.ExportRequest(job_id=job_id, iteration=iteration,
+                                                                         format=format))
+        try:
+            return exported.receive(stream, folder)
+        except grpc.RpcError as exc:
+            raise CallFailed.of("JobService.Export", exc) from None
+        finally:
+            stream.cancel()
 
     def watch(self, job_id: str, *, after: int = 0, until: str | int | None = None,
               timeout: float | None = None) -> Iterator[job_pb2.JobEvent]:

@@ -231,6 +231,7 @@ CASES: dict[str, Case] = {
     f"{J}/List": Case(LIST, lambda w: store_pb2.ListJobsRequest(), shows="job"),
     f"{J}/Watch": Case(TENANT, lambda w: services_pb2.WatchJobRequest(job_id=w.job), owner_reads=True),
     f"{J}/Cancel": Case(TENANT, lambda w: services_pb2.CancelJobRequest(job_id=w.job, reason="b says so")),
+    f"{J}/Export": Case(TENANT, lambda w: services_pb2.ExportRequest(job_id=w.job)),
     # --- fleet
     f"{F}/ListQueue": Case(LIST, lambda w: services_pb2.ListQueueRequest()),
     # The scheduler soon ends A's lease (its job is not running), so GetFleet's redaction of another tenant's

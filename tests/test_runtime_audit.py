@@ -20,7 +20,8 @@ from tests.store_builders import gpt, job_spec
 
 # Every RPC that changes state, by name: a new RPC is classified here on purpose (viewers, audit, retries).
 WRITES = {
-    "ExecutorControl/Connect", "FleetService/SetPolicy", "JobService/Cancel", "JobService/Submit",
+    "ExecutorControl/Connect", "FleetService/SetPolicy", "JobService/Cancel", "JobService/Export",
+    "JobService/Submit",
     "PlannerService/Echo", "PlannerService/Plan", "ProfilerService/Calibrate", "ProfilerService/Profile",
     "ProfilerService/ProfileStream", "ProfilerService/ProjectProfile", "StoreService/AcquireLeases",
     "StoreService/AppendJobEvent", "StoreService/ClaimRequest", "StoreService/ClearHostDegraded",

@@ -191,6 +191,27 @@ def run_cancel(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def add_export_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("job_id")
+    p.add_argument("--out", required=True, help="a new or empty directory to write the weights into")
+    p.add_argument("--iteration", type=int, default=0,
+                   help="the checkpoint after this iteration (default: the job's newest)")
+    p.add_argument("--format", default="safetensors", choices=["safetensors", "torch", "hf"],
+                   help="model.safetensors (default), model.pt, or a Hugging Face save_pretrained directory")
+
+
+def run_export(settings: Settings, args: argparse.Namespace) -> int:
+    with _client(settings) as client:
+        try:
+            done = client.export(args.job_id, args.out, iteration=args.iteration, format=args.format)
+        except grpc.RpcError as exc:
+            return refused(exc)
+    names = ", ".join(f"{name} ({size / 2**20:.1f} MiB)" for name, size in done.files.items())
+    console.print(f"job {args.job_id}: iteration {done.iteration} ({done.checkpoint_id}) exported to "
+                  f"{done.directory}: {names}")
+    return 0
+
+
 def run_watch(settings: Settings, args: argparse.Namespace) -> int:
     with _client(settings) as client:
         return follow(client, args.job_id, args.after, args.until)

@@ -258,6 +258,12 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return run_cancel(_settings(args), args)
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from ballast.cli.jobs import run_export
+
+    return run_export(_settings(args), args)
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     from ballast.cli.inspect import run
 
@@ -382,7 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_plan_arguments(p)
     p = add("explain", cmd_explain, "a stored plan: its explanation, per-layer strategies and alternatives")
     add_explain_arguments(p)
-    from ballast.cli.jobs import add_cancel_arguments, add_submit_arguments, add_watch_arguments
+    from ballast.cli.jobs import add_cancel_arguments, add_export_arguments, add_submit_arguments, add_watch_arguments
 
     p = add("inspect", cmd_inspect, "check a model against Ballast's rules and list the layers it is cut into "
                                     "(your own factory or Hugging Face model before you submit it)")
@@ -397,6 +403,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_watch_arguments(p)
     p = add("cancel", cmd_cancel, "cancel a job (at once if nothing runs it yet, else once its workers stopped)")
     add_cancel_arguments(p)
+    p = add("export", cmd_export, "write a job's trained weights into a directory (safetensors, torch or a Hugging "
+                                  "Face save_pretrained directory), streamed from the planner")
+    add_export_arguments(p)
     from ballast.cli.fleet import add_fleet_arguments, add_policy_arguments, add_queue_arguments
 
     p = add("queue", cmd_queue, "the shared fleet's queue in admission order: why each job waits, when it starts")

@@ -192,7 +192,7 @@ class WorkerAssignment(_message.Message):
     def __init__(self, device_index: _Optional[int] = ..., rank: _Optional[int] = ..., stage_index: _Optional[int] = ..., replica_index: _Optional[int] = ...) -> None: ...
 
 class AssignInstruction(_message.Message):
-    __slots__ = ("plan", "rendezvous", "world_size", "workers", "backend", "process_group_timeout_s", "start_iteration", "checkpoint_id", "spec", "checkpoint_uri", "checkpoint_dir")
+    __slots__ = ("plan", "rendezvous", "world_size", "workers", "backend", "process_group_timeout_s", "start_iteration", "checkpoint_id", "spec", "checkpoint_uri", "checkpoint_dir", "init_from")
     PLAN_FIELD_NUMBER: _ClassVar[int]
     RENDEZVOUS_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -204,6 +204,7 @@ class AssignInstruction(_message.Message):
     SPEC_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_URI_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
+    INIT_FROM_FIELD_NUMBER: _ClassVar[int]
     plan: _plan_pb2.Plan
     rendezvous: str
     world_size: int
@@ -215,7 +216,8 @@ class AssignInstruction(_message.Message):
     spec: _job_pb2.JobSpec
     checkpoint_uri: str
     checkpoint_dir: str
-    def __init__(self, plan: _Optional[_Union[_plan_pb2.Plan, _Mapping]] = ..., rendezvous: _Optional[str] = ..., world_size: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerAssignment, _Mapping]]] = ..., backend: _Optional[str] = ..., process_group_timeout_s: _Optional[int] = ..., start_iteration: _Optional[int] = ..., checkpoint_id: _Optional[str] = ..., spec: _Optional[_Union[_job_pb2.JobSpec, _Mapping]] = ..., checkpoint_uri: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ...) -> None: ...
+    init_from: str
+    def __init__(self, plan: _Optional[_Union[_plan_pb2.Plan, _Mapping]] = ..., rendezvous: _Optional[str] = ..., world_size: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerAssignment, _Mapping]]] = ..., backend: _Optional[str] = ..., process_group_timeout_s: _Optional[int] = ..., start_iteration: _Optional[int] = ..., checkpoint_id: _Optional[str] = ..., spec: _Optional[_Union[_job_pb2.JobSpec, _Mapping]] = ..., checkpoint_uri: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., init_from: _Optional[str] = ...) -> None: ...
 
 class LayerMove(_message.Message):
     __slots__ = ("layer_index", "from_stage", "to_stage")

@@ -253,6 +253,34 @@ class CancelJobRequest(_message.Message):
     reason: str
     def __init__(self, job_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
+class ExportRequest(_message.Message):
+    __slots__ = ("job_id", "iteration", "format")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    iteration: int
+    format: str
+    def __init__(self, job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., format: _Optional[str] = ...) -> None: ...
+
+class ExportChunk(_message.Message):
+    __slots__ = ("file", "offset", "data", "size", "sha256", "checkpoint_id", "iteration")
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    file: str
+    offset: int
+    data: bytes
+    size: int
+    sha256: str
+    checkpoint_id: str
+    iteration: int
+    def __init__(self, file: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., iteration: _Optional[int] = ...) -> None: ...
+
 class QueueEntry(_message.Message):
     __slots__ = ("job_id", "tenant_id", "tenant", "priority_class", "priority", "position", "devices", "device_kind", "reason", "detail", "predicted_start_s", "predicted_duration_s", "submitted_at", "preemptions")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]

@@ -750,6 +750,11 @@ class JobServiceStub:
                 request_serializer=ballast_dot_v1_dot_services__pb2.CancelJobRequest.SerializeToString,
                 response_deserializer=ballast_dot_v1_dot_job__pb2.Job.FromString,
                 _registered_method=True)
+        self.Export = channel.unary_stream(
+                '/ballast.v1.JobService/Export',
+                request_serializer=ballast_dot_v1_dot_services__pb2.ExportRequest.SerializeToString,
+                response_deserializer=ballast_dot_v1_dot_services__pb2.ExportChunk.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
@@ -791,6 +796,13 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Export(self, request, context):
+        """Stream a job's trained weights (a checkpoint, consolidated); the checkpoint is kept from then on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -818,6 +830,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.Cancel,
                     request_deserializer=ballast_dot_v1_dot_services__pb2.CancelJobRequest.FromString,
                     response_serializer=ballast_dot_v1_dot_job__pb2.Job.SerializeToString,
+            ),
+            'Export': grpc.unary_stream_rpc_method_handler(
+                    servicer.Export,
+                    request_deserializer=ballast_dot_v1_dot_services__pb2.ExportRequest.FromString,
+                    response_serializer=ballast_dot_v1_dot_services__pb2.ExportChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -956,6 +973,33 @@ class JobService:
             '/ballast.v1.JobService/Cancel',
             ballast_dot_v1_dot_services__pb2.CancelJobRequest.SerializeToString,
             ballast_dot_v1_dot_job__pb2.Job.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Export(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/ballast.v1.JobService/Export',
+            ballast_dot_v1_dot_services__pb2.ExportRequest.SerializeToString,
+            ballast_dot_v1_dot_services__pb2.ExportChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -81,6 +81,8 @@ def worker_config(assign: executor_pb2.AssignInstruction, worker: executor_pb2.W
         checkpoint_dir=assign.checkpoint_dir,
         checkpoint_every=spec.checkpoint_every,
         resume_from=assign.checkpoint_uri,
+        init_from=assign.init_from,
+        final_checkpoint=bool(assign.checkpoint_dir),
         init_method=f"tcp://{assign.rendezvous}",
         backend=backend,
         device="cuda:0" if backend == "nccl" else "cpu",  # one visible GPU per worker (CUDA_VISIBLE_DEVICES)

@@ -10,7 +10,7 @@ from ballast.config import Settings
 from ballast.transport import client_transport, peer_common_name, server_credentials
 from ballast.v1 import executor_pb2, executor_pb2_grpc, services_pb2, services_pb2_grpc
 from services.planner.celery_app import make_app, sender
-from services.planner.jobs import fleet_view
+from services.planner.jobs import export, fleet_view
 from services.planner.jobs import lifecycle as jobs
 from services.planner.jobs.calibrate_job import KIND as CALIBRATE
 from services.planner.jobs.control import AgentRegistry
@@ -29,6 +29,7 @@ from services.runtime.ratelimit import RateLimiter
 from services.runtime.server import Server, ServerSpec
 from services.runtime.servicer import delegate
 from services.runtime.store_client import StoreAuthenticator, anonymous_store, remote_stores
+from services.specs.user_inputs import UserInputs
 
 PLANNER = services_pb2.DESCRIPTOR.services_by_name["PlannerService"]
 JOBS = services_pb2.DESCRIPTOR.services_by_name["JobService"]
@@ -75,6 +76,7 @@ def build_server(settings: Settings, address: str | None = None, send: durable.S
     sweeper = durable.Sweeper(as_platform, send, settings.sweep_interval_s, settings.requeue_unclaimed_s)
 
     what_if = plans.WhatIf()
+    user_inputs = UserInputs.of_settings(settings)
     check_inputs = InputsCheck(lambda: services_pb2_grpc.ProfilerServiceStub(open_channel(
         settings.address("profiler"), settings.resolved_token(), transport=client_transport(settings))))
     # what Submit checks a job's fleet against: every tenant reads the hosts, and a caller waits on this read,
@@ -106,6 +108,8 @@ def build_server(settings: Settings, address: str | None = None, send: durable.S
             "List": lambda request, ctx: as_caller.list_jobs(request),
             "Watch": lambda request, ctx: jobs.watch(as_caller, request.job_id, request.after_seq, ctx.is_active),
             "Cancel": lambda request, ctx: jobs.cancel(as_caller, request),
+            "Export": lambda request, ctx: export.export(as_caller, as_platform, request,
+                                                         settings.data_dir / "checkpoints", user_inputs),
         },
     )()
     control = delegate(

@@ -76,6 +76,12 @@ class WorkerConfig:
     # the last iteration's wait are synchronous either way. False: the whole write at the boundary.
     checkpoint_background: bool = True
     resume_from: str = ""  # "" or a checkpoint directory holding manifest.json
+    # "" or weights to start from (fine-tuning, a fresh optimizer): a checkpoint directory (its parameters only) or
+    # a directory of exported weights (model.safetensors, the model's own names)
+    init_from: str = ""
+    # Also checkpoint after the last iteration (jobs through the plane: their final weights can be exported, and a
+    # job can be continued from them)
+    final_checkpoint: bool = False
     backend: str = "gloo"
     device: str = "cpu"  # "cpu" with gloo; "cuda:N" with nccl (or gloo)
     timeout_s: float = 300.0  # process-group timeout: a dead peer fails the group after this long
@@ -176,8 +182,10 @@ class WorkerConfig:
         need(self.backend != "nccl" or self.device.startswith("cuda"), "device", "nccl needs a cuda device")
         need(0 <= self.start_iteration <= self.iterations, "start_iteration", "must be in [0, iterations]")
         need(self.checkpoint_every >= 0, "checkpoint_every", "must be >= 0 (0 = never)")
-        need(self.checkpoint_every == 0 or bool(self.checkpoint_dir), "checkpoint_dir",
-             "set a directory when checkpoint_every > 0")
+        need((self.checkpoint_every == 0 and not self.final_checkpoint) or bool(self.checkpoint_dir), "checkpoint_dir",
+             "set a directory when checkpoint_every > 0 or final_checkpoint")
+        need(not (self.init_from and self.resume_from), "init_from",
+             "start from weights (init_from) or resume a checkpoint (resume_from), not both")
         need(self.timeout_s > 0, "timeout_s", "must be > 0 seconds")
         need(self.intra_op_threads >= 1, "intra_op_threads", "must be >= 1")
         need(bool(self.init_method), "init_method", "give a rendezvous such as tcp://HOST:PORT")

@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from ballast.v1 import model_pb2
 from services.data.batches import Data, batch_for
+from services.executor.train import weights
 from services.executor.train.chunks import functional_step
 from services.executor.train.offload import ActivationMeter
 from services.runtime.errors import InvalidArgument
@@ -200,13 +201,15 @@ class HarmonyRank:
     def __init__(self, spec: model_pb2.ModelSpec, data: Data, seed: int, minibatch: int,
                  optimizer: dict[str, Any], schedule: HarmonySchedule, store_dir: Path, *,
                  device_budget: int | None, rank: int = 0, prefetch: bool = True,
-                 user_inputs: UserInputs = NO_USER_INPUTS) -> None:
+                 user_inputs: UserInputs = NO_USER_INPUTS, initial: dict[str, Tensor] | None = None) -> None:
         self.spec, self.data, self.seed, self.minibatch, self.optimizer = spec, data, seed, minibatch, optimizer
         self.rank, self.schedule, self.user_inputs = rank, schedule, user_inputs
         model = build_model(spec, seed=seed, user_inputs=user_inputs)
         model.train()
         self.dec = model.decompose()
         check_model(spec, self.dec)
+        if initial is not None and rank == 0:  # JobSpec.init_from: what rank 0 writes to the store
+            weights.assign(model, spec, initial)
         schedule.check(len(self.dec), minibatch)
         self.model_loss_count = model.loss_count
         self.layers = self.dec.layers

@@ -36,6 +36,7 @@ from torch import Tensor, nn
 
 from ballast.v1 import common_pb2, model_pb2
 from services.data.batches import Data, batch_for
+from services.executor.train import weights
 from services.executor.train.chunks import ChunkManager, pool_budget, runtime_reserve
 from services.executor.train.data import dropout_seed
 from services.runtime.chunk_policy import TensorState, Traffic
@@ -175,7 +176,8 @@ class ChunkedTrainer:
     def __init__(self, spec: model_pb2.ModelSpec, data: Data, seed: int, global_batch: int,
                  optimizer: dict[str, Any], *, device_budget: int | None, chunk_bytes: int, micro_batches: int = 1,
                  host_budget: int | None = None, device: str | torch.device = "cpu", rank: int = 0, world: int = 1,
-                 group: object = None, user_inputs: UserInputs = NO_USER_INPUTS) -> None:
+                 group: object = None, user_inputs: UserInputs = NO_USER_INPUTS,
+                 initial: dict[str, Tensor] | None = None) -> None:
         if global_batch % (world * micro_batches):
             raise ValueError(f"global_batch {global_batch} must split into {world} replicas x {micro_batches} "
                              "micro-batches")
@@ -184,8 +186,10 @@ class ChunkedTrainer:
         self.rank, self.world, self.group, self.user_inputs = rank, world, group, user_inputs
         cuda = self.device.type == "cuda"
         self.dtype = compute_dtype(spec, self.device)
-        self.model = build_model(spec, seed=seed, device="cpu" if cuda else self.device,
-                                 user_inputs=user_inputs).to(self.dtype)
+        model = build_model(spec, seed=seed, device="cpu" if cuda else self.device, user_inputs=user_inputs)
+        if initial is not None:  # JobSpec.init_from: the whole weights, before they enter chunks
+            weights.assign(model, spec, initial)
+        self.model = model.to(self.dtype)
         self.model.train()
         self.params = parameter_tensors(self.model.decompose())[0]  # the layout the planner's profile lists
         self.model_bytes = sum(p.numel() * p.element_size() for p in self.params)

@@ -42,7 +42,7 @@ import torch.distributed as dist
 
 from services.data.batches import batch_for
 from services.executor.train import checkpoint as ckpt
-from services.executor.train import heap
+from services.executor.train import heap, weights
 from services.executor.train.background import BackgroundWriter
 from services.executor.train.comms import Comms, Counters, Pending
 from services.executor.train.config import WorkerConfig
@@ -370,7 +370,8 @@ class Trainer:
             if pending:  # the new plan first, so a drain's checkpoint holds it
                 version, drain = Agreement.result(pending[0])
                 self.boundary(version, done, head, report)
-            saved = bool(config.checkpoint_every) and done % config.checkpoint_every == 0
+            saved = ((bool(config.checkpoint_every) and done % config.checkpoint_every == 0)
+                     or (config.final_checkpoint and done == config.iterations))
             if saved:
                 self.save(done, head, report, background=config.checkpoint_background and not drain)
             if drain:
@@ -426,5 +427,12 @@ class Trainer:
             return h.hexdigest()
 
         total = sum(float(local(p.detach()).double().sum()) for p in self.parameters)  # TP/SDP: this rank's shard
+        # Each held layer's whole weights (TP/SDP gathered: every rank of the stage takes part), what an export of
+        # the job's last checkpoint must reproduce bit for bit.
+        full = self.hybrid.full_layers(self.stage, {}, self.hybrid.layers) if self.hybrid.layers else {}
+        layers = {str(layer.index): weights.digest([(n, t) for n, t in full[layer.index][1].items()])
+                  if layer.index in full else
+                  weights.digest([(f"param/{n}", p.detach()) for n, p in layer.module.named_parameters()])
+                  for layer in self.stage.layers}
         return {"param_sha256": digest(self.parameters), "param_sum": total,
-                "tied_sha256": digest([t.parameter for t in self.stage.tied])}
+                "tied_sha256": digest([t.parameter for t in self.stage.tied]), "layer_sha256": layers}

@@ -100,7 +100,7 @@ import torch
 import torch.distributed as dist
 
 from services.executor.train import checkpoint as ckpt
-from services.executor.train import heap, hybrid
+from services.executor.train import heap, hybrid, weights
 from services.executor.train.comms import Comms
 from services.executor.train.config import WorkerConfig, is_int
 from services.executor.train.harmony import HarmonyRank, HarmonyStep, check_model, schedule_from
@@ -186,6 +186,13 @@ def run(config: WorkerConfig, report: Report, should_stop: Callable[[], bool] | 
     dist.destroy_process_group()  # other failures leave it: a peer may be stuck mid-collective with us
 
 
+def initial_weights(config: WorkerConfig) -> dict[str, torch.Tensor] | None:
+    """JobSpec.init_from's weights under the model's own names (None: the seed initialises the model)."""
+    if not config.init_from:
+        return None
+    return weights.initial_weights(config.init_from, config.spec(), config.user_inputs)
+
+
 def prepare_stage(config: WorkerConfig, device: torch.device, head: dict[str, Any], report: Report,
                   should_stop: Callable[[], bool], commands: TextIO | None,
                   should_drain: Callable[[], bool]) -> Callable[[], None]:
@@ -205,6 +212,9 @@ def prepare_stage(config: WorkerConfig, device: torch.device, head: dict[str, An
     inbox = PlanInbox(info, config.num_stages, Plan.initial(config), hybrid=frozenset(layer_strategies))
     if config.online:  # otherwise no command is ever read, so every rank stays on the initial plan
         read_commands(commands, inbox)
+    initial = initial_weights(config)
+    if initial is not None:  # before any layer is split or sharded: every strategy starts from the whole weights
+        weights.load_into(stage.layers, weights.layer_names(info.model, info.dec, config.spec()), initial)
     optimizer = make_optimizer(stage.parameters(), config.optimizer)
     start = config.start_iteration
     if config.resume_from:  # a bad checkpoint fails fast on every rank
@@ -274,7 +284,8 @@ def prepare_chunks(config: WorkerConfig, device: torch.device, head: dict[str, A
     trainer = ChunkedTrainer(config.spec(), config.data_spec(), config.seed, config.global_batch, config.optimizer,
                              device_budget=config.device_budget_bytes or None, chunk_bytes=config.chunk_bytes,
                              micro_batches=config.num_micro_batches, device=device, rank=config.replica_index,
-                             world=config.num_replicas, user_inputs=config.user_inputs)
+                             world=config.num_replicas, user_inputs=config.user_inputs,
+                             initial=initial_weights(config))
     layers = list(range(len(trainer.model.decompose().layers)))
     if config.bounds != (0, len(layers)):
         raise ValueError(f"WorkerConfig.stage_bounds: chunk offload's one stage holds every layer, [0, {len(layers)}), "
@@ -356,7 +367,8 @@ def prepare_harmony(config: WorkerConfig, head: dict[str, Any], report: Report, 
     try:
         runner = HarmonyRank(spec, config.data_spec(), config.seed, config.global_batch, config.optimizer, schedule,
                              store, device_budget=h["device_budget_bytes"] or None, rank=config.rank,
-                             prefetch=h["prefetch"], user_inputs=config.user_inputs)
+                             prefetch=h["prefetch"], user_inputs=config.user_inputs,
+                             initial=initial_weights(config) if config.rank == 0 else None)
     except BaseException:
         remove_store(config)
         raise

@@ -76,3 +76,9 @@ class Retention:
 
 def _path(uri: str) -> str:
     return unquote(urlparse(uri).path) if uri.startswith("file://") else uri
+
+
+def checkpoint_directory(checkpoint: job_pb2.Checkpoint) -> Path | None:
+    """The one directory a checkpoint's layer files lie in (None: no files, or in several)."""
+    folders = {Path(_path(layer.uri)).parent for layer in checkpoint.layers}
+    return folders.pop() if len(folders) == 1 else None
