@@ -1,4 +1,4 @@
-"""JobService.Export's logic (planner/jobs/export.py) on every store backend, and the client's end (ballast/exported.py):
+"""JobService.Export's logic (planner/jobs/export.py) on every store backend, and the client's end (exported.py):
 the caller's own job only, the newest kept complete checkpoint unless an iteration is named, the checkpoint marked
 exported (so retention keeps it) before it is read, every file streamed in pieces that the client reassembles and
 checks against its SHA-256."""
