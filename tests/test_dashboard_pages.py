@@ -20,6 +20,12 @@ def test_loss_is_the_mean_over_replicas_that_report_one_per_iteration():
     assert trace["x"] == [1, 2] and trace["y"] == [3.0, 1.0] and trace["mode"] == "lines+markers"
 
 
+def test_validation_losses_join_the_loss_plot_at_the_iteration_they_followed():
+    evaluations = [job_pb2.Evaluation(iteration=2, loss=2.5), job_pb2.Evaluation(iteration=4, loss=2.0)]
+    measured, validation = charts.loss_figure([metric(1, 1, 0.3, 4.0)], evaluations)["data"]
+    assert validation["name"] == "validation loss" and validation["x"] == [1, 3] and validation["y"] == [2.5, 2.0]
+
+
 def test_an_iteration_lasts_as_long_as_its_slowest_rank_beside_the_prediction():
     rows = [metric(1, 0, 0.2, predicted=0.25), metric(1, 1, 0.4, predicted=0.25), metric(2, 0, 0.3)]
     measured, predicted = charts.iteration_time_figure(rows)["data"]

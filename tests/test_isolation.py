@@ -162,6 +162,9 @@ CASES: dict[str, Case] = {
         migration=job_pb2.LayerMigration(job_id=w.job, layer_index=0, from_stage=0, to_stage=1))),
     f"{S}/ListLayerMigrations": Case(TENANT, lambda w: store_pb2.ListLayerMigrationsRequest(job_id=w.job),
                                      owner_reads=True),
+    f"{S}/RecordEvaluation": Case(TENANT, lambda w: store_pb2.RecordEvaluationRequest(
+        evaluation=job_pb2.Evaluation(job_id=w.job, iteration=3, loss=1.0))),
+    f"{S}/ListEvaluations": Case(TENANT, lambda w: store_pb2.ListEvaluationsRequest(job_id=w.job), owner_reads=True),
     f"{S}/CreateCheckpoint": Case(TENANT, lambda w: store_pb2.CreateCheckpointRequest(
         checkpoint=job_pb2.Checkpoint(job_id=w.job, iteration=3))),
     f"{S}/GetCheckpoint": Case(TENANT, get("checkpoint"), owner_reads=True),

@@ -210,3 +210,42 @@ def test_migration_0009_adds_and_drops_the_iteration_breakdown(empty_database_ur
         schema.check_schema(engine)
     finally:
         engine.dispose()
+
+
+def test_evaluations_one_per_iteration_in_order(store: Store):
+    a = store.as_(store.a)
+    job = new_job(store)
+
+    def record(iteration: int, loss: float) -> job_pb2.Evaluation:
+        return a.record_evaluation(store_pb2.RecordEvaluationRequest(evaluation=job_pb2.Evaluation(
+            job_id=job.id, iteration=iteration, plan_version=1, loss=loss, perplexity=2.718281828 ** loss,
+            eval_s=0.25, samples=32)))
+
+    later, first = record(20, 1.5), record(10, 2.0)
+    assert first.id.startswith("evl-") and first.HasField("created_at") and later.samples == 32
+    assert record(10, 9.0) == first  # a repeat answers the stored row
+    listed = a.list_evaluations(store_pb2.ListEvaluationsRequest(job_id=job.id)).evaluations
+    assert [(e.iteration, e.loss) for e in listed] == [(10, 2.0), (20, 1.5)]
+    with pytest.raises(NotFound):
+        store.as_(store.b).list_evaluations(store_pb2.ListEvaluationsRequest(job_id=job.id))
+    with pytest.raises(NotFound):
+        store.as_(store.b).record_evaluation(store_pb2.RecordEvaluationRequest(evaluation=job_pb2.Evaluation(
+            job_id=job.id, iteration=30)))
+
+
+def test_migration_0019_adds_and_drops_the_evaluations_table(empty_database_url):
+    url = empty_database_url
+    schema.upgrade(url, "0018_checkpoint_lifecycle")
+    engine = create_engine(url)
+    try:
+        assert "evaluations" not in sa.inspect(engine).get_table_names()
+        engine.dispose()
+        schema.upgrade(url)
+        engine.dispose()
+        assert "evaluations" in sa.inspect(engine).get_table_names()
+        schema.check_schema(engine)
+        schema.downgrade(url, "0018_checkpoint_lifecycle")
+        engine.dispose()
+        assert "evaluations" not in sa.inspect(engine).get_table_names()
+    finally:
+        engine.dispose()

@@ -34,7 +34,7 @@ EVENT_KEYS = {
     "checkpoint": {"event", "job_id", "rank", "stage", "replica", "iteration", "plan_version", "dir", "manifest",
                    "layers", "checkpoint_s", "write_s", "background"},
     "done": {"event", "job_id", "rank", "stage", "replica", "iteration", "parameters", "param_sha256", "param_sum",
-             "tied_sha256"},
+             "tied_sha256", "layer_sha256"},
 }
 
 

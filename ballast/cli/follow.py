@@ -30,7 +30,7 @@ COLOURS = {S.JOB_STATE_REPARTITIONING: "magenta", S.JOB_STATE_FAILED: "red", S.J
            S.JOB_STATE_SUCCEEDED: "green", S.JOB_STATE_QUEUED: "blue", S.JOB_STATE_MORPHING: "yellow"}
 CLASS_EVENTS = ("QUEUED", "ADMITTED", "RESUMED")  # shared-fleet events whose message leaves out the priority class
 EVENT_COLOURS = {"PREEMPTING": "yellow", "PREEMPTED": "yellow", "ADMITTED": "green", "RESUMED": "green",
-                 "MORPHING": "yellow", "STRAGGLER": "yellow", "MORPHED": "green"}
+                 "MORPHING": "yellow", "STRAGGLER": "yellow", "MORPHED": "green", "EVALUATED": "cyan"}
 QUEUE_POLL_S = 2.0  # how often the "queued" line asks the planner for the job's place in the queue
 
 

@@ -264,6 +264,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     return run_export(_settings(args), args)
 
 
+def cmd_data(args: argparse.Namespace) -> int:
+    from ballast.cli.data import run
+
+    return run(args)
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     from ballast.cli.inspect import run
 
@@ -403,6 +409,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_watch_arguments(p)
     p = add("cancel", cmd_cancel, "cancel a job (at once if nothing runs it yet, else once its workers stopped)")
     add_cancel_arguments(p)
+    p = add("data", cmd_data, "prepare data on this machine: `data tokenize TEXT --out DIR` writes token files")
+    from ballast.cli.data import add_data_arguments as add_tokenize_arguments
+
+    add_tokenize_arguments(p)
     p = add("export", cmd_export, "write a job's trained weights into a directory (safetensors, torch or a Hugging "
                                   "Face save_pretrained directory), streamed from the planner")
     add_export_arguments(p)

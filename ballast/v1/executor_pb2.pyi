@@ -164,20 +164,22 @@ class LayerMigrated(_message.Message):
     def __init__(self, migration: _Optional[_Union[_job_pb2.LayerMigration, _Mapping]] = ..., rank: _Optional[int] = ..., replica_index: _Optional[int] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
-    __slots__ = ("register", "heartbeat", "ack", "worker_exit", "checkpoint_written", "layer_migrated")
+    __slots__ = ("register", "heartbeat", "ack", "worker_exit", "checkpoint_written", "layer_migrated", "evaluated")
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     WORKER_EXIT_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_WRITTEN_FIELD_NUMBER: _ClassVar[int]
     LAYER_MIGRATED_FIELD_NUMBER: _ClassVar[int]
+    EVALUATED_FIELD_NUMBER: _ClassVar[int]
     register: RegisterAgent
     heartbeat: Heartbeat
     ack: InstructionAck
     worker_exit: WorkerExit
     checkpoint_written: CheckpointWritten
     layer_migrated: LayerMigrated
-    def __init__(self, register: _Optional[_Union[RegisterAgent, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., ack: _Optional[_Union[InstructionAck, _Mapping]] = ..., worker_exit: _Optional[_Union[WorkerExit, _Mapping]] = ..., checkpoint_written: _Optional[_Union[CheckpointWritten, _Mapping]] = ..., layer_migrated: _Optional[_Union[LayerMigrated, _Mapping]] = ...) -> None: ...
+    evaluated: _job_pb2.Evaluation
+    def __init__(self, register: _Optional[_Union[RegisterAgent, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., ack: _Optional[_Union[InstructionAck, _Mapping]] = ..., worker_exit: _Optional[_Union[WorkerExit, _Mapping]] = ..., checkpoint_written: _Optional[_Union[CheckpointWritten, _Mapping]] = ..., layer_migrated: _Optional[_Union[LayerMigrated, _Mapping]] = ..., evaluated: _Optional[_Union[_job_pb2.Evaluation, _Mapping]] = ...) -> None: ...
 
 class WorkerAssignment(_message.Message):
     __slots__ = ("device_index", "rank", "stage_index", "replica_index")

@@ -283,6 +283,28 @@ class IterationMetric(_message.Message):
     data_s: float
     def __init__(self, job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., stage_index: _Optional[int] = ..., replica_index: _Optional[int] = ..., plan_version: _Optional[int] = ..., iteration_time_s: _Optional[float] = ..., forward_s: _Optional[float] = ..., backward_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., idle_s: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., loss: _Optional[float] = ..., has_loss: _Optional[bool] = ..., throughput_samples_per_s: _Optional[float] = ..., predicted_iteration_time_s: _Optional[float] = ..., recorded_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., recompute_s: _Optional[float] = ..., p2p_s: _Optional[float] = ..., allreduce_s: _Optional[float] = ..., optimizer_s: _Optional[float] = ..., overhead_s: _Optional[float] = ..., predicted_peak_memory_bytes: _Optional[int] = ..., predicted_stage_compute_s: _Optional[float] = ..., swap_in_bytes: _Optional[int] = ..., swap_out_bytes: _Optional[int] = ..., swap_s: _Optional[float] = ..., predicted_swap_in_bytes: _Optional[int] = ..., predicted_swap_out_bytes: _Optional[int] = ..., data_s: _Optional[float] = ...) -> None: ...
 
+class Evaluation(_message.Message):
+    __slots__ = ("id", "job_id", "iteration", "plan_version", "loss", "perplexity", "eval_s", "samples", "created_at")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    PERPLEXITY_FIELD_NUMBER: _ClassVar[int]
+    EVAL_S_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    job_id: str
+    iteration: int
+    plan_version: int
+    loss: float
+    perplexity: float
+    eval_s: float
+    samples: int
+    created_at: _timestamp_pb2.Timestamp
+    def __init__(self, id: _Optional[str] = ..., job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., plan_version: _Optional[int] = ..., loss: _Optional[float] = ..., perplexity: _Optional[float] = ..., eval_s: _Optional[float] = ..., samples: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
 class LayerMigration(_message.Message):
     __slots__ = ("id", "job_id", "layer_index", "from_stage", "to_stage", "bytes", "duration_s", "iteration", "plan_version", "created_at")
     ID_FIELD_NUMBER: _ClassVar[int]

@@ -318,6 +318,28 @@ class RecordLayerMigrationRequest(_message.Message):
     migration: _job_pb2.LayerMigration
     def __init__(self, migration: _Optional[_Union[_job_pb2.LayerMigration, _Mapping]] = ...) -> None: ...
 
+class RecordEvaluationRequest(_message.Message):
+    __slots__ = ("evaluation",)
+    EVALUATION_FIELD_NUMBER: _ClassVar[int]
+    evaluation: _job_pb2.Evaluation
+    def __init__(self, evaluation: _Optional[_Union[_job_pb2.Evaluation, _Mapping]] = ...) -> None: ...
+
+class ListEvaluationsRequest(_message.Message):
+    __slots__ = ("job_id", "page")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    page: _common_pb2.PageRequest
+    def __init__(self, job_id: _Optional[str] = ..., page: _Optional[_Union[_common_pb2.PageRequest, _Mapping]] = ...) -> None: ...
+
+class ListEvaluationsResponse(_message.Message):
+    __slots__ = ("evaluations", "next_page_token")
+    EVALUATIONS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    evaluations: _containers.RepeatedCompositeFieldContainer[_job_pb2.Evaluation]
+    next_page_token: str
+    def __init__(self, evaluations: _Optional[_Iterable[_Union[_job_pb2.Evaluation, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
 class ListLayerMigrationsRequest(_message.Message):
     __slots__ = ("job_id", "page")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]

@@ -187,6 +187,16 @@ class StoreServiceStub:
                 request_serializer=ballast_dot_v1_dot_store__pb2.ListLayerMigrationsRequest.SerializeToString,
                 response_deserializer=ballast_dot_v1_dot_store__pb2.ListLayerMigrationsResponse.FromString,
                 _registered_method=True)
+        self.RecordEvaluation = channel.unary_unary(
+                '/ballast.v1.StoreService/RecordEvaluation',
+                request_serializer=ballast_dot_v1_dot_store__pb2.RecordEvaluationRequest.SerializeToString,
+                response_deserializer=ballast_dot_v1_dot_job__pb2.Evaluation.FromString,
+                _registered_method=True)
+        self.ListEvaluations = channel.unary_unary(
+                '/ballast.v1.StoreService/ListEvaluations',
+                request_serializer=ballast_dot_v1_dot_store__pb2.ListEvaluationsRequest.SerializeToString,
+                response_deserializer=ballast_dot_v1_dot_store__pb2.ListEvaluationsResponse.FromString,
+                _registered_method=True)
         self.CreateCheckpoint = channel.unary_unary(
                 '/ballast.v1.StoreService/CreateCheckpoint',
                 request_serializer=ballast_dot_v1_dot_store__pb2.CreateCheckpointRequest.SerializeToString,
@@ -541,6 +551,20 @@ class StoreServiceServicer:
 
     def ListLayerMigrations(self, request, context):
         """List layer migrations.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RecordEvaluation(self, request, context):
+        """Record an evaluation.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListEvaluations(self, request, context):
+        """List a job's evaluations.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -903,6 +927,16 @@ def add_StoreServiceServicer_to_server(servicer, server):
                     servicer.ListLayerMigrations,
                     request_deserializer=ballast_dot_v1_dot_store__pb2.ListLayerMigrationsRequest.FromString,
                     response_serializer=ballast_dot_v1_dot_store__pb2.ListLayerMigrationsResponse.SerializeToString,
+            ),
+            'RecordEvaluation': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecordEvaluation,
+                    request_deserializer=ballast_dot_v1_dot_store__pb2.RecordEvaluationRequest.FromString,
+                    response_serializer=ballast_dot_v1_dot_job__pb2.Evaluation.SerializeToString,
+            ),
+            'ListEvaluations': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListEvaluations,
+                    request_deserializer=ballast_dot_v1_dot_store__pb2.ListEvaluationsRequest.FromString,
+                    response_serializer=ballast_dot_v1_dot_store__pb2.ListEvaluationsResponse.SerializeToString,
             ),
             'CreateCheckpoint': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateCheckpoint,
@@ -1839,6 +1873,60 @@ class StoreService:
             '/ballast.v1.StoreService/ListLayerMigrations',
             ballast_dot_v1_dot_store__pb2.ListLayerMigrationsRequest.SerializeToString,
             ballast_dot_v1_dot_store__pb2.ListLayerMigrationsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecordEvaluation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ballast.v1.StoreService/RecordEvaluation',
+            ballast_dot_v1_dot_store__pb2.RecordEvaluationRequest.SerializeToString,
+            ballast_dot_v1_dot_job__pb2.Evaluation.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListEvaluations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ballast.v1.StoreService/ListEvaluations',
+            ballast_dot_v1_dot_store__pb2.ListEvaluationsRequest.SerializeToString,
+            ballast_dot_v1_dot_store__pb2.ListEvaluationsResponse.FromString,
             options,
             channel_credentials,
             insecure,

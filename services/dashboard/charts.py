@@ -19,8 +19,10 @@ def _layout(title: str, x: str, y: str, **extra: Any) -> dict[str, Any]:
             "legend": {"orientation": "h", "x": 1, "xanchor": "right", "y": 1.02, "yanchor": "bottom"}, **extra}
 
 
-def loss_figure(metrics: list[Any]) -> Figure:
-    """Measured loss per iteration (the mean over the last stage's replicas that reported one)."""
+def loss_figure(metrics: list[Any], evaluations: list[Any] = ()) -> Figure:
+    """Measured loss per iteration (the mean over the last stage's replicas that reported one), and the validation
+    loss of each evaluation, at the iteration it followed (metrics number iterations from 0, evaluations count
+    the iterations done)."""
     by_iteration: dict[int, list[float]] = defaultdict(list)
     for m in metrics:
         if m.has_loss:
@@ -28,7 +30,11 @@ def loss_figure(metrics: list[Any]) -> Figure:
     xs = sorted(by_iteration)
     ys = [sum(by_iteration[i]) / len(by_iteration[i]) for i in xs]
     trace = {"type": "scatter", "mode": "lines+markers", "name": "measured loss", "x": xs, "y": ys}
-    return {"data": [trace], "layout": _layout("Loss", "iteration", "loss")}
+    data = [trace]
+    if evaluations:
+        data.append({"type": "scatter", "mode": "lines+markers", "name": "validation loss",
+                     "x": [e.iteration - 1 for e in evaluations], "y": [e.loss for e in evaluations]})
+    return {"data": data, "layout": _layout("Loss", "iteration", "loss")}
 
 
 def iteration_time_figure(metrics: list[Any]) -> Figure:

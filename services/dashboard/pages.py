@@ -40,7 +40,8 @@ def jobs_page(request: Request, backend: Backend) -> Page:
 def job_page(request: Request, backend: Backend) -> Page:
     view = reads.job(backend, request.path_params["job_id"])
     rows = charts.timeline(view.events, view.migrations, view.morphs)
-    figures = {"loss": charts.loss_figure(view.metrics), "iteration-time": charts.iteration_time_figure(view.metrics),
+    figures = {"loss": charts.loss_figure(view.metrics, view.evaluations),
+               "iteration-time": charts.iteration_time_figure(view.metrics),
                "timeline": charts.timeline_figure(rows)}
     return "job.html", {"title": f"Job {view.job['id']}", "job": view.job, "events": view.events, "timeline": rows,
                         "migrations": view.migrations, "morphs": view.morphs, "figures": figures,

@@ -117,10 +117,12 @@ class JobView:
     metrics: list[job_pb2.IterationMetric]
     migrations: list[dict[str, Any]]
     morphs: list[dict[str, Any]]
+    evaluations: list[job_pb2.Evaluation]
 
 
 def job(backend: Backend, job_id: str) -> JobView:
-    """A job, its events, metrics, layer migrations and morphs (NotFound when the visitor may not see it)."""
+    """A job, its events, metrics, evaluations, layer migrations and morphs (NotFound when the visitor may not see
+    it)."""
     store = backend.store
     j = store.get_job(store_pb2.GetRequest(id=job_id))
     events = _first(store.list_job_events, store_pb2.ListJobEventsRequest(job_id=job_id, page=_page(1000)),
@@ -131,6 +133,8 @@ def job(backend: Backend, job_id: str) -> JobView:
     migrations = _first(store.list_layer_migrations,
                         store_pb2.ListLayerMigrationsRequest(job_id=job_id, page=_page(1000)), "migrations", 10_000)
     morphs = _first(store.list_morphs, store_pb2.ListMorphsRequest(job_id=job_id, page=_page()), "morphs", 1000)
+    evaluations = _first(store.list_evaluations, store_pb2.ListEvaluationsRequest(job_id=job_id, page=_page(1000)),
+                         "evaluations", 10_000)
     return JobView(
         job={"id": j.id, "name": j.spec.name, "tenant_id": j.tenant_id, "state": state_name(j.state),
              "iteration": j.iteration, "iterations": j.spec.iterations, "plan_id": j.plan_id,
@@ -147,6 +151,7 @@ def job(backend: Backend, job_id: str) -> JobView:
                  "to": f"{m.to_stages}x{m.to_replicas}", "failed_iteration": m.failed_iteration,
                  "lost_iterations": m.lost_iterations, "recovery_s": m.recovery_s, "at": when(m.detected_at),
                  "iso": iso(m.detected_at)} for m in morphs],
+        evaluations=evaluations,
     )
 
 

@@ -80,6 +80,8 @@ def worker_config(assign: executor_pb2.AssignInstruction, worker: executor_pb2.W
         data=MessageToDict(spec.data, preserving_proto_field_name=True),
         checkpoint_dir=assign.checkpoint_dir,
         checkpoint_every=spec.checkpoint_every,
+        eval_every=spec.eval_every,
+        eval_batches=spec.eval_batches or 4,
         resume_from=assign.checkpoint_uri,
         init_from=assign.init_from,
         final_checkpoint=bool(assign.checkpoint_dir),
@@ -409,6 +411,11 @@ class Workers:
                     plan_version=int(event.get("plan_version", 0)), layers=layers, complete=complete))
             self._remember_checkpoint(written)
             self._emit(executor_pb2.AgentMessage(checkpoint_written=written))
+        elif kind == "evaluation":
+            self._emit(executor_pb2.AgentMessage(evaluated=job_pb2.Evaluation(
+                job_id=w.job_id, iteration=int(event["iteration"]), plan_version=int(event.get("plan_version", 0)),
+                loss=float(event["loss"]), perplexity=float(event.get("perplexity", 0.0)),
+                eval_s=float(event.get("eval_s", 0.0)), samples=int(event.get("samples", 0)))))
         elif kind == "plan_applied":
             self._applied(w, int(event.get("plan_version", 0)), int(event.get("iteration", 0)))
         elif kind == "command_rejected":

@@ -357,6 +357,22 @@ class LayerMigration(Base):
     created_at: Mapped[datetime]
 
 
+class Evaluation(Base):
+    """0019: a job's validation loss after an iteration; one row per (job, iteration)."""
+
+    __tablename__ = "evaluations"
+    __table_args__ = (sa.UniqueConstraint("job_id", "iteration", name="uq_evaluations_job_iteration"),)
+    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    job_id: Mapped[str] = mapped_column(Id, _fk("jobs.id", "CASCADE"), index=True)
+    iteration: Mapped[int]
+    plan_version: Mapped[int]
+    loss: Mapped[float]
+    perplexity: Mapped[float]
+    eval_s: Mapped[float]
+    samples: Mapped[int] = mapped_column(sa.BigInteger)
+    created_at: Mapped[datetime]
+
+
 class Checkpoint(Base):
     __tablename__ = "checkpoints"
     id: Mapped[str] = mapped_column(Id, primary_key=True)

@@ -195,6 +195,15 @@ def check_compatible(manifest: dict[str, Any], model: dict[str, Any], optimizer_
         raise ValueError(f"resume_from: checkpoint has {manifest.get('num_layers')} layers, the model {num_layers}")
 
 
+def check_position(manifest: dict[str, Any], data: dict[str, Any], global_batch: int, seed: int) -> None:
+    """The position in the data is the checkpoint's samples_seen = next_iteration x global_batch in the order the
+    seed and the data fix: a resume goes on only with the same three (a morph keeps them all)."""
+    for name, ours in (("data", data), ("global_batch", global_batch), ("seed", seed)):
+        if name in manifest and manifest[name] != ours:
+            raise ValueError(f"resume_from: the checkpoint was written with {name} {manifest[name]!r}, this run has "
+                             f"{ours!r}; resume with the checkpoint's {name} (its position in the data depends on it)")
+
+
 def load_layers(
     directory: str | Path,
     manifest: dict[str, Any],

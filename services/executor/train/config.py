@@ -72,6 +72,10 @@ class WorkerConfig:
     data: dict[str, Any] = field(default_factory=dict)  # a DataSpec as MessageToDict writes it; {}: synthetic
     checkpoint_dir: str = ""
     checkpoint_every: int = 0  # 0 = never
+    # Validation loss on `eval_batches` validation batches (of global_batch samples) after every `eval_every`
+    # iterations and after the last; 0 = never. Forward only, outside the iteration's time.
+    eval_every: int = 0
+    eval_batches: int = 4
     # Write cadence checkpoints in the background (the boundary only copies tensors to host memory); drains and
     # the last iteration's wait are synchronous either way. False: the whole write at the boundary.
     checkpoint_background: bool = True
@@ -182,6 +186,8 @@ class WorkerConfig:
         need(self.backend != "nccl" or self.device.startswith("cuda"), "device", "nccl needs a cuda device")
         need(0 <= self.start_iteration <= self.iterations, "start_iteration", "must be in [0, iterations]")
         need(self.checkpoint_every >= 0, "checkpoint_every", "must be >= 0 (0 = never)")
+        need(self.eval_every >= 0, "eval_every", "must be >= 0 (0 = never)")
+        need(self.eval_batches >= 1, "eval_batches", "must be >= 1")
         need((self.checkpoint_every == 0 and not self.final_checkpoint) or bool(self.checkpoint_dir), "checkpoint_dir",
              "set a directory when checkpoint_every > 0 or final_checkpoint")
         need(not (self.init_from and self.resume_from), "init_from",

@@ -15,7 +15,7 @@ import torch
 from google.protobuf.json_format import MessageToDict
 
 from ballast.v1 import model_pb2
-from services.data.batches import Data, batch_for
+from services.data.batches import Data, batch_for, validation_batch_for
 from services.executor.train import checkpoint as ckpt
 from services.executor.train.data import dropout_seed
 from services.executor.train.stage import layer_active, make_optimizer, model_info, parse_toggles, tied_aliases
@@ -83,3 +83,22 @@ def train_single(
                     "model": model_dict, "optimizer": optimizer["name"], "data": data, "global_batch": global_batch}
             ckpt.write_manifest(directory, len(dec), meta)
     return losses
+
+
+def validation_loss(spec: model_pb2.ModelSpec, data: Data, seed: int, global_batch: int, batches: int,
+                    weights: dict[str, torch.Tensor], user_inputs: UserInputs = NO_USER_INPUTS) -> float:
+    """The validation loss of `weights` (the model's own names, an export's) on the job's first `batches`
+    validation batches: the whole model in one process, in eval mode, its own `forward`."""
+    from services.executor.train.weights import assign
+
+    model = build_model(spec, seed=0, user_inputs=user_inputs)
+    assign(model, spec, weights)
+    model.eval()
+    total, labels = 0.0, 0
+    with torch.no_grad():
+        for b in range(batches):
+            batch = validation_batch_for(spec, data, seed, b, 0, global_batch, global_batch=global_batch,
+                                         user_inputs=user_inputs)
+            total += float(model(batch).double())
+            labels += model.loss_count(batch)
+    return total / max(labels, 1)

@@ -40,7 +40,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from services.data.batches import batch_for
+from services.data.batches import batch_for, job_data, validation_batch_for
+from services.data.evaluation import evaluation, evaluation_due
 from services.executor.train import checkpoint as ckpt
 from services.executor.train import heap, weights
 from services.executor.train.background import BackgroundWriter
@@ -295,7 +296,8 @@ class Trainer:
             torch.cuda.synchronize(self.device)
         meta = {"iterations_done": done, "next_iteration": done, "seed": c.seed, "plan_version": self.plan_version,
                 "job_id": c.job_id, "model": c.model, "optimizer": c.optimizer["name"], "data": c.data,
-                "global_batch": c.global_batch}
+                "global_batch": c.global_batch, "samples_seen": done * c.global_batch,
+                "epoch": self.data_epoch(done)}
         event = {"event": "checkpoint", **head, "iteration": done, "plan_version": self.plan_version,
                  "dir": str(directory), "manifest": "", "checkpoint_s": time.perf_counter() - start,
                  "background": background}
@@ -370,6 +372,8 @@ class Trainer:
             if pending:  # the new plan first, so a drain's checkpoint holds it
                 version, drain = Agreement.result(pending[0])
                 self.boundary(version, done, head, report)
+            if evaluation_due(config, done):
+                self.evaluate(done, head, report)
             saved = ((bool(config.checkpoint_every) and done % config.checkpoint_every == 0)
                      or (config.final_checkpoint and done == config.iterations))
             if saved:
@@ -381,6 +385,51 @@ class Trainer:
         self.writer.wait()  # the last checkpoint is on disk (and vouched for) before "done"
         report({"event": "done", **head, "iteration": config.iterations,
                 "parameters": sum(p.numel() for p in self.parameters), **self.fingerprint()})
+
+    def data_epoch(self, done: int) -> int:
+        """The epoch the next training sample falls in (0 for synthetic data)."""
+        return job_data(self.spec, self.data, self.config.user_inputs).epoch(done * self.config.global_batch)
+
+    def evaluate(self, done: int, head: dict[str, Any], report: Report) -> None:
+        """Validation loss after iteration `done`: `eval_batches` validation batches, forward only through the
+        pipeline (each replica its share of every batch, as in training), in eval mode (no dropout). The last
+        stage's first replica reports it; the time is the evaluation's own, outside every iteration's."""
+        c, stage, comms = self.config, self.stage, self.comms
+        started = time.perf_counter()
+        loss_sum, count = torch.zeros((), dtype=torch.float64, device=self.device), 0
+        modes = [(layer.module, layer.module.training) for layer in stage.layers]
+        for module, _ in modes:
+            module.eval()
+        try:
+            with torch.no_grad():
+                for b in range(c.eval_batches):
+                    for j in range(c.num_micro_batches):
+                        received = comms.wait(comms.post_recv(j, FORWARD)) if not stage.is_first else []
+                        begin, end = sample_range(c.replica_index, j, c.micro_batch_size, c.num_micro_batches)
+                        full = validation_batch_for(self.spec, self.data, c.seed, b, begin, end,
+                                                    global_batch=c.global_batch, user_inputs=c.user_inputs)
+                        batch = {k: full[k].to(self.device) for k in stage.batch_keys}
+                        outputs = stage.forward(received, batch, recompute=False, micro_batch=j)
+                        if stage.is_last:
+                            loss_sum += outputs[0].double()
+                            count += stage.loss_count(batch)
+                        else:
+                            comms.send(j, FORWARD, outputs)
+                    comms.drain()
+        finally:
+            for module, training in modes:
+                module.train(training)
+            stage.segments.clear()
+            if stage.swap is not None:
+                stage.swap.clear()
+        if stage.is_last:
+            total, labels = comms.replica_sum([float(loss_sum), float(count)])
+            if c.replica_index == 0:
+                fields = evaluation(total, labels, time.perf_counter() - started, c.eval_batches * c.global_batch,
+                                    self.spec, c.user_inputs)
+                report({"event": "evaluation", **head, "iteration": done, "plan_version": self.plan_version,
+                        **fields})
+        comms.take()  # the evaluation's traffic is not the next iteration's
 
     def drain(self, done: int, saved: bool, head: dict[str, Any], report: Report) -> None:
         """Every rank agreed to drain at this boundary: checkpoint `done` (unless the cadence just did), stop."""

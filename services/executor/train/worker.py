@@ -40,7 +40,10 @@ goes to stdout, one JSON object per line; every event carries "event", "job_id",
   [{layer_index, uri, bytes, sha256}] written by this rank, checkpoint_s (the boundary's stall: the host
   copy, plus the write when not in the background), write_s, background. Each rank reports once its files
   are on disk; rank 0 reports last, once the manifest exists, with every_layer (the manifest's entries).
-- "done": iteration, parameters, param_sha256 / param_sum (this rank's parameters), tied_sha256.
+- "done": iteration, parameters, param_sha256 / param_sum (this rank's parameters), tied_sha256, layer_sha256
+  (each held layer's whole weights, TP/SDP gathered, as weights.digest hashes them: what an export reproduces).
+- "evaluation" (the last stage's first replica, with eval_every): iteration, plan_version, loss, perplexity,
+  eval_s, samples, labels.
 - "stopped" (exit 143): iteration, message, drained. SIGTERM stops at the next micro-batch task (drained
   false: ranks may stop at different iterations). SIGUSR2 drains: the ranks agree (with the plan version) on
   the next iteration boundary, every rank writes its part of a checkpoint there ("checkpoint" events, unless
@@ -220,6 +223,7 @@ def prepare_stage(config: WorkerConfig, device: torch.device, head: dict[str, An
     if config.resume_from:  # a bad checkpoint fails fast on every rank
         manifest = ckpt.read_manifest(config.resume_from)
         ckpt.check_compatible(manifest, config.model, config.optimizer["name"], stage.num_layers)
+        ckpt.check_position(manifest, config.data, config.global_batch, config.seed)
         if start not in (0, manifest["next_iteration"]):
             raise ValueError(f"WorkerConfig.start_iteration {start} disagrees with the checkpoint's next iteration "
                              f"{manifest['next_iteration']}; set it to 0 or {manifest['next_iteration']}")

@@ -141,7 +141,7 @@ class Reader:
     def resume_point(self, job_id: str) -> Resume | None:
         """The job's last complete checkpoint (its directory is where its layer files lie), if any."""
         page = self._store.list_checkpoints(store_pb2.ListCheckpointsRequest(job_id=job_id))
-        done = [c for c in page.checkpoints if c.complete and c.layers]
+        done = [c for c in page.checkpoints if c.complete and c.layers and not c.HasField("deleted_at")]
         if not done:
             return None
         last = max(done, key=lambda c: c.iteration)

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from ballast.v1 import fleet_pb2, job_pb2, services_pb2, store_pb2
+from services.planner.jobs import references
 from services.planner.jobs.prepare import KIND as PREPARE
 from services.planner.queue import durable
 from services.runtime.errors import FailedPrecondition, InvalidArgument
@@ -52,6 +53,7 @@ def submit(store: Store, request: services_pb2.SubmitJobRequest, send: durable.S
         raise InvalidArgument("required", field="spec", fix="send a JobSpec with model, global_batch_size, iterations")
     if check_inputs is not None and request.spec.HasField("model"):
         check_inputs(request.spec)
+    references.check(store, request.spec)
     if request.spec.HasField("fleet"):
         view = hosts or HostsView(store, ttl_s=0.0)
         try:

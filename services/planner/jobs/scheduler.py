@@ -29,7 +29,7 @@ from pathlib import Path
 
 from ballast.v1 import executor_pb2, fleet_pb2, job_pb2, plan_pb2, store_pb2
 from services.planner import admission as adm
-from services.planner.jobs import morph, stutter
+from services.planner.jobs import morph, references, stutter
 from services.planner.jobs.admit import HOLDING, Reader, Snapshot, epoch_s
 from services.planner.jobs.assign import backend_for, pipeline_shape, place_on
 from services.planner.jobs.control import TRANSIENT
@@ -100,6 +100,8 @@ class Scheduler(Recovery, ElasticPass):
         self._checkpoints = RetainedRows(lambda checkpoints: [store.create_checkpoint(
             store_pb2.CreateCheckpointRequest(checkpoint=c)) for c in checkpoints], TRANSIENT,
             MAX_OWED_CHECKPOINTS, what="checkpoints", part=1)
+        self._evaluations = RetainedRows(lambda evaluations: [self._record_evaluation(e) for e in evaluations],
+                                         TRANSIENT, MAX_OWED_CHECKPOINTS, what="evaluations", part=1)
         self.admission = Reader(store)
         self._replan = replan  # queues a re-plan of a job for a device count (prepare.py); None: never
         self._lock = threading.RLock()
@@ -139,6 +141,7 @@ class Scheduler(Recovery, ElasticPass):
     def tick(self) -> None:
         self._rows.flush()  # what a store that was away could not take
         self._checkpoints.flush()
+        self._evaluations.flush()
         self._retain()
         for job_id in self._owed_calibrations():
             if not self._queue_calibration(job_id):
@@ -255,6 +258,11 @@ class Scheduler(Recovery, ElasticPass):
     def _start(self, snap: Snapshot, job_id: str, slots: tuple[adm.Slot, ...]) -> None:
         """Lease the devices (the store refuses a busy one), then start the workers on exactly them."""
         job, plan = snap.jobs[job_id], snap.plans[job_id]
+        try:
+            weights = references.initial_directory(self._store, job.spec) if job.spec.init_from else ""
+        except BallastError as exc:  # the weights it starts from went since Submit
+            self._transition(job, S.JOB_STATE_FAILED, f"init_from: {exc}", "FAILED", {"step": "init_from"})
+            return
         refs = [fleet_pb2.DeviceRef(host_id=x.host_id, device_index=x.device_index) for x in slots]
         try:
             self._store.acquire_leases(store_pb2.AcquireLeasesRequest(job_id=job_id, devices=refs))
@@ -265,6 +273,8 @@ class Scheduler(Recovery, ElasticPass):
         preempted = bool(self.admission.preemptions(job_id))
         loss = self.admission.pending_loss(job_id)
         resume = self.admission.resume_point(job_id) if preempted or loss else None
+        if resume is None and job.spec.resume_from:  # it continues another job until it has a checkpoint of its own
+            resume = self.admission.resume_point(job.spec.resume_from)
         start_iteration = resume.iteration if resume else 0
         waited = snap.now - epoch_s(job.updated_at) if job.state == S.JOB_STATE_QUEUED else 0.0
         stages, replicas = pipeline_shape(plan)
@@ -274,7 +284,9 @@ class Scheduler(Recovery, ElasticPass):
             kind = "RESUMED" if preempted else "ADMITTED"
             where = f"from iteration {start_iteration}" if resume else "from the start"
             message = (f"{kind.lower()} on {len(slots)} device(s) after {waited:.1f} s queued"
-                       + (f"; resumes {where}" if preempted else ""))
+                       + (f"; resumes {where}" if preempted else "")
+                       + (f"; continues job {job.spec.resume_from} {where}" if resume and not preempted else "")
+                       + (f"; starts from the weights of {job.spec.init_from}" if weights and not resume else ""))
         self._store.append_job_event(store_pb2.AppendJobEventRequest(event=job_pb2.JobEvent(
             job_id=job_id, type=kind, message=message,
             attributes={"devices": str(len(slots)), "waited_s": f"{waited:.3f}",
@@ -315,7 +327,8 @@ class Scheduler(Recovery, ElasticPass):
                 process_group_timeout_s=self._pg_timeout, spec=spec,
                 checkpoint_dir=str(self._root / job.id),
                 start_iteration=resume.iteration if resume else 0,
-                checkpoint_uri=resume.directory if resume else "")
+                checkpoint_uri=resume.directory if resume else "",
+                init_from="" if resume else weights)
             self._instruct(running, p.host.id, "assign", assign=assign)
 
     def _preempt(self, victim: str, for_job: str, snap: Snapshot) -> None:
@@ -452,6 +465,8 @@ class Scheduler(Recovery, ElasticPass):
             self.rebalancer.migrated(message.layer_migrated)
         elif kind == "checkpoint_written":
             self._checkpoint(message.checkpoint_written)
+        elif kind == "evaluated" and self._tracked(message.evaluated.job_id) is not None:
+            self._evaluations.write([message.evaluated])
 
     def _registered(self, host_id: str, register: executor_pb2.RegisterAgent) -> None:
         """An agent (re)connected: a job it runs under a newer plan version than the store says was repartitioned
@@ -605,6 +620,14 @@ class Scheduler(Recovery, ElasticPass):
         if running is not None:
             self._fail(running, f"host {host_id} could not start its workers: {ack.message}")
 
+    def _record_evaluation(self, evaluation: job_pb2.Evaluation) -> None:
+        """The evaluation's row, and an EVALUATED event (`ballast watch` shows it)."""
+        row = self._store.record_evaluation(store_pb2.RecordEvaluationRequest(evaluation=evaluation))
+        self._store.append_job_event(store_pb2.AppendJobEventRequest(event=job_pb2.JobEvent(
+            job_id=row.job_id, type="EVALUATED", message=evaluated_message(row),
+            attributes={"iteration": str(row.iteration), "loss": repr(row.loss), "perplexity": repr(row.perplexity),
+                        "eval_s": f"{row.eval_s:.3f}", "samples": str(row.samples)})))
+
     def _checkpoint(self, written: executor_pb2.CheckpointWritten) -> None:
         ck = written.checkpoint
         running = self._tracked(ck.job_id)
@@ -629,6 +652,12 @@ class Scheduler(Recovery, ElasticPass):
                 layers=sorted(layers, key=lambda x: x.layer_index), complete=True)])
             with self._lock:
                 self._retention_due.add(ck.job_id)
+
+
+def evaluated_message(row: job_pb2.Evaluation) -> str:
+    perplexity = f", perplexity {row.perplexity:.3f}" if row.perplexity else ""
+    return (f"iteration {row.iteration}: validation loss {row.loss:.4f}{perplexity} ({row.samples} samples, "
+            f"{row.eval_s:.2f} s)")
 
 
 def _ranks_attribute(ranks: dict[str, list[int]]) -> str:

@@ -1,4 +1,4 @@
-"""What a running job reports: per-iteration metrics, layer migrations and checkpoints."""
+"""What a running job reports: per-iteration metrics, layer migrations, evaluations and checkpoints."""
 
 from __future__ import annotations
 
@@ -24,6 +24,10 @@ def metric_pb(row: m.IterationMetric) -> job_pb2.IterationMetric:
 
 def migration_pb(row: m.LayerMigration) -> job_pb2.LayerMigration:
     return job_pb2.LayerMigration(**shared_fields(row, job_pb2.LayerMigration))
+
+
+def evaluation_pb(row: m.Evaluation) -> job_pb2.Evaluation:
+    return job_pb2.Evaluation(**shared_fields(row, job_pb2.Evaluation))
 
 
 def own_file(uri: str, job_id: str, iteration: int, layer: int, field: str) -> None:
@@ -117,6 +121,30 @@ class ProgressStore(RepositoryBase):
             return store_pb2.ListLayerMigrationsResponse(
                 migrations=[migration_pb(r) for r in rows], next_page_token=token
             )
+
+    def record_evaluation(self, p: Principal, req: store_pb2.RecordEvaluationRequest) -> job_pb2.Evaluation:
+        """One row per (job, iteration): a repeat (an agent's replay, a resumed job evaluating again) answers the
+        stored row."""
+        ev = req.evaluation
+        values = shared_fields(ev, m.Evaluation, skip=("id", "created_at"), field="evaluation")
+        with self._tx(write=True) as s:
+            self._job(s, p, ev.job_id, field="evaluation.job_id")
+            stmt = self._insert(m.Evaluation).values(**values, id=new_id("evl"), created_at=self.now())
+            s.execute(stmt.on_conflict_do_nothing())
+            row = s.scalars(sa.select(m.Evaluation).where(m.Evaluation.job_id == ev.job_id,
+                                                          m.Evaluation.iteration == ev.iteration)).one()
+            return evaluation_pb(row)
+
+    def list_evaluations(
+        self, p: Principal, req: store_pb2.ListEvaluationsRequest
+    ) -> store_pb2.ListEvaluationsResponse:
+        t = m.Evaluation
+        stmt = sa.select(t).where(t.job_id == req.job_id).order_by(t.iteration, t.id)
+        with self._tx(write=False) as s:
+            self._job(s, p, req.job_id)
+            rows, token = self._page(s, stmt, req.page)
+            return store_pb2.ListEvaluationsResponse(evaluations=[evaluation_pb(r) for r in rows],
+                                                     next_page_token=token)
 
     def create_checkpoint(self, p: Principal, req: store_pb2.CreateCheckpointRequest) -> job_pb2.Checkpoint:
         ck = req.checkpoint
