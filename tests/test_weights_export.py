@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -18,11 +19,13 @@ from ballast.v1 import model_pb2
 from services.executor.train import checkpoint as ckpt
 from services.executor.train import weights
 from services.executor.train.launch import plan_configs, run_local
+from services.executor.train.reference import validation_loss
 from services.executor.train.stage import build_stage, model_info
 from services.runtime.allocator import STEADY_ALLOCATOR
 from services.runtime.errors import InvalidArgument
 from services.specs.user_inputs import NO_USER_INPUTS
-from tests.harness import losses, of
+from services.zoo import build_model
+from tests.harness import losses, of, torch_threads
 from tests.test_train_hybrid import SPEC, template
 
 STEPS = 3
@@ -144,3 +147,83 @@ def test_a_model_spec_family_decides_the_names_exported():
     assert weights.own_name(model_pb2.ModelSpec(family=model_pb2.MODEL_FAMILY_CUSTOM), "inner.up.weight") == \
         "up.weight"
     assert weights.own_name(model_pb2.ModelSpec(family=model_pb2.MODEL_FAMILY_GPT), "blocks.0.x") == "blocks.0.x"
+
+
+# --- offloaded modes: chunks (PatrickStar) and Harmony checkpoint, export, evaluate and resume too ----------------
+def offloaded(tmp_path, configs, **changes) -> list[list[dict]]:
+    configs = [replace(c, checkpoint_dir=str(tmp_path / "ckpt"), final_checkpoint=True, **changes) for c in configs]
+    return run_local(configs, env=STEADY_ALLOCATOR, timeout_s=240)
+
+
+def export_of(tmp_path, spec, iteration: int) -> dict[str, torch.Tensor]:
+    out = tmp_path / f"export-{iteration}"
+    weights.export(ckpt.checkpoint_path(tmp_path / "ckpt", iteration), spec, "safetensors", out, NO_USER_INPUTS, {})
+    return load_file(str(out / weights.WEIGHTS))
+
+
+def digests_for(spec, state: dict[str, torch.Tensor]) -> dict[str, str]:
+    model = build_model(spec, device="meta")
+    dec = model.decompose()
+    names = weights.layer_names(model, dec, spec)
+    return {str(layer.index): weights.digest([(f"param/{local}", state[names[(layer.index, local)]])
+                                              for local, _ in layer.module.named_parameters()])
+            for layer in dec.layers}
+
+
+@pytest.mark.slow
+def test_chunk_mode_checkpoints_exports_evaluates_and_resumes(tmp_path):
+    from tests.test_train_chunks import SPEC as CHUNKED
+    from tests.test_train_chunks_worker import LAYERS, TEMPLATE
+    from tests.test_train_chunks_worker import STEPS as CHUNK_STEPS
+
+    configs = plan_configs(TEMPLATE, [[0, LAYERS]], 2)
+    whole = offloaded(tmp_path, configs, checkpoint_every=2, eval_every=2, eval_batches=2)
+    done = of(whole[0], "done")[0]
+    state = export_of(tmp_path, CHUNKED, CHUNK_STEPS)
+    assert digests_for(CHUNKED, state) == done["layer_sha256"]  # bit for bit the trained fp32 master
+    assert [e["iteration"] for e in of(whole[0], "evaluation")] == [2, 4] and not of(whole[1], "evaluation")
+    checkpoints = [e for e in of(whole[0], "checkpoint")]
+    assert [e["iteration"] for e in checkpoints] == [2, 4] and len(checkpoints[0]["every_layer"]) == LAYERS
+    with torch_threads(1):
+        expected = validation_loss(CHUNKED, {}, TEMPLATE.seed, 4, 2, state)
+    assert of(whole[0], "evaluation")[-1]["loss"] == pytest.approx(expected, rel=1e-5)
+    # resumed from iteration 2 in chunk mode: the uninterrupted run's last losses and weights
+    resumed = offloaded(tmp_path / "again", [replace(c, resume_from=str(ckpt.checkpoint_path(tmp_path / "ckpt", 2)))
+                                             for c in configs])
+    assert resumed[0][0]["start_iteration"] == 2
+    assert losses(resumed) == pytest.approx(losses(whole)[2:], rel=1e-6)
+    # and a chunk-mode checkpoint resumes in the stage trainer (per-layer files, whatever wrote them)
+    stage = run_local(plan_configs(replace(TEMPLATE, chunk_bytes=0, device_budget_bytes=0, micro_batch_size=1,
+                                           num_micro_batches=2, resume_from=str(ckpt.checkpoint_path(
+                                               tmp_path / "ckpt", 2))), [[0, LAYERS]], 2),
+                      env=STEADY_ALLOCATOR, timeout_s=240)
+    assert losses(stage) == pytest.approx(losses(whole)[2:], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_harmony_checkpoints_exports_evaluates_and_resumes(tmp_path):
+    """Two devices of the search's schedule under a budget below the model: rank 0 reads the shared host store
+    between iterations while rank 1 waits."""
+    from services.planner.sim.harmony_search import Machine, search
+    from tests.test_harmony import BUDGET, MINIBATCH, layers
+    from tests.test_harmony import SPEC as UNTIED
+    from tests.test_train_harmony_worker import LAYERS, settings, template
+
+    steps = 4
+    choice = search(layers(), MINIBATCH, Machine(2, BUDGET, 5e9, 5e9))
+    config = replace(template(settings(choice.schedule, tmp_path / "store", choice.prefetch)), iterations=steps)
+    configs = plan_configs(config, [[0, LAYERS]], 2)
+    whole = offloaded(tmp_path, configs, checkpoint_every=2, eval_every=2, eval_batches=2)
+    state = export_of(tmp_path, UNTIED, steps)
+    assert digests_for(UNTIED, state) == of(whole[0], "done")[0]["layer_sha256"]
+    evaluations = of(whole[0], "evaluation")
+    assert [e["iteration"] for e in evaluations] == [2, 4]
+    with torch_threads(1):
+        expected = validation_loss(UNTIED, config.data, config.seed, config.global_batch, 2, state)
+    assert evaluations[-1]["loss"] == pytest.approx(expected, rel=1e-5)
+    assert [len(e["every_layer"]) for e in of(whole[0], "checkpoint")] == [LAYERS, LAYERS]
+    resumed = offloaded(tmp_path / "again", [replace(c, harmony={**c.harmony, "store_dir": str(tmp_path / "store2")},
+                                                     resume_from=str(ckpt.checkpoint_path(tmp_path / "ckpt", 2)))
+                                             for c in configs])
+    assert resumed[0][0]["start_iteration"] == 2
+    assert losses(resumed) == pytest.approx(losses(whole)[2:], rel=1e-6)

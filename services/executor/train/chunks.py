@@ -70,6 +70,7 @@ class ChunkManager(Mover):
         dtype = dtypes.pop()
         size = torch.empty((), dtype=dtype).element_size()
         self.params = list(params)
+        self.rank, self.kinds = rank, OS_KINDS if optimizer == "adam" else OS_KINDS[:1]
         self.layout = plan_chunks([p.numel() for p in self.params], chunk_bytes // size, world)
         self.group = group
         self.group_ranks = list(group_ranks) if group_ranks is not None else list(range(world))
@@ -217,6 +218,47 @@ class ChunkManager(Mover):
                         param.copy_(new)
             finally:
                 self.policy.finish_step(c, members)
+
+    def gather_states(self, dst: int = 0) -> dict[int, dict[str, Tensor]] | None:
+        """Every slot's fp32 master (and Adam's momentum, variance and step) on rank `dst`, host copies, None on the
+        other ranks: each chunk's owner sends its states there. Every rank calls it at the same boundary."""
+        comm = torch.device(self.device_type) if dist.is_initialized() and dist.get_backend(self.group) == "nccl" \
+            else torch.device("cpu")
+        n, out = self.layout.chunk_numel, {} if self.rank == dst else None
+        for c in range(self.layout.num_chunks):
+            owner, slots = self.layout.owner(c), self.layout.slots_of(c)
+            if self.rank not in (owner, dst):
+                continue
+            if self.rank == owner:
+                flat = torch.cat([self._buffer(self.policy.os[c][kind]).float().cpu() for kind in self.kinds]
+                                 + [torch.stack([self.steps[i] for i in slots]).float() if slots else torch.empty(0)])
+                if owner != dst:
+                    dist.send(flat.to(comm), self.group_ranks[dst], group=self.group)
+                    continue
+            else:
+                flat = torch.empty(n * len(self.kinds) + len(slots), dtype=torch.float32, device=comm)
+                dist.recv(flat, self.group_ranks[owner], group=self.group)
+                flat = flat.cpu()
+            assert out is not None
+            for j, i in enumerate(slots):
+                s = self.layout.slots[i]
+                out[i] = {kind: flat[k * n + s.offset:k * n + s.offset + s.numel].clone()
+                          for k, kind in enumerate(self.kinds)}
+                out[i]["step"] = flat[len(self.kinds) * n + j].clone()
+        return out
+
+    def load_states(self, states: dict[int, dict[str, Tensor]]) -> None:
+        """A resume, before the first iteration (every local chunk still on the host): the local slots' fp32
+        master, momentum, variance and step from `states` (slot -> {kind: tensor, "step": scalar})."""
+        for c, kinds in self.policy.os.items():
+            for i in self.layout.slots_of(c):
+                s = self.layout.slots[i]
+                for kind, chunk in kinds.items():
+                    self.host[chunk.key][s.offset:s.offset + s.numel].copy_(states[i][kind].reshape(-1))
+                self.steps[i] = states[i]["step"].detach().float().clone().reshape(())
+
+    def _buffer(self, chunk: Chunk) -> Tensor:
+        return self.device[chunk.key] if chunk.where == "device" else self.host[chunk.key]
 
     def local_payloads(self) -> list[Tensor]:
         """This process's own parameter chunks, wherever each is now (what its fingerprint covers)."""

@@ -248,7 +248,6 @@ class WorkerConfig:
         need(self.backend == "gloo", "backend", "the Harmony worker sends CPU tensors between its ranks: use 'gloo'")
         need(self.device == "cpu", "device", "the Harmony worker computes on the CPU under its budgeted device pool "
              "(train/harmony.py has no CUDA path yet): set device 'cpu'")
-        need(not self.resume_from, "resume_from", "Harmony does not resume from checkpoints yet: leave it empty")
         need(not self.layer_toggles, "layer_toggles", "Harmony runs every layer every iteration: leave it empty")
         for name in ("checkpoint_layers", "swap_layers", "zero1_layers", "zero2_layers", "tp_layers", "sdp_layers"):
             need(not getattr(self, name), name, "Harmony's schedule decides what moves and what is recomputed: "
@@ -265,7 +264,6 @@ class WorkerConfig:
             return
         need(self.num_stages == 1, "stage_bounds",
              f"chunk offload runs one stage holding every layer, got {self.num_stages} stages")
-        need(not self.resume_from, "resume_from", "chunk offload does not resume from checkpoints yet: leave it empty")
         need(not self.layer_toggles, "layer_toggles", "chunk offload runs every layer every iteration: leave it empty")
         for name in ("checkpoint_layers", "swap_layers", "zero1_layers", "zero2_layers", "tp_layers", "sdp_layers"):
             need(not getattr(self, name), name, "chunk offload runs every layer as plain data parallel with its "

@@ -26,10 +26,11 @@ import os
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -37,7 +38,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from ballast.v1 import model_pb2
-from services.data.batches import Data, batch_for
+from services.data.batches import Data, batch_for, validation_batch_for
+from services.executor.train import checkpoint as ckpt
 from services.executor.train import weights
 from services.executor.train.chunks import functional_step
 from services.executor.train.offload import ActivationMeter
@@ -131,6 +133,14 @@ class HostStore:
             for state in self.states[layer.index].values():
                 state.zero_()
 
+    def write_states(self, layers: list[Layer], state: dict[Any, dict[str, Tensor]]) -> None:
+        """A resume's Adam states (a parameter's exp_avg, exp_avg_sq), layer by layer into the flat store."""
+        for layer, states in zip(layers, self.states, strict=True):
+            params = list(layer.module.parameters())
+            for kind, key in (("momentum", "exp_avg"), ("variance", "exp_avg_sq")):
+                if kind in states and params:
+                    states[kind].copy_(torch.cat([state[p][key].reshape(-1).float() for p in params]))
+
     def stash(self, layer: int, shape: tuple[int, ...]) -> Tensor:
         """The host buffer of layer `layer`'s input for the whole minibatch (`shape` is one sample's)."""
         if layer not in self._stash:
@@ -201,7 +211,8 @@ class HarmonyRank:
     def __init__(self, spec: model_pb2.ModelSpec, data: Data, seed: int, minibatch: int,
                  optimizer: dict[str, Any], schedule: HarmonySchedule, store_dir: Path, *,
                  device_budget: int | None, rank: int = 0, prefetch: bool = True,
-                 user_inputs: UserInputs = NO_USER_INPUTS, initial: dict[str, Tensor] | None = None) -> None:
+                 user_inputs: UserInputs = NO_USER_INPUTS, initial: dict[str, Tensor] | None = None,
+                 resume_from: str = "") -> None:
         self.spec, self.data, self.seed, self.minibatch, self.optimizer = spec, data, seed, minibatch, optimizer
         self.rank, self.schedule, self.user_inputs = rank, schedule, user_inputs
         model = build_model(spec, seed=seed, user_inputs=user_inputs)
@@ -210,6 +221,10 @@ class HarmonyRank:
         check_model(spec, self.dec)
         if initial is not None and rank == 0:  # JobSpec.init_from: what rank 0 writes to the store
             weights.assign(model, spec, initial)
+        resumed = SimpleNamespace(state={})  # what load_layers fills as an optimizer's state
+        if resume_from and rank == 0:  # weights into the modules, states kept for the store (no ties here)
+            ckpt.load_layers(resume_from, ckpt.read_manifest(resume_from), self.dec.layers, {}, resumed,  # type: ignore[arg-type]
+                             state_on_host=True)
         schedule.check(len(self.dec), minibatch)
         self.model_loss_count = model.loss_count
         self.layers = self.dec.layers
@@ -220,6 +235,8 @@ class HarmonyRank:
         self.store = HostStore(store_dir, self.layers, kinds, minibatch)
         if rank == 0:
             self.store.write_initial(self.layers)
+            if resumed.state:
+                self.store.write_states(self.layers, resumed.state)
         for ps in self.params:
             for p in ps:
                 p.data = EMPTY  # the device holds none of it until a task brings it
@@ -526,6 +543,60 @@ class HarmonyRank:
         self.counters.allreduce_s += time.perf_counter() - began
         return HarmonyStep(float(summed[0]) / count, time.perf_counter() - started, self.counters.take(),
                            stop=bool(summed[1] > 0))
+
+    # -- checkpoints and evaluation (rank 0, between iterations: every update of the last one is in the store) ------
+    def _named(self, layer: int, flat: Tensor) -> Iterator[tuple[str, Tensor]]:
+        at = 0
+        for name, p in self.layers[layer].module.named_parameters():
+            shape = self.shapes[id(p)]
+            yield name, flat[at:at + shape.numel()].view(shape)
+            at += shape.numel()
+
+    def checkpoint_layers(self, done: int) -> dict[int, tuple[str, dict[str, Tensor]]]:
+        """Every layer's weights and Adam states from the host store, copied, in the checkpoint's per-layer form
+        (Adam's step is the iterations done: Harmony steps every layer once per iteration)."""
+        out = {}
+        for i, layer in enumerate(self.layers):
+            tensors = {f"param/{name}": t.clone() for name, t in self._named(i, self.store.weights[i])}
+            for kind, key in (("momentum", "exp_avg"), ("variance", "exp_avg_sq")):
+                if kind in self.store.states[i]:
+                    tensors.update({f"state/{key}/{name}": t.clone()
+                                    for name, t in self._named(i, self.store.states[i][kind])})
+            if self.store.states[i]:
+                tensors.update({f"state/step/{name}": torch.tensor(float(done)) for name, _ in self._named(
+                    i, self.store.weights[i])})
+            out[layer.index] = (layer.name, tensors)
+        return out
+
+    def layer_digests(self) -> dict[str, str]:
+        """Each layer's weights in the store, hashed as weights.digest does (what an export reproduces)."""
+        return {str(layer.index): weights.digest([(f"param/{n}", t) for n, t in self._named(i, self.store.weights[i])])
+                for i, layer in enumerate(self.layers)}
+
+    def evaluate(self, batches: int) -> tuple[float, float]:
+        """(summed loss, labels) over `batches` validation batches: the whole model forward only, layer by layer
+        from the store, in forward micro-batches (one device's work: rank 0 runs it while the others wait)."""
+        total, labels = 0.0, 0.0
+        size = self.schedule.forward_micro_batch
+        try:
+            with torch.no_grad():
+                for b in range(batches):
+                    for begin in range(0, self.minibatch, size):
+                        batch = validation_batch_for(self.spec, self.data, self.seed, b, begin, begin + size,
+                                                     global_batch=self.minibatch, user_inputs=self.user_inputs)
+                        x = None
+                        for i, layer in enumerate(self.layers):
+                            self.load((i, i + 1))
+                            layer.module.eval()
+                            x = run_layer(layer, x, batch)
+                            layer.module.train()
+                            self.drop((i, i + 1), write_back=False)
+                        assert x is not None
+                        total += float(x)
+                        labels += float(self.model_loss_count(batch))
+        finally:
+            self.counters.take()  # not the next iteration's traffic
+        return total, labels
 
     def close(self) -> None:
         if self.copier is not None:

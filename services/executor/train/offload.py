@@ -35,10 +35,12 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from ballast.v1 import common_pb2, model_pb2
-from services.data.batches import Data, batch_for
+from services.data.batches import Data, batch_for, validation_batch_for
+from services.executor.train import checkpoint as ckpt
 from services.executor.train import weights
 from services.executor.train.chunks import ChunkManager, pool_budget, runtime_reserve
 from services.executor.train.data import dropout_seed
+from services.executor.train.stage import tied_aliases
 from services.runtime.chunk_policy import TensorState, Traffic
 from services.runtime.memory_pool import MemoryPool
 from services.specs.user_inputs import NO_USER_INPUTS, UserInputs
@@ -177,7 +179,7 @@ class ChunkedTrainer:
                  optimizer: dict[str, Any], *, device_budget: int | None, chunk_bytes: int, micro_batches: int = 1,
                  host_budget: int | None = None, device: str | torch.device = "cpu", rank: int = 0, world: int = 1,
                  group: object = None, user_inputs: UserInputs = NO_USER_INPUTS,
-                 initial: dict[str, Tensor] | None = None) -> None:
+                 initial: dict[str, Tensor] | None = None, resume_from: str = "") -> None:
         if global_batch % (world * micro_batches):
             raise ValueError(f"global_batch {global_batch} must split into {world} replicas x {micro_batches} "
                              "micro-batches")
@@ -189,6 +191,7 @@ class ChunkedTrainer:
         model = build_model(spec, seed=seed, device="cpu" if cuda else self.device, user_inputs=user_inputs)
         if initial is not None:  # JobSpec.init_from: the whole weights, before they enter chunks
             weights.assign(model, spec, initial)
+        resumed = resumed_states(model, resume_from) if resume_from else None
         self.model = model.to(self.dtype)
         self.model.train()
         self.params = parameter_tensors(self.model.decompose())[0]  # the layout the planner's profile lists
@@ -200,6 +203,8 @@ class ChunkedTrainer:
         self.manager = ChunkManager(self.params, chunk_bytes, self.device_pool, self.host_pool,
                                     optimizer=optimizer["name"], rank=rank, world=world, group=group,
                                     device=self.device)
+        if resumed is not None:
+            self.manager.load_states({self.manager.slot_of[id(p)]: resumed[id(p)] for p in self.params})
         self.model.to(self.device)  # buffers; the parameters are views of device chunks already
         self.last = [False]
         self.activations: list[tuple[int, int]] = []
@@ -211,6 +216,67 @@ class ChunkedTrainer:
         """Mixed precision: bf16 chunks and compute, autocast keeping the loss and norms in fp32, and the step on
         the fp32 master and Adam states (the chunk manager's own lists, as ever)."""
         return self.dtype != torch.float32
+
+    def layer_digests(self) -> dict[str, str]:
+        """Each layer's whole weights (the fp32 master), hashed as weights.digest does, on rank 0 ({} on the others):
+        what an export of the final checkpoint must reproduce. Every rank calls it."""
+        states = self.manager.gather_states(0)
+        if states is None:
+            return {}
+        return {str(layer.index): weights.digest([(f"param/{n}", states[self.manager.slot_of[id(p)]]["master"].view(
+            p.shape)) for n, p in layer.module.named_parameters()]) for layer in self.model.decompose().layers}
+
+    def checkpoint_layers(self) -> ckpt.Snapshot | None:
+        """The whole model's per-layer checkpoint tensors (the fp32 master as the parameter, Adam's states), in the
+        stage trainer's format, on rank 0 (None on the others); every rank calls it at the same boundary."""
+        states = self.manager.gather_states(0)
+        if states is None:
+            return None
+        adam, out, seen = self.optimizer["name"] == "adam", {}, set()
+        for layer in self.model.decompose().layers:
+            tensors: dict[str, Tensor] = {}
+            for name, p in layer.module.named_parameters():
+                if id(p) in seen:  # a tied weight is stored once, under the lowest layer holding it
+                    continue
+                seen.add(id(p))
+                state = states[self.manager.slot_of[id(p)]]
+                tensors[f"param/{name}"] = state["master"].view(p.shape)
+                if adam:
+                    tensors[f"state/exp_avg/{name}"] = state["momentum"].view(p.shape)
+                    tensors[f"state/exp_avg_sq/{name}"] = state["variance"].view(p.shape)
+                    tensors[f"state/step/{name}"] = state["step"]
+            out[layer.index] = (layer.name, tensors)
+        return out
+
+    def evaluate(self, batches: int) -> tuple[float, float]:
+        """(summed loss, labels) over `batches` validation batches, every replica its share as in training, forward
+        only in eval mode; every rank calls it. The chunk residency after it is a finished forward's."""
+        per_replica = self.global_batch // self.world
+        size = per_replica // self.micro_batches
+        total, labels = 0.0, 0.0
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                for b in range(batches):
+                    for k in range(self.micro_batches):
+                        begin = self.rank * per_replica + k * size
+                        batch = {key: v.to(self.device) for key, v in validation_batch_for(
+                            self.spec, self.data, self.seed, b, begin, begin + size, global_batch=self.global_batch,
+                            user_inputs=self.user_inputs).items()}
+                        with torch.autocast(self.device.type, self.dtype, enabled=self.mixed):
+                            total += float(self.model(batch).detach())
+                        self.manager.policy.forward_done()
+                        labels += float(self.model.loss_count(batch))
+        finally:
+            self.model.train()
+            self.manager.policy.moment = 0  # the next iteration's accesses line up with the recorded trace again
+            self.manager.policy.traffic.take()  # not the next iteration's traffic
+            self.manager.take_swap_s()
+        if self.world > 1:
+            summed = torch.tensor([total, labels], dtype=torch.float64, device=self.device)
+            dist.all_reduce(summed, group=self.group)
+            total, labels = summed.tolist()
+        return total, labels
 
     def close(self) -> None:
         """Remove the hooks and free the device buffers; the trainer is done. Why: autograd's C++ side holds the
@@ -266,6 +332,32 @@ class ChunkedTrainer:
             torch.cuda.synchronize(self.device)
         return ChunkedStep(total / count, manager.policy.traffic.take(), time.perf_counter() - started, forward_s,
                            backward_s, optimizer_s, chunk_comm_s + loss_sum_s, manager.take_swap_s(), votes > 0)
+
+
+class _StateHolder:
+    """What checkpoint.load_layers fills as it would an optimizer's state (parameter -> its state)."""
+
+    def __init__(self) -> None:
+        self.state: dict[Any, dict[str, Tensor]] = {}
+
+
+TORCH_TO_CHUNK = {"exp_avg": "momentum", "exp_avg_sq": "variance", "step": "step"}
+
+
+def resumed_states(model: nn.Module, resume_from: str) -> dict[int, dict[str, Tensor]]:
+    """Load a checkpoint into the model's parameters (before they enter chunks) and return, by parameter id, the
+    fp32 master and the optimizer states the chunk manager takes (`load_states`)."""
+    manifest = ckpt.read_manifest(resume_from)
+    dec = model.decompose()
+    holder = _StateHolder()
+    ckpt.load_layers(resume_from, manifest, dec.layers, tied_aliases(model, dec, 0, len(dec)), holder,  # type: ignore[arg-type]
+                     state_on_host=True)
+    out = {}
+    for p in dict.fromkeys(model.parameters()):
+        state = holder.state.get(p, {})
+        out[id(p)] = {"master": p.detach().float().clone(), "step": state.get("step", torch.tensor(0.0)),
+                      **{TORCH_TO_CHUNK[k]: v for k, v in state.items() if k in ("exp_avg", "exp_avg_sq")}}
+    return out
 
 
 def train_chunked(spec: model_pb2.ModelSpec, data: Data, seed: int, global_batch: int, iterations: int,

@@ -102,6 +102,7 @@ from typing import Any, TextIO
 import torch
 import torch.distributed as dist
 
+from services.data.evaluation import evaluation, evaluation_due
 from services.executor.train import checkpoint as ckpt
 from services.executor.train import heap, hybrid, weights
 from services.executor.train.comms import Comms
@@ -187,6 +188,54 @@ def run(config: WorkerConfig, report: Report, should_stop: Callable[[], bool] | 
             dist.destroy_process_group()
         raise
     dist.destroy_process_group()  # other failures leave it: a peer may be stuck mid-collective with us
+
+
+def checked_resume(config: WorkerConfig, mode: str) -> str:
+    """An offloaded mode's resume_from, checked against the run (model, optimizer, position in the data)."""
+    if not config.resume_from:
+        return ""
+    manifest = ckpt.read_manifest(config.resume_from)
+    num_layers = len(build_model(config.spec(), device="meta", user_inputs=config.user_inputs).decompose())
+    ckpt.check_compatible(manifest, config.model, config.optimizer["name"], num_layers)
+    ckpt.check_position(manifest, config.data, config.global_batch, config.seed)
+    after = manifest["next_iteration"]
+    if config.start_iteration not in (0, after):
+        raise ValueError(f"WorkerConfig.start_iteration {config.start_iteration} disagrees with the checkpoint's next "
+                         f"iteration {after} ({mode}); set it to 0 or {after}")
+    return config.resume_from
+
+
+def start_of(config: WorkerConfig) -> int:
+    """The first iteration: the resumed checkpoint's next one, else start_iteration."""
+    return ckpt.read_manifest(config.resume_from)["next_iteration"] if config.resume_from else config.start_iteration
+
+
+def offloaded_checkpoint(config: WorkerConfig, done: int, snapshot: ckpt.Snapshot | None, num_layers: int,
+                         head: dict[str, Any], report: Report, started: float) -> None:
+    """Rank 0 writes an offloaded mode's whole checkpoint (it holds every layer's tensors) and reports it once the
+    manifest vouches for it; the other ranks sent their part and go on."""
+    if snapshot is None:
+        return
+    directory = ckpt.checkpoint_path(config.checkpoint_dir, done)
+    directory.mkdir(parents=True, exist_ok=True)
+    ckpt.clear_stale(directory)
+    began = time.perf_counter()
+    entries = ckpt.write_snapshot(directory, snapshot)
+    meta = {"iterations_done": done, "next_iteration": done, "seed": config.seed, "plan_version": config.plan_version,
+            "job_id": config.job_id, "model": config.model, "optimizer": config.optimizer["name"],
+            "data": config.data, "global_batch": config.global_batch, "samples_seen": done * config.global_batch}
+    path = ckpt.write_manifest(directory, num_layers, meta)
+    keys = ("layer_index", "uri", "bytes", "sha256")
+    layers = [{k: e[k] for k in keys} for e in entries]
+    report({"event": "checkpoint", **head, "iteration": done, "plan_version": config.plan_version,
+            "dir": str(directory), "manifest": path.resolve().as_uri(), "layers": layers, "every_layer": layers,
+            "checkpoint_s": time.perf_counter() - started, "write_s": time.perf_counter() - began,
+            "background": False})
+
+
+def checkpoint_due(config: WorkerConfig, done: int) -> bool:
+    return bool(config.checkpoint_dir) and ((bool(config.checkpoint_every) and done % config.checkpoint_every == 0)
+                                            or (config.final_checkpoint and done == config.iterations))
 
 
 def initial_weights(config: WorkerConfig) -> dict[str, torch.Tensor] | None:
@@ -289,7 +338,7 @@ def prepare_chunks(config: WorkerConfig, device: torch.device, head: dict[str, A
                              device_budget=config.device_budget_bytes or None, chunk_bytes=config.chunk_bytes,
                              micro_batches=config.num_micro_batches, device=device, rank=config.replica_index,
                              world=config.num_replicas, user_inputs=config.user_inputs,
-                             initial=initial_weights(config))
+                             initial=initial_weights(config), resume_from=checked_resume(config, "chunk offload"))
     layers = list(range(len(trainer.model.decompose().layers)))
     if config.bounds != (0, len(layers)):
         raise ValueError(f"WorkerConfig.stage_bounds: chunk offload's one stage holds every layer, [0, {len(layers)}), "
@@ -303,11 +352,10 @@ def train_chunks(config: WorkerConfig, trainer: ChunkedTrainer, layers: list[int
                  report: Report, refusals: Refusals, should_stop: Callable[[], bool]) -> None:
     """The chunk-mode loop: one "iteration" event per iteration; a stop (or a drain: nothing to checkpoint)
     takes effect at the first boundary every rank agreed on, voted with the loss sum."""
-    start, device = config.start_iteration, trainer.device
+    start, device = start_of(config), trainer.device
     parameters = sum(p.numel() for p in trainer.params)
     manager = trainer.manager
-    warnings = [f"WorkerConfig.checkpoint_every {config.checkpoint_every}: chunk offload does not checkpoint yet; "
-                "training goes on without checkpoints"] if config.checkpoint_every else []
+    warnings: list[str] = []
     report({"event": "started", **head, "world_size": config.world_size, "num_stages": 1,
             "num_replicas": config.num_replicas, "layers": layers, "parameters": parameters, "start_iteration": start,
             "iterations": config.iterations, "schedule": config.schedule, "global_batch": config.global_batch,
@@ -340,6 +388,16 @@ def train_chunks(config: WorkerConfig, trainer: ChunkedTrainer, layers: list[int
                 "evictions": moved.evictions, "device_budget_peak_bytes": trainer.device_pool.peak,
                 "active_layers": layers, "layers": layers})
         refused(done)
+        if evaluation_due(config, done):
+            began = time.perf_counter()
+            total, labels = trainer.evaluate(config.eval_batches)
+            if config.rank == 0:
+                report({"event": "evaluation", **head, "iteration": done, "plan_version": config.plan_version,
+                        **evaluation(total, labels, time.perf_counter() - began,
+                                     config.eval_batches * config.global_batch, config.spec(), config.user_inputs)})
+        if checkpoint_due(config, done):
+            began = time.perf_counter()
+            offloaded_checkpoint(config, done, trainer.checkpoint_layers(), len(layers), head, report, began)
         if step.stop:
             raise Stopped(done, between_iterations=True)
     refused(config.iterations)
@@ -348,7 +406,8 @@ def train_chunks(config: WorkerConfig, trainer: ChunkedTrainer, layers: list[int
     for payload in payloads:
         digest.update(payload.detach().cpu().contiguous().numpy().tobytes())
     report({"event": "done", **head, "iteration": config.iterations, "parameters": parameters,
-            "param_sha256": digest.hexdigest(), "param_sum": sum(float(p.double().sum()) for p in payloads)})
+            "param_sha256": digest.hexdigest(), "param_sum": sum(float(p.double().sum()) for p in payloads),
+            "layer_sha256": trainer.layer_digests()})
 
 
 def prepare_harmony(config: WorkerConfig, head: dict[str, Any], report: Report, should_stop: Callable[[], bool],
@@ -369,10 +428,12 @@ def prepare_harmony(config: WorkerConfig, head: dict[str, Any], report: Report, 
     store = Path(h["store_dir"])
     store.mkdir(parents=True, exist_ok=True)  # every rank maps its files in the constructor, rank 0 or not
     try:
+        resume = checked_resume(config, "Harmony")
         runner = HarmonyRank(spec, config.data_spec(), config.seed, config.global_batch, config.optimizer, schedule,
                              store, device_budget=h["device_budget_bytes"] or None, rank=config.rank,
                              prefetch=h["prefetch"], user_inputs=config.user_inputs,
-                             initial=initial_weights(config) if config.rank == 0 else None)
+                             initial=initial_weights(config) if config.rank == 0 else None,
+                             resume_from=resume if config.rank == 0 else "")
     except BaseException:
         remove_store(config)
         raise
@@ -402,11 +463,10 @@ def harmony_iterations(config: WorkerConfig, runner: HarmonyRank, head: dict[str
                        refusals: Refusals, should_stop: Callable[[], bool]) -> None:
     """One "iteration" event per iteration; a stop (or a drain: nothing to checkpoint) takes effect at the first
     boundary every rank agreed on, voted with the loss sum; a last barrier lets rank 0 remove the store."""
-    start, h, device = config.start_iteration, config.harmony, torch.device("cpu")
+    start, h, device = start_of(config), config.harmony, torch.device("cpu")
     layers = list(range(len(runner.layers)))
     parameters = sum(w.numel() for w in runner.store.weights)
-    warnings = [f"WorkerConfig.checkpoint_every {config.checkpoint_every}: Harmony does not checkpoint yet; "
-                "training goes on without checkpoints"] if config.checkpoint_every else []
+    warnings: list[str] = []
     schedule = {k: h[k] for k in ("forward_micro_batch", "forward_packs", "backward_micro_batch", "backward_packs",
                                   "devices")}
     report({"event": "started", **head, "world_size": config.world_size, "num_stages": 1,
@@ -437,6 +497,7 @@ def harmony_iterations(config: WorkerConfig, runner: HarmonyRank, head: dict[str
                 "bytes_sent": step.traffic["peer"], "device_budget_peak_bytes": runner.pool.peak,
                 "active_layers": layers, "layers": layers})
         refused(done)
+        harmony_boundary(config, runner, done, len(layers), head, report)
         if step.stop:
             stopped = Stopped(done, between_iterations=True)
             break
@@ -449,7 +510,28 @@ def harmony_iterations(config: WorkerConfig, runner: HarmonyRank, head: dict[str
         raise stopped
     refused(config.iterations)
     report({"event": "done", **head, "iteration": config.iterations, "parameters": parameters,
-            "param_sha256": digest.hexdigest(), "param_sum": total})
+            "param_sha256": digest.hexdigest(), "param_sum": total,
+            "layer_sha256": runner.layer_digests() if config.rank == 0 else {}})
+
+
+def harmony_boundary(config: WorkerConfig, runner: HarmonyRank, done: int, num_layers: int, head: dict[str, Any],
+                     report: Report) -> None:
+    """Evaluation and checkpoints between Harmony iterations: rank 0 reads the host store (every update of
+    iteration `done` is in it: the loss sum that ended it waited for every rank); the others wait at a barrier, so
+    no update of the next iteration writes the store meanwhile."""
+    if evaluation_due(config, done):
+        began = time.perf_counter()
+        if config.rank == 0:
+            total, labels = runner.evaluate(config.eval_batches)
+            report({"event": "evaluation", **head, "iteration": done, "plan_version": config.plan_version,
+                    **evaluation(total, labels, time.perf_counter() - began, config.eval_batches * config.global_batch,
+                                 config.spec(), config.user_inputs)})
+        dist.barrier()
+    if checkpoint_due(config, done):
+        began = time.perf_counter()
+        snapshot = runner.checkpoint_layers(done) if config.rank == 0 else None  # host copies
+        dist.barrier()
+        offloaded_checkpoint(config, done, snapshot, num_layers, head, report, began)
 
 
 def harmony_split(step: HarmonyStep) -> dict[str, float]:
