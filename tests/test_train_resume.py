@@ -21,6 +21,7 @@ from services.executor.train.launch import plan_configs, run_local
 from services.executor.train.reference import train_single
 from services.runtime.allocator import STEADY_ALLOCATOR
 from services.runtime.ports import free_port
+from tests.harness import torch_threads
 
 SPEC = ParseDict({"name": "gpt-small", "family": "MODEL_FAMILY_GPT", "transformer": {
     "num_layers": 4, "hidden_size": 64, "num_heads": 2, "vocab_size": 128, "seq_length": 32,
@@ -139,3 +140,38 @@ def test_sigterm_stops_with_a_stopped_event(tmp_path):
         proc.kill()
     assert events[0]["event"] == "started"
     assert events[-1]["event"] == "stopped" and events[-1]["iteration"] < 100_000
+
+
+@pytest.mark.slow
+def test_a_morph_on_a_token_file_continues_where_the_data_stopped(tmp_path):
+    """Token data of 23 windows and a global batch of 4: every 6th iteration or so starts a reshuffled epoch. A 2x2
+    run checkpointed after 10 iterations (in the second epoch) resumes as 1x2 and draws the very samples the
+    uninterrupted run draws: the same losses, across the epoch boundaries after it; the manifest records the
+    position (samples seen, epoch), and a resume with another seed is refused."""
+    import numpy as np
+
+    from services.specs.user_inputs import UserInputs
+
+    width = SPEC.transformer.seq_length + 1
+    rng = np.random.default_rng(0)
+    path = tmp_path / "data" / "train.bin"
+    path.parent.mkdir()
+    rng.integers(0, SPEC.transformer.vocab_size, 23 * width + 7).astype(np.uint16).tofile(path)
+    data = {"tokens": {"path": str(path)}}
+    roots = UserInputs.of(data_roots=[str(tmp_path / "data")])
+    with_data = {"data": data, "user_inputs": roots}
+    with torch_threads(1):
+        expected = train_single(SPEC, data, SEED, GLOBAL_BATCH, 20, ADAM, user_inputs=roots)
+    first = run_local(plan_configs(template(iterations=10, checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=10,
+                                            micro_batch_size=1, **with_data), [[0, 3], [3, 6]], 2),
+                      env=STEADY_ALLOCATOR)
+    assert losses(first) == pytest.approx(expected[:10], rel=1e-5)
+    directory = checkpoint_path(tmp_path / "ckpt", 10)
+    manifest = json.loads((directory / "manifest.json").read_text())
+    assert (manifest["samples_seen"], manifest["epoch"], manifest["data"]) == (40, 1, data)
+    resumed = run_local(plan_configs(template(resume_from=str(directory), micro_batch_size=1, **with_data),
+                                     [[0, 6]], 2), env=STEADY_ALLOCATOR)
+    assert losses(resumed) == pytest.approx(expected[10:], rel=1e-5)
+    (refused,) = run_local([template(resume_from=str(directory), seed=SEED + 1, micro_batch_size=2, **with_data)],
+                           env=STEADY_ALLOCATOR, check=False)
+    assert refused[-1]["event"] == "error" and "seed" in refused[-1]["message"]

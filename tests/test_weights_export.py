@@ -227,3 +227,37 @@ def test_harmony_checkpoints_exports_evaluates_and_resumes(tmp_path):
                                              for c in configs])
     assert resumed[0][0]["start_iteration"] == 2
     assert losses(resumed) == pytest.approx(losses(whole)[2:], rel=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_a_hugging_face_models_export_is_a_save_pretrained_directory_transformers_loads(tmp_path, arch):
+    """Trained as 2 pipeline stages (GPT-2 ties its head to its embedding), exported with format "hf": transformers
+    loads the directory with AutoModelForCausalLM.from_pretrained, every tensor the trained one, and its loss on a
+    batch is the exported weights' loss in Ballast's own model."""
+    import transformers
+
+    from services.data.batches import batch_for
+    from tests.user_model_support import hf_spec
+
+    spec = hf_spec(arch, name=f"export-{arch}")
+    n = len(build_model(spec, device="meta").decompose())
+    config = replace(template([[0, n]]), model=MessageToDict(spec, preserving_proto_field_name=True))
+    events = offloaded(tmp_path, plan_configs(config, [[0, n // 2], [n // 2, n]], 1))
+    state = export_of(tmp_path, spec, STEPS)
+    assert digests_for(spec, state) == {k: v for rank in events for k, v in of(rank, "done")[0]["layer_sha256"].items()}
+    out = tmp_path / "hf"
+    weights.export(ckpt.checkpoint_path(tmp_path / "ckpt", STEPS), spec, "hf", out, NO_USER_INPUTS, {})
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    for name, tensor in loaded.state_dict().items():
+        if name in state:
+            assert torch.equal(tensor, state[name]), name
+    assert set(state) <= set(loaded.state_dict())
+    batch = batch_for(spec, {}, 0, 0, 0, 2, global_batch=2)
+    ours = build_model(spec, seed=1)
+    weights.assign(ours, spec, state)
+    with torch.no_grad():
+        expected = float(ours.eval()(batch)) / ours.loss_count(batch)
+        logits = loaded(input_ids=batch["input_ids"]).logits  # Ballast's labels are the next tokens already
+        theirs = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten())
+    assert float(theirs) == pytest.approx(expected, rel=1e-5)

@@ -140,18 +140,20 @@ class WorkerExit(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., stage_index: _Optional[int] = ..., replica_index: _Optional[int] = ..., exit_code: _Optional[int] = ..., finished: _Optional[bool] = ..., message: _Optional[str] = ..., iteration: _Optional[int] = ..., drained: _Optional[bool] = ..., infrastructure: _Optional[bool] = ..., traceback: _Optional[str] = ...) -> None: ...
 
 class CheckpointWritten(_message.Message):
-    __slots__ = ("checkpoint", "rank", "checkpoint_s", "write_s", "background")
+    __slots__ = ("checkpoint", "rank", "checkpoint_s", "write_s", "background", "error")
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_S_FIELD_NUMBER: _ClassVar[int]
     WRITE_S_FIELD_NUMBER: _ClassVar[int]
     BACKGROUND_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
     checkpoint: _job_pb2.Checkpoint
     rank: int
     checkpoint_s: float
     write_s: float
     background: bool
-    def __init__(self, checkpoint: _Optional[_Union[_job_pb2.Checkpoint, _Mapping]] = ..., rank: _Optional[int] = ..., checkpoint_s: _Optional[float] = ..., write_s: _Optional[float] = ..., background: _Optional[bool] = ...) -> None: ...
+    error: str
+    def __init__(self, checkpoint: _Optional[_Union[_job_pb2.Checkpoint, _Mapping]] = ..., rank: _Optional[int] = ..., checkpoint_s: _Optional[float] = ..., write_s: _Optional[float] = ..., background: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
 
 class LayerMigrated(_message.Message):
     __slots__ = ("migration", "rank", "replica_index")

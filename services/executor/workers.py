@@ -416,6 +416,13 @@ class Workers:
                 job_id=w.job_id, iteration=int(event["iteration"]), plan_version=int(event.get("plan_version", 0)),
                 loss=float(event["loss"]), perplexity=float(event.get("perplexity", 0.0)),
                 eval_s=float(event.get("eval_s", 0.0)), samples=int(event.get("samples", 0)))))
+        elif kind == "checkpoint_failed":
+            log.warning("checkpoint failed", extra={"job_id": w.job_id, "rank": w.assignment.rank,
+                                                    "iteration": event.get("iteration"), "why": event.get("message")})
+            self._emit(executor_pb2.AgentMessage(checkpoint_written=executor_pb2.CheckpointWritten(
+                rank=w.assignment.rank, error=str(event.get("message", "the checkpoint could not be written")),
+                checkpoint=job_pb2.Checkpoint(job_id=w.job_id, iteration=int(event.get("iteration", 0)),
+                                              plan_version=int(event.get("plan_version", 0))))))
         elif kind == "plan_applied":
             self._applied(w, int(event.get("plan_version", 0)), int(event.get("iteration", 0)))
         elif kind == "command_rejected":

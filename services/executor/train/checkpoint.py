@@ -21,12 +21,13 @@ writer threads never enter a collective beside the training loop's).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -38,6 +39,9 @@ from services.zoo.graph import Layer
 
 MANIFEST = "manifest.json"
 FORMAT = 1
+FAILED = "failed-rank-"  # an empty file a rank leaves when its part of a checkpoint could not be written
+# The host's storage refusing a write: no space, over quota, an I/O error. A checkpoint that meets one fails alone.
+DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO})
 Aliases = dict[tuple[int, str], tuple[int, str]]
 Snapshot = dict[int, tuple[str, dict[str, Tensor]]]  # layer index -> (layer name, its flat tensors)
 # An optimizer, or per-parameter state keyed by the Parameter (what sharding.Sharded.state gathers).
@@ -125,16 +129,46 @@ def remove_manifest(directory: Path) -> None:
 def clear_stale(directory: Path) -> None:
     """The manifest and every sidecar of an earlier write here, so `await_layers` counts only this write's."""
     remove_manifest(directory)
-    for sidecar in directory.glob("layer-*.json"):
+    for sidecar in [*directory.glob("layer-*.json"), *directory.glob(f"{FAILED}*")]:
         sidecar.unlink(missing_ok=True)
 
 
+class CheckpointFailed(Exception):
+    """A rank could not write its part of this checkpoint (the disk is full): it stays incomplete, training goes on."""
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in DISK_ERRNOS
+
+
+def fail(directory: Path, rank: int, layers: Iterable[int]) -> None:
+    """After a disk error: remove this rank's files of the checkpoint (the space they took, temporary ones too) and
+    leave an empty marker, so the ranks waiting for them stop waiting. Best effort: the marker needs no data block."""
+    names = [n for i in layers for n in (layer_file(i), layer_file(i).replace(".pt", ".json"))]
+    for path in [directory / n for n in names] + list(directory.glob(f".*.tmp-{os.getpid()}")):
+        try:
+            path.unlink(missing_ok=True)
+        except OSError:
+            pass
+    try:
+        (directory / f"{FAILED}{rank}").touch()
+    except OSError:
+        pass
+
+
+def failed(directory: Path) -> bool:
+    return any(directory.glob(f"{FAILED}*"))
+
+
 def await_manifest(directory: Path, cancelled: Callable[[], bool], timeout_s: float) -> bool:
-    """Wait until rank 0 wrote this checkpoint's manifest; False when cancelled; TimeoutError after `timeout_s`."""
+    """Wait until rank 0 wrote this checkpoint's manifest; False when cancelled; TimeoutError after `timeout_s`;
+    CheckpointFailed when a rank could not write its part."""
     deadline = time.monotonic() + timeout_s
     while not (directory / MANIFEST).exists():
         if cancelled():
             return False
+        if failed(directory):
+            raise CheckpointFailed(f"checkpoint {directory}: a rank could not write its part")
         if time.monotonic() > deadline:
             raise TimeoutError(f"checkpoint {directory}: no manifest within {timeout_s:g} s (rank 0 stopped "
                                "writing it); the checkpoint stays incomplete")
@@ -151,6 +185,8 @@ def await_layers(directory: Path, num_layers: int, cancelled: Callable[[], bool]
     while not all(n.exists() for n in names):
         if cancelled():
             return False
+        if failed(directory):
+            raise CheckpointFailed(f"checkpoint {directory}: a rank could not write its part")
         if time.monotonic() > deadline:
             missing = [i for i, n in enumerate(names) if not n.exists()]
             raise TimeoutError(f"checkpoint {directory}: layers {missing[:8]} were not written within {timeout_s:g} s "

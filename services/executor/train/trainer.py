@@ -282,8 +282,12 @@ class Trainer:
         start = time.perf_counter()
         directory = ckpt.checkpoint_path(c.checkpoint_dir, done)
         if c.rank == 0:
-            directory.mkdir(parents=True, exist_ok=True)
-            ckpt.clear_stale(directory)
+            try:
+                directory.mkdir(parents=True, exist_ok=True)
+                ckpt.clear_stale(directory)
+            except OSError as exc:  # a full disk fails the write below, which reports it
+                if not ckpt.is_disk_full(exc):
+                    raise
         dist.barrier()  # no rank writes a sidecar before rank 0 cleared the stale ones
         mine = [layer for layer in stage.layers if (layer.index - stage.begin) % c.num_replicas == c.replica_index]
         # ZeRO layers' state is gathered (every replica takes part; the writer keeps it): files stay unsharded.
@@ -304,16 +308,24 @@ class Trainer:
 
         def write() -> None:
             began = time.perf_counter()
-            entries = ckpt.write_snapshot(directory, snapshot)
-            keys = ("layer_index", "uri", "bytes", "sha256")
-            event["layers"] = [{k: e[k] for k in keys} for e in entries]
-            if c.rank == 0:  # rank 0 vouches for the whole checkpoint: a lost peer's report is not needed
-                if not ckpt.await_layers(directory, stage.num_layers, self.writer.cancelled, c.timeout_s):
-                    return
-                path = ckpt.write_manifest(directory, stage.num_layers, meta)
-                event["manifest"] = path.resolve().as_uri()
-                every = json.loads(path.read_text())["layers"].values()
-                event["every_layer"] = [{k: e[k] for k in keys} for e in every]
+            try:
+                entries = ckpt.write_snapshot(directory, snapshot)
+                keys = ("layer_index", "uri", "bytes", "sha256")
+                event["layers"] = [{k: e[k] for k in keys} for e in entries]
+                if c.rank == 0:  # rank 0 vouches for the whole checkpoint: a lost peer's report is not needed
+                    if not ckpt.await_layers(directory, stage.num_layers, self.writer.cancelled, c.timeout_s):
+                        return
+                    path = ckpt.write_manifest(directory, stage.num_layers, meta)
+                    event["manifest"] = path.resolve().as_uri()
+                    every = json.loads(path.read_text())["layers"].values()
+                    event["every_layer"] = [{k: e[k] for k in keys} for e in every]
+            except (OSError, ckpt.CheckpointFailed) as exc:
+                if isinstance(exc, OSError) and not ckpt.is_disk_full(exc):
+                    raise
+                ckpt.fail(directory, c.rank, snapshot)  # this checkpoint fails alone: training goes on
+                report({"event": "checkpoint_failed", **head, "iteration": done, "plan_version": self.plan_version,
+                        "dir": str(directory), "message": str(exc)})
+                return
             event["write_s"] = time.perf_counter() - began
             if not background:  # the boundary waited for the write too
                 event["checkpoint_s"] = time.perf_counter() - start
@@ -334,8 +346,11 @@ class Trainer:
             return
         self.writer.hurry()
         self.writer.wait()
-        if self.config.rank != 0 and not ckpt.await_manifest(directory, self.should_stop, self.config.timeout_s):
-            raise Stopped(done, between_iterations=True)  # stopped meanwhile: this iteration is not reported
+        try:
+            if self.config.rank != 0 and not ckpt.await_manifest(directory, self.should_stop, self.config.timeout_s):
+                raise Stopped(done, between_iterations=True)  # stopped meanwhile: this iteration is not reported
+        except ckpt.CheckpointFailed:
+            pass  # the rank that met the disk error reported it; the previous checkpoint stays the newest
 
     def train(self, start: int, head: dict[str, Any], report: Report) -> None:
         try:

@@ -42,6 +42,9 @@ goes to stdout, one JSON object per line; every event carries "event", "job_id",
   are on disk; rank 0 reports last, once the manifest exists, with every_layer (the manifest's entries).
 - "done": iteration, parameters, param_sha256 / param_sum (this rank's parameters), tied_sha256, layer_sha256
   (each held layer's whole weights, TP/SDP gathered, as weights.digest hashes them: what an export reproduces).
+- "checkpoint_failed": iteration, plan_version, dir, message. A rank could not write its part of a checkpoint
+  (the disk full, over quota, an I/O error): its files of it are removed, the checkpoint stays incomplete (never
+  resumed from), and training goes on from the previous complete one.
 - "evaluation" (the last stage's first replica, with eval_every): iteration, plan_version, loss, perplexity,
   eval_s, samples, labels.
 - "stopped" (exit 143): iteration, message, drained. SIGTERM stops at the next micro-batch task (drained
@@ -217,14 +220,22 @@ def offloaded_checkpoint(config: WorkerConfig, done: int, snapshot: ckpt.Snapsho
     if snapshot is None:
         return
     directory = ckpt.checkpoint_path(config.checkpoint_dir, done)
-    directory.mkdir(parents=True, exist_ok=True)
-    ckpt.clear_stale(directory)
     began = time.perf_counter()
-    entries = ckpt.write_snapshot(directory, snapshot)
     meta = {"iterations_done": done, "next_iteration": done, "seed": config.seed, "plan_version": config.plan_version,
             "job_id": config.job_id, "model": config.model, "optimizer": config.optimizer["name"],
             "data": config.data, "global_batch": config.global_batch, "samples_seen": done * config.global_batch}
-    path = ckpt.write_manifest(directory, num_layers, meta)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        ckpt.clear_stale(directory)
+        entries = ckpt.write_snapshot(directory, snapshot)
+        path = ckpt.write_manifest(directory, num_layers, meta)
+    except OSError as exc:
+        if not ckpt.is_disk_full(exc):
+            raise
+        ckpt.fail(directory, config.rank, snapshot)  # this checkpoint fails alone: training goes on
+        report({"event": "checkpoint_failed", **head, "iteration": done, "plan_version": config.plan_version,
+                "dir": str(directory), "message": str(exc)})
+        return
     keys = ("layer_index", "uri", "bytes", "sha256")
     layers = [{k: e[k] for k in keys} for e in entries]
     report({"event": "checkpoint", **head, "iteration": done, "plan_version": config.plan_version,

@@ -60,6 +60,7 @@ class Running:
     loss: morph.Loss | None = None  # set once a worker or host is lost: the job morphs
     morph_id: str = ""  # the morph it resumed from, until its first iteration is reported
     stored: set[int] = field(default_factory=set)  # iterations whose complete checkpoint is stored
+    failed_checkpoints: set[int] = field(default_factory=set)  # iterations whose checkpoint met a disk error
     recent: deque[float] = field(default_factory=lambda: deque(maxlen=GROW_WINDOW))  # last iteration times
     target: int = 0  # the devices it was first planned for (or --max-devices): what it grows back to
     target_iteration_s: float = 0.0  # the predicted iteration time of its first plan for `target` devices

@@ -620,6 +620,19 @@ class Scheduler(Recovery, ElasticPass):
         if running is not None:
             self._fail(running, f"host {host_id} could not start its workers: {ack.message}")
 
+    def _checkpoint_failed(self, running: Running, written: executor_pb2.CheckpointWritten) -> None:
+        """One CHECKPOINT_FAILED event per checkpoint (each rank that met the error reports it); the job goes on."""
+        ck = written.checkpoint
+        with self._lock:
+            if ck.iteration in running.failed_checkpoints:
+                return
+            running.failed_checkpoints.add(ck.iteration)
+        self._store.append_job_event(store_pb2.AppendJobEventRequest(event=job_pb2.JobEvent(
+            job_id=ck.job_id, type="CHECKPOINT_FAILED",
+            message=f"checkpoint after iteration {ck.iteration} not written (rank {written.rank}: {written.error}); "
+                    "training goes on, the previous complete checkpoint stays the one to resume from",
+            attributes={"iteration": str(ck.iteration), "rank": str(written.rank)})))
+
     def _record_evaluation(self, evaluation: job_pb2.Evaluation) -> None:
         """The evaluation's row, and an EVALUATED event (`ballast watch` shows it)."""
         row = self._store.record_evaluation(store_pb2.RecordEvaluationRequest(evaluation=evaluation))
@@ -632,6 +645,9 @@ class Scheduler(Recovery, ElasticPass):
         ck = written.checkpoint
         running = self._tracked(ck.job_id)
         if running is None:
+            return
+        if written.error:
+            self._checkpoint_failed(running, written)
             return
         if ck.complete and written.checkpoint_s > 0:  # rank 0's report: the whole checkpoint's times
             self._checkpoint_s[ck.job_id] = (written.checkpoint_s, written.write_s if written.background else 0.0)
