@@ -10,7 +10,7 @@
 4. The check at Submit: `ProfilerService.Inspect`'s worker process, cold (a fresh process imports torch, and
    transformers for an HF model) and warm (answered from the profiler's memory).
 
-    .venv/bin/python benchmarks/user_inputs.py [--steps 6] [--timing-steps 20]
+    .venv/bin/python benchmarks/user_models.py [--steps 6] [--timing-steps 20]
 
 Exit status 0 when every deviation is within its tolerance (rtol 1e-6 for the cut, 1e-5 for training).
 """
