@@ -189,6 +189,11 @@ class Client:
                                                         **filters)
         return [m for reply in pages(self.store.ListIterationMetrics, request) for m in reply.metrics]
 
+    def evaluations(self, job_id: str) -> list[job_pb2.Evaluation]:
+        """A job's validation losses (JobSpec.eval_every), by iteration (all pages)."""
+        request = store_pb2.ListEvaluationsRequest(job_id=job_id, page=common_pb2.PageRequest(page_size=1000))
+        return [e for reply in pages(self.store.ListEvaluations, request) for e in reply.evaluations]
+
     def close(self) -> None:
         for ch in self._channels:
             ch.close()
@@ -408,5 +413,7 @@ class Client:
         10,000) within `timeout` seconds (0: 10). docs/sql.md lists the tables."""
         if not isinstance(query, str) or not query.strip():
             raise InvalidInput("no SQL statement given", field="query", fix='e.g. "SELECT id, state FROM jobs"')
-        reply = self._call("store", "Query", store_pb2.QueryRequest(sql=query, row_limit=limit, timeout_s=timeout))
+        # The call waits as long as the query may run (the channel's default deadline is shorter than its cap).
+        reply = self._call("store", "Query", store_pb2.QueryRequest(sql=query, row_limit=limit, timeout_s=timeout),
+                           timeout=(timeout or 10.0) + 10.0 if 0 < (timeout or 10.0) <= 300 else None)
         return sdk.SqlResult.of(reply)

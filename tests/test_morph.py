@@ -130,7 +130,8 @@ def test_a_model_that_raises_fails_at_once_with_its_traceback(plane):
 
 def test_a_lost_host_morphs_the_job_onto_the_device_left_to_the_same_losses(plane):
     """Last in the module: it kills an agent for good."""
-    job_id = submit(plane, spec("lose-a-host", iterations=40))
+    # Keeps every checkpoint: the morph's own is read back below, after the job has gone 30 iterations past it.
+    job_id = submit(plane, spec("lose-a-host", iterations=40, keep_checkpoints=16))
     trained(plane, job_id, 2 * EVERY + 1)
     hosts = {h.id: h for h in plane.client().store.ListHosts(store_pb2.ListHostsRequest()).hosts}
     assigned = next(e for e in events(plane, job_id) if e.type == "ASSIGNED")

@@ -96,6 +96,9 @@ def test_a_user_trains_on_their_text_exports_and_reproduces_the_validation_loss(
     stored = sql(settings, f"SELECT iteration, loss, eval_s FROM evaluations WHERE job_id = '{job_id}' "
                            "ORDER BY iteration")
     assert [r[0] for r in stored] == list(range(EVALS, ITERATIONS + 1, EVALS)) and all(r[2] > 0 for r in stored)
+    report = [json.loads(line) for line in cli(settings, "evaluations", job_id, "--json").splitlines()]
+    assert [(r["iteration"], r["validation_loss"]) for r in report] == [(r[0], r[1]) for r in stored]
+    assert all(r["training_loss"] is not None and r["perplexity"] > 1 for r in report)
     # retention: at most keep + 1 checkpoint directories, however many the job wrote
     written = sql(settings, f"SELECT count(*) FROM checkpoints WHERE job_id = '{job_id}'")[0][0]
     kept = sorted(p.name for p in (settings.data_dir / "checkpoints" / job_id).iterdir())

@@ -264,6 +264,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     return run_export(_settings(args), args)
 
 
+def cmd_evaluations(args: argparse.Namespace) -> int:
+    from ballast.cli.evaluations import run
+
+    return run(_settings(args), args)
+
+
 def cmd_data(args: argparse.Namespace) -> int:
     from ballast.cli.data import run
 
@@ -409,6 +415,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_watch_arguments(p)
     p = add("cancel", cmd_cancel, "cancel a job (at once if nothing runs it yet, else once its workers stopped)")
     add_cancel_arguments(p)
+    p = add("evaluations", cmd_evaluations, "a job's validation losses (--eval-every) beside its training loss")
+    from ballast.cli.evaluations import add_arguments as add_evaluations_arguments
+
+    add_evaluations_arguments(p)
     p = add("data", cmd_data, "prepare data on this machine: `data tokenize TEXT --out DIR` writes token files")
     from ballast.cli.data import add_data_arguments as add_tokenize_arguments
 
