@@ -7,6 +7,7 @@ check is what proves the database (not a parser) stopped it.
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -18,11 +19,13 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from services.runtime.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from services.runtime import context
+from services.runtime.errors import Cancelled, FailedPrecondition, InvalidArgument, ResourceExhausted
 from services.store import schema
 from services.store.db import create_engine, normalize_url
 from services.store.models import IterationMetric, Job, Model, Tenant
 from services.store.sql import (
+    MAX_TIMEOUT_S,
     QueryResult,
     QueryTimeout,
     ReadOnlyViolation,
@@ -237,6 +240,72 @@ def test_negative_arguments_are_rejected(store: Store) -> None:
     with pytest.raises(InvalidArgument) as err:
         run_readonly_query(store.sql, "SELECT 1", timeout_s=-1)
     assert err.value.field == "timeout_s"
+
+
+@pytest.mark.parametrize("timeout_s", [1e9, float("inf"), float("nan"), MAX_TIMEOUT_S + 1])
+def test_a_timeout_past_the_cap_is_refused_before_anything_runs(store: Store, timeout_s: float) -> None:
+    with pytest.raises(InvalidArgument) as err:
+        run_readonly_query(store.sql, COUNT_TO_1E9, timeout_s=timeout_s)
+    assert err.value.field == "timeout_s" and "300" in err.value.message and err.value.fix
+
+
+def test_a_query_stops_when_its_caller_goes_away(store: Store) -> None:
+    """The RPC's cancellation (context.on_cancel, fired by grpc when the caller cancels, expires or disconnects)
+    stops the query on both databases, though its own timeout is the full 300 s."""
+    cancellation = context.Cancellation()
+    outcome: list[BaseException] = []
+
+    def call() -> None:
+        context.set_call(None, None, cancellation=cancellation)
+        try:
+            run_readonly_query(store.sql, COUNT_TO_1E9, timeout_s=MAX_TIMEOUT_S)
+        except BaseException as exc:  # noqa: BLE001
+            outcome.append(exc)
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(0.5)
+    assert thread.is_alive()  # running
+    cancellation.fire()
+    thread.join(60)
+    assert not thread.is_alive() and len(outcome) == 1
+    assert isinstance(outcome[0], Cancelled), outcome
+    assert run_readonly_query(store.sql, "SELECT count(*) AS n FROM jobs").rows == [[3]]
+
+
+def test_the_calls_deadline_bounds_the_query(store: Store) -> None:
+    context.set_call(None, time.monotonic() + 0.5)
+    try:
+        with pytest.raises(QueryTimeout):
+            run_readonly_query(store.sql, COUNT_TO_1E9, timeout_s=MAX_TIMEOUT_S)
+    finally:
+        context.set_call(None, None)
+
+
+@SQLITE_ONLY
+@pytest.mark.parametrize("sql", [
+    "SELECT fts3_tokenizer('simple')",
+    "SELECT fts3_tokenizer('evil', x'4141414141414141')",
+    "SELECT hex(fts3_tokenizer('porter'))",
+    "SELECT load_extension('/tmp/x.so')",
+    "SELECT sqlite_log(1, 'x')",
+    "SELECT id FROM jobs WHERE rtreenode(2, x'00') IS NOT NULL",
+])
+def test_sqlite_functions_that_take_or_expose_pointers_are_refused(store: Store, sql: str) -> None:
+    before = _snapshot(store.engine)
+    with pytest.raises(ReadOnlyViolation) as err:
+        run_readonly_query(store.sql, sql)
+    name = next(f for f in ("fts3_tokenizer", "load_extension", "sqlite_log", "rtreenode") if f in sql)
+    assert f"the function {name}()" in err.value.message and err.value.fix
+    assert _snapshot(store.engine) == before
+
+
+@SQLITE_ONLY
+def test_sqlite_core_functions_stay_allowed(store: Store) -> None:
+    sql = ("SELECT count(*), max(loss), round(avg(iteration_time_s), 2), json_extract('{\"a\": 2}', '$.a'), "
+           "strftime('%Y', recorded_at), coalesce(NULL, 1), sqrt(4.0), group_concat(stage_index) "
+           "FROM iteration_metrics")
+    assert run_readonly_query(store.sql, sql).rows == [[1, 2.25, 1.5, 2, "2026", 1, 2.0, "0"]]
 
 
 # --- writes are refused by the database ---------------------------------------------------------------

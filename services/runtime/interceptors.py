@@ -182,7 +182,7 @@ class CallInterceptor(grpc.ServerInterceptor):
 
         def wrap(behavior: Behavior, streaming: bool, streaming_in: bool) -> Behavior:
             def begin(ctx: grpc.ServicerContext, called: list[Principal],
-                      request: Any = None) -> tuple[Principal, float | None, str, bool]:
+                      request: Any = None) -> tuple[Principal, float | None, str, bool, context.Cancellation]:
                 trace_scope(ctx, request)
                 token = _bearer(ctx)
                 principal = self._authenticate(token)
@@ -194,8 +194,10 @@ class CallInterceptor(grpc.ServerInterceptor):
                 remaining = ctx.time_remaining()
                 deadline = time.monotonic() + remaining if remaining is not None and remaining < 1e9 else None
                 background = dict(ctx.invocation_metadata()).get(context.LANE_HEADER) == context.BACKGROUND
-                context.set_call(principal, deadline, token, background)
-                return principal, deadline, token, background
+                cancellation = context.Cancellation()
+                ctx.add_callback(cancellation.fire)  # grpc calls it when the RPC ends: done, cancelled or expired
+                context.set_call(principal, deadline, token, background, cancellation)
+                return principal, deadline, token, background, cancellation
 
             def unary(request: Any, ctx: grpc.ServicerContext) -> Any:
                 start, cpu_start = time.monotonic(), time.thread_time()
@@ -220,14 +222,15 @@ class CallInterceptor(grpc.ServerInterceptor):
                 code, failure, called = "OK", None, []
                 tenant = None
                 try:
-                    principal, deadline, token, background = begin(ctx, called, None if streaming_in else request)
+                    principal, deadline, token, background, cancellation = begin(
+                        ctx, called, None if streaming_in else request)
                     refused = self.budget.acquire(method, principal.tenant_id)
                     if refused:
                         ctx.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{refused}; retry later")
                     tenant = principal.tenant_id
                     for item in behavior(request, ctx):
                         yield item
-                        context.set_call(principal, deadline, token, background)  # resumed code sees its caller
+                        context.set_call(principal, deadline, token, background, cancellation)  # resumed code sees it
                 except BaseException as exc:  # noqa: BLE001
                     code, failure = getattr(exc, "code", type(exc).__name__), exc
                     abort_for(exc, ctx)

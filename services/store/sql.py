@@ -35,8 +35,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from services.runtime import context
 from services.runtime.errors import (
     BallastError,
+    Cancelled,
     FailedPrecondition,
     InvalidArgument,
     ResourceExhausted,
@@ -48,6 +50,9 @@ READONLY_ROLE = "ballast_readonly"
 DEFAULT_ROW_LIMIT = 1000
 MAX_ROW_LIMIT = 10_000
 DEFAULT_TIMEOUT_S = 10.0
+# The longest a query may run: an admin's mistake (a recursive CTE without end) must not hold the store's CPU for
+# hours. A longer analysis belongs on a replica of the database, not on the live store.
+MAX_TIMEOUT_S = 300.0
 # SQLite calls the progress handler every this many VM instructions (a few microseconds).
 _PROGRESS_STEPS = 1000
 
@@ -78,8 +83,9 @@ def run_readonly_query(
 ) -> QueryResult:
     """Run one statement read-only against the store's database and return at most `row_limit` rows.
 
-    `row_limit` 0 means 1000 and is capped at 10000; `timeout_s` 0 means 10 seconds.
-    Raises ReadOnlyViolation, QueryTimeout, or InvalidArgument(field="sql") for SQL the database rejects.
+    `row_limit` 0 means 1000 and is capped at 10000; `timeout_s` 0 means 10 seconds, at most 300, and never past
+    the incoming call's deadline. A query stops when its caller goes away (context.on_cancel).
+    Raises ReadOnlyViolation, QueryTimeout, Cancelled, or InvalidArgument(field="sql") for SQL the database rejects.
     """
     statement = single_statement(sql, dialect=engine.dialect.name)
     limit = _row_limit(row_limit)
@@ -102,9 +108,13 @@ def _row_limit(row_limit: int) -> int:
 
 
 def _timeout(timeout_s: float) -> float:
-    if not timeout_s >= 0:  # also catches NaN
-        raise InvalidArgument("must be a non-negative number of seconds", field="timeout_s")
-    return timeout_s or DEFAULT_TIMEOUT_S
+    if not 0 <= timeout_s <= MAX_TIMEOUT_S:  # also catches NaN and infinity
+        raise InvalidArgument(f"must be between 0 and {MAX_TIMEOUT_S:g} seconds, got {timeout_s!r}", field="timeout_s",
+                              fix=f"use 0 for the default of {DEFAULT_TIMEOUT_S:g} s; a longer analysis belongs on a "
+                                  "replica of the database")
+    timeout = timeout_s or DEFAULT_TIMEOUT_S
+    remaining = context.remaining_time()
+    return timeout if remaining is None else max(0.001, min(timeout, remaining))
 
 
 # --- JSON-safe values ---------------------------------------------------------------------------
@@ -265,9 +275,27 @@ def single_statement(sql: str, *, dialect: str) -> str:
 _SQLITE_ALLOWED = {
     sqlite3.SQLITE_SELECT,
     sqlite3.SQLITE_READ,
-    sqlite3.SQLITE_FUNCTION,
     sqlite3.SQLITE_RECURSIVE,
 }
+# The functions a read-only query may call: SQLite's core scalar, aggregate, window, date, math and JSON functions.
+# Anything else is refused, first of all those that take or expose a pointer (fts3_tokenizer registers a tokenizer
+# from an address it is given and returns one), load code (load_extension), write the log (sqlite_log), or poke at
+# FTS/R-tree internals (fts5, matchinfo, rtreenode...), and any a later SQLite build adds.
+_SQLITE_FUNCTIONS = frozenset("""
+    -> ->> abs changes char coalesce concat concat_ws format glob hex ifnull iif instr last_insert_rowid length like
+    likelihood likely lower ltrim max min nullif octet_length printf quote random randomblob replace round rtrim sign
+    soundex sqlite_compileoption_get sqlite_compileoption_used sqlite_offset sqlite_source_id sqlite_version substr
+    substring total_changes trim typeof unhex unicode unlikely upper zeroblob
+    date time datetime julianday unixepoch strftime timediff current_date current_time current_timestamp
+    avg count group_concat string_agg sum total median percentile percentile_cont percentile_disc
+    row_number rank dense_rank percent_rank cume_dist ntile lag lead first_value last_value nth_value
+    acos acosh asin asinh atan atan2 atanh ceil ceiling cos cosh degrees exp floor ln log log10 log2 mod pi pow power
+    radians sin sinh sqrt tan tanh trunc
+    json json_array json_array_length json_error_position json_extract json_group_array json_group_object json_insert
+    json_object json_patch json_pretty json_quote json_remove json_replace json_set json_type json_valid json_each
+    json_tree jsonb jsonb_array jsonb_extract jsonb_group_array jsonb_group_object jsonb_insert jsonb_object
+    jsonb_patch jsonb_remove jsonb_replace jsonb_set
+""".split())
 # Introspection pragmas whose argument names a table or index instead of setting a value.
 _SQLITE_READ_PRAGMAS = {
     "table_info", "table_xinfo", "table_list", "index_list", "index_info", "index_xinfo",
@@ -298,6 +326,13 @@ def _sqlite_authorizer(denied: list[str]) -> _Authorizer:
     def authorize(action: int, arg1: str | None, arg2: str | None, _db: str | None, _src: str | None) -> int:
         if action in _SQLITE_ALLOWED:
             return sqlite3.SQLITE_OK
+        if action == sqlite3.SQLITE_FUNCTION:
+            if (arg2 or "").lower() in _SQLITE_FUNCTIONS:
+                return sqlite3.SQLITE_OK
+            denied.append(f"the function {arg2}(), which `ballast sql` does not allow (it takes or exposes memory "
+                          "addresses, loads code or reaches into SQLite's internals; core SQL, date, math and JSON "
+                          "functions are allowed)")
+            return sqlite3.SQLITE_DENY
         if action == sqlite3.SQLITE_PRAGMA and (arg2 is None or (arg1 or "").lower() in _SQLITE_READ_PRAGMAS):
             return sqlite3.SQLITE_OK
         if action == sqlite3.SQLITE_UPDATE and arg1 in ("sqlite_master", "sqlite_schema"):
@@ -362,7 +397,7 @@ def _run_sqlite(url: sa.URL, statement: str, limit: int, timeout_s: float) -> tu
     def progress() -> int:
         nonlocal timed_out
         timed_out = time.monotonic() > deadline
-        return int(timed_out)
+        return int(timed_out or context.cancelled())
 
     try:
         conn.execute("PRAGMA query_only = ON")
@@ -389,6 +424,12 @@ def _sqlite_error(
     name = getattr(exc, "sqlite_errorname", "")
     if timed_out:
         return _timeout_error(timeout_s)
+    if context.cancelled():
+        return _cancelled_error()
+    functions = [d for d in denied if d.startswith("the function ")]
+    if functions:
+        return ReadOnlyViolation(f"statement rejected: it calls {'; '.join(dict.fromkeys(functions))}",
+                                 fix="remove the call; `ballast sql` reads the tables with core SQL")
     if denied or name == "SQLITE_AUTH":
         needs = ", ".join(dict.fromkeys(denied)) or "a write"
         return ReadOnlyViolation(
@@ -414,6 +455,10 @@ def _sqlite_error(
     return InvalidArgument(f"SQLite rejected the statement: {message}", field="sql")
 
 
+def _cancelled_error() -> Cancelled:
+    return Cancelled("query stopped: its caller went away (cancelled, or its deadline passed)")
+
+
 def _timeout_error(timeout_s: float) -> QueryTimeout:
     return QueryTimeout(
         f"query cancelled after its {timeout_s:g} s timeout",
@@ -434,8 +479,10 @@ def _run_postgres(
         try:
             _enter_readonly(conn, timeout_s)
             dbapi_conn = conn.connection.driver_connection
+            cancel = getattr(dbapi_conn, "cancel_safe", None) or dbapi_conn.cancel
             try:
-                return _pg_fetch(dbapi_conn, statement, limit)
+                with context.on_cancel(cancel):  # the server stops the query when its caller goes away
+                    return _pg_fetch(dbapi_conn, statement, limit)
             except engine.dialect.loaded_dbapi.Error as exc:
                 raise _pg_error(exc, timeout_s) from exc
         finally:
@@ -562,8 +609,8 @@ def _pg_error(exc: Exception, timeout_s: float) -> BallastError:
             f"read-only: statement rejected because `ballast sql` runs as the SELECT-only role "
             f"{READONLY_ROLE} (PostgreSQL: {message})"
         )
-    if sqlstate == "57014":  # query_canceled: statement_timeout
-        return _timeout_error(timeout_s)
+    if sqlstate == "57014":  # query_canceled: statement_timeout, or our cancel when the caller went away
+        return _cancelled_error() if context.cancelled() else _timeout_error(timeout_s)
     if sqlstate.startswith(("08", "57P")) or not sqlstate:  # no SQLSTATE: the connection itself failed
         return Unavailable(f"lost the database connection: {message}", fix="retry shortly")
     if sqlstate.startswith("53"):
