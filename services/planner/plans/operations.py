@@ -38,6 +38,7 @@ from services.planner.plans.memo import PLANS
 from services.planner.queue import durable
 from services.runtime.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound
 from services.runtime.store_api import Store
+from services.specs.ranges import check_numbers
 
 KIND = "planner.plan"
 MAX_COMPARED = 50
@@ -48,7 +49,9 @@ Deadline = Callable[[], float | None]
 
 
 def check_request(request: services_pb2.PlanRequest) -> None:
-    """What needs no store: a profile id, a fleet with devices and memory, known enum values."""
+    """What needs no store: every number in its range, a profile id, a fleet with devices and memory, known enum
+    values."""
+    check_numbers(request)
     if not request.profile_id:
         raise InvalidArgument("required", field="profile_id", fix="profile the model first (`ballast profile`)")
     fleet = request.fleet
