@@ -102,7 +102,7 @@ def test_zero_keeps_its_meaning_and_a_hugging_face_config_must_be_finite() -> No
         name="hf", family=model_pb2.MODEL_FAMILY_HF, hf=model_pb2.HuggingFaceModel(seq_length=8)))
     spec.model.hf.config.update({"model_type": "gpt2", "n_embd": math.inf})
     with pytest.raises(InvalidArgument) as err:
-        ranges.check_numbers(spec, "spec")
+        ranges.check_bounds(spec, "spec")
     assert err.value.field == "spec.model.hf.config.n_embd"
 
 

@@ -29,6 +29,7 @@ from services.runtime.ratelimit import RateLimiter
 from services.runtime.server import Server, ServerSpec
 from services.runtime.servicer import delegate
 from services.runtime.store_client import StoreAuthenticator, anonymous_store, remote_stores
+from services.specs.ranges import check_bounds
 from services.specs.user_inputs import UserInputs
 
 PLANNER = services_pb2.DESCRIPTOR.services_by_name["PlannerService"]
@@ -84,6 +85,7 @@ def build_server(settings: Settings, address: str | None = None, send: durable.S
     hosts = jobs.HostsView(as_caller)
 
     def echo(request: services_pb2.EchoRequest, ctx):
+        check_bounds(request)  # its text is stored twice (payload and result): at most 4 KiB
         return durable.submit(as_caller, "diagnostic.echo", {"text": request.text}, send)
 
     planner = delegate(

@@ -41,7 +41,7 @@ from services.runtime.store_api import Store, every_page
 from services.specs import catalog
 from services.specs.data import data_fingerprint, validate_data_spec
 from services.specs.model import model_signature, validate_model_spec
-from services.specs.ranges import check_numbers
+from services.specs.ranges import check_bounds
 from services.specs.user_inputs import NO_USER_INPUTS, UserInputs
 
 log = logging.getLogger("ballast.profiler")
@@ -111,7 +111,7 @@ class Runner:
     def stream(self, request: services_pb2.ProfileRequest,
                active: Callable[[], bool] = lambda: True) -> Iterator[services_pb2.ProfileProgress]:
         check_budget(request.time_budget_s)  # before the cache or a worker: a bad budget is the whole answer
-        check_numbers(request)
+        check_bounds(request)
         if request.analytical:
             yield self.analytical(request)
             return
@@ -226,7 +226,7 @@ class Runner:
         return final.profile
 
     def project(self, request: services_pb2.ProjectProfileRequest) -> profile_pb2.Profile:
-        check_numbers(request)
+        check_bounds(request)
         source = self._store.get_profile(store_pb2.GetRequest(id=request.profile_id))
         if not request.HasField("device") or not request.device.kind:
             raise InvalidArgument("required", field="device.kind", fix="name a catalog device, e.g. A100-80GB")

@@ -20,7 +20,7 @@ from ballast.specfile import read_model_spec
 from ballast.v1 import job_pb2, model_pb2, plan_pb2
 from services.runtime.errors import InvalidArgument
 from services.specs.data import validate_data_spec
-from services.specs.ranges import check_numbers
+from services.specs.ranges import check_bounds
 from services.specs.user_inputs import ALLOWED_FACTORIES_FIX, FACTORY_FIX, FACTORY_RE, NO_USER_INPUTS, UserInputs
 
 F = model_pb2.ModelFamily
@@ -177,7 +177,7 @@ def validate_model_spec(
     spec: model_pb2.ModelSpec, user_inputs: UserInputs = NO_USER_INPUTS, *, prefix: str = "spec"
 ) -> None:
     """Raise InvalidArgument naming the first bad field; `prefix` is the spec's own proto path."""
-    check_numbers(spec, prefix)
+    check_bounds(spec, prefix)
     if spec.family not in _CONFIG_FOR_FAMILY:
         raise InvalidArgument(
             "model family is not set", field=f"{prefix}.family", fix="set family, e.g. MODEL_FAMILY_GPT"
@@ -206,7 +206,7 @@ def validate_model_spec(
 
 def validate_job_spec(spec: job_pb2.JobSpec, user_inputs: UserInputs = NO_USER_INPUTS) -> None:
     """Raise InvalidArgument naming the first bad field of a job spec (paths start at "spec")."""
-    check_numbers(spec, "spec")
+    check_bounds(spec, "spec")
     if not spec.HasField("model"):
         raise InvalidArgument("a job needs a model", field="spec.model", fix="set model (a ModelSpec)")
     validate_model_spec(spec.model, user_inputs, prefix="spec.model")

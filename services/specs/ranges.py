@@ -1,4 +1,4 @@
-"""The valid range of every number a client sends (docs/limits.md is generated from RANGES).
+"""The valid range of every number a client sends, and the size of its text (docs/limits.md is generated here).
 
 Checked at the first service that sees a request (Submit, Profile, Plan and the store's writes of specs), before
 anything is stored or started: a non-finite float, a negative bandwidth or a 2**32 - 1 layer count would otherwise
@@ -42,8 +42,21 @@ class Range:
         return self.low <= value <= self.high
 
     def text(self) -> str:
+        if self.unit == "bytes" and self.high >= 1 << 10:
+            return f"[{_number(self.low)} bytes, {_bytes(self.high)}]"
         unit = f" {self.unit}" if self.unit else ""
-        return f"[{self.low:g}, {self.high:g}]{unit}"
+        return f"[{_number(self.low)}, {_number(self.high)}]{unit}"
+
+
+def _number(value: float) -> str:
+    return f"{int(value):,}" if value == int(value) and 1e4 <= value < 1e10 else f"{value:g}"
+
+
+def _bytes(value: float) -> str:
+    for shift, unit in ((40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")):
+        if value >= 1 << shift and value % (1 << shift) == 0:
+            return f"{int(value) >> shift:,} {unit}"
+    return f"{_number(value)} bytes"
 
 
 # Keyed by "Message.field". Every number reachable from SubmitJobRequest, ProfileRequest, PlanRequest and
@@ -113,9 +126,24 @@ RANGES: dict[str, Range] = {
 }
 
 
-def check_numbers(message: Message, prefix: str = "") -> None:
-    """Raise InvalidArgument naming the first number of `message` (recursively) outside its range, or any
-    non-finite float; `prefix` is the message's own path in the request ("spec", "spec.model")."""
+# Free-form text in a request: a string or bytes field holds at most MAX_TEXT_BYTES (names, paths, kinds, an
+# echo), a Struct (a model's kwargs, a Hugging Face config with its label maps) at most its STRUCT_BYTES.
+MAX_TEXT_BYTES = 4096
+STRUCT_BYTES = {"HuggingFaceModel.config": 1 << 20}
+MAX_STRUCT_BYTES = 64 << 10
+_TEXT = (FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_BYTES)
+# What the store keeps of free-form text (services/store/convert.py, repo/queue.py): messages and event details
+# are written by the services from errors, so longer ones are cut with a marker, never refused; a queued
+# request's payload over its size is refused.
+MAX_MESSAGE_CHARS = 4096
+MAX_ATTRIBUTES = 64
+MAX_ATTRIBUTE_CHARS = 1024
+MAX_PAYLOAD_BYTES = 1 << 20
+
+
+def check_bounds(message: Message, prefix: str = "") -> None:
+    """Raise InvalidArgument naming the first number of `message` (recursively) outside its range, any non-finite
+    float, or text over its size; `prefix` is the message's own path in the request ("spec", "spec.model")."""
     for field in message.DESCRIPTOR.fields:
         path = f"{prefix}.{field.name}" if prefix else field.name
         repeated = field.is_repeated
@@ -127,7 +155,16 @@ def check_numbers(message: Message, prefix: str = "") -> None:
                 for i, item in enumerate(value):
                     _check_message(item, f"{path}[{i}]")
             elif message.HasField(field.name):
+                if isinstance(value, struct_pb2.Struct):
+                    _check_struct_size(value, f"{message.DESCRIPTOR.name}.{field.name}", path)
                 _check_message(value, path)
+            continue
+        if field.type in _TEXT:
+            for i, text in enumerate(value if repeated else [value]):
+                size = len(text.encode() if isinstance(text, str) else text)
+                if size > MAX_TEXT_BYTES:
+                    raise InvalidArgument(f"{size} bytes of text", field=f"{path}[{i}]" if repeated else path,
+                                          fix=f"send at most {MAX_TEXT_BYTES} bytes (docs/limits.md)")
             continue
         if field.type not in _FLOATS + _INTEGERS:
             continue
@@ -140,7 +177,14 @@ def _check_message(message: Message, path: str) -> None:
     if isinstance(message, struct_pb2.Struct | struct_pb2.Value | struct_pb2.ListValue):
         _check_struct(message, path)
     elif not message.DESCRIPTOR.full_name.startswith("google.protobuf."):
-        check_numbers(message, path)
+        check_bounds(message, path)
+
+
+def _check_struct_size(struct: struct_pb2.Struct, key: str, path: str) -> None:
+    limit = STRUCT_BYTES.get(key, MAX_STRUCT_BYTES)
+    if struct.ByteSize() > limit:
+        raise InvalidArgument(f"{struct.ByteSize()} bytes", field=path,
+                              fix=f"send at most {limit >> 10} KiB here (docs/limits.md)")
 
 
 def _check_struct(value: struct_pb2.Struct | struct_pb2.Value | struct_pb2.ListValue, path: str) -> None:
@@ -174,4 +218,12 @@ def markdown() -> str:
     for key, rule in RANGES.items():
         zero = rule.zero or ("not set" if rule.low > 0 else "itself")
         lines.append(f"| `{key}` | {rule.text()} | {zero} |")
+    lines += ["", "| text | at most |", "| --- | --- |",
+              f"| any string or bytes field of a request | {MAX_TEXT_BYTES} bytes |",
+              *(f"| `{key}` (a Struct, serialized) | {size >> 10} KiB |" for key, size in STRUCT_BYTES.items()),
+              f"| any other Struct (`CustomModel.kwargs`) | {MAX_STRUCT_BYTES >> 10} KiB |",
+              f"| a job event's message, a job's message (longer ones are cut, marked) | {MAX_MESSAGE_CHARS} "
+              "characters |",
+              f"| a job event's attributes | {MAX_ATTRIBUTES} keys of {MAX_ATTRIBUTE_CHARS} characters |",
+              f"| a queued request's payload (`Echo` text: the text limit) | {MAX_PAYLOAD_BYTES >> 10} KiB |"]
     return "\n".join(lines) + "\n"

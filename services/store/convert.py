@@ -24,6 +24,7 @@ from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 from google.protobuf.message import Message
 
 from services.runtime.errors import InvalidArgument
+from services.specs.ranges import MAX_ATTRIBUTE_CHARS, MAX_ATTRIBUTES, MAX_MESSAGE_CHARS
 from services.store.models import Base
 
 M = TypeVar("M", bound=Message)
@@ -77,6 +78,23 @@ def check_column(column: sa.Column, value: Any, field: str) -> Any:
         if "\x00" in value:  # PostgreSQL text cannot hold NUL; SQLite would store it
             raise InvalidArgument("contains a NUL character", field=field, fix="remove the NUL (\\x00) character")
     return value
+
+
+
+
+def bounded(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """`text`, cut to `limit` characters with a marker saying how much went."""
+    if len(text) <= limit:
+        return text
+    marker = f" [... {len(text) - limit} more characters cut]"
+    return text[:max(0, limit - len(marker))] + marker
+
+
+def bounded_attributes(attributes: Mapping[str, str], field: str) -> dict[str, str]:
+    """An event's attributes: at most 64 keys (a caller's mistake beyond that), each value bounded."""
+    if len(attributes) > MAX_ATTRIBUTES:
+        raise InvalidArgument(f"{len(attributes)} attributes", field=field, fix=f"send at most {MAX_ATTRIBUTES}")
+    return {bounded(str(k), 256): bounded(str(v), MAX_ATTRIBUTE_CHARS) for k, v in attributes.items()}
 
 
 def to_json(msg: Message) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from services.planner.jobs.prepare import KIND as PREPARE
 from services.planner.queue import durable
 from services.runtime.errors import FailedPrecondition, InvalidArgument
 from services.runtime.store_api import Store, every_page
-from services.specs.ranges import check_numbers
+from services.specs.ranges import check_bounds
 
 TERMINAL = {job_pb2.JOB_STATE_SUCCEEDED, job_pb2.JOB_STATE_FAILED, job_pb2.JOB_STATE_CANCELLED}
 CANCEL_ATTEMPTS = 5  # a job a worker keeps moving (profiling, planning, queued) settles within a few reads
@@ -52,7 +52,7 @@ def submit(store: Store, request: services_pb2.SubmitJobRequest, send: durable.S
     stored."""
     if not request.HasField("spec"):
         raise InvalidArgument("required", field="spec", fix="send a JobSpec with model, global_batch_size, iterations")
-    check_numbers(request.spec, "spec")  # before any store call: the store checks them again with the rest
+    check_bounds(request.spec, "spec")  # before any store call: the store checks them again with the rest
     if check_inputs is not None and request.spec.HasField("model"):
         check_inputs(request.spec)
     references.check(store, request.spec)

@@ -38,7 +38,7 @@ from services.planner.plans.memo import PLANS
 from services.planner.queue import durable
 from services.runtime.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound
 from services.runtime.store_api import Store
-from services.specs.ranges import check_numbers
+from services.specs.ranges import check_bounds
 
 KIND = "planner.plan"
 MAX_COMPARED = 50
@@ -51,7 +51,7 @@ Deadline = Callable[[], float | None]
 def check_request(request: services_pb2.PlanRequest) -> None:
     """What needs no store: every number in its range, a profile id, a fleet with devices and memory, known enum
     values."""
-    check_numbers(request)
+    check_bounds(request)
     if not request.profile_id:
         raise InvalidArgument("required", field="profile_id", fix="profile the model first (`ballast profile`)")
     fleet = request.fleet

@@ -20,7 +20,7 @@ from services.specs import policy as fleet_policy
 from services.specs.model import validate_job_spec
 from services.store import job_states
 from services.store import models as m
-from services.store.convert import enum_name, from_json, shared_fields, to_json
+from services.store.convert import bounded, bounded_attributes, enum_name, from_json, shared_fields, to_json
 from services.store.repo.base import decode_token, encode_token, fit, int64, new_id, page_size, quote
 from services.store.repo.leases import LeaseStore
 from services.store.repo.profiles import ModelStore
@@ -120,8 +120,8 @@ class JobStore(ModelStore, LeaseStore, QueueStore):
             seq=job.last_event_seq,
             type=type_,
             state=job.state,
-            message=message,
-            attributes=dict(attributes),
+            message=bounded(message),
+            attributes=bounded_attributes(attributes, "attributes"),
             created_at=self.now(),
         )
         s.add(event)
@@ -236,20 +236,21 @@ class JobStore(ModelStore, LeaseStore, QueueStore):
                     )
             if target in LEASE_ENDS:
                 self._end_live(s, job.id, LEASE_ENDS[target])
-            attributes = dict(req.attributes)
+            attributes = bounded_attributes(req.attributes, "attributes")
             if req.plan_id:
                 attributes.setdefault("plan_id", req.plan_id)
                 changes = {"plan_id": plan.id, "plan_version": plan.version}
             else:
                 changes = {}
-            changes.update(state=target, message=req.message, updated_at=self.now(),
+            changes.update(state=target, message=bounded(req.message), updated_at=self.now(),
                            last_event_seq=job.last_event_seq + 1)
             # Core statements, not the unit of work (which cost more than the SQL on this hot path); the row
             # object takes the same values as committed ones, so nothing is flushed a second time.
             conn = s.connection()
             conn.execute(sa.update(JOBS).where(JOBS.c.id == job.id).values(**changes))
             conn.execute(INSERT_EVENT, dict(job_id=job.id, seq=changes["last_event_seq"],
-                                            type=req.event_type or "STATE_CHANGED", state=target, message=req.message,
+                                            type=req.event_type or "STATE_CHANGED", state=target,
+                                            message=changes["message"],
                                             attributes=attributes, created_at=changes["updated_at"]))
             for key, value in changes.items():
                 set_committed_value(job, key, value)

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from ballast.v1 import queue_pb2, store_pb2
 from services.runtime.auth import Principal
 from services.runtime.errors import FailedPrecondition, InvalidArgument
+from services.specs.ranges import MAX_PAYLOAD_BYTES
 from services.store import models as m
 from services.store.convert import enum_name, shared_fields
 from services.store.repo.base import DEFAULT_PAGE_SIZE, RepositoryBase, fit, new_id, seconds
@@ -89,6 +90,10 @@ class QueueStore(RepositoryBase):
                new: bool = False) -> tuple[m.QueuedRequest, bool]:
         """The request in transaction `s`: (the stored one with the same content, False), or (a new one, True).
         `new`: the payload names a row made in this transaction, so no stored request can have it."""
+        size = len(payload_json.encode())
+        if size > MAX_PAYLOAD_BYTES:
+            raise InvalidArgument(f"{size} bytes of payload", field="payload_json",
+                                  fix=f"send at most {MAX_PAYLOAD_BYTES >> 10} KiB (docs/limits.md)")
         key = dedupe_key(p.tenant_id, kind, payload_json)
         existing = None if new else s.scalars(
             sa.select(m.QueuedRequest).where(m.QueuedRequest.dedupe_key == key)).first()
