@@ -49,6 +49,40 @@ def read_model_spec(path: str | os.PathLike[str]) -> model_pb2.ModelSpec:
     return spec
 
 
+MAX_YAML_CHARS = 1 << 20
+MAX_YAML_DEPTH = 64
+
+
+def safe_yaml(text: str) -> Any:
+    """yaml.safe_load for a file a user wrote, without what only a bomb needs: no aliases (a "billion laughs" file
+    is small until its shared nodes are walked), nesting at most 64 deep (PyYAML's composer recurses), at most
+    1 MiB. Scanned first by the parser's flat event stream; a refusal is a yaml.YAMLError."""
+    if len(text) > MAX_YAML_CHARS:
+        raise yaml.YAMLError(f"{len(text)} characters; a spec file holds at most {MAX_YAML_CHARS}")
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.AliasEvent):
+            raise yaml.YAMLError(f"it uses an alias (*{event.anchor}); spec files take no anchors or aliases: "
+                                 "write the value out")
+        if isinstance(event, yaml.MappingStartEvent | yaml.SequenceStartEvent):
+            depth += 1
+            if depth > MAX_YAML_DEPTH:
+                raise yaml.YAMLError(f"it nests deeper than {MAX_YAML_DEPTH} levels")
+        elif isinstance(event, yaml.MappingEndEvent | yaml.SequenceEndEvent):
+            depth -= 1
+    return yaml.safe_load(text)
+
+
+def yaml_problem(err: yaml.YAMLError) -> str:
+    """A YAML error on one line: where and what (PyYAML's own text spans several, with a snippet)."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None)
+    if mark is None or problem is None:
+        return " ".join(str(err).split())
+    context = getattr(err, "context", None)
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" + (f" ({context})" if context else "")
+
+
 def read_yaml(path: str | os.PathLike[str], example: str) -> Any:
     """The parsed file; a missing or unreadable file, or bad YAML, is one SpecFileError line."""
     try:
@@ -57,9 +91,9 @@ def read_yaml(path: str | os.PathLike[str], example: str) -> Any:
         raise SpecFileError(f"cannot read {os.fspath(path)!r}: {err.strerror}", field="model",
                             fix=f"give the path of an existing spec file, e.g. {example}") from None
     try:
-        return yaml.safe_load(text)
+        return safe_yaml(text)
     except yaml.YAMLError as err:
-        raise SpecFileError(f"{os.fspath(path)} is not valid YAML: {err}", field="model",
+        raise SpecFileError(f"{os.fspath(path)} is not valid YAML: {yaml_problem(err)}", field="model",
                             fix="fix the YAML syntax") from None
 
 

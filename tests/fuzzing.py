@@ -38,6 +38,9 @@ LIMITS = {d.FieldDescriptor.TYPE_INT32: (-(2**31), 2**31 - 1), d.FieldDescriptor
           d.FieldDescriptor.TYPE_FIXED32: (0, 2**32 - 1), d.FieldDescriptor.TYPE_INT64: (-(2**63), 2**63 - 1),
           d.FieldDescriptor.TYPE_SINT64: (-(2**63), 2**63 - 1), d.FieldDescriptor.TYPE_SFIXED64: (-(2**63), 2**63 - 1),
           d.FieldDescriptor.TYPE_UINT64: (0, 2**64 - 1), d.FieldDescriptor.TYPE_FIXED64: (0, 2**64 - 1)}
+# Bytes no protobuf library would send: garbage, a field cut short, groups nested past the parser's depth limit, a
+# varint of eleven bytes. They must be refused as the caller's (INVALID_ARGUMENT), never INTERNAL.
+MALFORMED = [b"\xff\xff\xff\xff", b"\x0a\x05ab", b"\x0b" * 200 + b"\x0c" * 200, b"\x08" + b"\xff" * 11]
 MAX_DEPTH = 3
 DEADLINE_S = 10.0  # an answer later than this is a hang ...
 # ... except where the RPC's work is a measurement that takes longer by design: a link calibration starts its
@@ -167,19 +170,23 @@ def _fill(msg: Message, rng: random.Random, depth: int) -> None:
     _mutate(msg, rng, depth)
 
 
-def cases(method: Method, count: int, seed: int) -> Iterator[Message]:
-    """`count` hostile requests for `method`: the empty one first, then mutations, the same for a seed."""
+def cases(method: Method, count: int, seed: int) -> Iterator[Message | bytes]:
+    """`count` hostile requests for `method`: the empty one first, then malformed bytes, then mutations, the same
+    for a seed."""
     rng = random.Random(f"{seed}:{method.path}")
     yield method.request()
-    for _ in range(count - 1):
+    malformed = MALFORMED[:max(0, count - 1)]
+    yield from malformed
+    for _ in range(count - 1 - len(malformed)):
         msg = method.request()
         _fill(msg, rng, 0)
         yield msg
 
 
-def call(channel: grpc.Channel, method: Method, request: Message, case: int) -> Verdict:
-    """Send one case; a stream is read to its first message (or its end)."""
-    serialize, parse = method.request.SerializeToString, method.response.FromString
+def call(channel: grpc.Channel, method: Method, request: Message | bytes, case: int) -> Verdict:
+    """Send one case (a message, or raw bytes as they are); a stream is read to its first message (or its end)."""
+    parse = method.response.FromString
+    serialize = (lambda raw: raw) if isinstance(request, bytes) else method.request.SerializeToString
     timeout_s = LONG_S.get(method.path, DEADLINE_S)
     try:
         if method.server_streaming:

@@ -78,3 +78,29 @@ def test_echo_of_10_mib_is_refused_and_nothing_is_queued(plane) -> None:
         assert client.sql("SELECT count(*) FROM queued_requests").rows[0][0] == before
         queued = client.planner.Echo(services_pb2.EchoRequest(text="e" * MAX_TEXT_BYTES))  # the limit itself fits
         assert queued.id and client.sql("SELECT count(*) FROM queued_requests").rows[0][0] == before + 1
+
+
+BOMBS = {
+    "laughs": "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, "
+        f"*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n" for i in range(9)),
+    "deep": "name: " + "[" * 5000 + "]" * 5000 + "\n",
+    "broken": "name: gpt\n  family: [unclosed\n",
+}
+
+
+@pytest.mark.parametrize("kind", BOMBS)
+def test_a_yaml_bomb_or_bad_yaml_is_one_line_from_every_command(plane, monkeypatch, capsys, tmp_path, kind) -> None:
+    from tests.harness import ROOT, in_process_cli
+
+    monkeypatch.chdir(ROOT)
+    ballast = in_process_cli(plane.settings, monkeypatch, capsys)
+    bomb = tmp_path / f"{kind}.yaml"
+    bomb.write_text(BOMBS[kind])
+    for argv in (("submit", str(bomb)), ("profile", str(bomb)), ("inspect", str(bomb)),
+                 ("plan", str(bomb), "--fleet", "examples/fleet-8xTITAN.yaml"),
+                 ("plan", "examples/gpt-tiny.yaml", "--fleet", str(bomb))):
+        code, out, err = ballast(*argv)
+        text = out + err
+        assert code != 0 and "Traceback" not in text, (argv, text[-2000:])
+        assert len(text.strip().splitlines()) <= 3 and bomb.name in text, (argv, text)

@@ -14,7 +14,6 @@ import json
 from pathlib import Path
 
 import grpc
-import yaml
 from google.protobuf.json_format import MessageToDict
 from rich.console import Console
 from rich.markup import escape
@@ -27,6 +26,7 @@ from ballast.config import Settings
 from ballast.errors import PlanSearchFailed
 from ballast.sdk import LOCAL_DEVICE, profile_kind
 from ballast.sdk import plan_profile_request as profile_request
+from ballast.specfile import safe_yaml
 from ballast.v1 import common_pb2, plan_pb2, profile_pb2, queue_pb2, services_pb2
 from services.specs.fleet import load_fleet
 from services.specs.model import load_model_spec
@@ -67,7 +67,7 @@ def precision(args: argparse.Namespace, spec) -> int:
         return DTYPES[args.dtype]
     if spec.dtype:
         return spec.dtype
-    named = (yaml.safe_load(Path(args.fleet).read_text()) or {}).get("dtype")
+    named = (safe_yaml(Path(args.fleet).read_text()) or {}).get("dtype")
     return DTYPES.get(str(named).lower(), 0) if named else 0
 
 

@@ -26,6 +26,7 @@ from ballast.config import Settings
 from ballast.transport import is_loopback
 from services.runtime.audit import AuditLog
 from services.runtime.auth import Principal
+from services.runtime.decode import DecodeInterceptor
 from services.runtime.interceptors import CallGate, CallInterceptor, StreamBudget
 from services.runtime.metrics_http import serve_metrics
 from services.runtime.ratelimit import RateLimiter
@@ -95,7 +96,8 @@ class Server:
         self.health = health.HealthServicer(experimental_non_blocking=True)
         self._grpc = grpc.server(
             futures.ThreadPoolExecutor(max_workers=spec.max_workers, thread_name_prefix=spec.name),
-            interceptors=[CallInterceptor(spec.authenticate, budget, spec.audit, spec.name, spec.rate_limit,
+            interceptors=[DecodeInterceptor(),
+                          CallInterceptor(spec.authenticate, budget, spec.audit, spec.name, spec.rate_limit,
                                           spec.call_gate)],
             options=[*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)],
             maximum_concurrent_rpcs=spec.max_workers * 4,

@@ -38,6 +38,7 @@ from typing import Any
 
 import yaml
 
+from ballast.specfile import safe_yaml, yaml_problem
 from ballast.v1 import fleet_pb2
 from services.runtime.errors import InvalidArgument
 from services.specs import catalog
@@ -71,9 +72,11 @@ def load_fleet(source: str | os.PathLike[str], *, dtype: str | int | None = None
 
     `dtype` (a precision name or common_pb2.DType) overrides the file's dtype.
     """
+    where = "the fleet"
     if isinstance(source, str) and ("\n" in source or ":" in source):
         text = source
     else:
+        where = os.fspath(source)
         try:
             text = Path(source).read_text()
         except OSError as err:
@@ -83,9 +86,10 @@ def load_fleet(source: str | os.PathLike[str], *, dtype: str | int | None = None
                 fix="pass an existing YAML file, e.g. examples/fleet-8xTITAN.yaml",
             ) from None
     try:
-        data = yaml.safe_load(text)
+        data = safe_yaml(text)
     except yaml.YAMLError as err:
-        raise FleetFileError(f"not valid YAML: {err}", field="fleet file", fix="fix the YAML syntax") from None
+        raise FleetFileError(f"{where} is not valid YAML: {yaml_problem(err)}", field="fleet file",
+                             fix="fix the YAML syntax") from None
     return fleet_from_dict(data, dtype=dtype)
 
 

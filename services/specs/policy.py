@@ -27,6 +27,7 @@ from pathlib import Path
 import yaml
 from google.protobuf.json_format import ParseDict, ParseError
 
+from ballast.specfile import safe_yaml, yaml_problem
 from ballast.v1 import fleet_pb2
 from services.runtime.errors import FailedPrecondition, InvalidArgument
 
@@ -132,9 +133,10 @@ def max_preemptions(policy: fleet_pb2.FleetPolicy) -> int:
 def load_policy_file(path: str | Path) -> fleet_pb2.FleetPolicy:
     """A policy from YAML (see the module docstring); InvalidArgument names what is wrong."""
     try:
-        raw = yaml.safe_load(Path(path).read_text())
+        raw = safe_yaml(Path(path).read_text())
     except (OSError, yaml.YAMLError) as exc:
-        raise InvalidArgument(f"cannot read policy file {path}: {exc}", field="policy",
+        why = yaml_problem(exc) if isinstance(exc, yaml.YAMLError) else exc
+        raise InvalidArgument(f"cannot read policy file {path}: {why}", field="policy",
                               fix="pass a readable YAML file") from None
     if not isinstance(raw, dict):
         raise InvalidArgument(f"{path} is not a YAML mapping", field="policy", fix="see `ballast policy --help`")
