@@ -61,6 +61,13 @@ def test_up_status_sql_down(tmp_path: Path) -> None:
 
         again = ballast(settings, "up", "--data-dir", data_dir)
         assert again.returncode == 1 and "already up" in again.stderr
+
+        # Hardening 2, item 7: what the plane wrote is its operator's alone (database, WAL, logs, executor dirs).
+        # Certificates are public by nature (0644); their keys are not.
+        shared = [f"{p.name} {p.stat().st_mode & 0o777:o}" for p in [Path(data_dir), *Path(data_dir).rglob("*")]
+                  if not p.is_symlink() and p.suffix != ".crt" and p.stat().st_mode & 0o077]
+        assert shared == []
+        assert any(p.name.endswith("-wal") for p in Path(data_dir).rglob("*"))
     finally:
         down = ballast(settings, "down", "--data-dir", data_dir)
     assert down.returncode == 0, down.stderr

@@ -269,7 +269,8 @@ def bring_up(settings: Settings, executors: int, timeout_s: float) -> tuple[bool
     """Migrate, start every component, wait for SERVING. On failure everything started is stopped."""
     from services.store import schema
 
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    settings.data_dir.chmod(0o700)  # the plane's state: database, tokens, logs, checkpoints (the umask does the rest)
     existing = State.load(settings)
     if existing and any(alive(c.pid) for c in existing.children):
         return False, [], f"already up in {settings.data_dir}; run `ballast down --data-dir {settings.data_dir}` first"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -461,8 +462,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+# The commands that run the plane or a part of it: what they write in the data dir (the database and its WAL, logs,
+# checkpoints, executor folders, tokens) is the operator's alone, 0600 files in 0700 folders, and so is what their
+# children (services, workers) write. Other commands leave the user's umask alone (an export is the user's file).
+PLANE_COMMANDS = ("up", "serve", "worker", "demo")
+PRIVATE_UMASK = 0o077
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.command in PLANE_COMMANDS:
+        os.umask(PRIVATE_UMASK)
     try:
         return args.fn(args)
     except KeyboardInterrupt:
