@@ -89,6 +89,25 @@ def ensure_server_files(settings: Settings) -> TlsFiles:
     return files
 
 
+SCRAPER = "metrics-scraper"
+
+
+def scraper_identity(settings: Settings) -> Identity:
+    """The client certificate a Prometheus (or curl) presents to the metrics ports, which serve only a client the
+    plane's CA vouches for: <data_dir>/tls/scraper.crt and .key, issued by the local CA on first use. With your own
+    PKI, issue one from your CA (`ballast tls init --agent prometheus`)."""
+    d = local_dir(settings)
+    identity = Identity(d / "scraper.crt", d / "scraper.key")
+    if not tls_files(settings).local:
+        _require(identity.cert, "the scraper's certificate (tls/scraper.crt)")
+        return identity
+    with _locked(d):
+        ca = ensure_ca(d)
+        if not identity.cert.exists():
+            issue(ca, identity, SCRAPER, [SCRAPER], server=False, client=True)
+    return identity
+
+
 def agent_identity(settings: Settings, name: str) -> Identity:
     """The client certificate an executor agent proves its host with: the configured tls_cert / tls_key, or
     (embedded) one the local CA issues for `name`."""

@@ -315,10 +315,14 @@ def test_prometheus_scrapes_every_ballast_process_on_its_metrics_port(services: 
     assert targets == expected
     [workers] = jobs["ballast-workers"]["dns_sd_configs"]
     assert (workers["names"], workers["port"]) == (["planner-worker"], METRICS_DEFAULTS["worker"])
-    for job in jobs.values():  # HTTPS verified with the plane's CA, as every metrics endpoint serves it
-        assert job["scheme"] == "https" and job["tls_config"]["ca_file"] == "/etc/ballast/tls/ca.crt"
+    for job in jobs.values():  # HTTPS verified with the plane's CA, presenting its own client certificate
+        tls = job["tls_config"]
+        assert job["scheme"] == "https" and tls["ca_file"] == "/etc/ballast/tls/ca.crt"
+        assert (tls["cert_file"], tls["key_file"]) == ("/etc/ballast/tls/agents/prometheus.crt",
+                                                       "/etc/ballast/tls/agents/prometheus.key")
     tls_init = services["tls-init"]["command"]
     assert "planner-worker" in tls_init, "the workers' certificate must name the server_name Prometheus checks"
+    assert tls_init[tls_init.index("prometheus") - 1] == "--agent", "tls-init must issue Prometheus's certificate"
 
 
 def test_the_grafana_dashboard_plots_only_metrics_ballast_exports() -> None:

@@ -7,17 +7,20 @@ from __future__ import annotations
 
 import ssl
 import tempfile
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ballast.tls import tls_files
+from ballast.tls import SCRAPER, Identity, ensure_ca, issue, scraper_identity, tls_files
 from ballast.v1 import job_pb2, model_pb2, services_pb2, store_pb2
+from services.planner.jobs.gauges import FleetGauges
 from services.runtime.metrics_http import metrics_url
 from tests.harness import AGENT_PORTS, Plane, executor_plane, free_port, job_story, make_settings, start_plane, wait_for
 from tests.store_builders import gpt, job_spec
@@ -27,8 +30,11 @@ PORTS = ("store", "profiler", "planner")
 
 
 def scrape(plane: Plane, port: int) -> dict[tuple[str, tuple], float]:
-    """{(sample name, sorted labels): value} from one endpoint, verified with the plane's CA."""
+    """{(sample name, sorted labels): value} from one endpoint, verified with the plane's CA, presenting the
+    scraper's certificate (the endpoints serve no one else)."""
     context = ssl.create_default_context(cafile=str(tls_files(plane.settings).ca))
+    scraper = scraper_identity(plane.settings)
+    context.load_cert_chain(str(scraper.cert), str(scraper.key))
     with urllib.request.urlopen(metrics_url(plane.settings, port), context=context, timeout=10) as reply:
         text = reply.read().decode()
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
@@ -73,6 +79,35 @@ def test_rpc_latency_by_method_and_status_and_jobs_by_state(plane: Plane) -> Non
     assert value(store, "ballast_jobs", state="submitted") - jobs_before == 2
     assert value(store, "ballast_store_transaction_duration_seconds_count", kind="write") > 0
     assert value(store, count, server="store", method="CreateQueuedJob", code="OK") >= 2
+
+
+def test_a_scrape_without_a_certificate_of_the_planes_ca_gets_nothing(plane: Plane, tmp_path: Path) -> None:
+    """Hardening 2, item 8: the planner's gauges name tenants, so its metrics are for the operator's scraper."""
+    url = metrics_url(plane.settings, plane.settings.planner_metrics_port)
+    anonymous = ssl.create_default_context(cafile=str(tls_files(plane.settings).ca))
+    stranger = ssl.create_default_context(cafile=str(tls_files(plane.settings).ca))
+    other_ca = ensure_ca(tmp_path / "other-ca")
+    outsider = Identity(tmp_path / "outsider.crt", tmp_path / "outsider.key")
+    issue(other_ca, outsider, SCRAPER, [SCRAPER], server=False, client=True)
+    stranger.load_cert_chain(str(outsider.cert), str(outsider.key))
+    for context in (anonymous, stranger):
+        with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
+            with urllib.request.urlopen(url, context=context, timeout=10) as reply:
+                reply.read()
+    assert any(name.startswith("ballast_") for name, _ in scrape(plane, plane.settings.planner_metrics_port))
+
+
+def test_an_unauthenticated_plaintext_planner_names_no_tenant() -> None:
+    waiting = [SimpleNamespace(tenant_id=t, job_id=j, submitted_at=0.0) for t, j in (("t1", "a"), ("t2", "b"))]
+    snap = SimpleNamespace(queue=waiting, tenant_names={"t1": "alpha", "t2": "beta"}, classes={}, now=5.0,
+                           free=[], running=[])
+
+    def lines(name_tenants: bool) -> dict:
+        families = FleetGauges(lambda: snap, name_tenants=name_tenants).collect()
+        return {tuple(s.labels.values()): s.value for f in families if f.name == "ballast_queue_jobs"
+                for s in f.samples}
+    assert lines(True) == {("alpha", ""): 1, ("beta", ""): 1}
+    assert lines(False) == {("-", ""): 2}
 
 
 def test_endpoints_are_tls_only(plane: Plane) -> None:

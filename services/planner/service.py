@@ -164,7 +164,8 @@ def build_server(settings: Settings, address: str | None = None, send: durable.S
         )
     )
     if settings.planner_metrics_port:  # the fleet gauges join this process's registry only while served
-        server.spec.on_stop.append(register_collector("planner", FleetGauges(lambda: scheduler.latest)))
+        gauges = FleetGauges(lambda: scheduler.latest, name_tenants=not settings.plaintext)
+        server.spec.on_stop.append(register_collector("planner", gauges))
     sweeper.start()
     scheduler.start()
     return PlannerServer(server, scheduler, registry, sweeper)

@@ -1,7 +1,9 @@
 """The metrics endpoint: this process's Prometheus registry on its own port.
 
 Each process has its metrics port (`BALLAST_<SERVICE>_METRICS_PORT`; 0 turns it off). It is HTTPS with the
-servers' certificate unless the plane is plaintext, and then only a loopback address is bound, as for gRPC.
+servers' certificate and serves only a client presenting a certificate of the plane's CA (a Prometheus with its
+own, or the data dir's tls/scraper.crt: ballast.tls.scraper_identity), so what the metrics say of tenants stays
+with the operator. A plaintext plane binds loopback only, as for gRPC, and its planner names no tenant.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from prometheus_client import REGISTRY, start_http_server
 from prometheus_client.registry import Collector
 
 from ballast.config import Settings
-from ballast.tls import ensure_server_files
+from ballast.tls import ensure_server_files, scraper_identity
 from ballast.transport import is_loopback
 
 log = logging.getLogger("ballast.metrics")
@@ -49,8 +51,10 @@ def serve_metrics(settings: Settings, port: int, what: str) -> Callable[[], None
         server, thread = start_http_server(port, addr=host, registry=REGISTRY)
     else:
         files = ensure_server_files(settings)
+        scraper_identity(settings)  # the local CA issues the scraper's certificate beside the servers'
         server, thread = start_http_server(port, addr=host, registry=REGISTRY, certfile=str(files.identity.cert),
-                                           keyfile=str(files.identity.key))
+                                           keyfile=str(files.identity.key), client_cafile=str(files.ca),
+                                           client_auth_required=True)
     log.info("metrics", extra={"server": what, "url": metrics_url(settings, port)})
 
     def stop() -> None:

@@ -13,8 +13,11 @@ from services.planner.jobs.admit import Snapshot
 
 
 class FleetGauges(Collector):
-    def __init__(self, latest: Callable[[], Snapshot | None]):
-        self._latest = latest
+    """`name_tenants` False (a plaintext plane, whose metrics port asks for no certificate): every tenant's jobs
+    are one line, tenant "-"."""
+
+    def __init__(self, latest: Callable[[], Snapshot | None], name_tenants: bool = True):
+        self._latest, self._name_tenants = latest, name_tenants
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         queued = GaugeMetricFamily("ballast_queue_jobs", "Jobs waiting for devices, by tenant and priority class",
@@ -28,7 +31,8 @@ class FleetGauges(Collector):
         if snap is not None:
             lines: dict[tuple[str, str], list[float]] = {}
             for d in snap.queue:
-                key = (snap.tenant_names.get(d.tenant_id, d.tenant_id), snap.classes.get(d.job_id, ""))
+                tenant = snap.tenant_names.get(d.tenant_id, d.tenant_id) if self._name_tenants else "-"
+                key = (tenant, snap.classes.get(d.job_id, ""))
                 lines.setdefault(key, []).append(max(snap.now - d.submitted_at, 0.0))
             for key, waits in sorted(lines.items()):
                 queued.add_metric(list(key), len(waits))
