@@ -91,6 +91,11 @@ class Settings:
     # for a tenant are not counted. 0 turns the limits off.
     rate_limit_rps: float = 100.0
     rate_limit_burst: int = 200
+    # Failed authentications a peer address may make (services/runtime/auth_failures.py): auth_failure_burst at
+    # once, then auth_failure_rate a second; past that its calls are RESOURCE_EXHAUSTED until the bucket refills
+    # (tokens that authenticated lately still pass). 0 for the rate turns it off.
+    auth_failure_rate: float = 2.0
+    auth_failure_burst: int = 30
     # a service's own store call (the worker's, the scheduler's, heartbeats) waits at most this long for the
     # callers' calls in flight to be served before it starts (services/store/gate.py); 0 starts it at once, at
     # most 1000 (a waiting call holds a server thread)

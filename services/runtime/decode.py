@@ -10,7 +10,7 @@ from typing import Any
 import grpc
 
 from services.runtime.errors import InvalidArgument
-from services.runtime.interceptors import abort_for
+from services.runtime.interceptors import PUBLIC_PREFIXES, abort_for
 
 _KINDS = (
     ("unary_unary", grpc.unary_unary_rpc_method_handler),
@@ -25,8 +25,8 @@ class DecodeInterceptor(grpc.ServerInterceptor):
 
     def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
         handler = continuation(details)
-        if handler is None or handler.request_deserializer is None:
-            return handler
+        if handler is None or handler.request_deserializer is None or details.method.startswith(PUBLIC_PREFIXES):
+            return handler  # health and reflection are grpc's own (the health Watch must stay non-blocking)
         parse, method = handler.request_deserializer, details.method
 
         def decode(data: bytes, ctx: grpc.ServicerContext) -> Any:

@@ -22,6 +22,7 @@ from ballast.v1 import common_pb2, store_pb2
 from services.runtime import context, logs, rpcs
 from services.runtime.audit import AuditLog, target_of
 from services.runtime.auth import Principal
+from services.runtime.auth_failures import AuthFailures, TooManyFailures, peer_address
 from services.runtime.errors import (
     ERROR_FIELD,
     ERROR_FIX,
@@ -133,13 +134,14 @@ class CallInterceptor(grpc.ServerInterceptor):
 
     def __init__(self, authenticate: Callable[[str], Principal] | None, budget: StreamBudget,
                  audit: AuditLog | None = None, server: str = "", limiter: RateLimiter | None = None,
-                 call_gate: CallGate | None = None):
+                 call_gate: CallGate | None = None, auth_failures: AuthFailures | None = None):
         self._authenticate = authenticate
         self.budget = budget
         self.audit = audit
         self.server = server
         self.limiter = limiter or RateLimiter(0, 0)  # per-tenant rate limits; off by default
         self.call_gate = call_gate  # holds a service's own unary calls back while callers' are served (the store)
+        self.auth_failures = auth_failures or AuthFailures()  # per peer address: bad tokens limited and audited
 
     def _finished(self, method: str, caller: Principal | None, request: Any, reply: Any,
                   failure: BaseException | None, ctx: grpc.ServicerContext, start: float) -> None:
@@ -155,8 +157,8 @@ class CallInterceptor(grpc.ServerInterceptor):
                ctx: grpc.ServicerContext, start: float) -> None:
         """The finished call as an audit row, if it changed (or tried to change) state; never fails the call."""
         service, name = rpcs.split(method)
-        if self.audit is None or not rpcs.audited(name, caller, request):
-            return
+        if self.audit is None or not rpcs.audited(name, caller, request) or isinstance(failure, TooManyFailures):
+            return  # a call held back for its address's failed tokens is counted in their aggregated row
         try:
             self._record(service, name, caller, request, reply, failure, ctx, start)
         except Exception:  # noqa: BLE001 - a bug here must not turn a finished call into an error
@@ -174,6 +176,28 @@ class CallInterceptor(grpc.ServerInterceptor):
         record.at.GetCurrentTime()
         self.audit.record(record)
 
+    def _authenticated(self, method: str, ctx: grpc.ServicerContext) -> tuple[str, Principal]:
+        """The caller's token and principal; a peer that keeps failing is held back (auth_failures.py)."""
+        peer = ctx.peer() or ""
+        try:
+            token = _bearer(ctx)
+            self.auth_failures.check(peer, token)
+            principal = self._authenticate(token)
+            self.auth_failures.succeeded(token)
+            return token, principal
+        except (Unauthenticated, TooManyFailures) as exc:
+            service, name = rpcs.split(method)
+            own_row = isinstance(exc, Unauthenticated) and rpcs.changes_state(name)  # _audit writes it
+            refusals = self.auth_failures.refused(peer, aggregate=not own_row)
+            if refusals and self.audit is not None:
+                record = store_pb2.AuditRecord(
+                    service=service, method=name, code="UNAUTHENTICATED", peer=peer,
+                    message=(f"{refusals} refused authentication(s) from {peer_address(peer)} since its last "
+                             f"record (one a minute at most): {exc}")[:500])
+                record.at.GetCurrentTime()
+                self.audit.record(record)
+            raise
+
     def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
         handler = continuation(details)
         method = details.method
@@ -184,8 +208,7 @@ class CallInterceptor(grpc.ServerInterceptor):
             def begin(ctx: grpc.ServicerContext, called: list[Principal],
                       request: Any = None) -> tuple[Principal, float | None, str, bool, context.Cancellation]:
                 trace_scope(ctx, request)
-                token = _bearer(ctx)
-                principal = self._authenticate(token)
+                token, principal = self._authenticated(method, ctx)
                 called.append(principal)  # who, for the audit log, even if refused below
                 self.limiter.admit(principal, method, ctx.invocation_metadata())  # raises Throttled
                 if principal.viewer and rpcs.changes_state(rpcs.split(method)[1]):

@@ -26,6 +26,7 @@ from ballast.config import Settings
 from ballast.transport import is_loopback
 from services.runtime.audit import AuditLog
 from services.runtime.auth import Principal
+from services.runtime.auth_failures import AuthFailures
 from services.runtime.decode import DecodeInterceptor
 from services.runtime.interceptors import CallGate, CallInterceptor, StreamBudget
 from services.runtime.metrics_http import serve_metrics
@@ -98,7 +99,7 @@ class Server:
             futures.ThreadPoolExecutor(max_workers=spec.max_workers, thread_name_prefix=spec.name),
             interceptors=[DecodeInterceptor(),
                           CallInterceptor(spec.authenticate, budget, spec.audit, spec.name, spec.rate_limit,
-                                          spec.call_gate)],
+                                          spec.call_gate, AuthFailures.of(spec.settings))],
             options=[*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)],
             maximum_concurrent_rpcs=spec.max_workers * 4,
         )
