@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -265,6 +266,40 @@ def _signal(pid: int, sig: int) -> None:
         pass
 
 
+def plane_ports(settings: Settings, executors: int) -> list[tuple[str, int]]:
+    """Every (setting, port) the plane about to start listens on (a metrics port of 0 is off)."""
+    ports = [(f"{name}_port", getattr(settings, f"{name}_port"))
+             for name in ("store", "store_read", "profiler", "planner", "planner_agent", "dashboard")]
+    ports += [(f"executor_port + {i}", settings.executor_port + i) for i in range(executors)]
+    for name in ("store", "profiler", "planner", "worker"):
+        ports.append((f"{name}_metrics_port", metrics_port(settings, name)))
+    ports += [(f"executor_metrics_port + {i}", metrics_port(settings, f"executor-{i}")) for i in range(executors)]
+    return [(setting, port) for setting, port in ports if port]
+
+
+def taken_ports(settings: Settings, executors: int) -> list[tuple[str, int]]:
+    """The plane's ports another process already listens on (checked by binding them as the servers will)."""
+    host = settings.host if settings.host not in ("", "::", "0.0.0.0") else "0.0.0.0"
+    taken = []
+    for setting, port in plane_ports(settings, executors):
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as grpc does: TIME_WAIT is no owner
+            try:
+                probe.bind((host, port))
+            except OSError:
+                taken.append((setting, port))
+    return taken
+
+
+def ports_message(taken: list[tuple[str, int]], settings: Settings) -> str:
+    listed = ", ".join(f"{port} ({setting})" for setting, port in taken)
+    first = taken[0][0].split(" ")[0]
+    return (f"nothing started: port(s) {listed} are in use by another process (another plane?). Stop it, or move "
+            f"this plane: set other ports in {settings.data_dir / 'ballast.toml'} (e.g. `{first} = "
+            f"{taken[0][1] + 1000}`) or the environment (BALLAST_{first.upper()}); every client of this data dir "
+            "reads them from there")
+
+
 def bring_up(settings: Settings, executors: int, timeout_s: float) -> tuple[bool, list[tuple[str, str, str]], str]:
     """Migrate, start every component, wait for SERVING. On failure everything started is stopped."""
     from services.store import schema
@@ -274,6 +309,9 @@ def bring_up(settings: Settings, executors: int, timeout_s: float) -> tuple[bool
     existing = State.load(settings)
     if existing and any(alive(c.pid) for c in existing.children):
         return False, [], f"already up in {settings.data_dir}; run `ballast down --data-dir {settings.data_dir}` first"
+    taken = taken_ports(settings, executors)
+    if taken:  # before the token, the certificates, the schema or any child: a second plane touches nothing
+        return False, [], ports_message(taken, settings)
     ensure_token(settings)
     if not settings.plaintext:
         try:

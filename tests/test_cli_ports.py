@@ -1,0 +1,31 @@
+"""A second plane on one machine (issue 41, item 9): `ballast up` checks every port it will listen on before it
+starts anything, and says which is taken and how to move the plane."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from ballast.cli.control_plane import State, bring_up, plane_ports
+from tests.harness import free_port, make_settings
+
+
+def test_a_taken_port_is_named_before_anything_starts(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path / "second")
+    with socket.socket() as other_plane:
+        other_plane.bind(("127.0.0.1", settings.planner_port))
+        other_plane.listen()
+        ok, rows, message = bring_up(settings, executors=2, timeout_s=30)
+    assert not ok and rows == []
+    assert f"{settings.planner_port} (planner_port)" in message and "ballast.toml" in message
+    assert "BALLAST_PLANNER_PORT" in message
+    assert State.load(settings) is None  # no child, no state file
+    assert not settings.token_file.exists() and not (settings.data_dir / "tls").exists()
+
+
+def test_the_ports_checked_are_every_one_the_plane_listens_on(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path / "p", store_metrics_port=free_port())
+    checked = dict(plane_ports(settings, executors=2))
+    assert checked["store_port"] == settings.store_port and checked["store_metrics_port"] == settings.store_metrics_port
+    assert checked["executor_port + 1"] == settings.executor_port + 1
+    assert {"store_read_port", "profiler_port", "planner_agent_port", "dashboard_port"} <= set(checked)
