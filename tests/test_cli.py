@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ballast.cli.control_plane import State, alive
-from tests.harness import make_settings, run_cli
+from tests.harness import make_settings, run_cli, wait_for
 from tests.test_services import list_services
 
 pytestmark = pytest.mark.slow
@@ -36,7 +38,7 @@ def test_up_status_sql_down(tmp_path: Path) -> None:
         assert {r["status"] for r in json.loads(status.stdout)} == {"SERVING"}
         # the dashboard serves no Prometheus port of its own; the tests' settings turn the others' off
         assert {"component": "dashboard", "address": settings.dashboard_url(), "status": "SERVING",
-                "metrics": ""} in json.loads(status.stdout)
+                "metrics": "", "restarts": 0} in json.loads(status.stdout)
 
         services = set()
         for name in ("store", "profiler", "planner"):
@@ -68,10 +70,23 @@ def test_up_status_sql_down(tmp_path: Path) -> None:
                   if not p.is_symlink() and p.suffix != ".crt" and p.stat().st_mode & 0o077]
         assert shared == []
         assert any(p.name.endswith("-wal") for p in Path(data_dir).rglob("*"))
+
+        # Item 11: the supervisor starts a process that died again, and `ballast status` counts it.
+        assert state.supervisor and alive(state.supervisor)
+        worker = next(c for c in state.children if c.name == "worker")
+        os.killpg(worker.pid, signal.SIGKILL)
+
+        def restarted() -> bool:
+            rows = json.loads(ballast(settings, "status", "--data-dir", data_dir, "--json").stdout)
+            row = next(r for r in rows if r["component"] == "worker")
+            return row["restarts"] == 1 and row["status"] == "SERVING"
+
+        wait_for(restarted, timeout=90, what="the supervisor to start the killed worker again")
+        state = State.load(settings)
     finally:
         down = ballast(settings, "down", "--data-dir", data_dir)
     assert down.returncode == 0, down.stderr
-    assert not [c.name for c in state.children if alive(c.pid)]
+    assert not [c.name for c in state.children if alive(c.pid)] and not alive(state.supervisor)
     leftovers = subprocess.run(["pgrep", "-f", data_dir], capture_output=True, text=True).stdout.split()
     assert leftovers == []
     assert ballast(settings, "status", "--data-dir", data_dir).returncode == 1

@@ -34,7 +34,7 @@ def test_a_straggler_is_left_out_and_its_host_marked_degraded(plane):
                                 transformer=model_pb2.TransformerConfig(num_layers=4, hidden_size=128, num_heads=4,
                                                                         vocab_size=512, seq_length=64))
     job_id = client.jobs.Submit(services_pb2.SubmitJobRequest(spec=job_pb2.JobSpec(
-        name="stutter", model=model, global_batch_size=48, iterations=300, seed=2, checkpoint_every=50,
+        name="stutter", model=model, global_batch_size=48, iterations=160, seed=2, checkpoint_every=50,
         pipeline_stages=1))).id  # data parallel: replicas of one stage to compare
 
     def story() -> str:

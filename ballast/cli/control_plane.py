@@ -1,13 +1,15 @@
 """`ballast up` / `down` / `status`: the embedded control plane as child processes of one data dir.
 
 State (pids and addresses) lives in <data-dir>/run/state.json so any later command finds them.
-Children run in their own sessions, so `up` can return and `down` can signal each process group.
+Children run in their own sessions, so `up` can return and `down` can signal each process group. A supervisor
+(`ballast supervise`, ballast/cli/supervise.py) restarts a child that dies, with backoff, and counts it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,11 +32,16 @@ class Child:
     pid: int
     address: str = ""
     log: str = ""
+    args: list[str] = field(default_factory=list)  # `ballast ARGS` starts it again
+    env: dict[str, str] = field(default_factory=dict)  # what it was started with beyond the environment
+    restarts: int = 0  # times the supervisor started it again
+    last_exit: str = ""  # how it last ended, as the supervisor saw it
 
 
 @dataclass
 class State:
     children: list[Child] = field(default_factory=list)
+    supervisor: int = 0  # the pid of `ballast supervise` (0: none)
 
     @staticmethod
     def path(settings: Settings) -> Path:
@@ -45,12 +52,17 @@ class State:
         path = cls.path(settings)
         if not path.exists():
             return None
-        return cls([Child(**c) for c in json.loads(path.read_text())["children"]])
+        data = json.loads(path.read_text())
+        return cls([Child(**c) for c in data["children"]], data.get("supervisor", 0))
 
     def save(self, settings: Settings) -> None:
+        """Atomically: the supervisor rewrites it while `status` reads it."""
         path = self.path(settings)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"children": [asdict(c) for c in self.children]}, indent=2))
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"children": [asdict(c) for c in self.children], "supervisor": self.supervisor},
+                                  indent=2))
+        os.replace(tmp, path)
 
 
 def alive(pid: int) -> bool:
@@ -97,7 +109,7 @@ def spawn(settings: Settings, name: str, args: list[str], env_extra: dict[str, s
     with open(log_path, "ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "ballast", *args], stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    return Child(name=name, pid=proc.pid, log=str(log_path))
+    return Child(name=name, pid=proc.pid, log=str(log_path), args=list(args), env=dict(env_extra or {}))
 
 
 def start_all(settings: Settings, executors: int, timeout_s: float = 60.0) -> State:
@@ -243,6 +255,15 @@ def stop_all(settings: Settings, state: State, timeout_s: float = 15.0) -> list[
     """SIGTERM every child's process group, the store last so the others can record their final state;
     SIGKILL whatever is left after `timeout_s`. Returns the names that had to be killed."""
     killed: list[str] = []
+    if state.supervisor:  # first, or it would start again what is being stopped
+        _signal(state.supervisor, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and alive(state.supervisor):
+            time.sleep(0.1)
+        if alive(state.supervisor):
+            killed.append("supervisor")
+            _signal(state.supervisor, signal.SIGKILL)
+        state = State.load(settings) or state  # the pids of what it restarted
     clients = [c for c in state.children if c.name != "store"]
     stores = [c for c in state.children if c.name == "store"]
     for phase in (clients, stores):
@@ -264,6 +285,24 @@ def _signal(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
     except ProcessLookupError:
         pass
+
+
+LOW_FREE_BYTES = 1 << 30
+LOW_FREE_FRACTION = 0.10
+
+
+def low_space(settings: Settings) -> str:
+    """A warning when the data dir's file system runs low (under 1 GiB or 10% free): the store, checkpoints and
+    logs all write there, and a full disk stops the store's writes. "" when there is room."""
+    try:
+        usage = shutil.disk_usage(settings.data_dir)
+    except OSError:
+        return ""
+    if usage.free >= LOW_FREE_BYTES and usage.free >= LOW_FREE_FRACTION * usage.total:
+        return ""
+    return (f"low disk space: {usage.free / 2**20:.0f} MiB free of {usage.total / 2**20:.0f} MiB on "
+            f"{settings.data_dir}'s file system; the store stops writing when it is full (delete old checkpoints "
+            "with --keep-checkpoints, or move the data dir)")
 
 
 def plane_ports(settings: Settings, executors: int) -> list[tuple[str, int]]:
@@ -330,6 +369,8 @@ def bring_up(settings: Settings, executors: int, timeout_s: float) -> tuple[bool
     if not bad:
         online = wait_fleet(settings, executors, started, max(deadline - time.monotonic(), 5.0))
         if online >= executors:
+            state.supervisor = spawn(settings, "supervisor", ["supervise"]).pid
+            state.save(settings)
             return True, rows, f"control plane up in {settings.data_dir} (admin token in {settings.token_file})"
         message = (f"{online} of {executors} executor agent(s) registered with the planner within {timeout_s:.0f} s; "
                    f"see the executor logs in {settings.data_dir / 'logs'}")

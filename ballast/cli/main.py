@@ -37,13 +37,15 @@ def _rpc_failed(exc: grpc.RpcError) -> int:
     return 1
 
 
-def _status_table(rows: list[tuple[str, str, str]], settings: Settings) -> Table:
+def _status_table(rows: list[tuple[str, str, str]], settings: Settings, restarts: dict[str, int] | None = None
+                  ) -> Table:
     from ballast.cli.control_plane import metrics_url
 
-    table = Table("component", "address", "status", "metrics")
+    table = Table("component", "address", "status", "restarts", "metrics")
     for name, address, status in rows:
         colour = "green" if status == "SERVING" else "red"
-        table.add_row(name, address, f"[{colour}]{status}[/{colour}]", metrics_url(settings, name) or "-")
+        table.add_row(name, address, f"[{colour}]{status}[/{colour}]", str((restarts or {}).get(name, 0)),
+                      metrics_url(settings, name) or "-")
     return table
 
 
@@ -92,13 +94,19 @@ def cmd_status(args: argparse.Namespace) -> int:
         err.print(f"nothing running in {settings.data_dir}; start it with `ballast up`")
         return 1
     rows = cp.statuses(settings, state)
+    restarts = {c.name: c.restarts for c in state.children}
     if args.json:
         from ballast.cli.control_plane import metrics_url
 
-        print(json.dumps([{"component": n, "address": a, "status": s, "metrics": metrics_url(settings, n)}
-                          for n, a, s in rows]))
+        print(json.dumps([{"component": n, "address": a, "status": s, "metrics": metrics_url(settings, n),
+                           "restarts": restarts.get(n, 0)} for n, a, s in rows]))
     else:
-        console.print(_status_table(rows, settings))
+        console.print(_status_table(rows, settings, restarts))
+        if state.supervisor and not cp.alive(state.supervisor):
+            err.print("the supervisor is not running: a process that dies stays down (`ballast down`, then `up`)")
+    warning = cp.low_space(settings)
+    if warning:
+        err.print(f"[yellow]warning[/yellow] {warning}")
     return 0 if all(r[2] == "SERVING" for r in rows) else 1
 
 
@@ -319,6 +327,12 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
     return run(_settings(args), args)
 
 
+def cmd_supervise(args: argparse.Namespace) -> int:
+    from ballast.cli.supervise import run_supervisor
+
+    return run_supervisor(_settings(args))
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from ballast.cli.demo import run_demo
 
@@ -379,6 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="store only: serve the read-only RPCs on the store read port, refusing writes "
                         "(`ballast up` starts one beside the store)")
     add("worker", cmd_worker, "run a Celery planner worker in the foreground")
+    add("supervise", cmd_supervise, "restart the processes `ballast up` started when one dies (`up` runs it)")
     p = add("health", cmd_health, "gRPC health check (exit 0 iff SERVING)")
     p.add_argument("address")
     p.add_argument("--service", default="")
@@ -465,7 +480,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # The commands that run the plane or a part of it: what they write in the data dir (the database and its WAL, logs,
 # checkpoints, executor folders, tokens) is the operator's alone, 0600 files in 0700 folders, and so is what their
 # children (services, workers) write. Other commands leave the user's umask alone (an export is the user's file).
-PLANE_COMMANDS = ("up", "serve", "worker", "demo")
+PLANE_COMMANDS = ("up", "serve", "worker", "demo", "supervise")
 PRIVATE_UMASK = 0o077
 
 

@@ -78,7 +78,7 @@ def build_server(
     on_stop = [*([checkpointer.stop] if checkpointer else []), engine.dispose, repo.sql_engine.dispose]
     metrics_port = 0 if read_only else settings.store_metrics_port  # one metrics port per plane's store
     if metrics_port:  # the gauges join this process's registry only while it serves them
-        on_stop.insert(0, register_collector("store", StoreGauges(engine)))
+        on_stop.insert(0, register_collector("store", StoreGauges(engine, settings.data_dir)))
     port = settings.store_read_port if read_only else settings.store_port
     return Server(
         ServerSpec(

@@ -106,7 +106,7 @@ class Trainer:
                                rank=comms.mesh.index("dp"), degree=config.num_replicas,
                                optimizer_config=config.optimizer)
         self.agreement = Agreement(comms.mesh.control)
-        self.faults = Faults.from_env(str(config.model.get("name", "")), config.rank)
+        self.faults = Faults.from_env(str(config.model.get("name", "")), config.rank, config.world_size)
         self.writer = BackgroundWriter()
         self.in_flight: Path | None = None  # the checkpoint being written in the background, until settled
         self.data_s = 0.0  # the iteration's time drawing samples
