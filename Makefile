@@ -28,14 +28,18 @@ install: $(STAMP)
 demo: install
 	$(VENV)/bin/ballast demo --data-dir .ballast-demo
 
-# `make test` is the everyday suite (ruff + every test not marked slow, under 10 minutes on 2 cores);
-# `make test-slow` runs the slower end-to-end tests; CI (.ci/run) runs both, `make test-all` does too.
+# `make test` is the everyday suite (ruff + every test not marked slow); `make test-slow` runs the slower
+# end-to-end tests; CI (.ci/run) runs both, `make test-all` does too. Both use every core (pytest-xdist, one test
+# module per worker, so a module's plane stays in one process) and print their 25 slowest tests.
+PYTEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
+PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist loadfile --durations=25
+
 test: install
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_PARALLEL)
 
 test-slow: install
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -m slow $(PYTEST_PARALLEL)
 
 test-all: test test-slow
 

@@ -69,6 +69,14 @@ def in_process_cli(settings: Settings, monkeypatch, capsys) -> Callable[..., tup
         monkeypatch.delenv(key)
     for key, value in {**settings_env(settings), "COLUMNS": "300"}.items():
         monkeypatch.setenv(key, value)
+    # A console made before this (an earlier test imported its module) kept the width it found then.
+    from rich.console import Console
+
+    for name, module in list(sys.modules.items()):
+        if name.startswith("ballast.cli"):
+            for value in list(vars(module).values()):
+                if isinstance(value, Console):
+                    monkeypatch.setattr(value, "_width", 300)
 
     def ballast(*argv: str) -> tuple[int, str, str]:
         code = main(list(argv))
