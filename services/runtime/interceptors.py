@@ -23,6 +23,7 @@ from services.runtime import context, logs, rpcs
 from services.runtime.audit import AuditLog, target_of
 from services.runtime.auth import Principal
 from services.runtime.auth_failures import AuthFailures, TooManyFailures, peer_address
+from services.runtime.disk import DiskFull, disk_full
 from services.runtime.errors import (
     ERROR_FIELD,
     ERROR_FIX,
@@ -75,6 +76,10 @@ def abort_for(exc: BaseException, ctx: grpc.ServicerContext) -> None:
     if isinstance(exc, BallastError):
         ctx.set_trailing_metadata(error_metadata(exc))
         ctx.abort(getattr(grpc.StatusCode, exc.code), str(exc))
+    if disk_full(exc):
+        full = DiskFull()
+        ctx.set_trailing_metadata(error_metadata(full))
+        ctx.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(full))
     if isinstance(exc, sqlalchemy.exc.OperationalError | sqlalchemy.exc.InterfaceError):
         ctx.abort(grpc.StatusCode.UNAVAILABLE, "database unavailable; retry later")
     if not isinstance(exc, Exception) or ctx.code() is not None:
@@ -290,6 +295,8 @@ def outcome(failure: BaseException | None, ctx: grpc.ServicerContext) -> tuple[s
         return "OK", ""
     if isinstance(failure, BallastError):
         return failure.code, str(failure)
+    if disk_full(failure):
+        return "RESOURCE_EXHAUSTED", str(DiskFull())
     if isinstance(failure, sqlalchemy.exc.OperationalError | sqlalchemy.exc.InterfaceError):
         return "UNAVAILABLE", "database unavailable"
     status = ctx.code() if hasattr(ctx, "code") else None

@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session
 from ballast.v1 import common_pb2
 from services.runtime import context
 from services.runtime.auth import Principal, PrincipalCache
+from services.runtime.disk import DiskFull, disk_full
 from services.runtime.errors import (
     BallastError,
     InvalidArgument,
@@ -160,6 +161,8 @@ class RepositoryBase:
         except (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DisconnectionError) as err:
             if "no such table" in str(err.orig if isinstance(err, sa_exc.DBAPIError) else err):
                 raise self._schema_error() from err
+            if disk_full(err):
+                raise DiskFull() from err
             raise Unavailable(
                 f"database unavailable: {err.orig if isinstance(err, sa_exc.DBAPIError) else err}",
                 fix="check BALLAST_DATABASE_URL and that the database is running",
