@@ -86,6 +86,7 @@ none. The plan in force changes only at an iteration boundary that every rank ag
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import faulthandler
 import hashlib
@@ -586,12 +587,14 @@ def main(argv: list[str] | None = None) -> int:
         report({"event": "stopped", **head, "iteration": e.iteration, "message": str(e), "drained": e.drained})
         code = STOPPED_EXIT
     except Exception as e:  # every failure becomes one "error" line the agent relays
-        traceback.print_exc(file=sys.stderr)
+        with contextlib.suppress(OSError):  # a full disk under the log must not keep the report from the agent
+            traceback.print_exc(file=sys.stderr)
         report({"event": "error", **head, "message": f"{type(e).__name__}: {e}",
                 "infrastructure": is_infrastructure(e), "traceback": traceback.format_exc()[-TRACEBACK_CHARS:]})
         code = 1
     sys.stdout.flush()
-    sys.stderr.flush()
+    with contextlib.suppress(OSError):
+        sys.stderr.flush()
     os._exit(code)  # skip interpreter teardown: slow with torch loaded, and a dead peer's group can block it
 
 
