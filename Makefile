@@ -30,7 +30,8 @@ demo: install
 
 # `make test` is the everyday suite (ruff + every test not marked slow); `make test-slow` runs the slower
 # end-to-end tests; CI (.ci/run) runs both, `make test-all` does too. Both use every core (pytest-xdist, one test
-# module per worker, so a module's plane stays in one process) and print their 25 slowest tests.
+# module per worker, so a module's plane stays in one process) and print their 25 slowest tests; the few slow
+# tests whose verdict reads measured speed (marked `alone`) run after the others, one at a time.
 PYTEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
 PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist loadfile --durations=25
 
@@ -39,7 +40,8 @@ test: install
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_PARALLEL)
 
 test-slow: install
-	$(PY) -m pytest -q -m slow $(PYTEST_PARALLEL)
+	$(PY) -m pytest -q -m "slow and not alone" $(PYTEST_PARALLEL)
+	$(PY) -m pytest -q -m "slow and alone" --durations=10
 
 test-all: test test-slow
 

@@ -164,13 +164,19 @@ def test_up_names_the_component_that_fails(tmp_path: Path) -> None:
     settings = make_settings(tmp_path / "d")
     import socket
 
-    # Occupy the planner's port so the planner cannot bind.
+    # A port another process holds is named before anything starts (issue 41, item 9).
     with socket.socket() as blocker:
         blocker.bind(("127.0.0.1", settings.planner_port))
         blocker.listen()
         up = ballast(settings, "up", "--data-dir", str(settings.data_dir), "--executors", "0", "--timeout", "40")
     assert up.returncode == 1
-    assert "planner did not report SERVING" in up.stderr
+    assert f"{settings.planner_port} (planner_port)" in up.stderr and "BALLAST_PLANNER_PORT" in up.stderr
+    assert State.load(settings) is None  # nothing was started
+    # A component that dies at start (a setting only the servers check) is named with its log's last lines.
+    up = run_cli(settings, "up", "--data-dir", str(settings.data_dir), "--executors", "0", "--timeout", "40",
+                 extra_env={"BALLAST_RATE_LIMIT_RPS": "-1"})
+    assert up.returncode == 1
+    assert "store did not report SERVING" in up.stderr and "rate_limit_rps" in up.stderr, up.stderr
     assert State.load(settings) is None  # everything it started was stopped
 
 

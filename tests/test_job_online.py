@@ -12,7 +12,7 @@ import pytest
 from ballast.v1 import job_pb2, model_pb2, services_pb2, store_pb2
 from tests.harness import executor_plane, job_story, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]  # its verdict reads measured speed: the machine to itself
 
 S = job_pb2.JobState
 ENDED = (S.JOB_STATE_SUCCEEDED, S.JOB_STATE_FAILED, S.JOB_STATE_CANCELLED)
