@@ -146,12 +146,22 @@ def job_spec(model: model_pb2.ModelSpec | str | os.PathLike[str], *, batch: int 
                           priority_class=priority, min_devices=min_devices or 0, max_devices=max_devices or 0,
                           micro_batches=micro_batches, checkpoint_every=checkpoint_every, elastic=elastic,
                           eval_every=eval_every, eval_batches=eval_batches, keep_checkpoints=keep_checkpoints,
-                          init_from=init_from, resume_from=resume_from)
+                          init_from=weights_source(init_from), resume_from=resume_from)
     if fleet is not None:
         job.fleet.CopyFrom(fleet)
     if data is not None:
         job.data.CopyFrom(data_spec(data))
     return job
+
+
+def weights_source(init_from: str | os.PathLike[str]) -> str:
+    """`init_from` as the services read it: a job reference as given ("job-…", "job-…:ITERATION"), a local
+    directory of weights made absolute (the services read it at that path, not from the caller's directory)."""
+    text = os.fspath(init_from)
+    if not text or text.startswith("job-"):
+        return text
+    path = Path(text).expanduser()
+    return str(path.resolve()) if path.exists() else text
 
 
 def data_spec(data: job_pb2.DataSpec | str | os.PathLike[str]) -> job_pb2.DataSpec:

@@ -180,6 +180,7 @@ def test_up_names_the_component_that_fails(tmp_path: Path) -> None:
     assert State.load(settings) is None  # everything it started was stopped
 
 
+@pytest.mark.alone  # the demo waits a bounded time for the calibration its run fits: the machine to itself
 def test_demo(tmp_path: Path) -> None:
     settings = make_settings(tmp_path / "demo")
     demo = ballast(settings, "demo", "--data-dir", str(settings.data_dir), "--iterations", "8", timeout=300)

@@ -177,3 +177,14 @@ def test_submit_watch_sql_and_refusals_against_real_servers(plane, monkeypatch) 
             client.sql("  ")
         with pytest.raises(InvalidInput, match="Fleet"):
             client.plan(TINY, "examples/fleet-8xTITAN.yaml")  # type: ignore[arg-type]
+
+
+def test_init_from_a_relative_directory_is_sent_absolute(tmp_path, monkeypatch) -> None:
+    """The README's `--init-from data/gpt-tiny-notes`: the services read the weights at the path they get."""
+    from ballast.sdk import weights_source
+
+    (tmp_path / "data" / "exported").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert weights_source("data/exported") == str(tmp_path / "data" / "exported")
+    assert weights_source("job-abc:20") == "job-abc:20" and weights_source("") == ""
+    assert weights_source("nowhere/else") == "nowhere/else"  # left for the service to refuse, naming it

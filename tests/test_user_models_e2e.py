@@ -24,7 +24,7 @@ from tests.user_model_support import hf_spec, user_model
 
 pytestmark = pytest.mark.slow
 BATCH, ITERATIONS, EVERY = 8, 12, 3
-MORPHING = 80  # the morphing job's iterations: enough that it is still training when a worker is killed
+MORPHING = 150  # the morphing job's iterations: enough that it is still training when a worker is killed
 ADAM = {"name": "adam", "learning_rate": 1e-3, "weight_decay": 0.0}  # what the workers run for an unset optimizer
 
 

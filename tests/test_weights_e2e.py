@@ -8,6 +8,7 @@ checkpoint directories; `--resume-from` continues the job with the losses of an 
 from __future__ import annotations
 
 import json
+import random
 import re
 
 import numpy as np
@@ -24,12 +25,27 @@ BATCH, ITERATIONS, MORE, EVERY, EVALS, EVAL_BATCHES, KEEP = 8, 300, 10, 5, 50, 2
 MODEL = ROOT / "examples" / "gpt-tiny.yaml"
 
 
+WORDS = ("the plane trains a model on the fleet while each stage keeps its layers and every replica reads its "
+         "share of the batch so that a job ends with weights its user can export and load again").split()
+
+
+def their_text(path) -> None:
+    """The user's text file: seeded sentences of a fixed vocabulary, the same on every run (this repository's
+    README, which the README's own example tokenizes, changes with every edit, and its last tenth, the held-out
+    part, is a file listing unlike the rest)."""
+    rng = random.Random(40)
+    lines = (" ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 14))).capitalize() + "."
+             for _ in range(1500))
+    path.write_text("\n".join(lines) + "\n")
+
+
 @pytest.fixture(scope="module")
 def plane(tmp_path_factory):
-    """The plane, with the user's data root; their text: this repository's README (real text, nothing fetched)."""
+    """The plane, with the user's data root and their text made into token files (bytes as tokens)."""
     data_root = tmp_path_factory.mktemp("their-data")
     settings = make_settings(tmp_path_factory.mktemp("plane"), data_roots=(str(data_root),))
-    done = run_cli(settings, "data", "tokenize", str(ROOT / "README.md"), "--out", str(data_root / "readme"))
+    their_text(data_root / "notes.txt")
+    done = run_cli(settings, "data", "tokenize", str(data_root / "notes.txt"), "--out", str(data_root / "readme"))
     assert done.returncode == 0, done.stdout + done.stderr
     up = run_cli(settings, "up", "--data-dir", str(settings.data_dir), "--executors", "2", "--cpu-slots", "2",
                  timeout=180)
