@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+import pytest
 
 from ballast.cli.control_plane import ensure_token
 from ballast.client import Client, open_channel
@@ -316,3 +317,17 @@ def of(events: list[dict], kind: str) -> list[dict]:
 def losses(events: list[list[dict]]) -> list[float]:
     """The per-iteration losses the last rank (the last stage) reported."""
     return [e["loss"] for e in of(events[-1], "iteration")]
+
+
+@contextlib.contextmanager
+def small_disk(directory: Path, size: str) -> Iterator[Path]:
+    """A real tmpfs of `size` ("3m") mounted at `directory`, to fill on purpose; skips where mounting is not
+    allowed (CI runs as root, so there it always runs)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    directory.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)], check=True)
+    try:
+        yield directory
+    finally:
+        subprocess.run(["umount", "-l", str(directory)], check=False)

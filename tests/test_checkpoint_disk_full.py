@@ -5,15 +5,13 @@ run without checkpoints, and the first checkpoint stays complete and resumable."
 
 from __future__ import annotations
 
-import os
-import subprocess
-
 import pytest
 
 from services.executor.train import checkpoint as ckpt
 from services.executor.train.launch import plan_configs, run_local
 from services.runtime.allocator import STEADY_ALLOCATOR
 from tests.harness import losses, of
+from tests.harness import small_disk as mounted
 from tests.test_train_resume import template
 
 pytestmark = pytest.mark.slow
@@ -23,15 +21,8 @@ BOUNDS = [[0, 3], [3, 6]]
 @pytest.fixture
 def small_disk(tmp_path):
     """A 3 MiB tmpfs: one checkpoint of the 2-stage gpt-small (about 2.2 MB with Adam's states) fits, two do not."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(disk)], check=True)
-    try:
+    with mounted(tmp_path / "disk", "3m") as disk:
         yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 def test_a_full_disk_fails_that_checkpoint_and_training_goes_on(small_disk):

@@ -4,28 +4,19 @@ and through a real store server."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-
 import pytest
 import sqlalchemy as sa
 
 from ballast.v1 import job_pb2, store_pb2
 from services.runtime.errors import ResourceExhausted
+from tests.harness import small_disk as mounted
 from tests.store_fixtures import new_job, open_store
 
 
 @pytest.fixture
 def small_disk(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)], check=True)
-    try:
+    with mounted(tmp_path / "disk", "8m") as disk:
         yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 def fill(disk) -> None:
