@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 from urllib.parse import unquote, urlparse
 
 import sqlalchemy as sa
@@ -14,6 +15,8 @@ from services.runtime.errors import InvalidArgument, NotFound
 from services.store import models as m
 from services.store.convert import shared_fields, to_datetime
 from services.store.repo.base import RepositoryBase, fit, new_id, quote
+
+T = TypeVar("T")
 
 METRICS_CHUNK = 200  # rows per INSERT; keeps bound parameters far below SQLite's limit
 
@@ -83,6 +86,15 @@ class ProgressStore(RepositoryBase):
                 s.execute(sa.update(m.Job).where(m.Job.id == job_id, m.Job.iteration < top).values(iteration=top))
         return store_pb2.WriteIterationMetricsResponse(written=written)
 
+    def _job_page(self, p: Principal, job_id: str, stmt: sa.Select, page: Any, convert: Callable[[Any], T]
+                  ) -> tuple[list[T], str]:
+        """One page of `stmt`'s rows about a job the caller may see (NOT_FOUND otherwise), converted to messages
+        inside the read transaction."""
+        with self._tx(write=False) as s:
+            self._job(s, p, job_id)
+            rows, token = self._page(s, stmt, page)
+            return [convert(r) for r in rows], token
+
     def list_iteration_metrics(
         self, p: Principal, req: store_pb2.ListIterationMetricsRequest
     ) -> store_pb2.ListIterationMetricsResponse:
@@ -93,10 +105,8 @@ class ProgressStore(RepositoryBase):
         if req.HasField("stage_index"):
             stmt = stmt.where(t.stage_index == req.stage_index)
         stmt = stmt.order_by(t.iteration, t.stage_index, t.replica_index, t.plan_version, t.id)
-        with self._tx(write=False) as s:
-            self._job(s, p, req.job_id)
-            rows, token = self._page(s, stmt, req.page)
-            return store_pb2.ListIterationMetricsResponse(metrics=[metric_pb(r) for r in rows], next_page_token=token)
+        metrics, token = self._job_page(p, req.job_id, stmt, req.page, metric_pb)
+        return store_pb2.ListIterationMetricsResponse(metrics=metrics, next_page_token=token)
 
     def record_layer_migration(
         self, p: Principal, req: store_pb2.RecordLayerMigrationRequest
@@ -115,12 +125,8 @@ class ProgressStore(RepositoryBase):
     ) -> store_pb2.ListLayerMigrationsResponse:
         t = m.LayerMigration
         stmt = sa.select(t).where(t.job_id == req.job_id).order_by(t.created_at, t.id)
-        with self._tx(write=False) as s:
-            self._job(s, p, req.job_id)
-            rows, token = self._page(s, stmt, req.page)
-            return store_pb2.ListLayerMigrationsResponse(
-                migrations=[migration_pb(r) for r in rows], next_page_token=token
-            )
+        migrations, token = self._job_page(p, req.job_id, stmt, req.page, migration_pb)
+        return store_pb2.ListLayerMigrationsResponse(migrations=migrations, next_page_token=token)
 
     def record_evaluation(self, p: Principal, req: store_pb2.RecordEvaluationRequest) -> job_pb2.Evaluation:
         """One row per (job, iteration): a repeat (an agent's replay, a resumed job evaluating again) answers the
@@ -140,11 +146,8 @@ class ProgressStore(RepositoryBase):
     ) -> store_pb2.ListEvaluationsResponse:
         t = m.Evaluation
         stmt = sa.select(t).where(t.job_id == req.job_id).order_by(t.iteration, t.id)
-        with self._tx(write=False) as s:
-            self._job(s, p, req.job_id)
-            rows, token = self._page(s, stmt, req.page)
-            return store_pb2.ListEvaluationsResponse(evaluations=[evaluation_pb(r) for r in rows],
-                                                     next_page_token=token)
+        evaluations, token = self._job_page(p, req.job_id, stmt, req.page, evaluation_pb)
+        return store_pb2.ListEvaluationsResponse(evaluations=evaluations, next_page_token=token)
 
     def create_checkpoint(self, p: Principal, req: store_pb2.CreateCheckpointRequest) -> job_pb2.Checkpoint:
         ck = req.checkpoint
@@ -220,9 +223,5 @@ class ProgressStore(RepositoryBase):
         if req.complete_only:
             stmt = stmt.where(t.complete.is_(True))
         stmt = stmt.order_by(t.iteration.desc(), t.created_at.desc(), t.id)
-        with self._tx(write=False) as s:
-            self._job(s, p, req.job_id)
-            rows, token = self._page(s, stmt, req.page)
-            return store_pb2.ListCheckpointsResponse(
-                checkpoints=[checkpoint_pb(r) for r in rows], next_page_token=token
-            )
+        checkpoints, token = self._job_page(p, req.job_id, stmt, req.page, checkpoint_pb)
+        return store_pb2.ListCheckpointsResponse(checkpoints=checkpoints, next_page_token=token)
