@@ -17,6 +17,7 @@ from torch import nn
 from ballast.v1 import common_pb2, model_pb2, profile_pb2, services_pb2
 from services.profiler import driver
 from services.profiler.measure import iter_layer_args, measure_layer
+from services.profiler.whole import COMPOSITION_BOUNDS
 from services.specs.user_inputs import UserInputs
 from services.zoo import build_model, example_input
 
@@ -88,10 +89,12 @@ def test_identical_blocks_reuse_the_first_blocks_rows(explicit):
 
 
 def test_whole_model_composition_and_optimizer_steps_are_measured(explicit):
-    """Layers in sequence cost about what they cost alone (bounded factor); every layer with parameters has an
-    Adam step time."""
+    """The whole-model pass is taken: its factor is a ratio within the trusted bounds, or 0 (not trusted) when
+    load skewed every pass -- which one is the machine's business, so the measured value itself is
+    benchmarks/profile_repro.py's to report, not this test's; every layer with parameters has an Adam step time."""
     prof, _ = explicit
-    assert 0.5 <= prof.composition_factor <= 2.0
+    low, high = COMPOSITION_BOUNDS
+    assert prof.composition_factor == 0.0 or low <= prof.composition_factor <= high
     assert all(layer.optimizer_step_s > 0 for layer in prof.layers)
 
 

@@ -259,6 +259,14 @@ class StopInstruction(_message.Message):
     checkpoint: bool
     def __init__(self, reason: _Optional[str] = ..., checkpoint: _Optional[bool] = ...) -> None: ...
 
+class HoldInstruction(_message.Message):
+    __slots__ = ("held", "reason")
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    held: bool
+    reason: str
+    def __init__(self, held: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class Registered(_message.Message):
     __slots__ = ("host_id", "heartbeat_interval_s")
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
@@ -268,7 +276,7 @@ class Registered(_message.Message):
     def __init__(self, host_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
 
 class PlannerMessage(_message.Message):
-    __slots__ = ("instruction_id", "version", "job_id", "registered", "assign", "repartition", "checkpoint", "stop")
+    __slots__ = ("instruction_id", "version", "job_id", "registered", "assign", "repartition", "checkpoint", "stop", "hold")
     INSTRUCTION_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
@@ -277,6 +285,7 @@ class PlannerMessage(_message.Message):
     REPARTITION_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
+    HOLD_FIELD_NUMBER: _ClassVar[int]
     instruction_id: str
     version: int
     job_id: str
@@ -285,4 +294,5 @@ class PlannerMessage(_message.Message):
     repartition: RepartitionInstruction
     checkpoint: CheckpointInstruction
     stop: StopInstruction
-    def __init__(self, instruction_id: _Optional[str] = ..., version: _Optional[int] = ..., job_id: _Optional[str] = ..., registered: _Optional[_Union[Registered, _Mapping]] = ..., assign: _Optional[_Union[AssignInstruction, _Mapping]] = ..., repartition: _Optional[_Union[RepartitionInstruction, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointInstruction, _Mapping]] = ..., stop: _Optional[_Union[StopInstruction, _Mapping]] = ...) -> None: ...
+    hold: HoldInstruction
+    def __init__(self, instruction_id: _Optional[str] = ..., version: _Optional[int] = ..., job_id: _Optional[str] = ..., registered: _Optional[_Union[Registered, _Mapping]] = ..., assign: _Optional[_Union[AssignInstruction, _Mapping]] = ..., repartition: _Optional[_Union[RepartitionInstruction, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointInstruction, _Mapping]] = ..., stop: _Optional[_Union[StopInstruction, _Mapping]] = ..., hold: _Optional[_Union[HoldInstruction, _Mapping]] = ...) -> None: ...

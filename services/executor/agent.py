@@ -152,6 +152,9 @@ class Agent:
             else:
                 count = self.workers.stop(message.job_id, reason)
                 ack.ok, ack.message = True, f"stopping {count} worker(s)"
+        elif kind == "hold":  # the planner cannot record the job (its store refuses writes): wait at a boundary
+            count = self.workers.hold(message.job_id, message.hold.held, message.hold.reason)
+            ack.ok, ack.message = True, f"{'holding' if message.hold.held else 'releasing'} {count} worker(s)"
         else:
             ack.ok, ack.message = False, f"{kind} is not supported by this agent yet"
         return ack

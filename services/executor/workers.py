@@ -476,6 +476,22 @@ class Workers:
             return [executor_pb2.AgentMessage(checkpoint_written=c) for by_iteration in self._written.values()
                     for iteration in sorted(by_iteration) for c in by_iteration[iteration]]
 
+    def hold(self, job_id: str, held: bool, reason: str) -> int:
+        """Hold the job's workers at their next agreed boundary, or release them (a hold command on each one's
+        stdin, train/hold.py). Returns how many took it; a worker that is gone reports its own exit."""
+        line = json.dumps({"command": "hold", "held": held, "reason": reason}) + "\n"
+        with self._lock:
+            workers = list(self._jobs.get(job_id, []))
+        taken = 0
+        for w in workers:
+            try:
+                w.proc.stdin.write(line)
+                w.proc.stdin.flush()
+                taken += 1
+            except (BrokenPipeError, OSError, ValueError):
+                pass
+        return taken
+
     def stop(self, job_id: str, reason: str) -> int:
         """SIGTERM the job's workers, SIGKILL whatever is left after a grace period. Returns how many."""
         return self._end(job_id, reason, signal.SIGTERM, [(STOP_GRACE_S, signal.SIGKILL)])

@@ -194,6 +194,7 @@ class HarmonyStep:
     iteration_s: float
     traffic: dict[str, float]  # this rank's counters over the iteration
     stop: bool = False  # some rank voted to stop at this boundary
+    hold: bool = False  # some rank was asked to hold at this boundary (hold.py)
 
 
 @dataclass
@@ -512,7 +513,8 @@ class HarmonyRank:
             self.drop((i, i + 1), write_back=True)
         self.counters.optimizer_s += time.perf_counter() - updating
 
-    def step(self, iteration: int, group: Any = None, vote: Callable[[], bool] | None = None) -> HarmonyStep:
+    def step(self, iteration: int, group: Any = None, vote: Callable[[], bool] | None = None,
+             hold: Callable[[], bool] | None = None) -> HarmonyStep:
         """Run this rank's tasks of iteration `iteration`; every rank learns the loss (the all-reduce that ends
         the iteration is the pipeline flush: the next forward reads weights the updates wrote). `vote`, asked at
         the end, True asks every rank to stop after this iteration: it rides on the loss sum, so all ranks learn
@@ -536,13 +538,14 @@ class HarmonyRank:
                 self.counters.forward_s += spent
             else:
                 self.counters.backward_s += spent
-        summed = torch.tensor([total, float(vote is not None and vote())], dtype=torch.float64)
+        summed = torch.tensor([total, float(vote is not None and vote()), float(hold is not None and hold())],
+                              dtype=torch.float64)
         began = time.perf_counter()
         if dist.is_initialized():
             dist.all_reduce(summed, group=group)
         self.counters.allreduce_s += time.perf_counter() - began
         return HarmonyStep(float(summed[0]) / count, time.perf_counter() - started, self.counters.take(),
-                           stop=bool(summed[1] > 0))
+                           stop=bool(summed[1] > 0), hold=bool(summed[2] > 0))
 
     # -- checkpoints and evaluation (rank 0, between iterations: every update of the last one is in the store) ------
     def _named(self, layer: int, flat: Tensor) -> Iterator[tuple[str, Tensor]]:

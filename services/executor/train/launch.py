@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -35,12 +36,14 @@ def plan_configs(template: WorkerConfig, stage_bounds: list[list[int]], num_repl
 
 def run_local(
     configs: list[WorkerConfig], *, env: dict[str, str] | None = None, timeout_s: float = 120.0, check: bool = True,
-    commands: dict[int, list[dict[str, Any]]] | None = None,
+    commands: dict[int, list[dict[str, Any]]] | None = None, hold: tuple[int, float] | None = None,
 ) -> list[list[dict[str, Any]]]:
     """Start every rank, wait for all (at most `timeout_s` in all), return each rank's events.
 
     `commands` maps a rank to command dicts written as JSON lines to its stdin at start (then stdin is closed;
     a rank without commands gets an empty stdin), so tests schedule plan changes through `not_before`.
+    `hold` = (iteration, seconds): once rank 0 reports that iteration, every rank is told to hold, and released
+    that many seconds later (what the agent does while the store's disk is full; stdin stays open until then).
 
     With `check`, a rank that exits non-zero raises RuntimeError with the stderr tails; without, the caller
     reads the ranks' "error" events.
@@ -56,8 +59,11 @@ def run_local(
             with (open(path.with_suffix(".out"), "w") as out, open(path.with_suffix(".err"), "w") as err,
                   open(stdin) as inp):
                 command = [sys.executable, "-m", "services.executor.train.worker", str(path)]
-                procs.append(subprocess.Popen(command, stdin=inp, stdout=out, stderr=err, env=env))
+                procs.append(subprocess.Popen(command, stdin=subprocess.PIPE if hold else inp, stdout=out,
+                                              stderr=err, env=env, text=True))
         deadline = time.monotonic() + timeout_s
+        if hold:
+            hold_ranks(procs, Path(tmp) / f"rank-{configs[0].rank}.out", *hold, deadline)
         try:
             for proc in procs:
                 proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
@@ -76,3 +82,31 @@ def run_local(
         if failures and check:
             raise RuntimeError("\n".join(failures))
         return results
+
+
+def hold_ranks(procs: list[subprocess.Popen], first_out: Path, iteration: int, seconds: float,
+               deadline: float) -> None:
+    """Hold every rank once the first one's events (`first_out`) report `iteration`, release them `seconds`
+    later, then close their stdin."""
+    def send(held: bool) -> None:
+        for proc in procs:
+            if proc.poll() is None and proc.stdin is not None:
+                with contextlib.suppress(OSError):  # it just exited: its events say why
+                    proc.stdin.write(json.dumps({"command": "hold", "held": held, "reason": "run_local"}) + "\n")
+                    proc.stdin.flush()
+
+    def reported() -> bool:
+        for line in first_out.read_text().splitlines():
+            event = json.loads(line) if line.strip().endswith("}") else {}
+            if event.get("event") == "iteration" and event.get("iteration", 0) >= iteration:
+                return True
+        return False
+
+    while time.monotonic() < deadline and not reported() and all(p.poll() is None for p in procs):
+        time.sleep(0.05)
+    send(True)
+    time.sleep(seconds)
+    send(False)
+    for proc in procs:
+        if proc.stdin is not None:
+            proc.stdin.close()

@@ -75,6 +75,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from services.executor.train.config import WorkerConfig, is_int
+from services.executor.train.hold import Hold
 from services.executor.train.mesh import Mesh
 from services.executor.train.sharding import flavours
 from services.executor.train.stage import ModelInfo, Stage, make_optimizer, restage, stage_of
@@ -219,15 +220,18 @@ class Inbox(Protocol):
     def submit(self, line: str) -> None: ...
 
 
-def read_commands(stream: TextIO | None, inbox: Inbox) -> threading.Thread | None:
-    """Feed `stream`'s lines to `inbox` on a daemon thread until EOF; never raises."""
+def read_commands(stream: TextIO | None, inbox: Inbox | None, hold: Hold | None = None) -> threading.Thread | None:
+    """Feed `stream`'s lines to `inbox` on a daemon thread until EOF; never raises. Hold commands go to `hold`;
+    with no `inbox` (a job that takes no plan commands) other lines are ignored."""
     if stream is None:
         return None
 
     def loop() -> None:
         try:
             for line in stream:
-                if line.strip():
+                if not line.strip() or (hold is not None and hold.take(line)):
+                    continue
+                if inbox is not None:
                     inbox.submit(line)
         except (OSError, ValueError):  # closed or unreadable stdin: no more commands
             pass
@@ -238,25 +242,25 @@ def read_commands(stream: TextIO | None, inbox: Inbox) -> threading.Thread | Non
 
 
 class Agreement:
-    """One MIN all_reduce over the world of [ready version, -drain] on a gloo group of every rank: every rank
-    learns the lowest ready version and whether ANY rank asked to drain, so all decide alike."""
+    """One MIN all_reduce over the world of [ready version, -drain, -hold] on a gloo group of every rank: every
+    rank learns the lowest ready version and whether ANY rank asked to drain or to hold, so all decide alike."""
 
     def __init__(self, group: object | None) -> None:
         self.group = group  # None: a single rank (its own values are the agreement)
 
-    def launch(self, ready: int, drain: bool = False) -> tuple[Tensor, Any]:
-        value = torch.tensor([ready, -int(drain)], dtype=torch.int64)
+    def launch(self, ready: int, drain: bool = False, hold: bool = False) -> tuple[Tensor, Any]:
+        value = torch.tensor([ready, -int(drain), -int(hold)], dtype=torch.int64)
         work = dist.all_reduce(value, op=dist.ReduceOp.MIN, group=self.group, async_op=True) if self.group else None
         return value, work
 
     @staticmethod
-    def result(pending: tuple[Tensor, Any]) -> tuple[int, bool]:
-        """(agreed plan version, agreed drain)."""
+    def result(pending: tuple[Tensor, Any]) -> tuple[int, bool, bool]:
+        """(agreed plan version, agreed drain, agreed hold)."""
         value, work = pending
         if work is not None:
             work.wait()
-        version, drain = value.tolist()
-        return int(version), drain < 0
+        version, drain, hold = value.tolist()
+        return int(version), drain < 0, hold < 0
 
 
 # --- the wire format of one layer -------------------------------------------------------------------------

@@ -169,6 +169,7 @@ class ChunkedStep:
     allreduce_s: float  # gathers, reductions and the loss sum
     swap_s: float
     stop: bool  # some rank voted to stop at this boundary
+    hold: bool = False  # some rank was asked to hold at this boundary (hold.py)
 
 
 class ChunkedTrainer:
@@ -287,7 +288,8 @@ class ChunkedTrainer:
         self.handles = []
         self.manager.close()
 
-    def step(self, iteration: int, vote: Callable[[], bool] | None = None) -> ChunkedStep:
+    def step(self, iteration: int, vote: Callable[[], bool] | None = None,
+             hold: Callable[[], bool] | None = None) -> ChunkedStep:
         """Iteration `iteration` (0-based) of this replica; `vote`, asked at its end, True asks every rank to stop
         after it (the vote rides on the loss sum, so all ranks learn it at the same boundary)."""
         manager, model, per_replica = self.manager, self.model, self.global_batch // self.world
@@ -322,16 +324,17 @@ class ChunkedTrainer:
         optimizer_s = time.perf_counter() - t - (manager.comm_s - comm)
         chunk_comm_s = manager.comm_s
         t = time.perf_counter()
-        votes = float(vote is not None and vote())
+        votes, holds = float(vote is not None and vote()), float(hold is not None and hold())
         if self.world > 1:
-            summed = torch.tensor([total, votes], dtype=torch.float64, device=self.device)
+            summed = torch.tensor([total, votes, holds], dtype=torch.float64, device=self.device)
             dist.all_reduce(summed, group=self.group)
-            total, votes = summed.tolist()
+            total, votes, holds = summed.tolist()
         loss_sum_s = time.perf_counter() - t
         if self.device.type == "cuda":  # the iteration's kernels are inside its time (the stage trainer's way)
             torch.cuda.synchronize(self.device)
         return ChunkedStep(total / count, manager.policy.traffic.take(), time.perf_counter() - started, forward_s,
-                           backward_s, optimizer_s, chunk_comm_s + loss_sum_s, manager.take_swap_s(), votes > 0)
+                           backward_s, optimizer_s, chunk_comm_s + loss_sum_s, manager.take_swap_s(), votes > 0,
+                           holds > 0)
 
 
 class _StateHolder:

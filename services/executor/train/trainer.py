@@ -49,6 +49,7 @@ from services.executor.train.comms import Comms, Counters, Pending
 from services.executor.train.config import WorkerConfig
 from services.executor.train.data import dropout_seed, sample_range
 from services.executor.train.faults import Faults
+from services.executor.train.hold import Hold
 from services.executor.train.hybrid import Hybrid, local
 from services.executor.train.mesh import BACKWARD, FORWARD
 from services.executor.train.migration import Agreement, Plan, PlanInbox, apply_plan, plan_moves
@@ -89,7 +90,8 @@ def memory(device: torch.device) -> tuple[int, int]:
 class Trainer:
     def __init__(self, config: WorkerConfig, stage: Stage, optimizer: torch.optim.Optimizer, comms: Comms,
                  device: torch.device, should_stop: Callable[[], bool], inbox: PlanInbox,
-                 should_drain: Callable[[], bool] = lambda: False, hybrid: Hybrid | None = None) -> None:
+                 should_drain: Callable[[], bool] = lambda: False, hybrid: Hybrid | None = None,
+                 hold: Hold | None = None) -> None:
         self.config, self.stage, self.comms, self.device = config, stage, comms, device
         self.hybrid = hybrid if hybrid is not None else Hybrid({}, {})  # TP / SDP layers (hybrid.py)
         self.spec, self.data = config.spec(), config.data_spec()
@@ -100,6 +102,7 @@ class Trainer:
         self.first_backward = next(i for i, (kind, _) in enumerate(self.order) if kind == "B")
         self.last_backward = max(i for i, (kind, _) in enumerate(self.order) if kind == "B")
         self.should_stop, self.should_drain = should_stop, should_drain
+        self.hold = hold if hold is not None else Hold()  # held while the planner cannot record the job
         self.plan: Plan = inbox.initial
         # Plain and ZeRO optimizers (every flavour is plain with one replica); `optimizer` holds any loaded state.
         self.sharded = Sharded(stage, optimizer, self.plan.flavours(), group=comms.replica_group,
@@ -374,7 +377,7 @@ class Trainer:
             def launch(done: int = done, pending: list[Any] = pending) -> None:
                 # every rank contributes its ready version as of the END of this iteration, and its drain flag
                 ready = self.inbox.ready(done, self.plan_version)
-                pending.append(self.agreement.launch(ready, self.should_drain()))
+                pending.append(self.agreement.launch(ready, self.should_drain(), self.hold.asked()))
 
             stats = self.step(iteration, on_start=launch if done < config.iterations else None)
             self.settle(done)
@@ -383,9 +386,9 @@ class Trainer:
             for version, message in self.inbox.take_rejections():
                 report({"event": "command_rejected", **head, "iteration": done, "version": version,
                         "message": message})
-            drain = False
+            drain = held = False
             if pending:  # the new plan first, so a drain's checkpoint holds it
-                version, drain = Agreement.result(pending[0])
+                version, drain, held = Agreement.result(pending[0])
                 self.boundary(version, done, head, report)
             if evaluation_due(config, done):
                 self.evaluate(done, head, report)
@@ -393,6 +396,12 @@ class Trainer:
                      or (config.final_checkpoint and done == config.iterations))
             if saved:
                 self.save(done, head, report, background=config.checkpoint_background and not drain)
+            if held and not drain:  # after the cadence's checkpoint: a drain from the hold needs no second one
+                outcome = self.hold.wait(done, config.world_size, self.agreement.group, torch.device("cpu"), head,
+                                         report, self.should_stop, self.should_drain)
+                drain = outcome == "drain"
+                if outcome == "stop":
+                    raise Stopped(done, between_iterations=True)
             if drain:
                 self.drain(done, saved, head, report)
             if self.should_stop():

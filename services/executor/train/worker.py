@@ -52,6 +52,9 @@ goes to stdout, one JSON object per line; every event carries "event", "job_id",
   the next iteration boundary, every rank writes its part of a checkpoint there ("checkpoint" events, unless
   the cadence just wrote one) and stops with drained true and the same iteration. Needs checkpoint_dir. A
   drain reaching a worker before its handler is installed (while it imports torch) kills it, as SIGTERM does.
+- "held" / "released": iteration, reason / held_s and outcome (release, stop or drain). A {"command": "hold",
+  "held": true} line on stdin (every mode) holds every rank at the next boundary they agree on (hold.py);
+  "held": false trains on from there.
 - "error" (exit 1): message, infrastructure (true when a collective or transfer broke: a peer or the network
   was lost, not the model), traceback (the last few KiB).
 Chunk mode (`chunk_bytes` > 0, PatrickStar, offload.py): one stage holds every layer, every rank is a
@@ -61,7 +64,7 @@ offload (chunk_bytes, device_budget_bytes, chunks, model_bytes) and warnings (a 
 honoured: chunk mode writes no checkpoints yet); "iteration" has recompute_s = p2p_s = 0, allreduce_s = comm_s
 (the chunk all-gathers and reductions, taken out of forward_s and backward_s, and the loss sum), loss on every
 rank, plus gathered_bytes, reduced_bytes, evictions and device_budget_peak_bytes (the budget's high-water mark);
-no ZeRO fields; "done" hashes and sums this rank's own chunks. Stdin commands each get a "command_rejected"
+no ZeRO fields; "done" hashes and sums this rank's own chunks. Stdin plan commands each get a "command_rejected"
 (training goes on). SIGTERM and SIGUSR2 both stop every rank at one agreed iteration boundary, drained false (no
 checkpoint to drain to). resume_from, per-layer policies and layer toggles are refused (WorkerConfig.validate).
 Harmony mode (`harmony` set, train/harmony.py): one stage holds every layer, every rank is one device of one
@@ -112,6 +115,7 @@ from services.executor.train import heap, hybrid, weights
 from services.executor.train.comms import Comms
 from services.executor.train.config import WorkerConfig, is_int
 from services.executor.train.harmony import HarmonyRank, HarmonyStep, check_model, schedule_from
+from services.executor.train.hold import Hold
 from services.executor.train.mesh import Mesh
 from services.executor.train.migration import Plan, PlanInbox, read_commands
 from services.executor.train.offload import ChunkedTrainer
@@ -274,8 +278,9 @@ def prepare_stage(config: WorkerConfig, device: torch.device, head: dict[str, An
     info = model_info(config.spec(), config.micro_batch_size, config.user_inputs)
     hybrid.check_model(info, layer_strategies)
     inbox = PlanInbox(info, config.num_stages, Plan.initial(config), hybrid=frozenset(layer_strategies))
-    if config.online:  # otherwise no command is ever read, so every rank stays on the initial plan
-        read_commands(commands, inbox)
+    hold = Hold()
+    # plan commands only online (otherwise every rank stays on the initial plan); hold commands always
+    read_commands(commands, inbox if config.online else None, hold)
     initial = initial_weights(config)
     if initial is not None:  # before any layer is split or sharded: every strategy starts from the whole weights
         weights.load_into(stage.layers, weights.layer_names(info.model, info.dec, config.spec()), initial)
@@ -302,7 +307,7 @@ def prepare_stage(config: WorkerConfig, device: torch.device, head: dict[str, An
             stage_optimizer = applied.reapply(stage, optimizer, config.optimizer)
         comms = Comms(mesh, stage, device)
         trainer = Trainer(config, stage, stage_optimizer, comms, device, should_stop, inbox, should_drain,
-                          hybrid=applied)
+                          hybrid=applied, hold=hold)
         trainer.train(start, head, report)
 
     return train
@@ -317,14 +322,15 @@ HARMONY_TAKES_NO_PLANS = ("plan command field 'command': Harmony's swap schedule
 
 
 class Refusals:
-    """Chunk and Harmony modes' stdin: every command is refused (a "command_rejected" at the next boundary), none
-    applied."""
+    """Chunk and Harmony modes' stdin: every plan command is refused (a "command_rejected" at the next boundary),
+    none applied; hold commands go to `hold`."""
 
     def __init__(self, stream: TextIO | None, message: str = CHUNKS_TAKE_NO_PLANS) -> None:
         self._message = message
         self._lock = threading.Lock()
         self._rejected: list[tuple[int, str]] = []
-        read_commands(stream, self)
+        self.hold = Hold()
+        read_commands(stream, self, self.hold)
 
     def submit(self, line: str) -> None:
         try:
@@ -383,7 +389,7 @@ def train_chunks(config: WorkerConfig, trainer: ChunkedTrainer, layers: list[int
 
     for iteration in range(start, config.iterations):
         done = iteration + 1
-        step = trainer.step(iteration, vote=should_stop)
+        step = trainer.step(iteration, vote=should_stop, hold=refusals.hold.asked)
         iteration_s = step.iteration_s
         parts = step.forward_s + step.backward_s + step.allreduce_s + step.optimizer_s
         overhead = max(iteration_s - parts, 0.0)  # disjoint spans: the rest is batch building and Python
@@ -410,7 +416,8 @@ def train_chunks(config: WorkerConfig, trainer: ChunkedTrainer, layers: list[int
         if checkpoint_due(config, done):
             began = time.perf_counter()
             offloaded_checkpoint(config, done, trainer.checkpoint_layers(), len(layers), head, report, began)
-        if step.stop:
+        if step.stop or (step.hold and refusals.hold.wait(done, config.num_replicas, trainer.group, device, head,
+                                                          report, should_stop) != "release"):
             raise Stopped(done, between_iterations=True)
     refused(config.iterations)
     payloads = manager.local_payloads()
@@ -498,7 +505,7 @@ def harmony_iterations(config: WorkerConfig, runner: HarmonyRank, head: dict[str
     stopped = None
     for iteration in range(start, config.iterations):
         done = iteration + 1
-        step = runner.step(iteration, vote=should_stop)
+        step = runner.step(iteration, vote=should_stop, hold=refusals.hold.asked)
         current, peak = memory(device)
         report({"event": "iteration", **head, "iteration": done, "plan_version": config.plan_version,
                 **harmony_split(step), "memory_bytes": current, "peak_memory_bytes": peak,
@@ -510,7 +517,8 @@ def harmony_iterations(config: WorkerConfig, runner: HarmonyRank, head: dict[str
                 "active_layers": layers, "layers": layers})
         refused(done)
         harmony_boundary(config, runner, done, len(layers), head, report)
-        if step.stop:
+        if step.stop or (step.hold and refusals.hold.wait(done, config.world_size, None, device, head, report,
+                                                          should_stop) != "release"):
             stopped = Stopped(done, between_iterations=True)
             break
     digest, total = hashlib.sha256(), 0.0

@@ -101,6 +101,7 @@ class RetainedRows:
         self._what, self._part_size = what, part
         self._rows: deque = deque()
         self._lock = threading.Lock()
+        self.refusal: BallastError | None = None  # why the store refused the rows still kept, if it did
 
     @property
     def retained(self) -> int:
@@ -117,13 +118,15 @@ class RetainedRows:
             part = batch[start:start + size]
             try:
                 self._sink(part)
-            except self._transient:
+            except self._transient as exc:
+                self.refusal = exc
                 self._retain(batch[start:])
                 return False
             except BallastError:
                 self._retain(batch[start + size:])
                 DROPPED.labels(self._what).inc(len(part))
                 raise
+        self.refusal = None
         return True
 
     def flush(self) -> bool:

@@ -34,6 +34,7 @@ from services.planner.jobs.admit import HOLDING, Reader, Snapshot, epoch_s
 from services.planner.jobs.assign import backend_for, pipeline_shape, place_on
 from services.planner.jobs.control import TRANSIENT
 from services.planner.jobs.elastic import ELASTIC_INTERVAL_S, FAIRNESS_BOUND, MIN_RESIZE_INTERVAL_S, ElasticPass
+from services.planner.jobs.hold import StoreHold
 from services.planner.jobs.lifecycle import TERMINAL
 from services.planner.jobs.metrics import RetainedRows, iteration_metric, observe_iteration
 from services.planner.jobs.rebalance import Rebalancer
@@ -102,6 +103,9 @@ class Scheduler(Recovery, ElasticPass):
             MAX_OWED_CHECKPOINTS, what="checkpoints", part=1)
         self._evaluations = RetainedRows(lambda evaluations: [self._record_evaluation(e) for e in evaluations],
                                          TRANSIENT, MAX_OWED_CHECKPOINTS, what="evaluations", part=1)
+        self._events = RetainedRows(lambda events: [store.append_job_event(e) for e in events], TRANSIENT,
+                                    MAX_OWED_CHECKPOINTS, what="job_events", part=1)
+        self._hold = StoreHold(send, self._events.write)  # jobs wait while the store's disk is full
         self.admission = Reader(store)
         self._replan = replan  # queues a re-plan of a job for a device count (prepare.py); None: never
         self._lock = threading.RLock()
@@ -142,6 +146,11 @@ class Scheduler(Recovery, ElasticPass):
         self._rows.flush()  # what a store that was away could not take
         self._checkpoints.flush()
         self._evaluations.flush()
+        self._events.flush()
+        with self._lock:
+            running = list(self._running.values())
+        self._hold.update([x.refusal for x in (self._rows, self._checkpoints, self._evaluations, self._events)],
+                          running)
         self._retain()
         for job_id in self._owed_calibrations():
             if not self._queue_calibration(job_id):
@@ -584,6 +593,7 @@ class Scheduler(Recovery, ElasticPass):
                     self._running.pop(running.job.id)
                 self._retention_due.add(running.job.id)  # what its last checkpoints left
             self.rebalancer.forget(running.job.id)
+            self._hold.forget(running.job.id)
             forget_job(running.job.id)
 
     def _queue_calibration(self, job_id: str) -> bool:
@@ -627,11 +637,11 @@ class Scheduler(Recovery, ElasticPass):
             if ck.iteration in running.failed_checkpoints:
                 return
             running.failed_checkpoints.add(ck.iteration)
-        self._store.append_job_event(store_pb2.AppendJobEventRequest(event=job_pb2.JobEvent(
+        self._events.write([store_pb2.AppendJobEventRequest(event=job_pb2.JobEvent(
             job_id=ck.job_id, type="CHECKPOINT_FAILED",
             message=f"checkpoint after iteration {ck.iteration} not written (rank {written.rank}: {written.error}); "
                     "training goes on, the previous complete checkpoint stays the one to resume from",
-            attributes={"iteration": str(ck.iteration), "rank": str(written.rank)})))
+            attributes={"iteration": str(ck.iteration), "rank": str(written.rank)}))])  # kept if the store refuses
 
     def _record_evaluation(self, evaluation: job_pb2.Evaluation) -> None:
         """The evaluation's row, and an EVALUATED event (`ballast watch` shows it)."""
