@@ -12,6 +12,11 @@ machine, real worker processes over gloo). Phase 1 submits every layout once (th
 success queues the calibration job, which refits the host class of that run (cpu/<cores>c/<workers>w: one
 worker alone, or two sharing the machine) from its newest runs. Phase 2 submits every layout again and
 compares its plan's prediction with the median iteration time it measured (the first iterations left out).
+
+The floor (issue 45, item 5): phase 2 runs every layout twice, and with the calibrating run that gives three
+measurements of the same layout minutes apart. Their spread, (max - min) / min, is the machine's run-to-run
+noise; it is printed beside the estimator's error, and where it exceeds 10% an error within it is counted as the
+machine's, not the estimator's (the error is taken against the median of the two phase-2 runs).
 Run from the repository root: `.venv/bin/python benchmarks/fidelity.py [--iterations 40] [--rounds 1]`.
 Exits 1 if a target is missed.
 """
@@ -32,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ballast.v1 import job_pb2, services_pb2, store_pb2  # noqa: E402
 from services.planner.plans.calibrate import WARMUP, measured_iteration_s, simulated_s  # noqa: E402
 from services.specs.model import load_model_spec  # noqa: E402
-from tests.harness import ROOT, executor_plane, job_story, wait_for  # noqa: E402
+from tests.harness import ROOT, calibration_outcome, executor_plane, job_story, wait_for  # noqa: E402
 
 S = job_pb2.JobState
 ENDED = (S.JOB_STATE_SUCCEEDED, S.JOB_STATE_FAILED, S.JOB_STATE_CANCELLED)
@@ -58,11 +63,11 @@ def run(plane, layout: tuple[int, int, int], iterations: int, tag: str) -> job_p
     return done
 
 
-def calibrated(plane, job_id: str) -> None:
-    """Wait until a calibration fitted on this run is stored (the next submit of its host class uses it)."""
-    store = plane.client().store
-    wait_for(lambda: any(job_id in c.job_ids for c in store.ListCalibrations(
-        store_pb2.ListCalibrationsRequest()).calibrations), timeout=180, what=f"a calibration from {job_id}")
+def calibrated(plane, job_id: str) -> dict:
+    """Wait until the calibration task of this run has finished (the next submit of its host class uses what it
+    stored; a fit no better than the one in force is not stored)."""
+    return wait_for(lambda: calibration_outcome(plane.client(), job_id), timeout=180,
+                    what=f"the calibration task of {job_id}")
 
 
 def measure(plane, job: job_pb2.Job) -> dict:
@@ -96,38 +101,52 @@ def main() -> None:
         for r in range(args.rounds):
             for layout in LAYOUTS:
                 job = run(plane, layout, args.iterations, f"calibrating{r}")
-                calibrated(plane, job.id)
+                outcome = calibrated(plane, job.id)
                 first[layout] = measure(plane, job)
                 print(f"  calibrating run {layout[0]}x{layout[1]} Nm={layout[2]}: measured "
-                      f"{first[layout]['measured'] * 1e3:.1f} ms", flush=True)
+                      f"{first[layout]['measured'] * 1e3:.1f} ms; "
+                      + (f"calibration v{outcome['version']}" if outcome["calibrated"] else outcome["why"]),
+                      flush=True)
         second = {layout: measure(plane, run(plane, layout, args.iterations, "second")) for layout in LAYOUTS}
+        third = {layout: measure(plane, run(plane, layout, args.iterations, "third")) for layout in LAYOUTS}
         cals = plane.client().store.ListCalibrations(store_pb2.ListCalibrationsRequest()).calibrations
     print(f"fidelity: gpt-tiny, global batch {BATCH}, {args.iterations} iterations per run, {platform.machine()} "
           f"({os.cpu_count()} cores), 2 CPU executor agents; iteration error = (predicted - measured) / measured")
-    print(f"  {'layout':<14} {'measured':>9} {'before':>9} {'err':>7} {'after':>9} {'err':>7}   peak memory per "
-          f"stage, predicted / measured MiB (err)")
-    time_errors, memory_errors = [], []
+    print(f"  {'layout':<14} {'measured':>9} {'spread':>7} {'before':>9} {'err':>7} {'after':>9} {'err':>7}   peak "
+          f"memory per stage, predicted / measured MiB (err)")
+    time_errors, memory_errors, spreads, judged, excused = [], [], [], [], 0
     for layout, m in second.items():
+        runs = [first[layout]["measured"], m["measured"], third[layout]["measured"]]
+        m = {**m, "measured": statistics.median(runs[1:])}
+        spread = (max(runs) - min(runs)) / min(runs)
+        spreads.append(spread)
         before, after = error(m["before"], m["measured"]), error(m["predicted"], m["measured"])
         time_errors.append(abs(after))
+        if abs(after) > TIME_TARGET and spread > TIME_TARGET and abs(after) <= spread:
+            excused += 1  # within the machine's own run-to-run spread
+        else:
+            judged.append(abs(after))
         mem = []
         for predicted, peak in m["memory"]:
             e = error(predicted, peak)
             memory_errors.append(abs(e))
             mem.append(f"{predicted / 2**20:.0f}/{peak / 2**20:.0f} ({e:+.0%})")
-        print(f"  {layout[0]}x{layout[1]} Nm={layout[2]:<6} {m['measured'] * 1e3:7.1f}ms {m['before'] * 1e3:7.1f}ms "
-              f"{before:+7.1%} {m['predicted'] * 1e3:7.1f}ms {after:+7.1%}   " + ", ".join(mem))
+        print(f"  {layout[0]}x{layout[1]} Nm={layout[2]:<6} {m['measured'] * 1e3:7.1f}ms {spread:7.1%} "
+              f"{m['before'] * 1e3:7.1f}ms {before:+7.1%} {m['predicted'] * 1e3:7.1f}ms {after:+7.1%}   "
+              + ", ".join(mem))
     befores = [abs(error(m["before"], m["measured"])) for m in second.values()]
     mae = statistics.fmean(time_errors)
     print(f"  iteration time: MAE {statistics.fmean(befores):.1%} before calibration, {mae:.1%} after (target "
           f"<= {MAE_TARGET:.0%}); worst after {max(time_errors):.1%} (target each <= {TIME_TARGET:.0%})")
+    print(f"  the machine's run-to-run spread (3 runs of each layout): median {statistics.median(spreads):.1%}, "
+          f"worst {max(spreads):.1%}; {excused} layout(s) missed 10% by less than their own spread")
     print(f"  peak memory: worst {max(memory_errors):.1%}, mean {statistics.fmean(memory_errors):.1%} (target "
           f"each <= {MEMORY_TARGET:.0%})")
     for c in cals:
         if c.version == max(x.version for x in cals if x.host_class == c.host_class):
             print(f"  calibration {c.host_class} v{c.version}: {c.iterations} iterations from {len(c.job_ids)} "
-                  f"run(s), residual {c.residual_before:.1%} -> {c.residual:.1%}")
-    missed = max(time_errors) > TIME_TARGET or mae > MAE_TARGET or max(memory_errors) > MEMORY_TARGET
+                  f"run(s) spread {c.run_spread:.1%}, residual {c.residual_before:.1%} -> {c.residual:.1%}")
+    missed = max(judged, default=0.0) > TIME_TARGET or mae > MAE_TARGET or max(memory_errors) > MEMORY_TARGET
     if any(not m["calibration"] for m in second.values()):
         print("  a second run was planned without a calibration")
         missed = True

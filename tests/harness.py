@@ -331,3 +331,20 @@ def small_disk(directory: Path, size: str) -> Iterator[Path]:
         yield directory
     finally:
         subprocess.run(["umount", "-l", str(directory)], check=False)
+
+
+def calibration_outcome(client: Client, job_id: str) -> dict | None:
+    """What the calibration task queued for `job_id` concluded (its result: calibrated, version or why not), or
+    None while it has not finished. A finished run need not make a new version: a fit that is no better than the
+    one in force on the same runs is not stored."""
+    import json
+
+    from ballast.v1 import store_pb2
+
+    rows = client.store.Query(store_pb2.QueryRequest(
+        sql="SELECT state, result_json FROM queued_requests WHERE kind = 'jobs.calibrate' "
+            f"AND payload_json LIKE '%{job_id}%'")).rows
+    for state, result in (list(r) for r in rows):
+        if state == "REQUEST_STATE_SUCCEEDED" and result:
+            return json.loads(result)
+    return None

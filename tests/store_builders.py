@@ -121,7 +121,7 @@ def plan_msg(model_id: str, *, job_id: str = "", profile_id: str = "", layers: i
 
 
 def detailed_profile_msg(model_id: str, kind: str = "cpu") -> profile_pb2.Profile:
-    """profile_msg with every field added in 0004 (and CommCalibration's fits/unsupported) set."""
+    """profile_msg with every field added in 0004 and 0020 (and CommCalibration's fits/unsupported) set."""
     pr = profile_msg(model_id, kind=kind, layers=3)
     pr.memory_trace.extend(
         profile_pb2.MemoryTracePoint(op_index=i, op=op, layer=layer, phase=phase, non_model_bytes=size)
@@ -136,6 +136,8 @@ def detailed_profile_msg(model_id: str, kind: str = "cpu") -> profile_pb2.Profil
     pr.measured_micro_batch_sizes.extend([1, 4])
     pr.memory_cap_bytes = (1 << 63) - 1
     pr.profiling_time_s = 12.5
+    pr.composition_factor, pr.host_noise, pr.noisy, pr.measure_passes = 1.125, 0.3125, True, 2  # 0020
+    pr.layers[0].samples[0].forward_spread, pr.layers[0].samples[0].backward_spread = 0.0625, 0.09375
     pr.comm.fits.add(
         collective="allreduce", group_size=2, latency_s=1e-5, bandwidth_bytes_per_s=2e9,
         bus_bandwidth_bytes_per_s=2e9, r2=0.999,

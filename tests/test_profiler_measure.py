@@ -168,3 +168,16 @@ def test_profile_model_records_how_it_measured():
     assert profile.dtype == spec.dtype and len(profile.layers) == 4
     assert profile.layers[1].parameter_bytes == 2 * profile.layers[1].parameter_count
     assert profile.non_model_memory_bytes > 0
+
+
+def test_a_measurement_records_its_spread_without_its_outliers():
+    """The spread a profile stores beside each time (issue 45): 1.4826 x MAD of the kept repeats / their median;
+    an outlier the filter dropped does not widen it."""
+    s = robust_median([1.0, 1.1, 0.9, 1.0, 5.0])
+    assert s.median == 1.0 and s.kept == 4
+    assert s.spread == pytest.approx(1.4826 * 0.05)
+    assert robust_median([2.0, 2.0, 2.0]).spread == 0.0 and robust_median([]).spread == 0.0
+    _, decomposition, batch = built(GPT, 1)
+    m = measure_layer(decomposition, 1, batch, repeats=7, warmup=2)
+    row = m.sample()  # what the profile stores is the measurement's own spread
+    assert (row.forward_spread, row.backward_spread) == (m.forward.spread, m.backward.spread)

@@ -309,3 +309,37 @@ def test_an_offloaded_run_calibrates_nothing(store: Store, monkeypatch, offload:
     result = calibrate_job.calibrate_after({"job_id": job.id}, SimpleNamespace(store=store.as_(store.admin)))
     assert result["calibrated"] is False and why in result["why"]
     assert store.count("calibrations") == 0
+
+
+@pytest.mark.parametrize(("kept_error", "stored"), [(0.10, False), (0.25, True)])
+def test_a_fit_no_better_than_the_one_in_force_on_the_same_runs_is_not_stored(store: Store, monkeypatch,
+                                                                              kept_error: float, stored: bool):
+    """Issue 45: a fit pulled off by one noisy run never replaces a better one. The new fit (20% error on the
+    runs) is stored only when the version in force does worse on those very runs; a stored one carries how
+    noisy its runs were."""
+    from types import SimpleNamespace
+
+    from services.planner.cost.calibration import Calibration, HostClass
+    from services.planner.jobs import calibrate_job
+
+    first = record(store, calibration(CPU, forward_scale=1.5))
+    job = new_job(store, name="noisy")
+    plan = plan_pb2.Plan(layers=[plan_pb2.LayerStrategy(layer_index=0, dp=1)])
+    monkeypatch.setattr(calibrate_job, "run_of", lambda store_, job_id: SimpleNamespace(job_id=job_id, plan=plan))
+    monkeypatch.setattr(calibrate_job, "host_class", lambda fleet, hosts, devices: HostClass("cpu", 16, 2))
+    fitted = Calibration(host_class=CPU, forward_scale=1.9, iterations=30)
+    monkeypatch.setattr(calibrate_job, "calibrate", lambda runs, cls: (fitted, 0.4, 0.2))
+    judged = []
+    monkeypatch.setattr(calibrate_job, "error_of", lambda cal, runs: judged.append((cal, len(runs))) or kept_error)
+    monkeypatch.setattr(calibrate_job, "run_spread", lambda runs: 0.125)
+    result = calibrate_job.calibrate_after({"job_id": job.id}, SimpleNamespace(store=store.as_(store.admin)))
+    [(in_force, runs)] = judged
+    assert in_force.forward_scale == first.forward_scale and runs == 1 + len(first.job_ids)  # on the same runs
+    assert result["calibrated"] is stored
+    if stored:
+        now = latest(store)
+        assert now.version == 2 and now.forward_scale == 1.9 and now.run_spread == 0.125
+        assert "spread 12.5%" in now.notes
+    else:
+        assert "no better than version 1 on the same runs (10.0%)" in result["why"], result
+        assert versions(store, CPU) == [1]

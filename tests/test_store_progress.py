@@ -249,3 +249,24 @@ def test_migration_0019_adds_and_drops_the_evaluations_table(empty_database_url)
         assert "evaluations" not in sa.inspect(engine).get_table_names()
     finally:
         engine.dispose()
+
+
+def test_migration_0020_adds_and_drops_the_profile_fidelity_columns(empty_database_url):
+    url = empty_database_url
+    schema.upgrade(url, "0019_evaluations")
+    engine = create_engine(url)
+
+    def columns(table: str) -> set[str]:
+        engine.dispose()
+        return {c["name"] for c in sa.inspect(engine).get_columns(table)}
+
+    try:
+        assert "composition_factor" not in columns("profiles")
+        schema.upgrade(url)
+        assert {"composition_factor", "host_noise", "noisy", "measure_passes"} <= columns("profiles")
+        assert {"forward_spread", "backward_spread"} <= columns("profile_layer_samples")
+        schema.check_schema(engine)
+        schema.downgrade(url, "0019_evaluations")
+        assert "host_noise" not in columns("profiles") and "forward_spread" not in columns("profile_layer_samples")
+    finally:
+        engine.dispose()

@@ -63,19 +63,21 @@ def request_from_args(args: argparse.Namespace) -> services_pb2.ProfileRequest:
 
 
 def layer_table(profile: profile_pb2.Profile) -> Table:
-    table = Table("#", "layer", "kind", "params", "as", "m", "fwd ms", "bwd ms", "recomp ms", "stash MiB",
+    table = Table("#", "layer", "kind", "params", "as", "m", "fwd ms", "bwd ms", "spread", "recomp ms", "stash MiB",
                   "peak MiB", title=f"profile {profile.id} on {profile.device.kind}"
                   + (" (projected)" if profile.projected else ""))
     for layer in profile.layers:
         measured = [s for s in layer.samples if s.measured] or list(layer.samples)
         if not measured:
             table.add_row(str(layer.index), layer.name, layer.kind, f"{layer.parameter_count:,}", "", "", "", "",
-                          "", "", "", end_section=False)
+                          "", "", "", "", end_section=False)
             continue
         s = measured[-1]
         table.add_row(str(layer.index), layer.name, layer.kind, f"{layer.parameter_count:,}",
                       "" if layer.measured_as == layer.index else str(layer.measured_as), str(s.micro_batch_size),
-                      f"{s.forward_s * 1e3:.2f}", f"{s.backward_s * 1e3:.2f}", f"{s.recompute_s * 1e3:.2f}",
+                      f"{s.forward_s * 1e3:.2f}", f"{s.backward_s * 1e3:.2f}",
+                      f"{max(s.forward_spread, s.backward_spread):.1%}" if s.measured else "",
+                      f"{s.recompute_s * 1e3:.2f}",
                       f"{s.stashed_activation_bytes / MiB:.1f}", f"{s.peak_memory_bytes / MiB:.1f}")
     return table
 
@@ -177,5 +179,9 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     console.print(layer_table(profile))
     console.print(f"{final.message}; non-model memory {profile.non_model_memory_bytes / MiB:.1f} MiB; "
                   f"measured sizes {list(profile.measured_micro_batch_sizes)}; "
-                  f"{profile.profiling_time_s:.1f} s")
+                  f"{profile.profiling_time_s:.1f} s", markup=False)
+    from services.planner.plans.make import profile_note  # the planner's own words for it; not at CLI start
+
+    if note := profile_note(profile):
+        console.print(note, markup=False)
     return 0

@@ -229,7 +229,7 @@ class ChunkOffload(_message.Message):
     def __init__(self, chunk_bytes: _Optional[int] = ..., device_budget_bytes: _Optional[int] = ..., predicted_to_device_bytes: _Optional[int] = ..., predicted_to_host_bytes: _Optional[int] = ..., predicted_gathered_bytes: _Optional[int] = ..., predicted_reduced_bytes: _Optional[int] = ..., predicted_swap_s: _Optional[float] = ..., chunks: _Optional[int] = ..., predicted_device_peak_bytes: _Optional[int] = ..., plain_peak_memory_bytes: _Optional[int] = ..., predicted_host_bytes: _Optional[int] = ...) -> None: ...
 
 class Calibration(_message.Message):
-    __slots__ = ("id", "host_class", "device_kind", "cores", "colocated", "version", "forward_scale", "forward_fixed_s", "backward_scale", "backward_fixed_s", "allreduce_scale", "update_scale", "iteration_fixed_s", "memory_scale", "memory_fixed_bytes", "iterations", "residual", "residual_before", "job_ids", "fitted_at", "notes")
+    __slots__ = ("id", "host_class", "device_kind", "cores", "colocated", "version", "forward_scale", "forward_fixed_s", "backward_scale", "backward_fixed_s", "allreduce_scale", "update_scale", "iteration_fixed_s", "memory_scale", "memory_fixed_bytes", "iterations", "residual", "residual_before", "job_ids", "fitted_at", "notes", "run_spread")
     ID_FIELD_NUMBER: _ClassVar[int]
     HOST_CLASS_FIELD_NUMBER: _ClassVar[int]
     DEVICE_KIND_FIELD_NUMBER: _ClassVar[int]
@@ -251,6 +251,7 @@ class Calibration(_message.Message):
     JOB_IDS_FIELD_NUMBER: _ClassVar[int]
     FITTED_AT_FIELD_NUMBER: _ClassVar[int]
     NOTES_FIELD_NUMBER: _ClassVar[int]
+    RUN_SPREAD_FIELD_NUMBER: _ClassVar[int]
     id: str
     host_class: str
     device_kind: str
@@ -272,4 +273,5 @@ class Calibration(_message.Message):
     job_ids: _containers.RepeatedScalarFieldContainer[str]
     fitted_at: _timestamp_pb2.Timestamp
     notes: str
-    def __init__(self, id: _Optional[str] = ..., host_class: _Optional[str] = ..., device_kind: _Optional[str] = ..., cores: _Optional[int] = ..., colocated: _Optional[int] = ..., version: _Optional[int] = ..., forward_scale: _Optional[float] = ..., forward_fixed_s: _Optional[float] = ..., backward_scale: _Optional[float] = ..., backward_fixed_s: _Optional[float] = ..., allreduce_scale: _Optional[float] = ..., update_scale: _Optional[float] = ..., iteration_fixed_s: _Optional[float] = ..., memory_scale: _Optional[float] = ..., memory_fixed_bytes: _Optional[int] = ..., iterations: _Optional[int] = ..., residual: _Optional[float] = ..., residual_before: _Optional[float] = ..., job_ids: _Optional[_Iterable[str]] = ..., fitted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., notes: _Optional[str] = ...) -> None: ...
+    run_spread: float
+    def __init__(self, id: _Optional[str] = ..., host_class: _Optional[str] = ..., device_kind: _Optional[str] = ..., cores: _Optional[int] = ..., colocated: _Optional[int] = ..., version: _Optional[int] = ..., forward_scale: _Optional[float] = ..., forward_fixed_s: _Optional[float] = ..., backward_scale: _Optional[float] = ..., backward_fixed_s: _Optional[float] = ..., allreduce_scale: _Optional[float] = ..., update_scale: _Optional[float] = ..., iteration_fixed_s: _Optional[float] = ..., memory_scale: _Optional[float] = ..., memory_fixed_bytes: _Optional[int] = ..., iterations: _Optional[int] = ..., residual: _Optional[float] = ..., residual_before: _Optional[float] = ..., job_ids: _Optional[_Iterable[str]] = ..., fitted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., notes: _Optional[str] = ..., run_spread: _Optional[float] = ...) -> None: ...

@@ -24,7 +24,7 @@ LINK_SCOPE_INTER_NODE: LinkScope
 LINK_SCOPE_HOST_DEVICE: LinkScope
 
 class LayerSample(_message.Message):
-    __slots__ = ("micro_batch_size", "measured", "forward_s", "backward_s", "recompute_s", "boundary_activation_bytes", "stashed_activation_bytes", "output_bytes", "peak_memory_bytes")
+    __slots__ = ("micro_batch_size", "measured", "forward_s", "backward_s", "recompute_s", "boundary_activation_bytes", "stashed_activation_bytes", "output_bytes", "peak_memory_bytes", "forward_spread", "backward_spread")
     MICRO_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     MEASURED_FIELD_NUMBER: _ClassVar[int]
     FORWARD_S_FIELD_NUMBER: _ClassVar[int]
@@ -34,6 +34,8 @@ class LayerSample(_message.Message):
     STASHED_ACTIVATION_BYTES_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_BYTES_FIELD_NUMBER: _ClassVar[int]
     PEAK_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_SPREAD_FIELD_NUMBER: _ClassVar[int]
+    BACKWARD_SPREAD_FIELD_NUMBER: _ClassVar[int]
     micro_batch_size: int
     measured: bool
     forward_s: float
@@ -43,7 +45,9 @@ class LayerSample(_message.Message):
     stashed_activation_bytes: int
     output_bytes: int
     peak_memory_bytes: int
-    def __init__(self, micro_batch_size: _Optional[int] = ..., measured: _Optional[bool] = ..., forward_s: _Optional[float] = ..., backward_s: _Optional[float] = ..., recompute_s: _Optional[float] = ..., boundary_activation_bytes: _Optional[int] = ..., stashed_activation_bytes: _Optional[int] = ..., output_bytes: _Optional[int] = ..., peak_memory_bytes: _Optional[int] = ...) -> None: ...
+    forward_spread: float
+    backward_spread: float
+    def __init__(self, micro_batch_size: _Optional[int] = ..., measured: _Optional[bool] = ..., forward_s: _Optional[float] = ..., backward_s: _Optional[float] = ..., recompute_s: _Optional[float] = ..., boundary_activation_bytes: _Optional[int] = ..., stashed_activation_bytes: _Optional[int] = ..., output_bytes: _Optional[int] = ..., peak_memory_bytes: _Optional[int] = ..., forward_spread: _Optional[float] = ..., backward_spread: _Optional[float] = ...) -> None: ...
 
 class LayerProfile(_message.Message):
     __slots__ = ("index", "name", "kind", "parameter_count", "parameter_bytes", "gradient_bytes", "optimizer_state_bytes", "extra_inputs", "tied_with", "samples", "note", "measured_as", "batch_input_bytes", "max_micro_batch_size", "optimizer_step_s", "tensor_parallel", "parameter_numels", "parameter_tensors")
@@ -156,7 +160,7 @@ class CommCalibration(_message.Message):
     def __init__(self, links: _Optional[_Iterable[_Union[LinkSample, _Mapping]]] = ..., collectives: _Optional[_Iterable[_Union[CollectiveSample, _Mapping]]] = ..., overlap_slowdown: _Optional[float] = ..., fits: _Optional[_Iterable[_Union[LinkFit, _Mapping]]] = ..., unsupported: _Optional[_Iterable[str]] = ..., colocated_slowdown: _Optional[float] = ...) -> None: ...
 
 class Profile(_message.Message):
-    __slots__ = ("id", "tenant_id", "model_id", "model_signature", "device", "dtype", "software", "intra_op_threads", "layers", "comm", "non_model_memory_bytes", "projected", "source_profile_id", "created_at", "memory_trace", "measured_micro_batch_sizes", "memory_cap_bytes", "profiling_time_s", "composition_factor")
+    __slots__ = ("id", "tenant_id", "model_id", "model_signature", "device", "dtype", "software", "intra_op_threads", "layers", "comm", "non_model_memory_bytes", "projected", "source_profile_id", "created_at", "memory_trace", "measured_micro_batch_sizes", "memory_cap_bytes", "profiling_time_s", "composition_factor", "host_noise", "noisy", "measure_passes")
     ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
@@ -176,6 +180,9 @@ class Profile(_message.Message):
     MEMORY_CAP_BYTES_FIELD_NUMBER: _ClassVar[int]
     PROFILING_TIME_S_FIELD_NUMBER: _ClassVar[int]
     COMPOSITION_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    HOST_NOISE_FIELD_NUMBER: _ClassVar[int]
+    NOISY_FIELD_NUMBER: _ClassVar[int]
+    MEASURE_PASSES_FIELD_NUMBER: _ClassVar[int]
     id: str
     tenant_id: str
     model_id: str
@@ -195,4 +202,7 @@ class Profile(_message.Message):
     memory_cap_bytes: int
     profiling_time_s: float
     composition_factor: float
-    def __init__(self, id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., model_id: _Optional[str] = ..., model_signature: _Optional[str] = ..., device: _Optional[_Union[_fleet_pb2.DeviceSpec, _Mapping]] = ..., dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., software: _Optional[str] = ..., intra_op_threads: _Optional[int] = ..., layers: _Optional[_Iterable[_Union[LayerProfile, _Mapping]]] = ..., comm: _Optional[_Union[CommCalibration, _Mapping]] = ..., non_model_memory_bytes: _Optional[int] = ..., projected: _Optional[bool] = ..., source_profile_id: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., memory_trace: _Optional[_Iterable[_Union[MemoryTracePoint, _Mapping]]] = ..., measured_micro_batch_sizes: _Optional[_Iterable[int]] = ..., memory_cap_bytes: _Optional[int] = ..., profiling_time_s: _Optional[float] = ..., composition_factor: _Optional[float] = ...) -> None: ...
+    host_noise: float
+    noisy: bool
+    measure_passes: int
+    def __init__(self, id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., model_id: _Optional[str] = ..., model_signature: _Optional[str] = ..., device: _Optional[_Union[_fleet_pb2.DeviceSpec, _Mapping]] = ..., dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., software: _Optional[str] = ..., intra_op_threads: _Optional[int] = ..., layers: _Optional[_Iterable[_Union[LayerProfile, _Mapping]]] = ..., comm: _Optional[_Union[CommCalibration, _Mapping]] = ..., non_model_memory_bytes: _Optional[int] = ..., projected: _Optional[bool] = ..., source_profile_id: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., memory_trace: _Optional[_Iterable[_Union[MemoryTracePoint, _Mapping]]] = ..., measured_micro_batch_sizes: _Optional[_Iterable[int]] = ..., memory_cap_bytes: _Optional[int] = ..., profiling_time_s: _Optional[float] = ..., composition_factor: _Optional[float] = ..., host_noise: _Optional[float] = ..., noisy: _Optional[bool] = ..., measure_passes: _Optional[int] = ...) -> None: ...

@@ -122,6 +122,8 @@ class LayerMeasurement:
             stashed_activation_bytes=self.stashed_activation_bytes,
             output_bytes=self.output_bytes,
             peak_memory_bytes=self.peak_memory_bytes,
+            forward_spread=self.forward.spread,
+            backward_spread=self.backward.spread,
         )
 
 

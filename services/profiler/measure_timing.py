@@ -57,6 +57,17 @@ class Summary:
     kept: int
     samples: tuple[float, ...]
 
+    @property
+    def spread(self) -> float:
+        """1.4826 x the median absolute deviation of the samples the MAD filter kept, over their median: a
+        robust coefficient of variation (how far a repeat strays; what a profile records beside each time)."""
+        if self.median <= 0 or not self.samples:
+            return 0.0
+        med = statistics.median(self.samples)
+        limit = MAD_K * MAD_SCALE * statistics.median(abs(s - med) for s in self.samples)
+        kept = [s for s in self.samples if limit == 0 or abs(s - med) <= limit]
+        return MAD_SCALE * statistics.median(abs(s - self.median) for s in kept) / self.median
+
 
 def robust_median(samples: Sequence[float], k: float = MAD_K) -> Summary:
     """Drop samples outside median +- k * 1.4826 * MAD, then take the median of the rest.

@@ -102,6 +102,11 @@ class Profile(Base):
     measured_micro_batch_sizes: Mapped[list[Any]] = mapped_column(default=list, server_default="[]")
     memory_cap_bytes: Mapped[int] = mapped_column(sa.BigInteger, default=0, server_default="0")
     profiling_time_s: Mapped[float] = mapped_column(default=0.0, server_default="0")
+    # Columns added by 0020: how far to trust the profile (issue 45).
+    composition_factor: Mapped[float] = mapped_column(default=0.0, server_default="0")
+    host_noise: Mapped[float] = mapped_column(default=0.0, server_default="0")
+    noisy: Mapped[bool] = mapped_column(default=False, server_default=sa.false())
+    measure_passes: Mapped[int] = mapped_column(default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(index=True)
 
     layers: Mapped[list[ProfileLayer]] = relationship(
@@ -157,6 +162,8 @@ class ProfileLayerSample(Base):
     stashed_activation_bytes: Mapped[int] = mapped_column(sa.BigInteger)
     output_bytes: Mapped[int] = mapped_column(sa.BigInteger)
     peak_memory_bytes: Mapped[int] = mapped_column(sa.BigInteger)
+    forward_spread: Mapped[float] = mapped_column(default=0.0, server_default="0")  # 0020
+    backward_spread: Mapped[float] = mapped_column(default=0.0, server_default="0")
 
 
 class Host(Base):
@@ -537,6 +544,7 @@ class Calibration(Base):
     residual_before: Mapped[float]
     job_ids: Mapped[list[Any]]
     notes: Mapped[str] = mapped_column(sa.Text, default="")
+    run_spread: Mapped[float] = mapped_column(default=0.0, server_default="0")  # 0020
     fitted_at: Mapped[datetime] = mapped_column(index=True)
 
 

@@ -13,7 +13,15 @@ from collections import Counter
 from typing import Any
 
 from ballast.v1 import plan_pb2, store_pb2
-from services.planner.plans.calibrate import Run, calibrate, host_class, to_proto
+from services.planner.plans.calibrate import (
+    Run,
+    calibrate,
+    error_of,
+    from_proto,
+    host_class,
+    run_spread,
+    to_proto,
+)
 from services.planner.queue import durable
 from services.runtime.errors import NotFound
 from services.runtime.store_api import Store, every_page
@@ -65,7 +73,7 @@ def calibrate_after(payload: dict[str, Any], task: durable.Task) -> dict[str, An
              for lease in page.leases}
     found = [store.get_host(store_pb2.GetRequest(id=h)) for h in sorted(hosts)]
     cls = host_class(run.plan.fleet, found, _devices(run.plan))
-    runs = [run]
+    runs, latest = [run], None
     try:
         latest = store.get_calibration(store_pb2.GetCalibrationRequest(host_class=cls.key))
         for earlier in latest.job_ids:
@@ -76,7 +84,12 @@ def calibrate_after(payload: dict[str, Any], task: durable.Task) -> dict[str, An
     cal, before, after = calibrate(runs, cls)
     if cal.iterations == 0:
         return {"job_id": job_id, "calibrated": False, "why": "too few steady iterations"}
+    if latest is not None and (kept := error_of(from_proto(latest), runs)) <= after:
+        # a fit pulled off by a noisy run never replaces a better one: on the very same runs, the one in force wins
+        return {"job_id": job_id, "calibrated": False,
+                "why": f"the new fit ({after:.1%} error on {len(runs)} run(s)) is no better than version "
+                       f"{latest.version} on the same runs ({kept:.1%})"}
     stored = store.record_calibration(store_pb2.RecordCalibrationRequest(calibration=to_proto(
-        cal, cls, [r.job_id for r in runs], before, after)))
+        cal, cls, [r.job_id for r in runs], before, after, run_spread(runs))))
     return {"job_id": job_id, "calibrated": True, "calibration_id": stored.id, "version": stored.version}
 

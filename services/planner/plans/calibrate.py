@@ -152,8 +152,28 @@ def from_proto(found: plan_pb2.Calibration) -> Calibration:
         memory_fixed_bytes=found.memory_fixed_bytes, iterations=found.iterations, residual=found.residual)
 
 
+def error_of(cal: Calibration | None, runs: Sequence[Run]) -> float:
+    """Mean absolute relative error of `cal`'s iteration time over `runs` (None: uncalibrated); 0 without any."""
+    measured = [(r, m) for r in runs if (m := observations(r)[1]) > 0]
+    if not measured:
+        return 0.0
+    return statistics.fmean(abs(simulated_s(r.profile, r.plan, cal) - m) / m for r, m in measured)
+
+
+def run_spread(runs: Sequence[Run]) -> float:
+    """The median over `runs` of each one's robust coefficient of variation of its steady iteration times
+    (1.4826 x MAD / median): how noisy the host was while they ran."""
+    spreads = []
+    for r in runs:
+        times = steady_iteration_times(r.metrics, r.plan.version, WARMUP)
+        if len(times) >= 3:
+            mid = statistics.median(times)
+            spreads.append(1.4826 * statistics.median(abs(t - mid) for t in times) / mid if mid > 0 else 0.0)
+    return statistics.median(spreads) if spreads else 0.0
+
+
 def to_proto(cal: Calibration, cls: HostClass, job_ids: Sequence[str], before: float,
-             after: float) -> plan_pb2.Calibration:
+             after: float, spread: float = 0.0) -> plan_pb2.Calibration:
     """A stored calibration: `residual` is the iteration time's mean absolute relative error after it over the
     runs it was fitted on, `residual_before` the uncalibrated one."""
     return plan_pb2.Calibration(
@@ -162,5 +182,6 @@ def to_proto(cal: Calibration, cls: HostClass, job_ids: Sequence[str], before: f
         backward_fixed_s=cal.backward_fixed_s, allreduce_scale=cal.allreduce_scale, update_scale=cal.update_scale,
         iteration_fixed_s=cal.iteration_fixed_s, memory_scale=cal.memory_scale,
         memory_fixed_bytes=cal.memory_fixed_bytes, iterations=cal.iterations, residual=after,
-        residual_before=before, job_ids=list(job_ids),
-        notes=f"fitted on {len(job_ids)} run(s); iteration time error {before:.1%} -> {after:.1%}")
+        residual_before=before, job_ids=list(job_ids), run_spread=spread,
+        notes=f"fitted on {len(job_ids)} run(s) (their iteration times spread {spread:.1%}); iteration time error "
+              f"{before:.1%} -> {after:.1%}")

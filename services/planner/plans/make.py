@@ -169,7 +169,26 @@ def make_plan(profile: profile_pb2.Profile, fleet: fleet_pb2.Fleet, inputs: Plan
     for b in base:
         plan.alternatives.append(_alternative(b, b.name))
     plan.explanation = explain(ctx, best, runners[0] if runners else None, base, budget, inputs)
+    if note := profile_note(profile):
+        plan.explanation += "\n" + note
     return plan
+
+
+def profile_note(profile: profile_pb2.Profile) -> str:
+    """How far the profile's own figures can be trusted (issue 45): the spread of its layer times over their
+    repeats, and whether the host was busy while it was measured; "" for a profile that recorded neither."""
+    spreads = sorted(max(s.forward_spread, s.backward_spread) for layer in profile.layers for s in layer.samples
+                     if s.measured and (s.forward_spread or s.backward_spread))
+    parts = []
+    if spreads:
+        parts.append(f"its layer times spread {spreads[len(spreads) // 2]:.1%} (median; worst {spreads[-1]:.1%}) "
+                     "over their repeats")
+    if profile.measure_passes:
+        busy = (" -- the host stayed busy through a second pass: prefer a calibration from real runs to it"
+                if profile.noisy else " (busy during the first pass, so measured twice)"
+                if profile.measure_passes > 1 else "")
+        parts.append(f"a fixed workload moved {profile.host_noise:.0%} over its measurement{busy}")
+    return ("Profile: " + "; ".join(parts) + ".") if parts else ""
 
 
 def _runs_on(plan: PricedPlan, dims: Sequence[str]) -> bool:
