@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -134,6 +135,19 @@ def test_a_short_job_backfills_when_it_ends_before_the_reservation_ahead():
     d = backfill_case(small_duration=60)
     assert list(admitted(d)) == ["small"]
     assert (d.waiting["big"].reason, d.waiting["big"].predicted_start) == (DEVICES_BUSY, NOW + 100)
+
+
+@pytest.mark.parametrize(("high", "backfills"), [(0.0, True), (90.0, True), (120.0, False)])
+def test_a_backfill_must_end_in_time_at_its_predictions_upper_bound(high: float, backfills: bool):
+    """Issue 45: a guess that runs long delays the job the devices were reserved for, so the backfill is judged at
+    Prediction.iteration_time_high_s's run time (none given: the nominal one). The nominal 60 s fits the 100 s
+    before the reservation; at an upper bound of 120 s it does not."""
+    running = [holding("r", host("a", 6), end=NOW + 100)]
+    queue = [job("big", 8, submitted=0, duration=50),
+             replace(job("small", 2, submitted=1, duration=60), duration_high_s=high)]
+    d = run(queue, host("b", 2), running)
+    assert list(admitted(d)) == (["small"] if backfills else [])
+    assert d.waiting["big"].predicted_start == NOW + 100  # the reservation ahead holds either way
 
 
 def test_a_job_that_would_delay_the_reservation_ahead_waits_for_it():

@@ -83,18 +83,20 @@ class Stage(_message.Message):
     def __init__(self, index: _Optional[int] = ..., layer_begin: _Optional[int] = ..., layer_end: _Optional[int] = ..., devices: _Optional[int] = ..., predicted_time_s: _Optional[float] = ..., predicted_peak_memory_bytes: _Optional[int] = ...) -> None: ...
 
 class Prediction(_message.Message):
-    __slots__ = ("iteration_time_s", "throughput_samples_per_s", "peak_memory_bytes", "bubble_fraction", "out_of_memory")
+    __slots__ = ("iteration_time_s", "throughput_samples_per_s", "peak_memory_bytes", "bubble_fraction", "out_of_memory", "iteration_time_high_s")
     ITERATION_TIME_S_FIELD_NUMBER: _ClassVar[int]
     THROUGHPUT_SAMPLES_PER_S_FIELD_NUMBER: _ClassVar[int]
     PEAK_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     BUBBLE_FRACTION_FIELD_NUMBER: _ClassVar[int]
     OUT_OF_MEMORY_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_TIME_HIGH_S_FIELD_NUMBER: _ClassVar[int]
     iteration_time_s: float
     throughput_samples_per_s: float
     peak_memory_bytes: int
     bubble_fraction: float
     out_of_memory: bool
-    def __init__(self, iteration_time_s: _Optional[float] = ..., throughput_samples_per_s: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., bubble_fraction: _Optional[float] = ..., out_of_memory: _Optional[bool] = ...) -> None: ...
+    iteration_time_high_s: float
+    def __init__(self, iteration_time_s: _Optional[float] = ..., throughput_samples_per_s: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., bubble_fraction: _Optional[float] = ..., out_of_memory: _Optional[bool] = ..., iteration_time_high_s: _Optional[float] = ...) -> None: ...
 
 class PlanAlternative(_message.Message):
     __slots__ = ("name", "engine", "prediction", "global_batch_size", "reason", "plan_id")

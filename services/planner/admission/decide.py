@@ -49,6 +49,12 @@ def _duration(d: Demand) -> float:
     return d.duration_s if d.duration_s > 0 else math.inf
 
 
+def _duration_high(d: Demand) -> float:
+    """The run time at the prediction's upper bound, where a short guess is costly (starting now, ahead of a
+    reservation); the nominal one where none was given."""
+    return max(d.duration_high_s, _duration(d)) if d.duration_high_s > 0 else _duration(d)
+
+
 class _Pool:
     """Free slots of one kind, grouped by host, handed out so a gang spans as few hosts as it can."""
 
@@ -140,8 +146,8 @@ class _Pass:
             return Wait(NO_EXECUTOR, f"no executor serves {d.kind!r} devices")
         count, duration = max(1, d.devices), _duration(d)
         pool, profile, room = self.pool(d.kind), self.profile(d.kind), self.room(d.tenant_id)
-        if count <= room and count <= pool.count and profile.fits_now(count, duration):
-            self.out.admit.append((d.job_id, self.start(d, count, duration)))
+        if count <= room and count <= pool.count and profile.fits_now(count, _duration_high(d)):
+            self.out.admit.append((d.job_id, self.start(d, count, _duration_high(d))))
             return None
         if d.replannable and pool.count:
             wait = self.replan(d, count, duration, room)

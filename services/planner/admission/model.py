@@ -53,6 +53,10 @@ class Demand:
     min_devices: int = 0
     max_devices: int = 0
     preempted: bool = False
+    # The run time at the prediction's upper bound (Prediction.iteration_time_high_s); 0: duration_s. A job starts
+    # ahead of a reservation only if it ends in time at this bound: a backfill that overran would delay the job
+    # the devices were reserved for.
+    duration_high_s: float = 0.0
 
     @property
     def replannable(self) -> bool:

@@ -67,10 +67,12 @@ class Calibration:
     memory_fixed_bytes: int = 0
     iterations: int = 0  # measured iterations it was fitted on
     residual: float = 0.0  # mean absolute relative error of the calibrated stage times on its own data
+    spread: float = 0.0  # how noisy the runs it was fitted on were (robust CV of their iteration times)
 
     @property
     def identity(self) -> bool:
-        return self == Calibration(host_class=self.host_class, iterations=self.iterations, residual=self.residual)
+        return self == Calibration(host_class=self.host_class, iterations=self.iterations, residual=self.residual,
+                                   spread=self.spread)
 
     def describe(self) -> str:
         """One line for explanations: what the calibration changes."""

@@ -213,7 +213,8 @@ class Reader:
         snap.queue.append(adm.Demand(
             job_id=job.id, tenant_id=job.tenant_id, priority=cls.priority, preempts=cls.preempts,
             submitted_at=epoch_s(job.created_at), devices=need, kind=kind,
-            duration_s=left * plan.prediction.iteration_time_s, min_devices=low,
+            duration_s=left * plan.prediction.iteration_time_s,
+            duration_high_s=left * plan.prediction.iteration_time_high_s, min_devices=low,
             max_devices=high, preempted=bool(history.preempted)))
 
     def _holdings(self, snap: Snapshot, live: list[fleet_pb2.DeviceLease], draining: set[str]) -> None:

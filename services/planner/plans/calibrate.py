@@ -149,7 +149,8 @@ def from_proto(found: plan_pb2.Calibration) -> Calibration:
         backward_scale=found.backward_scale, backward_fixed_s=found.backward_fixed_s,
         allreduce_scale=found.allreduce_scale, update_scale=found.update_scale,
         iteration_fixed_s=found.iteration_fixed_s, memory_scale=found.memory_scale,
-        memory_fixed_bytes=found.memory_fixed_bytes, iterations=found.iterations, residual=found.residual)
+        memory_fixed_bytes=found.memory_fixed_bytes, iterations=found.iterations, residual=found.residual,
+        spread=found.run_spread)
 
 
 def error_of(cal: Calibration | None, runs: Sequence[Run]) -> float:

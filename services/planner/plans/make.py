@@ -171,6 +171,29 @@ def make_plan(profile: profile_pb2.Profile, fleet: fleet_pb2.Fleet, inputs: Plan
     plan.explanation = explain(ctx, best, runners[0] if runners else None, base, budget, inputs)
     if note := profile_note(profile):
         plan.explanation += "\n" + note
+    return with_interval(plan, ctx.calibration)
+
+
+UNCALIBRATED_ERROR = 1.0  # the first job on an uncalibrated host class measured 2.5x its prediction (issue 45)
+MIN_ERROR = 0.05
+
+
+def error_bound(cal: Calibration | None) -> tuple[float, str]:
+    """(how far an iteration time may be off, why): the calibration's residual or its runs' spread, whichever is
+    larger (at least MIN_ERROR); UNCALIBRATED_ERROR without one."""
+    if cal is None:
+        return UNCALIBRATED_ERROR, "uncalibrated"
+    if cal.spread > cal.residual:
+        return max(cal.spread, MIN_ERROR), "the spread of the runs the calibration was fitted on"
+    return max(cal.residual, MIN_ERROR), "the calibration's residual on its runs"
+
+
+def with_interval(plan: plan_pb2.Plan, cal: Calibration | None) -> plan_pb2.Plan:
+    """The plan with its prediction's upper bound set and said in the explanation."""
+    bound, why = error_bound(cal)
+    plan.prediction.iteration_time_high_s = plan.prediction.iteration_time_s * (1 + bound)
+    plan.explanation += (f"\nInterval: up to {plan.prediction.iteration_time_high_s:.4g} s/iteration (+{bound:.0%}, "
+                         f"{why}); admission backfills only if the job ends in time at this bound.")
     return plan
 
 
@@ -279,7 +302,7 @@ def _pinned_offload(ctx: CostContext, profile: profile_pb2.Profile, fleet: fleet
     chosen = offload.plan(ctx, profile, fleet, batch, budget, why, chunks=not harmony, harmony=harmony,
                           calibration_note=inputs.calibration_note, pinned=True)
     if isinstance(chosen, plan_pb2.Plan):
-        return chosen
+        return with_interval(chosen, ctx.calibration)
     raise FailedPrecondition(why + chosen, field="engine", fix="raise the budget or leave the engine unset")
 
 
