@@ -82,9 +82,14 @@ def main() -> None:
         profiles.append(profile)
         plans.append(predictions(profile, job, nodes))
         load = os.getloadavg()[0]
-        print(f"  profile {i + 1}: {time.perf_counter() - began:.1f} s, load {load:.2f}, composition factor "
-              f"{profile.composition_factor:.3f}, co-location slowdown {profile.comm.colocated_slowdown:.3f}",
-              flush=True)
+        spreads = sorted(max(x.forward_spread, x.backward_spread) for layer in profile.layers for x in layer.samples
+                         if x.measured)
+        print(f"  profile {i + 1}: {time.perf_counter() - began:.1f} s, load {load:.2f}, host noise "
+              f"{profile.host_noise:.1%} ({profile.measure_passes} pass(es)"
+              f"{', flagged noisy' if profile.noisy else ''}), "
+              f"layer spread over repeats median {spreads[len(spreads) // 2]:.1%} worst {spreads[-1]:.1%}, "
+              f"composition factor {profile.composition_factor:.3f}, co-location slowdown "
+              f"{profile.comm.colocated_slowdown:.3f}", flush=True)
     print(f"profile reproducibility: gpt-tiny, {args.profiles} fresh profiles, {platform.machine()} "
           f"({os.cpu_count()} cores); spread = (max - min) / min over the profiles")
     worst_layer, missed = 0.0, False

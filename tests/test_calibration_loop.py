@@ -40,7 +40,7 @@ def run(plane, name: str) -> job_pb2.Job:
     client = plane.client()
     job = client.jobs.Submit(services_pb2.SubmitJobRequest(spec=spec(name)))
     done = wait_for(lambda: (j := client.jobs.Get(store_pb2.GetRequest(id=job.id))).state in ENDED and j,
-                    timeout=300, what=f"job {name} to end", story=lambda: job_story(client, job.id,
+                    timeout=240, what=f"job {name} to end", story=lambda: job_story(client, job.id,
                                                                                    plane.settings.data_dir))
     assert done.state == S.JOB_STATE_SUCCEEDED, done.message
     return done

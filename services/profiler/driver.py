@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -87,6 +88,7 @@ CALIBRATION_TIMEOUT_S = 120.0  # per group size
 RECHECK_TOLERANCE = 0.08
 RECHECKS = 2
 WHOLE_RETRIES = 2  # re-times of the whole step when its ratio to the layers is out of bounds
+COMPOSITION_ROUNDS = 2  # alternating whole-pass / layers-alone measurements behind the composition factor
 Progress = Callable[[services_pb2.ProfileProgress], None]
 
 
@@ -315,6 +317,17 @@ class _Session:
             return None
         return sum(len(g.members) * _total(g.samples[m]) for g in self.groups)
 
+    def layers_alone_s(self, m: int) -> float:
+        """Every layer's forward+backward at m measured alone now (identical layers counted by their group's
+        representative), summed: the composition factor's denominator, taken beside the whole pass it divides."""
+        total = 0.0
+        for g, args in self.walk(m, self.groups):
+            row = measure_layer(self.decomposition, g.rep, args, repeats=self.repeats, warmup=self.warmup,
+                                device=self.device, dtype=self.dtype, micro_batch_size=m).sample()
+            total += len(g.members) * _total(row)
+        whole.release_gradients(self.decomposition)
+        return total
+
     def remeasure(self, sizes: Sequence[int]) -> None:
         """Measure every group at `sizes` again and keep, per group and size, the faster row of the two passes
         (the first pass overlapped interference: noise.py)."""
@@ -491,7 +504,7 @@ def profile(
         measure_passes=passes,
     )
     if measured and dt == torch.float32:  # the zoo builds fp32 weights; other precisions are cast per layer
-        _whole_model(out, decomposition, session.batch(measured[len(measured) // 2]), repeats)
+        _whole_model(out, session, session.batch(measured[len(measured) // 2]), repeats)
     if not opts.skip_memory_trace and measured:
         report("memory_trace", 0.0, f"warm-up iteration at micro-batch {measured[-1]}", m=measured[-1])
         _trace(out, decomposition, session.batch(measured[-1]))
@@ -697,34 +710,37 @@ def _trace(out: profile_pb2.Profile, decomposition: Decomposition, batch: dict[s
         )
 
 
-def _whole_model(out: profile_pb2.Profile, decomposition: Decomposition, batch: dict[str, Tensor],
-                 repeats: int) -> None:
-    """Composition factor and per-layer optimizer step times (profiler/whole.py); OOM leaves them unset."""
+def _whole_model(out: profile_pb2.Profile, session: _Session, batch: dict[str, Tensor], repeats: int) -> None:
+    """Composition factor and per-layer optimizer step times (profiler/whole.py); OOM leaves them unset.
+
+    The whole pass is compared with the layers alone measured right after it, in COMPOSITION_ROUNDS alternating
+    rounds (the ratio of the medians), not with the sweep's rows taken minutes earlier: on a host whose speed
+    drifts those gave 0.96 on one profile and 1.19 on the next (benchmarks/profile_repro.py)."""
+    decomposition = session.decomposition
     m = next(iter(batch.values())).shape[0]
     try:
-        measured = _unless_oom("whole-model check", lambda: (whole.whole_step_s(decomposition, batch, repeats),
-                                                             whole.optimizer_step_s(decomposition, repeats)))
+        steps = _unless_oom("whole-model check", lambda: whole.optimizer_step_s(decomposition, repeats))
     finally:
         whole.release_gradients(decomposition)
-    if measured is None:
+    if steps is None:
         return
-    seconds, steps = measured
-    rows = [next((s for s in layer.samples if s.micro_batch_size == m), None) for layer in out.layers]
-    if all(rows):
-        layers_s = sum(r.forward_s + r.backward_s for r in rows)
-        out.composition_factor = whole.composition_factor(seconds, layers_s)
-        for _ in range(WHOLE_RETRIES):  # a burst of load on a shared host skews one pass, rarely three
-            if out.composition_factor:
-                break
-            try:
-                again = _unless_oom("whole-model check", lambda: whole.whole_step_s(decomposition, batch, repeats))
-            finally:
-                whole.release_gradients(decomposition)
-            if again is None:
-                break
-            out.composition_factor = whole.composition_factor(again, layers_s)
     for layer, step in zip(out.layers, steps, strict=True):
         layer.optimizer_step_s = step
+    for _ in range(1 + WHOLE_RETRIES):  # a burst of load on a shared host skews one round, rarely every one
+        wholes, alones = [], []
+        for _ in range(COMPOSITION_ROUNDS):
+            try:
+                seconds = _unless_oom("whole-model check", lambda: whole.whole_step_s(decomposition, batch, repeats))
+            finally:
+                whole.release_gradients(decomposition)
+            layers_s = _unless_oom("layers alone", lambda: session.layers_alone_s(m))
+            if seconds is None or not layers_s:
+                return
+            wholes.append(seconds)
+            alones.append(layers_s)
+        out.composition_factor = whole.composition_factor(statistics.median(wholes), statistics.median(alones))
+        if out.composition_factor:
+            return
 
 
 def _calibrate(group_sizes: list[int]) -> profile_pb2.CommCalibration:
