@@ -199,6 +199,9 @@ def test_migration_0004_keeps_existing_profiles_and_downgrades_fully(empty_datab
         for ly in bare.layers:
             ly.note, ly.measured_as, ly.batch_input_bytes, ly.max_micro_batch_size = "", 0, 0, 0
             ly.tensor_parallel = 0  # 0013's column, dropped with everything above 0003
+            for sample in ly.samples:  # 0020's columns too
+                sample.forward_spread = sample.backward_spread = 0.0
+        bare.composition_factor, bare.host_noise, bare.noisy, bare.measure_passes = 0.0, 0.0, False, 0
         assert got == bare
         request = store_pb2.CreateProfileRequest(profile=detailed_profile_msg(detailed.model_id))
         again = repo.create_profile(admin, request)
