@@ -31,6 +31,7 @@ from google.protobuf.json_format import MessageToDict
 
 from ballast.v1 import common_pb2, executor_pb2, job_pb2, plan_pb2
 from services.executor.train.config import WorkerConfig
+from services.executor.train.hold import hold_command
 from services.runtime.allocator import STEADY_ALLOCATOR
 from services.specs.user_inputs import NO_USER_INPUTS, UserInputs
 
@@ -479,7 +480,7 @@ class Workers:
     def hold(self, job_id: str, held: bool, reason: str) -> int:
         """Hold the job's workers at their next agreed boundary, or release them (a hold command on each one's
         stdin, train/hold.py). Returns how many took it; a worker that is gone reports its own exit."""
-        line = json.dumps({"command": "hold", "held": held, "reason": reason}) + "\n"
+        line = hold_command(held, reason)
         with self._lock:
             workers = list(self._jobs.get(job_id, []))
         taken = 0

@@ -15,13 +15,14 @@ from typing import TypeVar
 
 import torch
 
+from services.runtime.spread import MAD_SCALE, robust_spread
+
 T = TypeVar("T")
 
 # Samples farther than MAD_K scaled MADs from the median are dropped. The MAD is scaled by 1.4826
 # so that it estimates the standard deviation of normal noise: k = 3 is the usual "3 sigma" cut,
 # robust to the one-sided spikes (preemption, page faults, allocator growth) that timing shows.
 MAD_K = 3.0
-MAD_SCALE = 1.4826
 
 
 class Timer:
@@ -66,7 +67,7 @@ class Summary:
         med = statistics.median(self.samples)
         limit = MAD_K * MAD_SCALE * statistics.median(abs(s - med) for s in self.samples)
         kept = [s for s in self.samples if limit == 0 or abs(s - med) <= limit]
-        return MAD_SCALE * statistics.median(abs(s - self.median) for s in kept) / self.median
+        return robust_spread(kept, self.median)
 
 
 def robust_median(samples: Sequence[float], k: float = MAD_K) -> Summary:

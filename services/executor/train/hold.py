@@ -14,14 +14,19 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.distributed as dist
+if TYPE_CHECKING:
+    import torch
 
 POLL_S = 0.5
 
 Report = Callable[[dict[str, Any]], None]
+
+
+def hold_command(held: bool, reason: str = "") -> str:
+    """The stdin line that holds (or releases) a worker: what the agent and `run_local` write, `Hold.take` reads."""
+    return json.dumps({"command": "hold", "held": held, "reason": reason}) + "\n"
 
 
 class Hold:
@@ -54,6 +59,9 @@ class Hold:
         """Every rank agreed to hold after iteration `done`: wait here until every rank is released ("release"),
         or any rank is asked to stop ("stop") or drain ("drain"); all ranks return the same answer. The poll is
         an all-reduce over `group` (None: the default group) when `world` > 1; one rank's own flags decide."""
+        import torch  # here, not at import: the agent imports this module for `hold_command` alone
+        import torch.distributed as dist
+
         began = time.monotonic()
         report({"event": "held", **head, "iteration": done, "reason": self.reason})
         while True:

@@ -19,6 +19,7 @@ from typing import Any
 
 from services.executor.train.config import WorkerConfig
 from services.executor.train.dims import ParallelDims
+from services.executor.train.hold import hold_command
 from services.runtime.ports import free_port
 
 
@@ -92,7 +93,7 @@ def hold_ranks(procs: list[subprocess.Popen], first_out: Path, iteration: int, s
         for proc in procs:
             if proc.poll() is None and proc.stdin is not None:
                 with contextlib.suppress(OSError):  # it just exited: its events say why
-                    proc.stdin.write(json.dumps({"command": "hold", "held": held, "reason": "run_local"}) + "\n")
+                    proc.stdin.write(hold_command(held, "run_local"))
                     proc.stdin.flush()
 
     def reported() -> bool:

@@ -23,6 +23,7 @@ from services.planner.cost.profile_view import from_profile
 from services.planner.cost.strategy import DpSharding, LayerStrategy
 from services.planner.online.srp import RunningPlan
 from services.planner.sim import Pipeline, SimOptions, simulate
+from services.runtime.spread import robust_spread
 
 WARMUP = 3  # first iterations of a run left out: allocations, first-touch and the rendezvous make them slow
 CORES_LABEL = "cpu_cores"  # host label the agents report their CPU core count under
@@ -168,8 +169,7 @@ def run_spread(runs: Sequence[Run]) -> float:
     for r in runs:
         times = steady_iteration_times(r.metrics, r.plan.version, WARMUP)
         if len(times) >= 3:
-            mid = statistics.median(times)
-            spreads.append(1.4826 * statistics.median(abs(t - mid) for t in times) / mid if mid > 0 else 0.0)
+            spreads.append(robust_spread(times, statistics.median(times)))
     return statistics.median(spreads) if spreads else 0.0
 
 
