@@ -86,6 +86,9 @@ class Settings:
     # a host class's calibration (learnt from runs) is used when planning once fitted on this many iterations;
     # 0 plans from profiles alone
     calibration_min_iterations: int = 20
+    # a host class the online fleet forms with no calibration runs a short known workload first (seconds), so the
+    # first user job on it is priced calibrated (services/planner/jobs/arrival.py); user jobs wait meanwhile
+    calibrate_on_arrival: bool = True
     # Per-tenant rate limits (README "Rate limits"): a token bucket per (tenant, gRPC service) on each server,
     # refilled at rate_limit_rps calls/s up to rate_limit_burst; the platform admin and calls a service forwards
     # for a tenant are not counted. 0 turns the limits off.

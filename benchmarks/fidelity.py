@@ -34,10 +34,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ballast.cli.demo import calibration_outcome  # noqa: E402
 from ballast.v1 import job_pb2, services_pb2, store_pb2  # noqa: E402
 from services.planner.plans.calibrate import WARMUP, measured_iteration_s, simulated_s  # noqa: E402
 from services.specs.model import load_model_spec  # noqa: E402
-from tests.harness import ROOT, calibration_outcome, executor_plane, job_story, wait_for  # noqa: E402
+from tests.harness import ROOT, executor_plane, job_story, wait_for  # noqa: E402
 
 S = job_pb2.JobState
 ENDED = (S.JOB_STATE_SUCCEEDED, S.JOB_STATE_FAILED, S.JOB_STATE_CANCELLED)

@@ -58,7 +58,8 @@ def make_settings(data_dir: Path, **overrides: object) -> Settings:
     # metrics endpoints stay off unless a test asks (tests/test_metrics.py): many planes share this process
     ports.update({f"{name}_metrics_port": 0 for name in ("store", "profiler", "planner", "worker", "executor")})
     env = {k: v for k, v in os.environ.items() if not k.startswith("BALLAST_")}
-    return load_settings(env, data_dir=data_dir, **{**ports, **overrides})
+    # a plane's first job is not held for a calibration on arrival unless the test is about it (test_arrival.py)
+    return load_settings(env, data_dir=data_dir, **{**ports, "calibrate_on_arrival": False, **overrides})
 
 
 def in_process_cli(settings: Settings, monkeypatch, capsys) -> Callable[..., tuple[int, str, str]]:
@@ -96,7 +97,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
                  "queue", "lease_seconds", "sweep_interval_s", "requeue_unclaimed_s", "visibility_timeout_s",
                  "worker_heartbeat_s", "store_metrics_port", "profiler_metrics_port", "planner_metrics_port",
                  "worker_metrics_port", "executor_metrics_port", "executor_cpu_slots", "allowed_model_factories",
-                 "model_path", "data_roots", "allowed_data_factories"):
+                 "model_path", "data_roots", "allowed_data_factories", "calibrate_on_arrival"):
         value = getattr(settings, name)
         env[f"BALLAST_{name.upper()}"] = ",".join(value) if isinstance(value, tuple) else str(value)
     env["PYTHONUNBUFFERED"] = "1"
@@ -331,20 +332,3 @@ def small_disk(directory: Path, size: str) -> Iterator[Path]:
         yield directory
     finally:
         subprocess.run(["umount", "-l", str(directory)], check=False)
-
-
-def calibration_outcome(client: Client, job_id: str) -> dict | None:
-    """What the calibration task queued for `job_id` concluded (its result: calibrated, version or why not), or
-    None while it has not finished. A finished run need not make a new version: a fit that is no better than the
-    one in force on the same runs is not stored."""
-    import json
-
-    from ballast.v1 import store_pb2
-
-    rows = client.store.Query(store_pb2.QueryRequest(
-        sql="SELECT state, result_json FROM queued_requests WHERE kind = 'jobs.calibrate' "
-            f"AND payload_json LIKE '%{job_id}%'")).rows
-    for state, result in (list(r) for r in rows):
-        if state == "REQUEST_STATE_SUCCEEDED" and result:
-            return json.loads(result)
-    return None

@@ -8,8 +8,9 @@ import uuid
 
 import pytest
 
+from ballast.cli.demo import calibration_outcome
 from ballast.v1 import job_pb2, model_pb2, plan_pb2, services_pb2, store_pb2
-from tests.harness import calibration_outcome, executor_plane, job_story, wait_for
+from tests.harness import executor_plane, job_story, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -150,7 +150,7 @@ def test_queue_rows_say_why_and_when_in_words() -> None:
 def test_every_wait_reason_has_short_words() -> None:
     assert set(cli_fleet.REASONS) == set(services_pb2.WaitReason.values())
     assert {cli_fleet.reason_words(r) for r in services_pb2.WaitReason.values()} == {
-        "starting", "devices busy", "quota", "job ahead", "no executor", "preempted", "replanning"}
+        "starting", "devices busy", "quota", "job ahead", "no executor", "preempted", "replanning", "calibrating"}
 
 
 def test_queue_records_are_json_ready() -> None:

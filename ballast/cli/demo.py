@@ -7,6 +7,7 @@ off (unbalanced), so the planner migrates layers while it trains -- and again wh
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import tempfile
 import time
@@ -20,6 +21,7 @@ from ballast.client import Client
 from ballast.config import Settings, load_settings
 from ballast.v1 import job_pb2, model_pb2, plan_pb2, services_pb2, store_pb2
 from services.planner.plans.calibrate import WARMUP, measured_iteration_s
+from services.planner.plans.make import CALIBRATED
 from services.specs.model import load_model_spec
 
 console = Console()
@@ -119,7 +121,7 @@ def report(client: Client, job_id: str, png: Path) -> int:
     predicted = plan.prediction.iteration_time_s
     console.print(f"  iteration time: predicted {predicted * 1e3:.1f} ms, measured {measured * 1e3:.1f} ms "
                   f"(median after {WARMUP} warm-up iterations), error {(predicted - measured) / measured:+.1%}")
-    used = next((line.strip() for line in plan.explanation.splitlines() if "Calibrated from" in line), "")
+    used = next((line.strip() for line in plan.explanation.splitlines() if CALIBRATED in line), "")
     console.print(f"  prediction: {used}" if used else "  prediction: uncalibrated (the profile alone): no "
                   "calibration of this host class fitted on enough iterations yet (BALLAST_CALIBRATION_MIN_ITERATIONS)")
     losses = sorted((m.iteration, m.loss) for m in rows if m.has_loss and m.replica_index == 0)
@@ -131,23 +133,40 @@ def report(client: Client, job_id: str, png: Path) -> int:
     return 0 if losses[-1][1] < losses[0][1] else 1
 
 
+def calibration_outcome(client: Client, job_id: str) -> dict | None:
+    """What the calibration task queued for `job_id` concluded (its result: calibrated, version or why not), or
+    None while it has not finished. A finished run need not make a new version: a fit that is no better than the
+    one in force on the same runs is not stored."""
+    rows = client.store.Query(store_pb2.QueryRequest(
+        sql="SELECT state, result_json FROM queued_requests WHERE kind = 'jobs.calibrate' "
+            f"AND payload_json LIKE '%{job_id}%'")).rows
+    for state, result in (list(r) for r in rows):
+        if state == "REQUEST_STATE_SUCCEEDED" and result and json.loads(result).get("job_id") == job_id:
+            return json.loads(result)
+    return None
+
+
 def await_calibration(client: Client, job_id: str, timeout_s: float = 90.0) -> None:
-    """The run just finished recalibrates its host class (a Celery job); wait for it before shutting down, so
-    a second `make demo` in the same data dir is planned with it."""
+    """The run just finished recalibrates its host class (a Celery job); wait for its outcome before shutting
+    down, so a second `make demo` in the same data dir is planned with it."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        found = [c for c in client.store.ListCalibrations(store_pb2.ListCalibrationsRequest()).calibrations
-                 if job_id in c.job_ids]
-        if found:
-            c = found[0]
-            console.print(f"  calibration {c.id} (version {c.version} for {c.host_class}) fitted from "
-                          f"{len(c.job_ids)} run(s): iteration error {c.residual_before:.1%} uncalibrated, "
-                          f"{c.residual:.1%} calibrated; run the demo again with the same --data-dir to be planned "
-                          "with it")
+        outcome = calibration_outcome(client, job_id)
+        if outcome is None:
+            time.sleep(0.5)
+            continue
+        if not outcome.get("calibrated"):
+            console.print(f"  calibration: this run changed nothing: {outcome.get('why', '')}")
             return
-        time.sleep(0.5)
-    console.print(f"[yellow]  no calibration from {job_id} within {timeout_s:.0f} s (see `ballast sql \"SELECT * "
-                  "FROM calibrations\"`)[/yellow]")
+        c = next(x for x in client.store.ListCalibrations(store_pb2.ListCalibrationsRequest()).calibrations
+                 if x.id == outcome["calibration_id"])
+        console.print(f"  calibration {c.id} (version {c.version} for {c.host_class}) fitted from "
+                      f"{len(c.job_ids)} run(s): iteration error {c.residual_before:.1%} uncalibrated, "
+                      f"{c.residual:.1%} calibrated; run the demo again with the same --data-dir to be planned "
+                      "with it")
+        return
+    console.print(f"[yellow]  no calibration outcome for {job_id} within {timeout_s:.0f} s (see `ballast sql "
+                  "\"SELECT * FROM calibrations\"`)[/yellow]")
 
 
 def save_curve(losses: list[tuple[int, float]], png: Path, title: str) -> None:

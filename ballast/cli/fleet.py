@@ -36,6 +36,7 @@ REASONS = {
     W.WAIT_REASON_NO_EXECUTOR: "no executor",
     W.WAIT_REASON_PREEMPTED: "preempted",
     W.WAIT_REASON_REPLANNING: "replanning",
+    W.WAIT_REASON_CALIBRATING: "calibrating",
 }
 HIDDEN = "—"  # another tenant's job: its position shows, its id does not
 

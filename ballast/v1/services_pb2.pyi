@@ -27,6 +27,7 @@ class WaitReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     WAIT_REASON_NO_EXECUTOR: _ClassVar[WaitReason]
     WAIT_REASON_PREEMPTED: _ClassVar[WaitReason]
     WAIT_REASON_REPLANNING: _ClassVar[WaitReason]
+    WAIT_REASON_CALIBRATING: _ClassVar[WaitReason]
 WAIT_REASON_UNSPECIFIED: WaitReason
 WAIT_REASON_DEVICES_BUSY: WaitReason
 WAIT_REASON_QUOTA: WaitReason
@@ -34,6 +35,7 @@ WAIT_REASON_JOB_AHEAD: WaitReason
 WAIT_REASON_NO_EXECUTOR: WaitReason
 WAIT_REASON_PREEMPTED: WaitReason
 WAIT_REASON_REPLANNING: WaitReason
+WAIT_REASON_CALIBRATING: WaitReason
 
 class ProfileOptions(_message.Message):
     __slots__ = ("repeats", "warmup", "stride", "micro_batch_sizes", "intra_op_threads", "calibrate", "calibrate_group_sizes", "skip_memory_trace")

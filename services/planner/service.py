@@ -3,6 +3,7 @@ sweeper."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ballast.client import open_channel
@@ -12,6 +13,7 @@ from ballast.v1 import executor_pb2, executor_pb2_grpc, services_pb2, services_p
 from services.planner.celery_app import make_app, sender
 from services.planner.jobs import export, fleet_view
 from services.planner.jobs import lifecycle as jobs
+from services.planner.jobs.arrival import Arrival, submit_as
 from services.planner.jobs.calibrate_job import KIND as CALIBRATE
 from services.planner.jobs.control import AgentRegistry
 from services.planner.jobs.gauges import FleetGauges
@@ -60,8 +62,13 @@ def build_server(settings: Settings, address: str | None = None, send: durable.S
         durable.submit(as_platform, PREPARE, {"job_id": job.id, "devices": devices, "after": job.plan_version,
                                               "engine": engine}, send)
 
-    def calibrate(job_id: str) -> None:  # one request per succeeded job: its run recalibrates its host class
-        durable.submit(as_platform, CALIBRATE, {"job_id": job_id}, send)
+    def calibrate(job_id: str, runs: Sequence[str] = ()):  # one request per succeeded job (deduped): its run
+        # recalibrates its host class; `runs`: fit on exactly these jobs' runs (a calibration on arrival)
+        return durable.submit(as_platform, CALIBRATE, {"job_id": job_id, **({"runs": list(runs)} if runs else {})},
+                              send)
+
+    arrival = (Arrival(as_platform, submit_as(as_platform, send), calibrate, settings.calibration_min_iterations)
+               if settings.calibrate_on_arrival and settings.calibration_min_iterations else None)
 
     scheduler = Scheduler(as_platform, lambda host_id, message: registry.send(host_id, message),
                           lambda: registry.connected(), settings.data_dir / "checkpoints", replan=replan,
@@ -72,7 +79,7 @@ def build_server(settings: Settings, address: str | None = None, send: durable.S
                                                 settings.straggler_shared_cpu_threshold),
                           elastic_interval_s=settings.elastic_interval_s,
                           elastic_min_resize_interval_s=settings.elastic_min_resize_interval_s,
-                          elastic_fairness_bound=settings.elastic_fairness_bound)
+                          elastic_fairness_bound=settings.elastic_fairness_bound, arrival=arrival)
     registry = AgentRegistry(as_platform, listener=scheduler.on_message)
     sweeper = durable.Sweeper(as_platform, send, settings.sweep_interval_s, settings.requeue_unclaimed_s)
 
@@ -125,7 +132,8 @@ def build_server(settings: Settings, address: str | None = None, send: durable.S
         FLEET,
         None,
         overrides={
-            "ListQueue": lambda request, ctx: fleet_view.list_queue(scheduler.snapshot(), current_principal()),
+            "ListQueue": lambda request, ctx: fleet_view.list_queue(scheduler.snapshot(), current_principal(),
+                                                                     scheduler.gate),
             "GetFleet": lambda request, ctx: fleet_view.get_fleet(scheduler.snapshot(), as_platform,
                                                                    current_principal()),
             "ListLeases": lambda request, ctx: as_caller.list_leases(request),

@@ -7,6 +7,7 @@ outputs live in `model`; `decide` is one pass, `predicted_starts` the slower ful
 
 from services.planner.admission.decide import DEFAULT_RESERVE_DEPTH, decide, predicted_starts
 from services.planner.admission.model import (
+    CALIBRATING,
     DEVICES_BUSY,
     JOB_AHEAD,
     NO_EXECUTOR,
@@ -25,6 +26,7 @@ from services.planner.admission.order import admission_order, decayed_usage
 from services.planner.admission.profile import Profile
 
 __all__ = [
+    "CALIBRATING",
     "DEFAULT_RESERVE_DEPTH",
     "DEVICES_BUSY",
     "JOB_AHEAD",

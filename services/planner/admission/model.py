@@ -15,7 +15,8 @@ JOB_AHEAD = "job_ahead"  # devices are free, but using them would delay a job ah
 NO_EXECUTOR = "no_executor"  # no executor serves the job's device kind
 PREEMPTED = "preempted"  # the job was preempted and waits to resume
 REPLANNING = "replanning"  # the job is being re-planned for the devices free now
-REASONS = (DEVICES_BUSY, QUOTA, JOB_AHEAD, NO_EXECUTOR, PREEMPTED, REPLANNING)
+CALIBRATING = "calibrating"  # its host class is new: a short known workload fits its calibration first
+REASONS = (DEVICES_BUSY, QUOTA, JOB_AHEAD, NO_EXECUTOR, PREEMPTED, REPLANNING, CALIBRATING)
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,7 @@ class Snapshot:
     unrunnable: dict[str, str] = field(default_factory=dict)  # job id -> why it can never run here
     live: list[fleet_pb2.DeviceLease] = field(default_factory=list)
     preemptions: dict[str, int] = field(default_factory=dict)  # queued job id -> times preempted
+    online: list[fleet_pb2.Host] = field(default_factory=list)  # usable hosts whose agent is connected
 
     def decide(self, *, exact: bool = False) -> adm.Decision:
         depth = None if exact else adm.DEFAULT_RESERVE_DEPTH
@@ -168,7 +169,7 @@ class Reader:
         free = [adm.Slot(h.id, d.index, d.spec.kind, h.name) for h in online for d in h.devices
                 if (h.id, d.index) not in leased]
         snap = Snapshot(now, [], free, [], policy, {}, {d.spec.kind for h in online for d in h.devices}, {}, {},
-                        hosts, policy_pb, tenants, {}, live=live)
+                        hosts, policy_pb, tenants, {}, live=live, online=online)
         snap.usage = self._usage(policy_pb, now)
         for state in WAITING:
             for page in every_page(store.list_jobs, store_pb2.ListJobsRequest(state=state)):

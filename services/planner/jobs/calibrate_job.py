@@ -13,6 +13,7 @@ from collections import Counter
 from typing import Any
 
 from ballast.v1 import plan_pb2, store_pb2
+from services.planner.jobs.arrival import is_workload
 from services.planner.plans.calibrate import (
     Run,
     calibrate,
@@ -52,7 +53,12 @@ def _devices(plan: plan_pb2.Plan) -> int:
 def calibrate_after(payload: dict[str, Any], task: durable.Task) -> dict[str, Any]:
     """Fit and store the host class's next calibration from this job's run and the latest one's runs."""
     store, job_id = task.store, str(payload.get("job_id", ""))
-    spec = store.get_job(store_pb2.GetRequest(id=job_id)).spec
+    named = [str(j) for j in payload.get("runs", [])]  # a calibration on arrival: exactly its workload's runs
+    job = store.get_job(store_pb2.GetRequest(id=job_id))
+    if is_workload(job) and not named:
+        return {"job_id": job_id, "calibrated": False,
+                "why": "a run of a calibration on arrival: fitted with the rest of its workload"}
+    spec = job.spec
     if spec.layer_toggles or spec.online_repartition:  # its layers were switched or moved: not the plan it measured
         return {"job_id": job_id, "calibrated": False,
                 "why": "layers switched on or off, or migrated live: the run does not measure its plan"}
@@ -76,11 +82,11 @@ def calibrate_after(payload: dict[str, Any], task: durable.Task) -> dict[str, An
     runs, latest = [run], None
     try:
         latest = store.get_calibration(store_pb2.GetCalibrationRequest(host_class=cls.key))
-        for earlier in latest.job_ids:
-            if earlier != job_id and len(runs) < MAX_RUNS and (other := run_of(store, earlier)) is not None:
-                runs.append(other)
     except NotFound:
         pass
+    for earlier in named or (latest.job_ids if latest is not None else []):
+        if earlier != job_id and len(runs) < MAX_RUNS and (other := run_of(store, earlier)) is not None:
+            runs.append(other)
     cal, before, after = calibrate(runs, cls)
     if cal.iterations == 0:
         return {"job_id": job_id, "calibrated": False, "why": "too few steady iterations"}

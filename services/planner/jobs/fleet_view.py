@@ -10,6 +10,7 @@ from __future__ import annotations
 from ballast.v1 import fleet_pb2, services_pb2, store_pb2
 from services.planner import admission as adm
 from services.planner.jobs.admit import Snapshot, epoch_s
+from services.planner.jobs.arrival import Gate
 from services.runtime.auth import Principal
 from services.runtime.store_api import Store, every_page
 
@@ -20,12 +21,18 @@ REASONS = {
     adm.NO_EXECUTOR: services_pb2.WAIT_REASON_NO_EXECUTOR,
     adm.PREEMPTED: services_pb2.WAIT_REASON_PREEMPTED,
     adm.REPLANNING: services_pb2.WAIT_REASON_REPLANNING,
+    adm.CALIBRATING: services_pb2.WAIT_REASON_CALIBRATING,
 }
 HOUR_S = 3600.0
 
 
-def list_queue(snap: Snapshot, caller: Principal) -> services_pb2.ListQueueResponse:
+def list_queue(snap: Snapshot, caller: Principal, gate: Gate | None = None) -> services_pb2.ListQueueResponse:
+    """The queue in admission order; `gate`: the scheduler's last hold for a host class calibrating on arrival."""
     decision = snap.decide(exact=True)
+    if gate is not None and gate.reason:  # held back whatever admission would say (jobs/arrival.py)
+        for job_id in decision.order:
+            if job_id not in gate.workload:
+                decision.waiting[job_id] = adm.Wait(adm.CALIBRATING, gate.reason, None)
     demands = {d.job_id: d for d in snap.queue}
     out = services_pb2.ListQueueResponse()
     for position, job_id in enumerate(decision.order, start=1):

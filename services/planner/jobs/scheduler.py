@@ -31,6 +31,7 @@ from ballast.v1 import executor_pb2, fleet_pb2, job_pb2, plan_pb2, store_pb2
 from services.planner import admission as adm
 from services.planner.jobs import morph, references, stutter
 from services.planner.jobs.admit import HOLDING, Reader, Snapshot, epoch_s
+from services.planner.jobs.arrival import Arrival, Gate
 from services.planner.jobs.assign import backend_for, pipeline_shape, place_on
 from services.planner.jobs.control import TRANSIENT
 from services.planner.jobs.elastic import ELASTIC_INTERVAL_S, FAIRNESS_BOUND, MIN_RESIZE_INTERVAL_S, ElasticPass
@@ -49,6 +50,7 @@ from services.planner.jobs.running import (
     is_symptom,
 )
 from services.planner.online import OnlineOptions
+from services.planner.plans.make import CALIBRATED
 from services.runtime.errors import BallastError, FailedPrecondition, InvalidArgument
 from services.runtime.metrics import forget_job
 from services.runtime.ports import free_port
@@ -71,7 +73,7 @@ class Scheduler(Recovery, ElasticPass):
                  straggler_thresholds: tuple[float, float] = (stutter.THRESHOLD, stutter.SHARED_CPU_THRESHOLD),
                  elastic_interval_s: float = ELASTIC_INTERVAL_S,
                  elastic_min_resize_interval_s: float = MIN_RESIZE_INTERVAL_S,
-                 elastic_fairness_bound: float = FAIRNESS_BOUND):
+                 elastic_fairness_bound: float = FAIRNESS_BOUND, arrival: Arrival | None = None):
         self._store, self._send, self._connected = store, send, connected
         self.latest: Snapshot | None = None  # the last admission snapshot (Prometheus reads it: jobs/gauges.py)
         if min(straggler_thresholds) <= 0:
@@ -80,6 +82,8 @@ class Scheduler(Recovery, ElasticPass):
         self._stutter_thresholds = straggler_thresholds  # (distinct machines, CPU workers sharing one)
         self._calibrate = calibrate  # queues a succeeded job's recalibration of its host class
         self._calibrations_owed: set[str] = set()  # succeeded jobs whose calibration the store did not take yet
+        self._arrival = arrival  # calibrates a host class the fleet forms before its first user job (None: off)
+        self.gate = Gate()  # the last admission pass's hold for a class calibrating on arrival (`ballast queue`)
         self._parole_s, self._parole_at = degraded_parole_s, 0.0
         self._caught: dict[str, int] = {}  # host id -> times marked degraded since this planner started
         self._host_lost_s, self._max_morphs = host_lost_s, max_morphs_per_hour
@@ -206,8 +210,9 @@ class Scheduler(Recovery, ElasticPass):
         for job_id, why in sorted(snap.unrunnable.items()):
             self._transition(snap.jobs[job_id], S.JOB_STATE_FAILED, f"cannot run on this fleet: {why}", "FAILED",
                              {"step": "admission"})
+        held = self._arrive(snap)
         if not snap.queue:
-            return snap, True
+            return snap, not held
         decision = snap.decide()
         for job_id, slots in decision.admit:
             self._start(snap, job_id, slots)
@@ -221,6 +226,26 @@ class Scheduler(Recovery, ElasticPass):
                 self._transition(job, S.JOB_STATE_QUEUED, f"waiting: {wait.detail}", "QUEUED",
                                  {"reason": wait.reason, "priority_class": snap.classes.get(job_id, "")})
         return (None if decision.admit or decision.preempt or decision.replan else snap), False
+
+    def _arrive(self, snap: Snapshot) -> bool:
+        """Hold user jobs back while the fleet's host class calibrates on arrival (jobs/arrival.py), and plan
+        again those it held once it is done; they leave this pass's queue. Whether any job was held."""
+        if self._arrival is None:
+            return False
+        gate = self.gate = self._arrival.update(snap.online, [d.job_id for d in snap.queue])
+        demands = {d.job_id: d for d in snap.queue}
+        for job_id in gate.replan:
+            if CALIBRATED not in snap.plans[job_id].explanation:  # planned before the fit was stored
+                self._replan_for(snap.jobs[job_id], demands[job_id].devices, snap,
+                                 why=f"host class {gate.key} was calibrated on arrival")
+        held = [d for d in snap.queue if gate.reason and d.job_id not in gate.workload or d.job_id in gate.replan]
+        for d in held:
+            job = snap.jobs[d.job_id]
+            if gate.reason and job.state == S.JOB_STATE_SCHEDULED:
+                self._transition(job, S.JOB_STATE_QUEUED, gate.reason, "QUEUED",
+                                 {"reason": adm.CALIBRATING, "host_class": gate.key})
+        snap.queue = [d for d in snap.queue if d not in held]
+        return bool(held)
 
     def _replan_for(self, job: job_pb2.Job, devices: int, snap: Snapshot | None, why: str = "") -> None:
         """The devices its plan asks for are busy but `devices` are free and the job allows that many:

@@ -20,8 +20,7 @@ from dataclasses import dataclass
 
 from ballast.v1 import fleet_pb2, job_pb2, plan_pb2
 from services.planner.plans.calibrate import WARMUP, host_class
-
-CALIBRATED = "Calibrated from earlier runs:"  # the line a plan's explanation has when a calibration priced it
+from services.planner.plans.make import CALIBRATED
 
 
 @dataclass(frozen=True)

@@ -174,6 +174,7 @@ def make_plan(profile: profile_pb2.Profile, fleet: fleet_pb2.Fleet, inputs: Plan
     return with_interval(plan, ctx.calibration)
 
 
+CALIBRATED = "Calibrated from earlier runs"  # the explanation's line for a plan priced with a calibration
 UNCALIBRATED_ERROR = 1.0  # the first job on an uncalibrated host class measured 2.5x its prediction (issue 45)
 MIN_ERROR = 0.05
 
@@ -433,7 +434,7 @@ def explain(
     if blocked:
         lines.append(blocked)
     if ctx.calibration is not None:
-        lines.append(f"Calibrated from earlier runs: {inputs.calibration_note or ctx.calibration.host_class} "
+        lines.append(f"{CALIBRATED}: {inputs.calibration_note or ctx.calibration.host_class} "
                      f"({ctx.calibration.describe()}).")
     elif inputs.calibration is not None:
         lines.append(f"Not calibrated: {inputs.calibration_note or 'the calibration'} is for host class "
