@@ -35,13 +35,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ballast.cli.demo import calibration_outcome  # noqa: E402
-from ballast.v1 import job_pb2, services_pb2, store_pb2  # noqa: E402
+from ballast.v1 import job_pb2, store_pb2  # noqa: E402
 from services.planner.plans.calibrate import WARMUP, measured_iteration_s, simulated_s  # noqa: E402
 from services.specs.model import load_model_spec  # noqa: E402
-from tests.harness import ROOT, executor_plane, job_story, wait_for  # noqa: E402
+from tests.harness import ROOT, executor_plane, submit_to_success, wait_for  # noqa: E402
 
-S = job_pb2.JobState
-ENDED = (S.JOB_STATE_SUCCEEDED, S.JOB_STATE_FAILED, S.JOB_STATE_CANCELLED)
 LAYOUTS = [(stages, replicas, nm) for stages, replicas in ((1, 1), (1, 2), (2, 1)) for nm in (2, 8)]
 BATCH = 16
 TIME_TARGET, MAE_TARGET, MEMORY_TARGET = 0.10, 0.07, 0.15
@@ -50,17 +48,11 @@ TIME_TARGET, MAE_TARGET, MEMORY_TARGET = 0.10, 0.07, 0.15
 def run(plane, layout: tuple[int, int, int], iterations: int, tag: str) -> job_pb2.Job:
     """Submit gpt-tiny on exactly this layout and wait for it to succeed."""
     stages, replicas, nm = layout
-    client = plane.client()
     spec = job_pb2.JobSpec(name=f"fidelity-{tag}-{stages}x{replicas}-nm{nm}",
                            model=load_model_spec(ROOT / "examples" / "gpt-tiny.yaml"), global_batch_size=BATCH,
                            iterations=iterations, seed=1, pipeline_stages=stages, min_devices=stages * replicas,
                            max_devices=stages * replicas, micro_batches=nm)
-    job = client.jobs.Submit(services_pb2.SubmitJobRequest(spec=spec))
-    done = wait_for(lambda: (j := client.jobs.Get(store_pb2.GetRequest(id=job.id))).state in ENDED and j,
-                    timeout=600, what=f"job {spec.name} to end",
-                    story=lambda: job_story(client, job.id, plane.settings.data_dir))
-    if done.state != S.JOB_STATE_SUCCEEDED:
-        raise SystemExit(f"{spec.name} ended {S.Name(done.state)}: {done.message}")
+    done = submit_to_success(plane, spec)
     return done
 
 

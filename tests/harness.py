@@ -206,6 +206,22 @@ def wait_for(predicate: Callable[[], object], timeout: float = 60.0, interval: f
         time.sleep(interval)
 
 
+def submit_to_success(plane: Plane, spec, timeout: float = 600.0):
+    """Submit `spec` on `plane` and wait for it to end; the ended job, or SystemExit with why it did not succeed
+    (for benchmarks: a run that failed has nothing to measure)."""
+    from ballast.v1 import job_pb2, services_pb2, store_pb2
+
+    s = job_pb2.JobState
+    client = plane.client()
+    job = client.jobs.Submit(services_pb2.SubmitJobRequest(spec=spec))
+    done = wait_for(lambda: (j := client.jobs.Get(store_pb2.GetRequest(id=job.id))).state in (
+        s.JOB_STATE_SUCCEEDED, s.JOB_STATE_FAILED, s.JOB_STATE_CANCELLED) and j, timeout=timeout,
+        what=f"job {spec.name} to end", story=lambda: job_story(client, job.id, plane.settings.data_dir))
+    if done.state != s.JOB_STATE_SUCCEEDED:
+        raise SystemExit(f"{spec.name} ended {s.Name(done.state)}: {done.message}")
+    return done
+
+
 def worker_pids(job_id: str) -> list[int]:
     out = subprocess.run(["pgrep", "-f", f"services.executor.train.worker .*{job_id}"], capture_output=True,
                          text=True).stdout

@@ -10,7 +10,7 @@ import struct
 import pytest
 
 from ballast.v1 import fleet_pb2, job_pb2, store_pb2
-from services.planner.plans.fidelity import CALIBRATED
+from services.planner.plans.make import CALIBRATED
 from tests.harness import in_process_cli, make_settings, start_plane
 from tests.store_builders import gpt, host, job_spec, plan_msg
 from tests.test_readme_sql import readme_blocks
@@ -65,7 +65,7 @@ def seed(plane) -> dict[str, str]:
     job("team-a", gpt(), 4, "", True, lambda j: warm(j) + [
         metric(j, 3, 0.10), metric(j, 3, 0.12, replica=1, peak_mib=120), metric(j, 4, 0.11),
         metric(j, 4, 0.09, replica=1), metric(j, 5, 0.13), metric(j, 5, 0.10, replica=1)])
-    job("team-a", gpt(), 4, f"Predicted 0.1 s.\n{CALIBRATED} cal-1", True, lambda j: warm(j) + [
+    job("team-a", gpt(), 4, f"Predicted 0.1 s.\n{CALIBRATED}: cal-1", True, lambda j: warm(j) + [
         metric(j, i, 0.10, replica=r, peak_mib=100) for i in (3, 4, 5) for r in (0, 1)])
     job("team-b", gpt(name="other"), 2, "", False, lambda j: [
         metric(j, i, t, stage=s, predicted=0.3, predicted_peak_mib=0)

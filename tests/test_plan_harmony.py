@@ -77,6 +77,28 @@ def test_with_both_offloads_runnable_the_faster_one_is_chosen_and_the_other_pric
     assert only_chunks.HasField("offload")
 
 
+@pytest.mark.parametrize("harmony", [True, False])
+def test_an_offload_plan_is_priced_with_its_host_class_scale(profile, harmony: bool):
+    """Issue 45: the host class's calibration multiplies the offload estimator it was fitted for; the plan keeps the
+    estimator's own time (what the next fit compares its run with) and says how it was scaled."""
+    from services.planner.cost.calibration import Calibration
+
+    inputs = PlanInputs(global_batch_size=4, harmony=harmony, offload=not harmony)
+    plain = make_plan(profile, fleet(profile, devices=2, memory=BUDGET), inputs)
+    cal = Calibration(host_class="cpu/2c/2w", harmony_scale=1.5 if harmony else 0.0,
+                      chunks_scale=0.0 if harmony else 1.25, iterations=30)
+    scaled = make_plan(profile, fleet(profile, devices=2, memory=BUDGET),
+                       dataclasses.replace(inputs, calibration=cal, calibration_note="cal-x"))
+    part, scale = (scaled.harmony, 1.5) if harmony else (scaled.offload, 1.25)
+    assert part.predicted_iteration_s == pytest.approx(plain.prediction.iteration_time_s)
+    assert scaled.prediction.iteration_time_s == pytest.approx(scale * part.predicted_iteration_s)
+    assert f"x {scale:.2f}, what this host class's" in scaled.explanation
+    other = dataclasses.replace(cal, harmony_scale=cal.chunks_scale, chunks_scale=cal.harmony_scale)
+    unscaled = make_plan(profile, fleet(profile, devices=2, memory=BUDGET),
+                         dataclasses.replace(inputs, calibration=other, calibration_note="cal-x"))
+    assert unscaled.prediction.iteration_time_s == pytest.approx(plain.prediction.iteration_time_s)
+
+
 def test_harmony_needs_one_server_and_a_chain_of_untied_layers(profile):
     two_nodes = fleet(profile, devices=1, memory=BUDGET)
     two_nodes.nodes = 2

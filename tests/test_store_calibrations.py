@@ -295,20 +295,72 @@ def test_planning_takes_only_its_own_host_classes_calibration_with_enough_iterat
     assert prepare.with_calibration(admin, PlanInputs(), fleet, analytical=True).calibration is None
 
 
-@pytest.mark.parametrize(("offload", "why"), [("offload", "chunk offload"), ("harmony", "Harmony's swap schedule")])
-def test_an_offloaded_run_calibrates_nothing(store: Store, monkeypatch, offload: str, why: str):
-    """Chunk moves and Harmony's swaps dominate such a run's time; the fit prices neither."""
+def offload_run(job_id: str, kind: str, estimate_s: float, measured_s: float) -> object:
+    """A Harmony or chunk offload run: the estimator's time in its plan, 10 iterations measured at `measured_s`."""
+    from services.planner.plans.calibrate import Run
+
+    plan = plan_pb2.Plan(version=1, layers=[plan_pb2.LayerStrategy(layer_index=0, dp=1)],
+                         stages=[plan_pb2.Stage(index=0, layer_begin=0, layer_end=1, devices=2)])
+    getattr(plan, kind).predicted_iteration_s = estimate_s
+    metrics = [job_pb2.IterationMetric(job_id=job_id, plan_version=1, iteration=i, iteration_time_s=measured_s)
+               for i in range(10)]
+    return Run(job_id, None, plan, metrics)
+
+
+@pytest.mark.parametrize("kind", ["harmony", "offload"])
+def test_an_offloaded_run_fits_its_estimators_scale_and_keeps_the_rest(store: Store, monkeypatch, kind: str):
+    """Issue 45: Harmony's and chunk offload's estimators are calibrated from their runs (measured over estimated
+    iteration time, the median over the class's runs of that kind); the stage fit in force is carried over, and a
+    scale no better than the one in force on the same runs is not stored."""
     from types import SimpleNamespace
 
+    from services.planner.cost.calibration import HostClass
+    from services.planner.jobs import calibrate_job
+    from services.planner.plans.calibrate import from_proto
+
+    field = "harmony_scale" if kind == "harmony" else "chunks_scale"
+    first = record(store, calibration(CPU, forward_scale=1.5))
+    a, b = new_job(store, name="a").id, new_job(store, name="b").id
+    runs = {a: offload_run(a, kind, 0.10, 0.136), b: offload_run(b, kind, 0.20, 0.26)}
+    monkeypatch.setattr(calibrate_job, "run_of", lambda store_, job_id: runs.get(job_id))
+    monkeypatch.setattr(calibrate_job, "host_class", lambda fleet, hosts, devices: HostClass("cpu", 16, 2))
+    task = SimpleNamespace(store=store.as_(store.admin))
+    result = calibrate_job.calibrate_after({"job_id": a}, task)
+    assert result["calibrated"] and result["kind"] == ("harmony" if kind == "harmony" else "chunks"), result
+    now = latest(store)
+    assert now.version == 2 and getattr(now, field) == pytest.approx(1.36)
+    assert now.forward_scale == first.forward_scale and now.residual == first.residual  # the stage fit carried
+    assert now.job_ids[0] == a and set(first.job_ids) <= set(now.job_ids)
+    assert from_proto(now).offload(kind == "harmony") == pytest.approx(1.36)
+    assert from_proto(now).offload(kind != "harmony") == 1.0  # the other estimator: none fitted
+    assert "error 26.5% -> 0.0%" in now.notes  # |0.10 - 0.136| / 0.136 before
+
+    again = calibrate_job.calibrate_after({"job_id": b}, task)  # 1.30 and 1.36 together
+    assert again["calibrated"] and getattr(latest(store), field) == pytest.approx(1.33)
+    worse = calibrate_job.calibrate_after({"job_id": b}, task)  # the same runs: the same scale, no better
+    assert not worse["calibrated"] and "no better than version 3" in worse["why"], worse
+    assert versions(store, CPU) == [1, 2, 3]
+
+
+def test_a_pipeline_fit_carries_the_offload_scales(store: Store, monkeypatch):
+    from types import SimpleNamespace
+
+    from services.planner.cost.calibration import Calibration, HostClass
     from services.planner.jobs import calibrate_job
 
-    job = new_job(store, name=f"offloaded-{offload}")
+    record(store, calibration(CPU, harmony_scale=1.4, chunks_scale=1.2))
+    job = new_job(store, name="pipeline")
     plan = plan_pb2.Plan(layers=[plan_pb2.LayerStrategy(layer_index=0, dp=1)])
-    getattr(plan, offload).SetInParent()
-    monkeypatch.setattr(calibrate_job, "run_of", lambda store_, job_id: SimpleNamespace(plan=plan))
+    monkeypatch.setattr(calibrate_job, "run_of", lambda store_, job_id: SimpleNamespace(job_id=job_id, plan=plan))
+    monkeypatch.setattr(calibrate_job, "host_class", lambda fleet, hosts, devices: HostClass("cpu", 16, 2))
+    monkeypatch.setattr(calibrate_job, "calibrate", lambda runs, cls: (
+        Calibration(host_class=CPU, forward_scale=1.9, iterations=30), 0.4, 0.1))
+    monkeypatch.setattr(calibrate_job, "error_of", lambda cal, runs: 0.3)
+    monkeypatch.setattr(calibrate_job, "run_spread", lambda runs: 0.05)
     result = calibrate_job.calibrate_after({"job_id": job.id}, SimpleNamespace(store=store.as_(store.admin)))
-    assert result["calibrated"] is False and why in result["why"]
-    assert store.count("calibrations") == 0
+    assert result["calibrated"], result
+    now = latest(store)
+    assert (now.forward_scale, now.harmony_scale, now.chunks_scale) == (1.9, 1.4, 1.2)
 
 
 @pytest.mark.parametrize(("kept_error", "stored"), [(0.10, False), (0.25, True)])

@@ -270,3 +270,23 @@ def test_migration_0020_adds_and_drops_the_profile_fidelity_columns(empty_databa
         assert "host_noise" not in columns("profiles") and "forward_spread" not in columns("profile_layer_samples")
     finally:
         engine.dispose()
+
+
+def test_migration_0021_adds_and_drops_the_offload_scales(empty_database_url):
+    url = empty_database_url
+    schema.upgrade(url, "0020_profile_fidelity")
+    engine = create_engine(url)
+
+    def columns() -> set[str]:
+        engine.dispose()
+        return {c["name"] for c in sa.inspect(engine).get_columns("calibrations")}
+
+    try:
+        assert "harmony_scale" not in columns()
+        schema.upgrade(url)
+        assert {"harmony_scale", "chunks_scale"} <= columns()
+        schema.check_schema(engine)
+        schema.downgrade(url, "0020_profile_fidelity")
+        assert not {"harmony_scale", "chunks_scale"} & columns()
+    finally:
+        engine.dispose()

@@ -205,7 +205,7 @@ class HarmonySwap(_message.Message):
     def __init__(self, forward_micro_batch: _Optional[int] = ..., forward_packs: _Optional[_Iterable[_Union[LayerSpan, _Mapping]]] = ..., backward_micro_batch: _Optional[int] = ..., backward_packs: _Optional[_Iterable[_Union[LayerSpan, _Mapping]]] = ..., devices: _Optional[int] = ..., prefetch: _Optional[bool] = ..., device_budget_bytes: _Optional[int] = ..., predicted_to_device_bytes: _Optional[int] = ..., predicted_to_host_bytes: _Optional[int] = ..., predicted_peer_bytes: _Optional[int] = ..., predicted_iteration_s: _Optional[float] = ..., predicted_device_peak_bytes: _Optional[int] = ..., configurations_explored: _Optional[int] = ..., predicted_to_device_by_device: _Optional[_Iterable[int]] = ..., predicted_to_host_by_device: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ChunkOffload(_message.Message):
-    __slots__ = ("chunk_bytes", "device_budget_bytes", "predicted_to_device_bytes", "predicted_to_host_bytes", "predicted_gathered_bytes", "predicted_reduced_bytes", "predicted_swap_s", "chunks", "predicted_device_peak_bytes", "plain_peak_memory_bytes", "predicted_host_bytes")
+    __slots__ = ("chunk_bytes", "device_budget_bytes", "predicted_to_device_bytes", "predicted_to_host_bytes", "predicted_gathered_bytes", "predicted_reduced_bytes", "predicted_swap_s", "chunks", "predicted_device_peak_bytes", "plain_peak_memory_bytes", "predicted_host_bytes", "predicted_iteration_s")
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
     DEVICE_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_TO_DEVICE_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -217,6 +217,7 @@ class ChunkOffload(_message.Message):
     PREDICTED_DEVICE_PEAK_BYTES_FIELD_NUMBER: _ClassVar[int]
     PLAIN_PEAK_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_HOST_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_ITERATION_S_FIELD_NUMBER: _ClassVar[int]
     chunk_bytes: int
     device_budget_bytes: int
     predicted_to_device_bytes: int
@@ -228,10 +229,11 @@ class ChunkOffload(_message.Message):
     predicted_device_peak_bytes: int
     plain_peak_memory_bytes: int
     predicted_host_bytes: int
-    def __init__(self, chunk_bytes: _Optional[int] = ..., device_budget_bytes: _Optional[int] = ..., predicted_to_device_bytes: _Optional[int] = ..., predicted_to_host_bytes: _Optional[int] = ..., predicted_gathered_bytes: _Optional[int] = ..., predicted_reduced_bytes: _Optional[int] = ..., predicted_swap_s: _Optional[float] = ..., chunks: _Optional[int] = ..., predicted_device_peak_bytes: _Optional[int] = ..., plain_peak_memory_bytes: _Optional[int] = ..., predicted_host_bytes: _Optional[int] = ...) -> None: ...
+    predicted_iteration_s: float
+    def __init__(self, chunk_bytes: _Optional[int] = ..., device_budget_bytes: _Optional[int] = ..., predicted_to_device_bytes: _Optional[int] = ..., predicted_to_host_bytes: _Optional[int] = ..., predicted_gathered_bytes: _Optional[int] = ..., predicted_reduced_bytes: _Optional[int] = ..., predicted_swap_s: _Optional[float] = ..., chunks: _Optional[int] = ..., predicted_device_peak_bytes: _Optional[int] = ..., plain_peak_memory_bytes: _Optional[int] = ..., predicted_host_bytes: _Optional[int] = ..., predicted_iteration_s: _Optional[float] = ...) -> None: ...
 
 class Calibration(_message.Message):
-    __slots__ = ("id", "host_class", "device_kind", "cores", "colocated", "version", "forward_scale", "forward_fixed_s", "backward_scale", "backward_fixed_s", "allreduce_scale", "update_scale", "iteration_fixed_s", "memory_scale", "memory_fixed_bytes", "iterations", "residual", "residual_before", "job_ids", "fitted_at", "notes", "run_spread")
+    __slots__ = ("id", "host_class", "device_kind", "cores", "colocated", "version", "forward_scale", "forward_fixed_s", "backward_scale", "backward_fixed_s", "allreduce_scale", "update_scale", "iteration_fixed_s", "memory_scale", "memory_fixed_bytes", "iterations", "residual", "residual_before", "job_ids", "fitted_at", "notes", "run_spread", "harmony_scale", "chunks_scale")
     ID_FIELD_NUMBER: _ClassVar[int]
     HOST_CLASS_FIELD_NUMBER: _ClassVar[int]
     DEVICE_KIND_FIELD_NUMBER: _ClassVar[int]
@@ -254,6 +256,8 @@ class Calibration(_message.Message):
     FITTED_AT_FIELD_NUMBER: _ClassVar[int]
     NOTES_FIELD_NUMBER: _ClassVar[int]
     RUN_SPREAD_FIELD_NUMBER: _ClassVar[int]
+    HARMONY_SCALE_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_SCALE_FIELD_NUMBER: _ClassVar[int]
     id: str
     host_class: str
     device_kind: str
@@ -276,4 +280,6 @@ class Calibration(_message.Message):
     fitted_at: _timestamp_pb2.Timestamp
     notes: str
     run_spread: float
-    def __init__(self, id: _Optional[str] = ..., host_class: _Optional[str] = ..., device_kind: _Optional[str] = ..., cores: _Optional[int] = ..., colocated: _Optional[int] = ..., version: _Optional[int] = ..., forward_scale: _Optional[float] = ..., forward_fixed_s: _Optional[float] = ..., backward_scale: _Optional[float] = ..., backward_fixed_s: _Optional[float] = ..., allreduce_scale: _Optional[float] = ..., update_scale: _Optional[float] = ..., iteration_fixed_s: _Optional[float] = ..., memory_scale: _Optional[float] = ..., memory_fixed_bytes: _Optional[int] = ..., iterations: _Optional[int] = ..., residual: _Optional[float] = ..., residual_before: _Optional[float] = ..., job_ids: _Optional[_Iterable[str]] = ..., fitted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., notes: _Optional[str] = ..., run_spread: _Optional[float] = ...) -> None: ...
+    harmony_scale: float
+    chunks_scale: float
+    def __init__(self, id: _Optional[str] = ..., host_class: _Optional[str] = ..., device_kind: _Optional[str] = ..., cores: _Optional[int] = ..., colocated: _Optional[int] = ..., version: _Optional[int] = ..., forward_scale: _Optional[float] = ..., forward_fixed_s: _Optional[float] = ..., backward_scale: _Optional[float] = ..., backward_fixed_s: _Optional[float] = ..., allreduce_scale: _Optional[float] = ..., update_scale: _Optional[float] = ..., iteration_fixed_s: _Optional[float] = ..., memory_scale: _Optional[float] = ..., memory_fixed_bytes: _Optional[int] = ..., iterations: _Optional[int] = ..., residual: _Optional[float] = ..., residual_before: _Optional[float] = ..., job_ids: _Optional[_Iterable[str]] = ..., fitted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., notes: _Optional[str] = ..., run_spread: _Optional[float] = ..., harmony_scale: _Optional[float] = ..., chunks_scale: _Optional[float] = ...) -> None: ...

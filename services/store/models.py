@@ -545,6 +545,8 @@ class Calibration(Base):
     job_ids: Mapped[list[Any]]
     notes: Mapped[str] = mapped_column(sa.Text, default="")
     run_spread: Mapped[float] = mapped_column(default=0.0, server_default="0")  # 0020
+    harmony_scale: Mapped[float] = mapped_column(default=0.0, server_default="0")  # 0021
+    chunks_scale: Mapped[float] = mapped_column(default=0.0, server_default="0")  # 0021
     fitted_at: Mapped[datetime] = mapped_column(index=True)
 
 

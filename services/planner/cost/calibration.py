@@ -68,11 +68,19 @@ class Calibration:
     iterations: int = 0  # measured iterations it was fitted on
     residual: float = 0.0  # mean absolute relative error of the calibrated stage times on its own data
     spread: float = 0.0  # how noisy the runs it was fitted on were (robust CV of their iteration times)
+    harmony_scale: float = 0.0  # measured / the estimator's time of Harmony runs (0: none fitted, x1)
+    chunks_scale: float = 0.0  # the same for chunk offload runs
 
     @property
     def identity(self) -> bool:
+        """Whether it changes no pipeline cost (the offload scales apply to offload plans only: offload())."""
         return self == Calibration(host_class=self.host_class, iterations=self.iterations, residual=self.residual,
-                                   spread=self.spread)
+                                   spread=self.spread, harmony_scale=self.harmony_scale,
+                                   chunks_scale=self.chunks_scale)
+
+    def offload(self, harmony: bool) -> float:
+        """What an offload plan's estimated iteration time is multiplied by: Harmony's or chunk offload's scale."""
+        return (self.harmony_scale if harmony else self.chunks_scale) or 1.0
 
     def describe(self) -> str:
         """One line for explanations: what the calibration changes."""
@@ -80,7 +88,9 @@ class Calibration:
                 f"x{self.backward_scale:.2f} + {self.backward_fixed_s * 1e3:.2f} ms/micro-batch, all-reduce "
                 f"x{self.allreduce_scale:.2f}, optimizer x{self.update_scale:.2f}, "
                 f"+ {self.iteration_fixed_s * 1e3:.1f} ms/iteration, memory x{self.memory_scale:.2f} "
-                f"+ {self.memory_fixed_bytes / 2**20:.0f} MiB")
+                f"+ {self.memory_fixed_bytes / 2**20:.0f} MiB"
+                + (f", Harmony x{self.harmony_scale:.2f}" if self.harmony_scale else "")
+                + (f", chunk offload x{self.chunks_scale:.2f}" if self.chunks_scale else ""))
 
 
 @dataclass(frozen=True)

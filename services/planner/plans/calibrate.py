@@ -143,6 +143,32 @@ def calibrate(runs: Sequence[Run], cls: HostClass) -> tuple[Calibration, float, 
 
 
 
+def offload_kind(plan: plan_pb2.Plan) -> str:
+    """"harmony" or "chunks" for a plan whose time is its offload estimator's (cost/harmony.py, cost/offload.py);
+    "" for a pipeline plan, which the stage fit prices."""
+    return "harmony" if plan.HasField("harmony") else "chunks" if plan.HasField("offload") else ""
+
+
+def estimated_s(plan: plan_pb2.Plan) -> float:
+    """The offload estimator's uncalibrated iteration time the plan recorded (0: a plan from before it did)."""
+    return plan.harmony.predicted_iteration_s if plan.HasField("harmony") else plan.offload.predicted_iteration_s
+
+
+def offload_ratios(runs: Sequence[Run]) -> list[tuple[float, float]]:
+    """(the estimator's time, the measured median steady iteration) of each offload run that has both."""
+    out = []
+    for r in runs:
+        measured = measured_iteration_s(r.metrics, r.plan.version, WARMUP)
+        if estimated_s(r.plan) > 0 and measured > 0:
+            out.append((estimated_s(r.plan), measured))
+    return out
+
+
+def offload_error(pairs: Sequence[tuple[float, float]], scale: float) -> float:
+    """Mean absolute relative error of `scale` x the estimator's time over (estimate, measured) pairs."""
+    return statistics.fmean(abs(scale * e - m) / m for e, m in pairs) if pairs else 0.0
+
+
 def from_proto(found: plan_pb2.Calibration) -> Calibration:
     """The cost model's calibration from a stored one."""
     return Calibration(
@@ -151,7 +177,7 @@ def from_proto(found: plan_pb2.Calibration) -> Calibration:
         allreduce_scale=found.allreduce_scale, update_scale=found.update_scale,
         iteration_fixed_s=found.iteration_fixed_s, memory_scale=found.memory_scale,
         memory_fixed_bytes=found.memory_fixed_bytes, iterations=found.iterations, residual=found.residual,
-        spread=found.run_spread)
+        spread=found.run_spread, harmony_scale=found.harmony_scale, chunks_scale=found.chunks_scale)
 
 
 def error_of(cal: Calibration | None, runs: Sequence[Run]) -> float:
@@ -183,6 +209,7 @@ def to_proto(cal: Calibration, cls: HostClass, job_ids: Sequence[str], before: f
         backward_fixed_s=cal.backward_fixed_s, allreduce_scale=cal.allreduce_scale, update_scale=cal.update_scale,
         iteration_fixed_s=cal.iteration_fixed_s, memory_scale=cal.memory_scale,
         memory_fixed_bytes=cal.memory_fixed_bytes, iterations=cal.iterations, residual=after,
-        residual_before=before, job_ids=list(job_ids), run_spread=spread,
+        residual_before=before, job_ids=list(job_ids), run_spread=spread, harmony_scale=cal.harmony_scale,
+        chunks_scale=cal.chunks_scale,
         notes=f"fitted on {len(job_ids)} run(s) (their iteration times spread {spread:.1%}); iteration time error "
               f"{before:.1%} -> {after:.1%}")

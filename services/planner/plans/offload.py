@@ -35,18 +35,23 @@ def plan(ctx: CostContext, profile: profile_pb2.Profile, fleet: fleet_pb2.Fleet,
     devices = fleet.nodes * fleet.devices_per_node
     chunk = _host_fits(price_chunks(ctx, devices, batch, budget), fleet) if chunks else None
     swap = _host_fits(price_harmony(ctx, batch, budget), fleet) if harmony else None
-    chunk_s = chunk.iteration_s if chunk is not None and chunk.feasible else None
-    swap_s = swap.choice.iteration_s if swap is not None and swap.feasible and swap.choice else None
+    # the host class's calibration scales each estimator by what its runs measured against it (issue 45)
+    chunk_scale, swap_scale = (ctx.calibration.offload(False), ctx.calibration.offload(True)) if ctx.calibration \
+        else (1.0, 1.0)
+    chunk_s = chunk.iteration_s * chunk_scale if chunk is not None and chunk.feasible else None
+    swap_s = swap.choice.iteration_s * swap_scale if swap is not None and swap.feasible and swap.choice else None
     if swap_s is not None and (chunk_s is None or swap_s < chunk_s):
         assert swap is not None
         other = (f"Chunk offload was priced at {chunk_s:.4g} s per iteration." if chunk_s is not None else
                  _not(chunk, "chunk offload"))
-        return _harmony_plan(ctx, profile, fleet, swap, batch, budget, why, "" if pinned else other, calibration_note)
+        return _harmony_plan(ctx, profile, fleet, swap, batch, budget, why, "" if pinned else other,
+                             calibration_note, swap_scale)
     if chunk_s is not None:
         assert chunk is not None
         other = (f"Harmony's swap schedule was priced at {swap_s:.4g} s per iteration." if swap_s is not None else
                  _not(swap, "Harmony's swap schedule"))
-        return _chunk_plan(ctx, profile, fleet, chunk, batch, budget, why, "" if pinned else other, calibration_note)
+        return _chunk_plan(ctx, profile, fleet, chunk, batch, budget, why, "" if pinned else other,
+                           calibration_note, chunk_scale)
     reasons = [f"chunk offload does not fit either: {chunk.reason}" if chunk is not None else
                "the executors do not run chunk offload (PARALLEL_DIM_CHUNKS)",
                f"Harmony's swap schedule does not fit either: {swap.reason}" if swap is not None else
@@ -98,25 +103,33 @@ def _base(profile: profile_pb2.Profile, fleet: fleet_pb2.Fleet, engine: int, bat
     return out
 
 
+def _scaled(estimate: float, scale: float, kind: str) -> str:
+    """How the calibration moved the estimator's time (nothing when it did not)."""
+    if scale == 1.0:
+        return ""
+    return f" (the estimator's {estimate:.4g} s x {scale:.2f}, what this host class's {kind} runs measured against it)"
+
+
 def _plain_bytes(ctx: CostContext) -> int:
     return sum(layer.parameter_bytes + layer.gradient_bytes + layer.optimizer_state_bytes for layer in ctx.view.layers)
 
 
 def _chunk_plan(ctx: CostContext, profile: profile_pb2.Profile, fleet: fleet_pb2.Fleet, price: ChunkPrice,
-                batch: int, budget: int, why: str, other: str, calibration_note: str) -> plan_pb2.Plan:
+                batch: int, budget: int, why: str, other: str, calibration_note: str, scale: float) -> plan_pb2.Plan:
     """One stage of every layer, data parallel over every device, model data in chunks (PatrickStar)."""
     devices = fleet.nodes * fleet.devices_per_node
     sim = price.sim
     assert sim is not None
     steady, peak, plain = sim.steady, sim.device_peak, _plain_bytes(ctx)
-    out = _base(profile, fleet, plan_pb2.PLAN_ENGINE_PATRICKSTAR, batch, budget, price.iteration_s, peak,
+    iteration_s = price.iteration_s * scale
+    out = _base(profile, fleet, plan_pb2.PLAN_ENGINE_PATRICKSTAR, batch, budget, iteration_s, peak,
                 price.compute_s, batch)
     out.offload.CopyFrom(plan_pb2.ChunkOffload(
         chunk_bytes=price.chunk_bytes, device_budget_bytes=budget, predicted_to_device_bytes=steady.to_device,
         predicted_to_host_bytes=steady.to_host, predicted_gathered_bytes=steady.gathered,
         predicted_reduced_bytes=steady.reduced, predicted_swap_s=price.swap_s + price.collective_s,
         chunks=sim.chunks, predicted_device_peak_bytes=peak, plain_peak_memory_bytes=plain,
-        predicted_host_bytes=sim.host_peak))
+        predicted_host_bytes=sim.host_peak, predicted_iteration_s=price.iteration_s))
     lines = [
         f"Chosen: chunk offload (PatrickStar): every layer on one stage, data parallel over {devices} device(s), "
         f"global batch {batch} = {batch // devices} per device, model data in {sim.chunks} chunks of "
@@ -124,7 +137,8 @@ def _chunk_plan(ctx: CostContext, profile: profile_pb2.Profile, fleet: fleet_pb2
         f"Why: {why}. Model states alone need {human_bytes(plain)} per device as plain data parallel; chunks keep "
         f"the device at or under the {human_bytes(budget)} budget (predicted peak {human_bytes(peak)}) and hold "
         f"{human_bytes(sim.host_peak)} per device in host memory.",
-        f"Predicted {price.iteration_s:.4g} s per iteration, {batch / price.iteration_s:.4g} samples/s: compute "
+        f"Predicted {iteration_s:.4g} s per iteration{_scaled(price.iteration_s, scale, 'chunk offload')}, "
+        f"{batch / iteration_s:.4g} samples/s: compute "
         f"{price.compute_s:.4g} s, optimizer step {price.optimizer_s:.4g} s, chunk moves {price.swap_s:.4g} s "
         f"({human_bytes(steady.to_device)} in, {human_bytes(steady.to_host)} out per iteration), gathers and "
         f"reductions {price.collective_s:.4g} s ({human_bytes(steady.gathered)} gathered, "
@@ -136,12 +150,13 @@ def _chunk_plan(ctx: CostContext, profile: profile_pb2.Profile, fleet: fleet_pb2
 
 
 def _harmony_plan(ctx: CostContext, profile: profile_pb2.Profile, fleet: fleet_pb2.Fleet, price: HarmonyPrice,
-                  batch: int, budget: int, why: str, other: str, calibration_note: str) -> plan_pb2.Plan:
+                  batch: int, budget: int, why: str, other: str, calibration_note: str, scale: float) -> plan_pb2.Plan:
     """Harmony's wrap-around pipeline over one server's devices, weights and states in host memory."""
     choice = price.choice
     assert choice is not None
     s, moved, peak = choice.schedule, choice.traffic.total, max(choice.peak_bytes)
-    out = _base(profile, fleet, plan_pb2.PLAN_ENGINE_HARMONY, batch, budget, choice.iteration_s, peak,
+    iteration_s = choice.iteration_s * scale
+    out = _base(profile, fleet, plan_pb2.PLAN_ENGINE_HARMONY, batch, budget, iteration_s, peak,
                 price.compute_s, s.backward_micro_batch)
     out.schedule = plan_pb2.SCHEDULE_HARMONY_WRAP
     out.harmony.CopyFrom(plan_pb2.HarmonySwap(
@@ -164,7 +179,8 @@ def _harmony_plan(ctx: CostContext, profile: profile_pb2.Profile, fleet: fleet_p
         f"the schedule keeps every device at or under the {human_bytes(budget)} budget (predicted peak "
         f"{human_bytes(peak)}) and the host holds {human_bytes(price.host_bytes)} (weights, optimizer states and "
         f"stashed pack inputs); {choice.explored} configurations searched.",
-        f"Predicted {choice.iteration_s:.4g} s per iteration, {batch / choice.iteration_s:.4g} samples/s: compute "
+        f"Predicted {iteration_s:.4g} s per iteration{_scaled(choice.iteration_s, scale, 'Harmony')}, "
+        f"{batch / iteration_s:.4g} samples/s: compute "
         f"{price.compute_s:.4g} s over all devices, {human_bytes(moved['to_device'])} to the devices and "
         f"{human_bytes(moved['to_host'])} back to the host, {human_bytes(moved['peer'])} device to device per "
         "iteration.",

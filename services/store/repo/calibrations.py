@@ -24,6 +24,7 @@ from services.store.repo.base import RepositoryBase, fit, new_id, quote
 
 SCALES = ("forward_scale", "backward_scale", "allreduce_scale", "update_scale", "memory_scale")
 FIXED_COSTS = ("forward_fixed_s", "backward_fixed_s", "iteration_fixed_s")
+OFFLOAD_SCALES = ("harmony_scale", "chunks_scale")  # 0: none fitted yet
 RESIDUALS = ("residual", "residual_before")
 SET_BY_STORE = ("id", "version", "fitted_at")
 # Each lost race means another recorder of the class committed, so this many writers at once all get through.
@@ -64,6 +65,8 @@ def check_calibration(cal: plan_pb2.Calibration) -> None:
         _check_number(cal, name, positive=True, fix="send a finite factor > 0 (1 leaves the cost as predicted)")
     for name in FIXED_COSTS:
         _check_number(cal, name, positive=False, fix="send finite seconds >= 0 (0 adds nothing)")
+    for name in OFFLOAD_SCALES:
+        _check_number(cal, name, positive=False, fix="send a finite factor > 0, or 0 where none was fitted")
     for name in RESIDUALS:
         _check_number(cal, name, positive=False, fix="send the mean absolute relative error, finite and >= 0")
     if cal.iterations < 1:
