@@ -66,7 +66,7 @@ def is_workload(job: job_pb2.Job) -> bool:
 
 @dataclass
 class Pending:
-    """One class being calibrated: its workload jobs and, once they ended, their calibration requests."""
+    """One class being calibrated: its workload jobs and, once they ended, the one fit queued over their runs."""
 
     key: str
     devices: int
