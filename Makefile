@@ -31,7 +31,8 @@ demo: install
 # `make test` is the everyday suite (ruff + every test not marked slow); `make test-slow` runs the slower
 # end-to-end tests; CI (.ci/run) runs both, `make test-all` does too. Both use every core (pytest-xdist, one test
 # module per worker, so a module's plane stays in one process) and print their 25 slowest tests; the few slow
-# tests whose verdict reads measured speed (marked `alone`) run after the others, one at a time.
+# tests whose verdict reads measured speed, or whose plane oversubscribes the cores (marked `alone`), run after
+# the others, one at a time.
 PYTEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
 PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist loadfile --durations=25
 

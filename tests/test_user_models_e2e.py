@@ -22,7 +22,9 @@ from services.specs.user_inputs import UserInputs
 from tests.harness import ROOT, make_settings, run_cli, torch_threads, wait_for
 from tests.user_model_support import hf_spec, user_model
 
-pytestmark = pytest.mark.slow
+# alone: each job runs 4 workers on this 2-core machine; beside another module's plane, the 300-iteration
+# run needed 270 s of its 300 s (CI, 2026-11-28), so these planes get the machine to themselves
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 BATCH, ITERATIONS, EVERY = 8, 12, 3
 MORPHING = 150  # the morphing job's iterations: enough that it is still training when a worker is killed
 ADAM = {"name": "adam", "learning_rate": 1e-3, "weight_decay": 0.0}  # what the workers run for an unset optimizer

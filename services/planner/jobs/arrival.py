@@ -74,6 +74,7 @@ class Pending:
     job_ids: list[str] = field(default_factory=list)
     request: str = ""  # the calibration request fitted on all of the workload's runs
     held: set[str] = field(default_factory=set)  # user jobs it held back, planned again when it is done
+    given_up: bool = False  # ended without a fit: the held jobs' plans stand as they are
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,8 @@ class Arrival:
                                                 f"settle", workload=frozenset(pending.job_ids), key=pending.key)
         self._pending = None
         self._known.add(pending.key)
-        return Gate(replan=tuple(sorted(j for j in pending.held if j in set(queued))), key=pending.key)
+        again = () if pending.given_up else tuple(sorted(j for j in pending.held if j in set(queued)))
+        return Gate(replan=again, key=pending.key)
 
     def _start(self, online: Sequence[fleet_pb2.Host], now: float) -> Pending | None:
         """The pending arrival of the online fleet's class, if it has no calibration yet."""
@@ -151,6 +153,7 @@ class Arrival:
         """Whether the arrival is over: its calibration stored, or given up."""
         if now - pending.since > GIVE_UP_S:
             log.warning("calibration on arrival given up: not done in time", extra={"host_class": pending.key})
+            pending.given_up = True
             return True
         if not pending.job_ids:
             if now - self._hosts_at < SETTLE_S:
@@ -165,6 +168,7 @@ class Arrival:
         succeeded = [j for j, job in jobs.items() if job.state == S.JOB_STATE_SUCCEEDED]
         if not succeeded:
             log.warning("calibration on arrival given up: its jobs failed", extra={"host_class": pending.key})
+            pending.given_up = True
             return True
         if not pending.request:  # one fit over every run of the workload (the same request again after a restart)
             pending.request = self._calibrate(succeeded[-1], succeeded).id
