@@ -160,6 +160,27 @@ def test_a_baseline_the_executors_cannot_run_is_never_chosen(profile, fleet):
     assert "Megatron TP" in names and "ZeRO-3" in names  # still priced for the table
 
 
+def test_a_named_engine_is_what_plans_even_where_a_baseline_is_faster(profile, fleet):
+    """A job that asks for Varuna gets Varuna's P x D; the faster DP+TP baseline stays in the table (before, it was
+    chosen, and a run the calibration cannot price came of it)."""
+    inputs = PlanInputs(global_batch_size=8, runnable_dims=("dp", "tp", "sdp"))
+    varuna = make_plan(profile, fleet, replace(inputs, engine=plan_pb2.PLAN_ENGINE_VARUNA))
+    assert varuna.engine == plan_pb2.PLAN_ENGINE_VARUNA
+    assert all(layer.tp == 1 and layer.sdp == 1 for layer in varuna.layers)
+    faster = [a for a in varuna.alternatives if a.engine == plan_pb2.PLAN_ENGINE_BASELINE
+              and not a.prediction.out_of_memory
+              and a.prediction.iteration_time_s < varuna.prediction.iteration_time_s]
+    assert faster, [(a.name, a.prediction.iteration_time_s) for a in varuna.alternatives]
+    # a budget only a leaner baseline fits: the refusal names the engine and that baseline
+    lean = min((a for a in varuna.alternatives if a.engine == plan_pb2.PLAN_ENGINE_BASELINE
+                and not a.prediction.out_of_memory), key=lambda a: a.prediction.peak_memory_bytes)
+    assert lean.prediction.peak_memory_bytes < varuna.prediction.peak_memory_bytes
+    tight = replace(inputs, engine=plan_pb2.PLAN_ENGINE_VARUNA, memory_budget_bytes=lean.prediction.peak_memory_bytes)
+    with pytest.raises(FailedPrecondition, match="VARUNA was asked for and none of its plans fits") as caught:
+        make_plan(profile, fleet, tight)
+    assert caught.value.field == "engine" and "leave the engine unset" in caught.value.fix
+
+
 @pytest.mark.parametrize("stages", [2, 4])
 def test_a_fixed_pipeline_depth_is_respected(profile, fleet, stages):
     plan = make_plan(profile, fleet, PlanInputs(global_batch_size=32, pipeline_stages=stages,

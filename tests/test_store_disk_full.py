@@ -21,7 +21,7 @@ def small_disk(tmp_path):
 
 def fill(disk) -> None:
     """Take every free byte of the disk with one file."""
-    with open(disk / "filler", "wb") as out:
+    with open(disk / "filler", "wb", buffering=0) as out:  # unbuffered: no partial chunk left to flush at close
         try:
             while True:
                 out.write(b"\0" * (64 << 10))

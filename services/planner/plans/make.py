@@ -141,13 +141,22 @@ def make_plan(profile: profile_pb2.Profile, fleet: fleet_pb2.Fleet, inputs: Plan
         return _pinned_offload(ctx, profile, fleet, inputs, budget)
     engines = _run_engines(ctx, devices, options, inputs)
     base = baseline_engine.baselines(ctx, devices, options)
-    # Baselines are priced whatever they need (the table compares them); only runnable ones may be chosen.
-    feasible = sorted((p for p in [*engines, *base] if not p.out_of_memory and _runs_on(p, options.dims)
-                       and (not options.executable_only or plan_runs_on_workers(ctx, p))
-                       and options.pipeline_stages in (0, len(p.stage_bounds))
-                       and options.micro_batches in (0, p.num_micro_batches)), key=lambda p: -p.throughput)
+    # Baselines are priced whatever they need (the table compares them); only runnable ones may be chosen, and
+    # only when no engine was asked for: a job that names Varuna gets Varuna's P x D, never a pure-SDP baseline.
+    def runs(p: PricedPlan) -> bool:
+        return (not p.out_of_memory and _runs_on(p, options.dims)
+                and (not options.executable_only or plan_runs_on_workers(ctx, p))
+                and options.pipeline_stages in (0, len(p.stage_bounds))
+                and options.micro_batches in (0, p.num_micro_batches))
+
+    choosable = [*engines, *base] if inputs.engine == plan_pb2.PLAN_ENGINE_UNSPECIFIED else engines
+    feasible = sorted(filter(runs, choosable), key=lambda p: -p.throughput)
     if not feasible:
         why = _nothing_fits(ctx, fleet, options)
+        if fits := next(filter(runs, base), None):
+            raise FailedPrecondition(f"engine {plan_pb2.PlanEngine.Name(inputs.engine)} was asked for and none of "
+                                     f"its plans fits; the {fits.name} baseline would", field="engine",
+                                     fix="leave the engine unset to let the planner choose among every strategy")
         if inputs.offload or inputs.harmony or inputs.what_if:
             batch = inputs.global_batch_size or devices
             chosen = offload.plan(ctx, profile, fleet, batch, budget, why,
