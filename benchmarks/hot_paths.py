@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ballast.config import load_settings  # noqa: E402
 from ballast.v1 import common_pb2, job_pb2, plan_pb2, store_pb2  # noqa: E402
-from benchmarks.load import MODEL, spec  # noqa: E402
+from benchmarks.workload import MODEL, spec  # noqa: E402
 from services.planner.celery_app import TASK, make_app  # noqa: E402
 from services.planner.plans.make import PlanInputs, make_plan  # noqa: E402
 from services.profiler.projection import analytical_profile  # noqa: E402

@@ -48,8 +48,9 @@ import sqlalchemy as sa  # noqa: E402
 from ballast.client import Client  # noqa: E402
 from ballast.config import load_settings  # noqa: E402
 from ballast.throttle import retry_after  # noqa: E402
-from ballast.v1 import common_pb2, job_pb2, model_pb2, services_pb2, store_pb2  # noqa: E402
-from services.specs.fleet import fleet_from_dict  # noqa: E402
+from ballast.v1 import common_pb2, job_pb2, services_pb2, store_pb2  # noqa: E402
+from benchmarks.hot_paths import machine_speed  # noqa: E402
+from benchmarks.workload import spec  # noqa: E402
 from services.store.db import create_engine  # noqa: E402
 from tests.fuzzing import inconsistencies  # noqa: E402
 from tests.harness import ROOT, make_settings, settings_env, wait_for  # noqa: E402
@@ -57,18 +58,11 @@ from tests.harness import ROOT, make_settings, settings_env, wait_for  # noqa: E
 OPS = {"submit": 30, "list": 30, "watch": 15, "cancel": 15, "sql": 10}  # weights
 SUBMIT_P99_MS = 50.0
 THROTTLED = "RESOURCE_EXHAUSTED+retry"  # documented throttling: the status with retry advice
-MODEL = model_pb2.ModelSpec(name="load-gpt", family=model_pb2.MODEL_FAMILY_GPT, transformer=model_pb2.TransformerConfig(
-    num_layers=2, hidden_size=64, num_heads=2, vocab_size=256, seq_length=32))
-FLEET = {"name": "load-1x2-a100", "device": "nvidia-a100-80gb", "nodes": 1, "devices_per_node": 2}
 SQL = ("SELECT state, COUNT(*) FROM jobs GROUP BY state",
        "SELECT type, COUNT(*) FROM job_events GROUP BY type",
        "SELECT t.name, COUNT(*) FROM jobs j JOIN tenants t ON t.id = j.tenant_id GROUP BY t.name")
 S = job_pb2.JobState
 ENDED = ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED")  # as the jobs table holds them
-
-
-def spec(name: str) -> job_pb2.JobSpec:
-    return job_pb2.JobSpec(name=name, model=MODEL, global_batch_size=8, iterations=10, fleet=fleet_from_dict(FLEET))
 
 
 class Session:
@@ -333,8 +327,6 @@ def main() -> None:
     for name in ("clients", "tenants", "procs"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name}: must be at least 1")
-    from benchmarks.hot_paths import machine_speed  # it imports this module's model and spec
-
     speed = [machine_speed()]
     settings = make_settings(Path(tempfile.mkdtemp(prefix="ballast-load-")), queue=f"load-{uuid.uuid4().hex[:8]}",
                              store_reader=not args.no_store_reader)

@@ -15,6 +15,22 @@ def test_the_project_keeps_its_import_rules():
     assert violations(ROOT) == []
 
 
+def test_benchmarks_and_tests_helpers_are_checked_too(tmp_path):
+    from tests.import_rules import modules
+
+    checked = modules(ROOT)
+    assert {"benchmarks.load", "benchmarks.hot_paths", "benchmarks.workload", "tests.harness"} <= set(checked)
+    root = write(tmp_path, {  # the circle load.py <-> hot_paths.py had, and a service reaching into the tests
+        "benchmarks/load.py": "def main():\n    from benchmarks.hot_paths import machine_speed\n",
+        "benchmarks/hot_paths.py": "from benchmarks.load import MODEL\n",
+        "services/store/db.py": "from tests.harness import ROOT\n",
+        "tests/harness.py": "ROOT = 1\n",
+    })
+    found = violations(root)
+    assert "circle: benchmarks.hot_paths <-> benchmarks.load" in found
+    assert any(v.startswith("layer: services.store.db") and "tests.harness" in v for v in found), found
+
+
 def write(root: Path, files: dict[str, str]) -> Path:
     for name, text in files.items():
         path = root / name
