@@ -20,7 +20,7 @@ Modes (a zoo GPT of `--hidden` width; the layer count is what grows):
   picks for the global batch, fed per-layer costs measured on a 1-block model of the same width (every block
   is the same). The model is untied (the schedule moves each layer's weights on their own), so it has
   vocab x hidden more parameters than the tied GPT of the same depth. Probed like chunks. Its swap bytes per
-  device are compared with the schedule's traffic (services/runtime/harmony.py).
+  device are compared with the schedule's traffic (services/memory/harmony_schedule.py).
 
 Swap bytes: each Harmony run's iteration, every device, against the schedule's traffic; each chunked run's
 steady iteration (rank 0: bytes to the device, to the host, gathered, reduced)
@@ -61,11 +61,11 @@ from services.executor.train.config import WorkerConfig  # noqa: E402
 from services.executor.train.harmony import measure_layers, store_root  # noqa: E402
 from services.executor.train.launch import plan_configs, run_local  # noqa: E402
 from services.executor.train.offload import tensor_map, train_chunked  # noqa: E402
+from services.memory.harmony_schedule import HarmonyLayer  # noqa: E402
 from services.planner.sim.chunks import ChunkModel, ChunkOptions, simulate_chunks  # noqa: E402
 from services.planner.sim.harmony_search import Machine, search  # noqa: E402
 from services.profiler import driver  # noqa: E402
 from services.runtime.allocator import STEADY_ALLOCATOR  # noqa: E402
-from services.runtime.harmony import HarmonyLayer  # noqa: E402
 from services.zoo import build_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -49,7 +49,7 @@ from services.data.batches import batch_for  # noqa: E402
 from services.executor.train.data import dropout_seed  # noqa: E402
 from services.executor.train.offload import ChunkedTrainer  # noqa: E402
 from services.executor.train.stage import make_optimizer  # noqa: E402
-from services.runtime.memory_pool import BudgetExceeded  # noqa: E402
+from services.memory.pool import BudgetExceeded  # noqa: E402
 from services.zoo import build_model  # noqa: E402
 
 DATA = {}

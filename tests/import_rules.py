@@ -20,6 +20,7 @@ TOPS = ("ballast", "services", "benchmarks", "tests")  # benchmarks and tests' h
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("contracts and SDK", ("ballast", "ballast.v1", "ballast.config", "ballast.client", "ballast.health")),
     ("runtime", ("services", "services.runtime")),
+    ("memory engines", ("services.memory",)),  # pure: chunks, pool, Harmony's schedule (planner and executor)
     ("specs", ("services.specs",)),
     ("zoo", ("services.zoo",)),
     ("data", ("services.data",)),
@@ -30,6 +31,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 SERVICES = ("services.store", "services.profiler", "services.planner", "services.executor", "services.dashboard")
 PURE_CORE = (
+    "services.memory",
     "services.planner.cost",
     "services.planner.sim",
     "services.planner.search",
@@ -39,9 +41,7 @@ PURE_CORE = (
     "services.planner.admission",
     "services.planner.elastic",
 )
-PURE_MAY_IMPORT = PURE_CORE + ("ballast.v1", "services.runtime.errors", "services.runtime.chunk_layout",
-                                "services.runtime.chunk_policy", "services.runtime.memory_pool",
-                                "services.runtime.harmony")
+PURE_MAY_IMPORT = PURE_CORE + ("ballast.v1", "services.runtime.errors", "services.memory")
 PURE_NEVER_IMPORTS = ("grpc", "sqlalchemy", "celery", "torch")  # third-party packages that mean I/O or devices
 
 

@@ -11,8 +11,8 @@ from torch import Tensor, nn
 from services.executor.train import chunks
 from services.executor.train.chunks import MIB, ChunkManager, CopyStreams, pool_budget
 from services.executor.train.offload import train_chunked
-from services.runtime.chunk_policy import TensorState
-from services.runtime.memory_pool import MemoryPool
+from services.memory.chunk_policy import TensorState
+from services.memory.pool import MemoryPool
 from tests.harness import torch_threads
 from tests.test_train_chunks import ADAM, BUDGET, CHUNK, DATA, SEED, SPEC, STEPS, reference
 

@@ -20,9 +20,7 @@ from ballast.v1 import model_pb2
 from services.data.batches import batch_for
 from services.executor.train.harmony import measure_layers, train_harmony
 from services.executor.train.reference import train_single
-from services.planner.sim.harmony_search import Machine, balanced_packs, estimate, search
-from services.runtime.errors import InvalidArgument
-from services.runtime.harmony import (
+from services.memory.harmony_schedule import (
     BACKWARD,
     FORWARD,
     FORWARD_BACKWARD,
@@ -31,7 +29,9 @@ from services.runtime.harmony import (
     host_bytes,
     traffic,
 )
-from services.runtime.memory_pool import BudgetExceeded
+from services.memory.pool import BudgetExceeded
+from services.planner.sim.harmony_search import Machine, balanced_packs, estimate, search
+from services.runtime.errors import InvalidArgument
 from services.zoo import build_model
 from tests.harness import torch_threads
 

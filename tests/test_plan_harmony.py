@@ -10,12 +10,12 @@ import pytest
 from google.protobuf.json_format import ParseDict
 
 from ballast.v1 import model_pb2, plan_pb2, profile_pb2, services_pb2
+from services.memory.harmony_schedule import HarmonySchedule, traffic
 from services.planner.cost import CostContext, from_profile
 from services.planner.cost.harmony import harmony_layers, price_harmony
 from services.planner.plans.make import HARMONY, OFFLOAD, PlanInputs, make_plan, search_dims
 from services.profiler import driver
 from services.runtime.errors import FailedPrecondition
-from services.runtime.harmony import HarmonySchedule, traffic
 from tests.test_plan_offload import fleet
 
 SPEC = ParseDict({"name": "gpt-chain", "family": "MODEL_FAMILY_GPT", "dtype": "DTYPE_FP32", "transformer": {

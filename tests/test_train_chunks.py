@@ -21,10 +21,10 @@ from ballast.v1 import model_pb2
 from services.executor.train.chunks import ChunkManager
 from services.executor.train.offload import tensor_map, train_chunked
 from services.executor.train.reference import train_single
+from services.memory.chunk_layout import plan_chunks
+from services.memory.chunk_policy import TensorState, Trace
+from services.memory.pool import BudgetExceeded, MemoryPool
 from services.planner.sim.chunks import ChunkModel, ChunkOptions, ChunkSim, simulate_chunks
-from services.runtime.chunk_layout import plan_chunks
-from services.runtime.chunk_policy import TensorState, Trace
-from services.runtime.memory_pool import BudgetExceeded, MemoryPool
 from services.zoo import build_model
 from tests.harness import torch_threads
 

@@ -26,12 +26,12 @@ from services.executor.train.launch import plan_configs, run_local
 from services.executor.train.reference import train_single
 from services.executor.train.worker import STOPPED_EXIT, run
 from services.executor.workers import Workers, harmony_store_dir, worker_config
+from services.memory.harmony_schedule import FORWARD, HarmonySchedule, traffic
 from services.planner.plans.make import PlanInputs, make_plan
 from services.planner.sim.harmony_search import Machine, search
 from services.profiler import driver
 from services.runtime.allocator import STEADY_ALLOCATOR
 from services.runtime.errors import InvalidArgument
-from services.runtime.harmony import FORWARD, HarmonySchedule, traffic
 from services.runtime.ports import free_port
 from services.zoo import build_model
 from tests.harness import torch_threads

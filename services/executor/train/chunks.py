@@ -1,6 +1,6 @@
 """PatrickStar's chunk manager (§6–§8) with real tensors: model data in fixed-size chunks under a device budget.
 
-The residency policy (states, eviction, gathers, margin) is `services.runtime.chunk_policy`, shared with the
+The residency policy (states, eviction, gathers, margin) is `services.memory.chunk_policy`, shared with the
 planner's simulator; this module is its `Mover` and the tensors behind it.
 
 Each parameter's `.data` is a view into its chunk's device buffer for good. A chunk that is not on the device
@@ -45,9 +45,9 @@ from torch import Tensor, nn
 from torch.optim import adam as adam_fn
 from torch.optim import sgd as sgd_fn
 
-from services.runtime.chunk_layout import plan_chunks
-from services.runtime.chunk_policy import OS_KINDS, Chunk, ChunkPolicy, Mover, TensorState
-from services.runtime.memory_pool import MemoryPool
+from services.memory.chunk_layout import plan_chunks
+from services.memory.chunk_policy import OS_KINDS, Chunk, ChunkPolicy, Mover, TensorState
+from services.memory.pool import MemoryPool
 
 MOVER_KINDS = ("move", "gather", "reduce")
 MIB = 2**20

@@ -1,18 +1,18 @@
 """Harmony's wrap-around pipeline with real tensors (Harmony §3, §4.4): one process per device, one shared host.
 
-The schedule is `services.runtime.harmony.HarmonySchedule` (the planner's search picks it). Every rank builds the
-same model, then keeps nothing of it on its device: the weights and optimizer states of every layer live in the
-host's shared memory (`HostStore`, files under /dev/shm mapped by every rank of the job, like one server's DRAM
-seen by its GPUs), and a task brings its pack's weights to its device, runs its pack on every micro-batch of the
-minibatch, and lets them go. Backward tasks recompute their pack from the input a forward task stashed on the
+The schedule is `services.memory.harmony_schedule.HarmonySchedule` (the planner's search picks it). Every rank
+builds the same model, then keeps nothing of it on its device: the weights and optimizer states of every layer live
+in the host's shared memory (`HostStore`, files under /dev/shm mapped by every rank of the job, like one server's
+DRAM seen by its GPUs), and a task brings its pack's weights to its device, runs its pack on every micro-batch of
+the minibatch, and lets them go. Backward tasks recompute their pack from the input a forward task stashed on the
 host, accumulate gradients over the micro-batches and then update the pack layer by layer (just-in-time update:
 weights, gradients and states meet on the device once) and write weights and states back. Activations and their
-gradients go device to device between consecutive tasks (`isend`/`recv` on gloo; kept on the device when both
-tasks share it). A copy thread prefetches the next task's weights while the current one computes when asked to.
+gradients go device to device between consecutive tasks (`isend`/`recv` on gloo; kept on the device when both tasks
+share it). A copy thread prefetches the next task's weights while the current one computes when asked to.
 
 The device is a `MemoryPool`: weights (kind "chunk", model data), gradients, optimizer states and the
 activations in flight or saved for backward are placed on it, and a placement over the budget raises. Bytes moved
-each way are counted where they are copied, so a test can hold them against `services.runtime.harmony.traffic`.
+each way are counted where they are copied, so a test can hold them against `services.memory.harmony_schedule.traffic`.
 
 The minibatch is one replica's (Harmony PP, not DP); the loss of an iteration is the minibatch's summed loss over
 its label count, like `reference.train_single`, so the two agree step by step. Needs a chain of layers without
@@ -43,9 +43,9 @@ from services.executor.train import checkpoint as ckpt
 from services.executor.train import weights
 from services.executor.train.chunks import functional_step
 from services.executor.train.offload import ActivationMeter
+from services.memory.harmony_schedule import FORWARD, FORWARD_BACKWARD, HarmonyLayer, HarmonySchedule, Task
+from services.memory.pool import MemoryPool
 from services.runtime.errors import InvalidArgument
-from services.runtime.harmony import FORWARD, FORWARD_BACKWARD, HarmonyLayer, HarmonySchedule, Task
-from services.runtime.memory_pool import MemoryPool
 from services.specs.user_inputs import NO_USER_INPUTS, UserInputs
 from services.zoo import build_model
 from services.zoo.graph import Decomposition, Layer

@@ -41,8 +41,8 @@ from services.executor.train import weights
 from services.executor.train.chunks import ChunkManager, pool_budget, runtime_reserve
 from services.executor.train.data import dropout_seed
 from services.executor.train.stage import tied_aliases
-from services.runtime.chunk_policy import TensorState, Traffic
-from services.runtime.memory_pool import MemoryPool
+from services.memory.chunk_policy import TensorState, Traffic
+from services.memory.pool import MemoryPool
 from services.specs.user_inputs import NO_USER_INPUTS, UserInputs
 from services.zoo import build_model
 from services.zoo.graph import parameter_tensors

@@ -1,7 +1,7 @@
 """Pricing Harmony's swap schedule for a model that does not fit the devices: the search's choice and its cost.
 
 Harmony trains on one server: its devices run the wrap-around pipeline over layer packs whose weights, optimizer
-states and stashed pack inputs live in the host's memory (`services.runtime.harmony`). This module turns the
+states and stashed pack inputs live in the host's memory (`services.memory.harmony_schedule`). This module turns the
 profile into what the configuration search (sim/harmony_search.py, Alg. 1/2 plus its event-driven estimator)
 reads, per layer and per sample at micro-batch 1: weights, optimizer states (fp32 Adam: 2x the weights), the
 input's bytes (the previous layer's output), the activations saved for the backward, and forward/backward
@@ -15,9 +15,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from services.memory.harmony_schedule import HarmonyLayer, host_bytes
 from services.planner.cost.context import CostContext
 from services.planner.sim.harmony_search import HarmonyChoice, Machine, search
-from services.runtime.harmony import HarmonyLayer, host_bytes
 
 
 @dataclass(frozen=True)

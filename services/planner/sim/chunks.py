@@ -1,6 +1,6 @@
 """Chunk offload (PatrickStar) simulated: swap bytes, device peak and feasibility of a data-parallel run.
 
-The executor's runtime and this simulator run one residency policy (`services.runtime.chunk_policy`); here it
+The executor's runtime and this simulator run one residency policy (`services.memory.chunk_policy`); here it
 is driven by the training's order of events at layer granularity, with no data behind it:
 - forward, layer by layer: access the layer's parameters, place its saved activations at their peak during the
   layer and keep what is left at its end, release the parameters HOLD_AFTER_FWD; then the FWD reset;
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.runtime.chunk_layout import plan_chunks
-from services.runtime.chunk_policy import OS_KINDS, ChunkPolicy, TensorState, Traffic
-from services.runtime.memory_pool import BudgetExceeded, MemoryPool
+from services.memory.chunk_layout import plan_chunks
+from services.memory.chunk_policy import OS_KINDS, ChunkPolicy, TensorState, Traffic
+from services.memory.pool import BudgetExceeded, MemoryPool
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 The search sweeps the backward micro-batch size U_B, packs the layers for the backward pass by balanced time
 (Alg. 2), then sweeps the forward micro-batch size U_F and packs the layers before the last backward pack (that
 pack runs forward and backward together: jit-compute, Alg. 2 line 2). Each four-tuple becomes a task graph
-(`services.runtime.harmony.HarmonySchedule`, wrap-around binding) that is checked against the device budget,
+(`services.memory.harmony_schedule.HarmonySchedule`, wrap-around binding) that is checked against the device budget,
 task by task with the next task's prefetched weights beside it, and timed by `estimate`. The fastest feasible
 one wins. Micro-batch sizes are the divisors of the minibatch up to a cap (equal micro-batches keep the loss
 exactly the in-memory one).
@@ -28,7 +28,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from services.runtime.harmony import (
+from services.memory.harmony_schedule import (
     BACKWARD,
     FORWARD,
     HarmonyLayer,

@@ -30,8 +30,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from services.runtime.chunk_layout import ChunkLayout
-from services.runtime.memory_pool import MemoryPool
+from services.memory.chunk_layout import ChunkLayout
+from services.memory.pool import MemoryPool
 
 
 class TensorState(enum.Enum):
