@@ -26,8 +26,8 @@ class Settings:
     host: str = "127.0.0.1"
     advertise_host: str = ""
     store_port: int = DEFAULT_PORTS["store"]
-    # `ballast up` starts a second store process that serves only the read-only RPCs (README "Store reads"), on
-    # store_read_port: one Python process tops out near one core, and half the store's calls are reads
+    # `ballast up` starts a second store process that serves only the read-only RPCs (docs/architecture.md, "Store
+    # reads"), on store_read_port: one Python process tops out near one core, and half the store's calls are reads
     store_reader: bool = True
     store_read_port: int = DEFAULT_PORTS["store_read"]
     profiler_port: int = DEFAULT_PORTS["profiler"]
@@ -53,7 +53,7 @@ class Settings:
     planner_address: str = ""
     planner_agent_address: str = ""
     dashboard_address: str = ""
-    # Transport security (README "Transport security"): PEM paths; all empty = the data dir's local CA
+    # Transport security (docs/operator-guide.md, "Transport security"): PEM paths; all empty = the data dir's local CA
     # (<data_dir>/tls, created on first start). plaintext turns TLS off and then only loopback binds are allowed.
     tls_ca: str = ""
     tls_cert: str = ""
@@ -89,8 +89,8 @@ class Settings:
     # a host class the online fleet forms with no calibration runs a short known workload first (seconds), so the
     # first user job on it is priced calibrated (services/planner/jobs/arrival.py); user jobs wait meanwhile
     calibrate_on_arrival: bool = True
-    # Per-tenant rate limits (README "Rate limits"): a token bucket per (tenant, gRPC service) on each server,
-    # refilled at rate_limit_rps calls/s up to rate_limit_burst; the platform admin and calls a service forwards
+    # Per-tenant rate limits (docs/operator-guide.md, "Rate limits"): a token bucket per (tenant, gRPC service) on each
+    # server, refilled at rate_limit_rps calls/s up to rate_limit_burst; the platform admin and calls a service forwards
     # for a tenant are not counted. 0 turns the limits off.
     rate_limit_rps: float = 100.0
     rate_limit_burst: int = 200

@@ -1,5 +1,5 @@
 """`ballast fidelity` against a real store server on loopback (SQLite): runs seeded through the store's RPCs,
-the table, the JSON, the PNG, tenancy, the error with nothing to report, and the README's SQL giving the same
+the table, the JSON, the PNG, tenancy, the error with nothing to report, and the user guide's SQL giving the same
 numbers through `ballast sql`."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from ballast.v1 import fleet_pb2, job_pb2, store_pb2
 from services.planner.plans.make import CALIBRATED
 from tests.harness import in_process_cli, make_settings, start_plane
 from tests.store_builders import gpt, host, job_spec, plan_msg
-from tests.test_readme_sql import readme_blocks
+from tests.test_guide_sql import guide_blocks
 
 MiB = 1 << 20
 NOTHING = "no measured iterations yet: run a job first, e.g. `ballast demo`"
@@ -109,8 +109,8 @@ def test_fidelity_reports_predicted_against_measured_from_the_store(tmp_path, mo
                        "110.0", "-9.1%"]
         assert "mean absolute error over 2 group(s): iteration time 14.5%, peak memory 9.1%" in out
 
-        # the README's SQL, as the platform admin runs it, gives the same numbers rounded
-        sql = next(text for name, _, text in readme_blocks() if name == "fidelity")
+        # the user guide's SQL, as the platform admin runs it, gives the same numbers rounded
+        sql = next(text for name, _, text in guide_blocks() if name == "fidelity")
         code, out, _ = ballast("sql", "--json", sql)
         assert code == 0
         answer = json.loads(out)

@@ -1,5 +1,5 @@
-"""A read-only store beside the store, over the same database (README "Store reads"): services send it the
-read-only RPCs, every write still goes to the store, a read sees every write committed before it, the reader
+"""A read-only store beside the store, over the same database (docs/architecture.md, "Store reads"): services
+send it the read-only RPCs, every write still goes to the store, a read sees every write committed before it, the reader
 refuses writes naming the store, a read it cannot serve goes to the store, and a rotated token stops working
 there within its short cache. Real gRPC servers on loopback, SQLite and PostgreSQL."""
 

@@ -1,7 +1,7 @@
 """`ballast audit`: the audit log, newest first -- who changed what, when, and how it ended.
 
 A member sees its own tenant's calls, the platform admin and viewers everyone's (the store decides). The
-README's "Audit log" section has the SQL for anything this does not filter.
+operator guide's "Roles and the audit log" (docs/operator-guide.md) has the SQL for anything this does not filter.
 """
 
 from __future__ import annotations

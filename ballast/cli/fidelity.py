@@ -2,7 +2,7 @@
 
 Thin: the rows come through the store's typed List RPCs (so a tenant sees its own jobs and the platform admin
 every job, as `ballast queue` and `watch` do), the numbers from services/planner/plans/fidelity.py, which the
-README's `fidelity` SQL reproduces.
+user guide's `fidelity` SQL (docs/user-guide.md) reproduces.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def _percent(x: float | None) -> float | None:
 
 
 def as_json(rep: Report, runs: list[Run]) -> dict[str, Any]:
-    """The README SQL's columns (unrounded), the runs behind them, and the mean absolute errors in percent."""
+    """The user guide SQL's columns (unrounded), the runs behind them, and the mean absolute errors in percent."""
     groups = [{"model": g.model, "stages": g.stages, "replicas": g.replicas, "micro_batches": g.micro_batches,
                "host_class": g.host_class, "runs": g.runs, "calibrated": g.calibrated, "iterations": g.iterations,
                "predicted_s": g.predicted_s, "measured_s": g.measured_s, "error_pct": 100 * g.error,

@@ -80,7 +80,7 @@ def add_arguments(actions: argparse._SubParsersAction) -> None:
         "simulate",
         help="replay a job trace through fifo, backfill and elastic on a simulated fleet, locally (no server)",
     )
-    sim.add_argument("trace", type=Path, metavar="TRACE.csv", help="job trace (format: README, 'Fleet simulator')")
+    sim.add_argument("trace", type=Path, metavar="TRACE.csv", help="job trace (format: docs/operator-guide.md)")
     sim.add_argument("--devices", type=int, required=True, help="devices in the simulated fleet")
     sim.add_argument("--device-kind", default=DEFAULT_KIND, help=f"catalog kind or alias (default {DEFAULT_KIND})")
     sim.add_argument(

@@ -27,8 +27,8 @@ from services.runtime.store_api import SERVICE, Store, implement
 # retries come first: once a failed call has taken longer than the budget, it is not tried again, so
 # the two never multiply into a long hang while the store is down.
 READ_ONLY = frozenset(m.name for m in SERVICE.methods if not changes_state(m.name))
-# The reads a read-only store serves when there is one (README "Store reads"). Token checks stay with the store
-# that rotates and revokes tokens, so a revocation is not held up by a second cache; SQL stays there too, as a
+# The reads a read-only store serves when there is one (docs/architecture.md, "Store reads"). Token checks stay with the
+# store that rotates and revokes tokens, so a revocation is not held up by a second cache; SQL stays there too, as a
 # query may rightly run longer than READER_ATTEMPT_S (its timeout is the caller's) and would then run twice.
 READER_SERVES = READ_ONLY - {"Authenticate", "Query"}
 READER_BENCHED_S = 5.0  # after the reader failed to answer, reads go straight to the store this long ...
@@ -120,7 +120,8 @@ def remote_stores(settings: Settings) -> tuple[RemoteStore, RemoteStore]:
 
 def store_over(settings: Settings, token: TokenSource, **options: Any) -> RemoteStore:
     """A RemoteStore sending `token` (open_channel's other `options` alike) to the store, and its reads to the
-    store's read-only twin when the settings name one (README "Store reads"): that channel without retries."""
+    store's read-only twin when the settings name one (docs/architecture.md, "Store reads"): that channel without
+    retries."""
     transport = client_transport(settings)
     reader = settings.store_read_address
     return RemoteStore(open_channel(settings.address("store"), token, transport=transport, **options),

@@ -60,7 +60,7 @@ def build_server(
     """A store server on `address` (default: the configured one; "127.0.0.1:0" picks a free port, then
     read `.port`); checks the schema first. `repo`, if given, must be over `engine` (tests pass one
     with a fake clock). `read_only` serves the read-only RPCs alone, beside a store that serves all of them
-    over the same database (README "Store reads"); it writes only the audit rows of writes it refused."""
+    over the same database (docs/architecture.md, "Store reads"); it writes only the audit rows of writes it refused."""
     if repo is not None and repo.engine is not engine:
         raise ValueError("the repository must be over the engine the server checks and disposes")
     schema.check_schema(engine)

@@ -6,7 +6,7 @@ A run is one plan version of one job as it trained. Its first WARMUP iterations 
 calibration loop leaves them out: allocations, first-touch and the rendezvous make them slow, and after a
 morph the version starts again from a checkpoint, so each version warms up anew. An iteration lasts as long as
 its slowest rank; a run's measured time is the *mean* of that over its steady iterations (the calibration
-uses the median, but the README's SQL has no portable median, and this report must equal it). The host
+uses the median, but the user guide's SQL has no portable median, and this report must equal it). The host
 class is the one the calibration loop files the run under (plans/calibrate.py `host_class`, over the hosts
 the job leased). No I/O: protos in, dataclasses out.
 """

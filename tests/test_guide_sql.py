@@ -1,9 +1,10 @@
-"""The SQL in README.md (where an iteration's time went, fidelity, the shared fleet, morphs, calibrations), run
+"""The SQL in the guides (docs/user-guide.md: where an iteration's time went, fidelity, morphs, calibrations;
+docs/operator-guide.md: the shared fleet, the audit log), run
 as `ballast sql` runs it (read-only) on SQLite and on PostgreSQL against a database `schema.upgrade` made, with
 rows whose answers are known.
 
-The blocks are found by their markers, `<!-- readme-sql: NAME BACKENDS -->` right before a ```sql fence, so
-an edit to the README is what gets tested, and a block that goes missing fails here.
+The blocks are found by their markers, `<!-- guide-sql: NAME BACKENDS -->` right before a ```sql fence, so
+an edit to a guide is what gets tested, and a block that goes missing fails here.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from services.store.sql import readonly_url, run_readonly_query
 from tests.conftest import fresh_database
 from tests.harness import ROOT
 
-BLOCK = re.compile(r"<!-- readme-sql: (?P<name>[\w-]+) (?P<backends>[\w,]+) -->\n```sql\n(?P<sql>.*?)```", re.S)
+GUIDES = ("docs/user-guide.md", "docs/operator-guide.md")
+BLOCK = re.compile(r"<!-- guide-sql: (?P<name>[\w-]+) (?P<backends>[\w,]+) -->\n```sql\n(?P<sql>.*?)```", re.S)
 BACKENDS = ("sqlite", "postgresql")
 HOUR = timedelta(hours=1)
 DAY = timedelta(days=1)
@@ -66,14 +68,14 @@ EXPECTED = {"audit-by-tenant": AUDIT, "device-hours": DEVICE_HOURS, "queue-wait"
             "morphs": MORPHS, "calibrations": CALIBRATIONS, "iteration-breakdown": BREAKDOWN, "fidelity": FIDELITY}
 
 
-def readme_blocks() -> list[tuple[str, set[str], str]]:
-    """(name, backends, sql) for every marked block of README.md."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+def guide_blocks() -> list[tuple[str, set[str], str]]:
+    """(name, backends, sql) for every marked block of the guides."""
+    text = "\n".join((ROOT / guide).read_text(encoding="utf-8") for guide in GUIDES)
     return [(m["name"], set(m["backends"].split(",")), m["sql"]) for m in BLOCK.finditer(text)]
 
 
 def test_every_query_has_a_block_for_each_backend() -> None:
-    blocks = readme_blocks()
+    blocks = guide_blocks()
     assert {name for name, _, _ in blocks} == set(EXPECTED)
     for name in EXPECTED:
         covered = [b for n, backends, _ in blocks if n == name for b in backends]
@@ -274,7 +276,7 @@ def _events(t0: datetime) -> Iterator[dict]:
 
 
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def test_readme_sql_answers_on_each_backend(backend: str, tmp_path) -> None:
+def test_the_guides_sql_answers_on_each_backend(backend: str, tmp_path) -> None:
     with fresh_database(backend, tmp_path) as url:
         schema.upgrade(url)
         engine = create_engine(url)
@@ -282,7 +284,7 @@ def test_readme_sql_answers_on_each_backend(backend: str, tmp_path) -> None:
         try:
             _seed(engine, datetime.now(UTC))
             ran = set()
-            for name, backends, sql in readme_blocks():
+            for name, backends, sql in guide_blocks():
                 if backend not in backends:
                     continue
                 result = run_readonly_query(query, sql)
