@@ -55,7 +55,7 @@ def test_the_readme_fits_one_sitting():
     assert len(README.read_text(encoding="utf-8").splitlines()) <= MAX_LINES
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+@pytest.mark.parametrize("page", [*PAGES, ROOT / "BENCHMARKS.md"], ids=lambda p: p.name)
 def test_every_link_resolves_to_a_file_and_heading_of_the_repository(page: Path):
     for target in LINK.findall(page.read_text(encoding="utf-8")):
         if target.startswith(("http://", "https://", "mailto:")):
