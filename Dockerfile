@@ -9,7 +9,7 @@ ARG PYTHON_IMAGE=python:3.11-slim
 
 FROM ${PYTHON_IMAGE} AS build
 
-# Must equal the torch pin in pyproject.toml (tests/test_compose.py checks this).
+# Must equal the torch pin in pyproject.toml (tests/cli/test_compose.py checks this).
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=
 

@@ -26,11 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ballast.cli.demo import calibration_outcome  # noqa: E402
 from ballast.v1 import job_pb2, plan_pb2, store_pb2  # noqa: E402
 from services.planner.plans.calibrate import WARMUP, estimated_s, measured_iteration_s  # noqa: E402
+from tests.executor.train.test_harmony import BUDGET as CHAIN_BUDGET  # noqa: E402
+from tests.executor.train.test_harmony import SPEC as CHAIN  # noqa: E402
 from tests.harness import executor_plane, submit_to_success, wait_for  # noqa: E402
-from tests.test_harmony import BUDGET as CHAIN_BUDGET  # noqa: E402
-from tests.test_harmony import SPEC as CHAIN  # noqa: E402
-from tests.test_job_offload import BUDGET as CHUNK_BUDGET  # noqa: E402
-from tests.test_job_offload import MODEL as CHUNKED  # noqa: E402
+from tests.plane.test_offload import BUDGET as CHUNK_BUDGET  # noqa: E402
+from tests.plane.test_offload import MODEL as CHUNKED  # noqa: E402
 
 TARGET = 0.15
 MODES = {"harmony": (CHAIN, CHAIN_BUDGET, plan_pb2.PLAN_ENGINE_HARMONY),

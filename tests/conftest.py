@@ -125,3 +125,49 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+# The everyday suite's time budget (issue 42, item 6): a test not marked slow whose call takes longer than
+# BUDGET_S on a quiet machine of the CI type fails the run (under CI=true; elsewhere it is reported). The budget
+# stretches by how much slower this machine is right now than the reference: a fixed pure-Python workload timed
+# at the start, against REFERENCE_S measured on a quiet 2-core CI VM, so that a loaded day does not turn it red.
+BUDGET_S = float(os.environ.get("BALLAST_TEST_BUDGET_S", "15"))
+REFERENCE_S = 0.083  # min of 5 runs of _workload() on the quiet 2-core CI VM, 2026-11-28 (0.082-0.085)
+_over_budget: list[tuple[str, float]] = []
+_slowdown = [1.0]
+
+
+def _workload() -> float:
+    import time
+
+    start = time.perf_counter()
+    sum(i * i for i in range(2_000_000))
+    return time.perf_counter() - start
+
+
+def pytest_sessionstart(session) -> None:
+    if not hasattr(session.config, "workerinput"):  # the controller (or a run without xdist)
+        _slowdown[0] = max(1.0, min(_workload() for _ in range(5)) / REFERENCE_S)
+
+
+def pytest_runtest_logreport(report) -> None:
+    if report.when == "call" and "slow" not in report.keywords and report.duration > BUDGET_S * _slowdown[0]:
+        _over_budget.append((report.nodeid, report.duration))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    if hasattr(config, "workerinput") or not _over_budget or BUDGET_S <= 0:
+        return
+    budget = BUDGET_S * _slowdown[0]
+    terminalreporter.section("over the everyday suite's time budget")
+    for nodeid, seconds in sorted(_over_budget, key=lambda x: -x[1]):
+        terminalreporter.write_line(f"{seconds:6.1f} s  {nodeid}")
+    verdict = "fails the run" if os.environ.get("CI") == "true" else "would fail the run under CI=true"
+    terminalreporter.write_line(f"budget {budget:.1f} s ({BUDGET_S:g} s x this machine's slowdown now "
+                                f"{_slowdown[0]:.2f}); this {verdict}: speed the test up, or mark it slow")
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    if (not hasattr(session.config, "workerinput") and _over_budget and BUDGET_S > 0
+            and os.environ.get("CI") == "true" and exitstatus == 0):
+        session.exitstatus = 1

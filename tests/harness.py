@@ -55,7 +55,7 @@ def make_settings(data_dir: Path, **overrides: object) -> Settings:
     ports = {f"{name}_port": free_port()
              for name in ("store", "store_read", "profiler", "planner", "planner_agent", "dashboard")}
     ports["executor_port"] = free_port(block=AGENT_PORTS)  # agent i serves on executor_port + i
-    # metrics endpoints stay off unless a test asks (tests/test_metrics.py): many planes share this process
+    # metrics endpoints stay off unless a test asks (tests/plane/test_metrics.py): many planes share this process
     ports.update({f"{name}_metrics_port": 0 for name in ("store", "profiler", "planner", "worker", "executor")})
     env = {k: v for k, v in os.environ.items() if not k.startswith("BALLAST_")}
     # a plane's first job is not held for a calibration on arrival unless the test is about it (test_arrival.py)

@@ -1,7 +1,7 @@
 """Rows for the SQL cookbook test (docs/sql.md): a small history whose answers are worked out by hand.
 
 Every timestamp is fixed (T0 plus an offset), so no answer depends on when the test runs. Each function's
-docstring says what its rows add up to; tests/test_sql_cookbook.py holds the answers.
+docstring says what its rows add up to; tests/store/test_sql_cookbook.py holds the answers.
 """
 
 from __future__ import annotations

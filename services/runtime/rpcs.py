@@ -2,8 +2,8 @@
 one is a row in the audit log, and the store client repeats only the others after a blip.
 
 Reads are named Get…, List… or Watch…, plus a few that compute without storing (Compare, WhatIf, Inspect),
-resolve a token (Authenticate) or run read-only SQL (Query). tests/test_rpcs.py lists every RPC that changes state, so a
-new one is classified on purpose."""
+resolve a token (Authenticate) or run read-only SQL (Query). tests/runtime/test_audit.py lists every RPC that
+changes state, so a new one is classified on purpose."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Consumers take a `Store`, never the generated stub, so the same logic runs over gRPC (RemoteStore in
 services/runtime/store_client.py) or in-process over a Repository (LocalStore in services/store/local.py).
-Failures are domain errors (services/runtime/errors.py) either way. tests/test_store_api.py checks that
+Failures are domain errors (services/runtime/errors.py) either way. tests/store/test_api.py checks that
 this interface matches store.proto method for method, so it cannot drift from the service.
 """
 

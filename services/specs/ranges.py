@@ -60,7 +60,7 @@ def _bytes(value: float) -> str:
 
 
 # Keyed by "Message.field". Every number reachable from SubmitJobRequest, ProfileRequest, PlanRequest and
-# ProjectProfileRequest has an entry (tests/test_ranges.py).
+# ProjectProfileRequest has an entry (tests/specs/test_ranges.py).
 RANGES: dict[str, Range] = {
     # Models
     "TransformerConfig.num_layers": Range(1, 1024),
@@ -213,7 +213,7 @@ def _check_number(value: float, rule: Range | None, path: str, floating: bool) -
 
 
 def markdown() -> str:
-    """docs/limits.md's table (tests/test_ranges.py keeps the file equal to it)."""
+    """docs/limits.md's table (tests/specs/test_ranges.py keeps the file equal to it)."""
     lines = ["| field | valid range | 0 means |", "| --- | --- | --- |"]
     for key, rule in RANGES.items():
         zero = rule.zero or ("not set" if rule.low > 0 else "itself")
