@@ -102,3 +102,34 @@ def test_every_module_has_a_layer():
     assert layer_of("ballast.client") < layer_of("services.runtime.remote") < layer_of("ballast.cli.main")
     with pytest.raises(ValueError, match="no layer"):
         layer_of("elsewhere.module")
+
+
+def test_a_jobs_layout_is_computed_in_one_place():
+    """Issue 42, items 1-2: a job's stages x replicas and its rank layout come from ParallelDims
+    (services/specs/parallel.py), computed from a plan by jobs/assign.pipeline_shape (or ParallelDims.of_plan)
+    and read everywhere else: nobody re-derives a replica count from a stage or a stage from a rank."""
+    import io
+    import re
+    import tokenize
+
+    by_hand = [re.compile(p) for p in (r"stages\[0\]\.devices", r"\brank\s*(//|%)\s*\w*replica",
+                                       r"\bstage\w*\s*\*\s*\w*replica\w*\s*\+", r"world\w*\s*//\s*\w*stages")]
+
+    def code_lines(text: str) -> dict[int, str]:
+        """Each line's code, strings and comments left out (a docstring may say how ranks are laid out)."""
+        lines: dict[int, str] = {}
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type not in (tokenize.STRING, tokenize.COMMENT) and tok.string.strip():
+                lines[tok.start[0]] = lines.get(tok.start[0], "") + " " + tok.string
+        return lines
+
+    found = []
+    for top in ("services", "ballast"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            if path.name.endswith(("_pb2.py", "_pb2_grpc.py")) or path == ROOT / "services/specs/parallel.py":
+                continue
+            for n, code in code_lines(path.read_text()).items():
+                if any(p.search(re.sub(r"\s+", " ", code).replace(" . ", ".").replace(" [", "[").replace("[ ", "[")
+                                .replace(" ]", "]")) for p in by_hand):
+                    found.append(f"{path.relative_to(ROOT)}:{n}: {code.strip()}")
+    assert found == []

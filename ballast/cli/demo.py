@@ -23,6 +23,7 @@ from ballast.v1 import job_pb2, model_pb2, plan_pb2, services_pb2, store_pb2
 from services.planner.plans.calibrate import WARMUP, measured_iteration_s
 from services.planner.plans.make import CALIBRATED
 from services.specs.model import load_model_spec
+from services.specs.parallel import ParallelDims
 
 console = Console()
 
@@ -113,7 +114,7 @@ def report(client: Client, job_id: str, png: Path) -> int:
     job = client.jobs.Get(store_pb2.GetRequest(id=job_id))
     plan = client.planner.GetPlan(store_pb2.GetRequest(id=job.plan_id))
     rows = client.iteration_metrics(job_id)
-    replicas = plan.stages[0].devices
+    replicas = ParallelDims.of_plan(plan).dp
     console.print(f"  plan {plan.id}: {len(plan.stages)} stage(s) x {replicas} replica(s), "
                   f"{plan.num_micro_batches} micro-batch(es) of {plan.micro_batch_size}, "
                   f"{plan_pb2.Schedule.Name(plan.schedule).removeprefix('SCHEDULE_')}")

@@ -33,6 +33,7 @@ from ballast.v1 import common_pb2, executor_pb2, job_pb2, plan_pb2
 from services.executor.train.config import WorkerConfig
 from services.executor.train.hold import hold_command
 from services.runtime.allocator import STEADY_ALLOCATOR
+from services.specs.parallel import ParallelDims
 from services.specs.user_inputs import NO_USER_INPUTS, UserInputs
 
 AGENT_PID_ENV = "BALLAST_AGENT_PID"  # the worker dies with this agent (train/worker.py die_with_agent)
@@ -61,7 +62,7 @@ def worker_config(assign: executor_pb2.AssignInstruction, worker: executor_pb2.W
         job_id=job_id,
         model=MessageToDict(spec.model, preserving_proto_field_name=True),
         stage_bounds=[[s.layer_begin, s.layer_end] for s in plan.stages],
-        num_replicas=plan.stages[0].devices,
+        num_replicas=ParallelDims.of_plan(plan).dp,
         stage_index=worker.stage_index,
         replica_index=worker.replica_index,
         rank=worker.rank,
@@ -104,7 +105,7 @@ def worker_config(assign: executor_pb2.AssignInstruction, worker: executor_pb2.W
 def micro_batch_size(plan: plan_pb2.Plan) -> int:
     """Samples per micro-batch of one worker: the plan's split over a stage's replicas, or under Harmony the whole
     micro-batch (its workers are the devices of one pipeline over the whole batch, not replicas splitting it)."""
-    return plan.micro_batch_size if plan.HasField("harmony") else plan.micro_batch_size // plan.stages[0].devices
+    return plan.micro_batch_size if plan.HasField("harmony") else plan.micro_batch_size // ParallelDims.of_plan(plan).dp
 
 
 def harmony(plan: plan_pb2.Plan, job_id: str) -> dict:

@@ -23,7 +23,7 @@ from typing import Any
 from google.protobuf.json_format import ParseDict, ParseError
 
 from ballast.v1 import job_pb2, model_pb2
-from services.executor.train.dims import ParallelDims
+from services.specs.parallel import ParallelDims
 from services.specs.user_inputs import NO_USER_INPUTS, UserInputs
 
 SCHEDULES = ("1f1b", "gpipe")

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from services.executor.train.config import WorkerConfig
-from services.executor.train.dims import ParallelDims
 from services.executor.train.hold import hold_command
 from services.runtime.ports import free_port
+from services.specs.parallel import ParallelDims
 
 
 def plan_configs(template: WorkerConfig, stage_bounds: list[list[int]], num_replicas: int) -> list[WorkerConfig]:

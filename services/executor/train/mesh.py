@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from services.executor.train.dims import ParallelDims
+from services.specs.parallel import ParallelDims
 
 FORWARD, BACKWARD = 0, 1  # p2p directions: activations to the next stage, gradients to the previous one
 

@@ -192,11 +192,11 @@ class Reader:
         plan = self.plan(job.plan_id)
         snap.jobs[job.id], snap.plans[job.id] = job, plan
         try:
-            stages, replicas = pipeline_shape(plan)
+            need = pipeline_shape(plan).world_size
         except FailedPrecondition as exc:
             snap.unrunnable[job.id] = str(exc)
             return
-        need, kind = stages * replicas, plan.fleet.device.kind
+        kind = plan.fleet.device.kind
         offered = sum(1 for h in registered for d in h.devices if d.spec.kind == kind)
         if registered and offered < need:
             snap.unrunnable[job.id] = (f"the plan needs {need} {kind} device(s); the fleet's registered executors "

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from ballast.v1 import common_pb2, executor_pb2, fleet_pb2, plan_pb2
 from services.planner.search.space import executable_shape
 from services.runtime.errors import FailedPrecondition
+from services.specs.parallel import ParallelDims
 
 CPU_KINDS = ("cpu",)
 PARALLEL_DIM_NAMES = {common_pb2.PARALLEL_DIM_DP: "dp", common_pb2.PARALLEL_DIM_SDP: "sdp",
@@ -30,8 +31,9 @@ class Placement:
     workers: tuple[executor_pb2.WorkerAssignment, ...]
 
 
-def pipeline_shape(plan: plan_pb2.Plan) -> tuple[int, int]:
-    """(stages, replicas) of a plan the executors can run; FailedPrecondition naming what they cannot."""
+def pipeline_shape(plan: plan_pb2.Plan) -> ParallelDims:
+    """The layout of a plan the executors can run (stages x replicas); FailedPrecondition naming what they cannot.
+    Computed here, once per plan, and read everywhere else: admission, placement, recovery, the events."""
     if not plan.stages:
         raise FailedPrecondition(f"plan {plan.id} has no stages", field="plan_id", fix="plan the job again")
     replicas = {s.devices for s in plan.stages}
@@ -51,20 +53,20 @@ def pipeline_shape(plan: plan_pb2.Plan) -> tuple[int, int]:
     if plan.micro_batch_size % d and not plan.HasField("harmony"):  # Harmony's devices are one pipeline's
         raise FailedPrecondition(f"micro-batch {plan.micro_batch_size} does not split over {d} replicas",
                                  field="plan_id", fix="plan the job again")
-    return len(plan.stages), d
+    return ParallelDims(pp=len(plan.stages), dp=d)
 
 
 def place(plan: plan_pb2.Plan, hosts: list[fleet_pb2.Host]) -> list[Placement]:
     """Fill hosts in order (by name, for stable placements) with ranks 0..P*D-1."""
-    stages, replicas = pipeline_shape(plan)
-    world = stages * replicas
+    dims = pipeline_shape(plan)
+    world = dims.world_size
     kind = plan.fleet.device.kind
     usable = sorted((h for h in hosts if h.devices and all(d.spec.kind == kind for d in h.devices)),
                     key=lambda h: h.name)
     slots = sum(len(h.devices) for h in usable)
     if slots < world:
         raise FailedPrecondition(
-            f"the plan needs {world} {kind} device(s) ({stages} stage(s) x {replicas} replica(s)); "
+            f"the plan needs {world} {kind} device(s) ({dims.pp} stage(s) x {dims.dp} replica(s)); "
             f"{slots} are online", field="spec.fleet",
             fix="start more executors, or submit with a fleet the online executors form")
     placements, rank = [], 0
@@ -73,9 +75,9 @@ def place(plan: plan_pb2.Plan, hosts: list[fleet_pb2.Host]) -> list[Placement]:
         for device in host.devices:
             if rank == world:
                 break
+            stage, replica = dims.stage_and_replica(rank)
             workers.append(executor_pb2.WorkerAssignment(device_index=device.index, rank=rank,
-                                                         stage_index=rank // replicas,
-                                                         replica_index=rank % replicas))
+                                                         stage_index=stage, replica_index=replica))
             rank += 1
         if workers:
             placements.append(Placement(host, tuple(workers)))
@@ -85,16 +87,17 @@ def place(plan: plan_pb2.Plan, hosts: list[fleet_pb2.Host]) -> list[Placement]:
 def place_on(plan: plan_pb2.Plan, slots: list[tuple[fleet_pb2.Host, int]]) -> list[Placement]:
     """Ranks 0..P*D-1 on exactly the leased devices `slots` ((host, device index), in placement order), so a
     stage's replicas share a host where they can; one Placement per host, in first-use order."""
-    stages, replicas = pipeline_shape(plan)
-    if len(slots) != stages * replicas:
-        raise FailedPrecondition(f"{len(slots)} device(s) leased for a plan of {stages * replicas}",
+    dims = pipeline_shape(plan)
+    if len(slots) != dims.world_size:
+        raise FailedPrecondition(f"{len(slots)} device(s) leased for a plan of {dims.world_size}",
                                  field="plan_id", fix="lease exactly the plan's device count")
     workers: dict[str, list[executor_pb2.WorkerAssignment]] = {}
     hosts: dict[str, fleet_pb2.Host] = {}
     for rank, (host, index) in enumerate(slots):
         hosts.setdefault(host.id, host)
+        stage, replica = dims.stage_and_replica(rank)
         workers.setdefault(host.id, []).append(executor_pb2.WorkerAssignment(
-            device_index=index, rank=rank, stage_index=rank // replicas, replica_index=rank % replicas))
+            device_index=index, rank=rank, stage_index=stage, replica_index=replica))
     return [Placement(hosts[h], tuple(w)) for h, w in workers.items()]
 
 

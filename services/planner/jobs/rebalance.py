@@ -24,6 +24,7 @@ from services.planner.online.toggles import unsettled
 from services.runtime.errors import BallastError
 from services.runtime.metrics import LAYER_MIGRATIONS
 from services.runtime.store_api import Store
+from services.specs.parallel import ParallelDims
 
 log = logging.getLogger("ballast.rebalance")
 S = job_pb2.JobState
@@ -72,7 +73,7 @@ class Rebalancer:
         """Follow a job that may be rebalanced (JobSpec.online_repartition)."""
         if not job.spec.online_repartition:
             return
-        replicas = max(plan.stages[0].devices, 1)
+        replicas = ParallelDims.of_plan(plan).dp
         with self._lock:
             if job.id in self._jobs:
                 return

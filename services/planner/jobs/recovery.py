@@ -37,6 +37,7 @@ from services.planner.plans.make import make_plan
 from services.runtime.errors import BallastError, FailedPrecondition
 from services.runtime.metrics import MORPHS
 from services.runtime.store_api import every_page
+from services.specs.parallel import ParallelDims
 
 log = logging.getLogger("ballast.scheduler")
 S = job_pb2.JobState
@@ -80,9 +81,10 @@ class Recovery:
         """A worker or host is lost: MORPHING, the lost devices' leases end (host_lost), the survivors are
         stopped; once they are gone the job queues to resume from its last checkpoint on what is left."""
         try:
-            stages, replicas = pipeline_shape(running.plan)
+            dims = pipeline_shape(running.plan)
         except FailedPrecondition:
-            stages, replicas = len(running.plan.stages), 1
+            dims = ParallelDims(pp=max(len(running.plan.stages), 1))
+        stages, replicas = dims.pp, dims.dp
         with self._lock:
             if running.stopping:
                 return
@@ -195,7 +197,8 @@ class Recovery:
         """MORPHING with every worker alive (grow, or leaving a straggler out): they drain to a checkpoint at an
         agreed boundary (nothing is trained again), then the job is re-planned and resumes -- onto its target
         when it grows, onto the devices free (a degraded host's are not) when it sheds a straggler."""
-        stages, replicas = pipeline_shape(r.plan)
+        dims = pipeline_shape(r.plan)
+        stages, replicas = dims.pp, dims.dp
         with self._lock:
             if r.stopping:
                 return
@@ -221,8 +224,7 @@ class Recovery:
         r.stutter_seen = r.stutter_seen + 1 if found is not None else 0
         if found is None:
             return
-        replicas = max(1, r.world // max(1, len(r.plan.stages)))
-        rank = found.stage * replicas + found.replica
+        rank = pipeline_shape(r.plan).rank(pp=found.stage, dp=found.replica)
         host = next((h for h, ranks in r.ranks.items() if rank in ranks), "")
         now = statistics.median(r.recent) if r.recent else 0.0
         devices_left = r.world - len(r.ranks.get(host, []))

@@ -78,9 +78,8 @@ class Running:
 
 def devices_of(plan: plan_pb2.Plan) -> int:
     try:
-        stages, replicas = pipeline_shape(plan)
+        return pipeline_shape(plan).world_size
     except FailedPrecondition:
         return 0
-    return stages * replicas
 
 

@@ -311,7 +311,8 @@ class Scheduler(Recovery, ElasticPass):
             resume = self.admission.resume_point(job.spec.resume_from)
         start_iteration = resume.iteration if resume else 0
         waited = snap.now - epoch_s(job.updated_at) if job.state == S.JOB_STATE_QUEUED else 0.0
-        stages, replicas = pipeline_shape(plan)
+        dims = pipeline_shape(plan)
+        stages, replicas = dims.pp, dims.dp
         if loss is not None:
             kind, message = "MORPHED", morph.morphed_message(loss, stages, replicas, start_iteration)
         else:

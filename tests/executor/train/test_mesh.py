@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.executor.train.dims import ParallelDims
+from services.specs.parallel import ParallelDims
 
 
 def test_layout_is_stage_major():

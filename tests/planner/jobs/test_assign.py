@@ -7,6 +7,7 @@ import pytest
 from ballast.v1 import common_pb2, fleet_pb2, plan_pb2
 from services.planner.jobs.assign import backend_for, pipeline_shape, place
 from services.runtime.errors import FailedPrecondition
+from services.specs.parallel import ParallelDims
 
 
 def plan(stages: int, replicas: int, *, layers_per_stage: int = 2, kind: str = "cpu", micro_batch: int = 4,
@@ -47,7 +48,7 @@ def test_spare_devices_stay_free_and_small_hosts_are_used_up():
                                   plan(1, 4, tp=2, dp=2, order=(DP, TP)), plan(1, 4, dp_sharding=2)])
 def test_the_shapes_the_workers_run_are_accepted(good):
     """TP innermost with DP outside it, SDP alone, ZeRO on plain DP (train/hybrid.py, workers.hybrid_layers)."""
-    assert pipeline_shape(good) == (len(good.stages), good.stages[0].devices)
+    assert pipeline_shape(good) == ParallelDims(pp=len(good.stages), dp=good.stages[0].devices)
 
 
 @pytest.mark.parametrize("bad, words", [

@@ -1,10 +1,11 @@
 """ParallelDims: the named parallel axes of a job and its rank layout; pure arithmetic, no torch, no groups.
 
-Axes are named so that callers never compute a rank by hand: "pp" (pipeline stage) and "dp" (data-parallel
-replica) today; tensor parallelism ("tp") and sharded data parallelism ("sdp") are meant to become further
-fields (size 1 by default) appended to `NAMES` by the hybrid-execution work. A caller that addresses ranks
-through `rank`, `peer` and `lines` keeps working then: "the same replica on stage s + 1" is
-`peer(rank, "pp", s + 1)`, whatever other axes exist.
+One object for the planner's placement (jobs/assign.py, admission, recovery) and the workers (train/config.py,
+launch.py, mesh.py): a job's ranks are laid out here and nowhere else, so nobody computes a rank, a stage or a
+replica by hand. Axes are named: "pp" (pipeline stage) and "dp" (the stage's devices, one replica each).
+Tensor and sharded data parallelism split a stage's devices per layer (`plan.layers[i]`: dp x sdp x tp = the
+stage's devices, TP innermost), so they are not job-wide axes; mesh.py builds their groups inside the "dp" line.
+"the same replica on stage s + 1" is `peer(rank, "pp", s + 1)`.
 
 Layout: row-major over `NAMES`, outermost first, the layout of `torch.arange(world).reshape(sizes)` that
 `init_device_mesh` uses. With (pp, dp) that is stage-major, `rank = stage * dp + replica`: the replicas of one
@@ -18,6 +19,8 @@ from itertools import product
 from math import prod
 from typing import ClassVar
 
+from ballast.v1 import plan_pb2
+
 
 @dataclass(frozen=True)
 class ParallelDims:
@@ -30,6 +33,20 @@ class ParallelDims:
         for name, size in zip(self.NAMES, self.sizes, strict=True):
             if not isinstance(size, int) or isinstance(size, bool) or size < 1:
                 raise ValueError(f"ParallelDims.{name}: must be an integer >= 1, got {size!r}")
+
+    @classmethod
+    def of_plan(cls, plan: plan_pb2.Plan) -> ParallelDims:
+        """A plan's layout: its stages, each over the same device count (ValueError naming the counts if not)."""
+        counts = sorted({max(int(s.devices), 1) for s in plan.stages})
+        if len(counts) != 1:
+            raise ValueError(f"plan {plan.id}: stages over {counts or 'no'} device count(s); executors run "
+                             "stages of equal device counts")
+        return cls(pp=len(plan.stages), dp=counts[0])
+
+    def stage_and_replica(self, rank: int) -> tuple[int, int]:
+        """(stage, replica) of `rank`."""
+        where = self.coords(rank)
+        return where["pp"], where["dp"]
 
     @property
     def sizes(self) -> tuple[int, ...]:
