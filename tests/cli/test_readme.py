@@ -98,3 +98,11 @@ def test_the_readme_shows_both_make_commands_and_the_cli():
 def test_the_parser_check_catches_a_command_the_cli_does_not_have():
     with pytest.raises(SystemExit):
         build_parser().parse_args(["submit", "examples/gpt-tiny.yaml", "--no-such-flag"])
+
+
+def test_every_cli_command_has_a_row_in_the_user_guides_table():
+    import argparse
+
+    subcommands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    guide = (ROOT / "docs" / "user-guide.md").read_text(encoding="utf-8")
+    assert [name for name in subcommands if f"| `ballast {name}" not in guide] == []
