@@ -133,3 +133,16 @@ def test_a_jobs_layout_is_computed_in_one_place():
                                 .replace(" ]", "]")) for p in by_hand):
                     found.append(f"{path.relative_to(ROOT)}:{n}: {code.strip()}")
     assert found == []
+
+
+def test_a_jobs_placement_is_computed_in_one_module_and_read_elsewhere():
+    """Issue 42, item 1: a JobPlacement is built only by services/planner/jobs/assign.py (and copied by the store
+    that keeps it); agents, workers, recovery and the restarted planner read it (services/specs/placement.py)."""
+    import re
+
+    builds = re.compile(r"fleet_pb2\.JobPlacement\(|\.ranks\.add\(")
+    allowed = {"services/planner/jobs/assign.py", "services/store/repo/leases.py"}
+    found = sorted(str(path.relative_to(ROOT)) for top in ("services", "ballast") for path in (ROOT / top).rglob("*.py")
+                   if not path.name.endswith(("_pb2.py", "_pb2_grpc.py", "_pb2.pyi"))
+                   and builds.search(path.read_text()) and str(path.relative_to(ROOT)) not in allowed)
+    assert found == []

@@ -196,12 +196,9 @@ class WorkerAssignment(_message.Message):
     def __init__(self, device_index: _Optional[int] = ..., rank: _Optional[int] = ..., stage_index: _Optional[int] = ..., replica_index: _Optional[int] = ...) -> None: ...
 
 class AssignInstruction(_message.Message):
-    __slots__ = ("plan", "rendezvous", "world_size", "workers", "backend", "process_group_timeout_s", "start_iteration", "checkpoint_id", "spec", "checkpoint_uri", "checkpoint_dir", "init_from")
+    __slots__ = ("plan", "workers", "process_group_timeout_s", "start_iteration", "checkpoint_id", "spec", "checkpoint_uri", "checkpoint_dir", "init_from", "placement")
     PLAN_FIELD_NUMBER: _ClassVar[int]
-    RENDEZVOUS_FIELD_NUMBER: _ClassVar[int]
-    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
-    BACKEND_FIELD_NUMBER: _ClassVar[int]
     PROCESS_GROUP_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     START_ITERATION_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -209,11 +206,9 @@ class AssignInstruction(_message.Message):
     CHECKPOINT_URI_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
     INIT_FROM_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_FIELD_NUMBER: _ClassVar[int]
     plan: _plan_pb2.Plan
-    rendezvous: str
-    world_size: int
     workers: _containers.RepeatedCompositeFieldContainer[WorkerAssignment]
-    backend: str
     process_group_timeout_s: int
     start_iteration: int
     checkpoint_id: str
@@ -221,7 +216,8 @@ class AssignInstruction(_message.Message):
     checkpoint_uri: str
     checkpoint_dir: str
     init_from: str
-    def __init__(self, plan: _Optional[_Union[_plan_pb2.Plan, _Mapping]] = ..., rendezvous: _Optional[str] = ..., world_size: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerAssignment, _Mapping]]] = ..., backend: _Optional[str] = ..., process_group_timeout_s: _Optional[int] = ..., start_iteration: _Optional[int] = ..., checkpoint_id: _Optional[str] = ..., spec: _Optional[_Union[_job_pb2.JobSpec, _Mapping]] = ..., checkpoint_uri: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., init_from: _Optional[str] = ...) -> None: ...
+    placement: _fleet_pb2.JobPlacement
+    def __init__(self, plan: _Optional[_Union[_plan_pb2.Plan, _Mapping]] = ..., workers: _Optional[_Iterable[_Union[WorkerAssignment, _Mapping]]] = ..., process_group_timeout_s: _Optional[int] = ..., start_iteration: _Optional[int] = ..., checkpoint_id: _Optional[str] = ..., spec: _Optional[_Union[_job_pb2.JobSpec, _Mapping]] = ..., checkpoint_uri: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., init_from: _Optional[str] = ..., placement: _Optional[_Union[_fleet_pb2.JobPlacement, _Mapping]] = ...) -> None: ...
 
 class LayerMove(_message.Message):
     __slots__ = ("layer_index", "from_stage", "to_stage")

@@ -156,7 +156,7 @@ class DeviceRef(_message.Message):
     def __init__(self, host_id: _Optional[str] = ..., device_index: _Optional[int] = ...) -> None: ...
 
 class DeviceLease(_message.Message):
-    __slots__ = ("id", "job_id", "tenant_id", "device", "started_at", "ended_at", "end_reason", "device_kind")
+    __slots__ = ("id", "job_id", "tenant_id", "device", "started_at", "ended_at", "end_reason", "device_kind", "rank", "placement_id")
     ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -165,6 +165,8 @@ class DeviceLease(_message.Message):
     ENDED_AT_FIELD_NUMBER: _ClassVar[int]
     END_REASON_FIELD_NUMBER: _ClassVar[int]
     DEVICE_KIND_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_ID_FIELD_NUMBER: _ClassVar[int]
     id: str
     job_id: str
     tenant_id: str
@@ -173,7 +175,55 @@ class DeviceLease(_message.Message):
     ended_at: _timestamp_pb2.Timestamp
     end_reason: LeaseEndReason
     device_kind: str
-    def __init__(self, id: _Optional[str] = ..., job_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., device: _Optional[_Union[DeviceRef, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ended_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_reason: _Optional[_Union[LeaseEndReason, str]] = ..., device_kind: _Optional[str] = ...) -> None: ...
+    rank: int
+    placement_id: str
+    def __init__(self, id: _Optional[str] = ..., job_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., device: _Optional[_Union[DeviceRef, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ended_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_reason: _Optional[_Union[LeaseEndReason, str]] = ..., device_kind: _Optional[str] = ..., rank: _Optional[int] = ..., placement_id: _Optional[str] = ...) -> None: ...
+
+class RankPlacement(_message.Message):
+    __slots__ = ("rank", "stage_index", "replica_index", "host_id", "device_index")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_INDEX_FIELD_NUMBER: _ClassVar[int]
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    stage_index: int
+    replica_index: int
+    host_id: str
+    device_index: int
+    def __init__(self, rank: _Optional[int] = ..., stage_index: _Optional[int] = ..., replica_index: _Optional[int] = ..., host_id: _Optional[str] = ..., device_index: _Optional[int] = ...) -> None: ...
+
+class JobPlacement(_message.Message):
+    __slots__ = ("id", "job_id", "plan_id", "plan_version", "stages", "replicas", "world_size", "ranks", "rendezvous", "backend", "micro_batch_size", "num_micro_batches", "global_batch_size", "created_at")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    PLAN_ID_FIELD_NUMBER: _ClassVar[int]
+    PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    STAGES_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    RENDEZVOUS_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    MICRO_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    NUM_MICRO_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    job_id: str
+    plan_id: str
+    plan_version: int
+    stages: int
+    replicas: int
+    world_size: int
+    ranks: _containers.RepeatedCompositeFieldContainer[RankPlacement]
+    rendezvous: str
+    backend: str
+    micro_batch_size: int
+    num_micro_batches: int
+    global_batch_size: int
+    created_at: _timestamp_pb2.Timestamp
+    def __init__(self, id: _Optional[str] = ..., job_id: _Optional[str] = ..., plan_id: _Optional[str] = ..., plan_version: _Optional[int] = ..., stages: _Optional[int] = ..., replicas: _Optional[int] = ..., world_size: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankPlacement, _Mapping]]] = ..., rendezvous: _Optional[str] = ..., backend: _Optional[str] = ..., micro_batch_size: _Optional[int] = ..., num_micro_batches: _Optional[int] = ..., global_batch_size: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class PriorityClass(_message.Message):
     __slots__ = ("name", "priority", "preempts")

@@ -499,18 +499,28 @@ class ListWorkersResponse(_message.Message):
     def __init__(self, workers: _Optional[_Iterable[_Union[_queue_pb2.WorkerHeartbeat, _Mapping]]] = ...) -> None: ...
 
 class AcquireLeasesRequest(_message.Message):
-    __slots__ = ("job_id", "devices")
+    __slots__ = ("job_id", "devices", "placement")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     devices: _containers.RepeatedCompositeFieldContainer[_fleet_pb2.DeviceRef]
-    def __init__(self, job_id: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[_fleet_pb2.DeviceRef, _Mapping]]] = ...) -> None: ...
+    placement: _fleet_pb2.JobPlacement
+    def __init__(self, job_id: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[_fleet_pb2.DeviceRef, _Mapping]]] = ..., placement: _Optional[_Union[_fleet_pb2.JobPlacement, _Mapping]] = ...) -> None: ...
+
+class GetPlacementRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class AcquireLeasesResponse(_message.Message):
-    __slots__ = ("leases",)
+    __slots__ = ("leases", "placement")
     LEASES_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_FIELD_NUMBER: _ClassVar[int]
     leases: _containers.RepeatedCompositeFieldContainer[_fleet_pb2.DeviceLease]
-    def __init__(self, leases: _Optional[_Iterable[_Union[_fleet_pb2.DeviceLease, _Mapping]]] = ...) -> None: ...
+    placement: _fleet_pb2.JobPlacement
+    def __init__(self, leases: _Optional[_Iterable[_Union[_fleet_pb2.DeviceLease, _Mapping]]] = ..., placement: _Optional[_Union[_fleet_pb2.JobPlacement, _Mapping]] = ...) -> None: ...
 
 class EndLeasesRequest(_message.Message):
     __slots__ = ("job_id", "reason", "host_id")

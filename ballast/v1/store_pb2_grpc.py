@@ -282,6 +282,11 @@ class StoreServiceStub:
                 request_serializer=ballast_dot_v1_dot_store__pb2.ListLeasesRequest.SerializeToString,
                 response_deserializer=ballast_dot_v1_dot_store__pb2.ListLeasesResponse.FromString,
                 _registered_method=True)
+        self.GetPlacement = channel.unary_unary(
+                '/ballast.v1.StoreService/GetPlacement',
+                request_serializer=ballast_dot_v1_dot_store__pb2.GetPlacementRequest.SerializeToString,
+                response_deserializer=ballast_dot_v1_dot_fleet__pb2.JobPlacement.FromString,
+                _registered_method=True)
         self.GetFleetPolicy = channel.unary_unary(
                 '/ballast.v1.StoreService/GetFleetPolicy',
                 request_serializer=ballast_dot_v1_dot_store__pb2.GetFleetPolicyRequest.SerializeToString,
@@ -689,6 +694,13 @@ class StoreServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetPlacement(self, request, context):
+        """The placement a job's devices were last leased with (NOT_FOUND if never).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetFleetPolicy(self, request, context):
         """Read the fleet policy.
         """
@@ -1022,6 +1034,11 @@ def add_StoreServiceServicer_to_server(servicer, server):
                     servicer.ListLeases,
                     request_deserializer=ballast_dot_v1_dot_store__pb2.ListLeasesRequest.FromString,
                     response_serializer=ballast_dot_v1_dot_store__pb2.ListLeasesResponse.SerializeToString,
+            ),
+            'GetPlacement': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPlacement,
+                    request_deserializer=ballast_dot_v1_dot_store__pb2.GetPlacementRequest.FromString,
+                    response_serializer=ballast_dot_v1_dot_fleet__pb2.JobPlacement.SerializeToString,
             ),
             'GetFleetPolicy': grpc.unary_unary_rpc_method_handler(
                     servicer.GetFleetPolicy,
@@ -2386,6 +2403,33 @@ class StoreService:
             '/ballast.v1.StoreService/ListLeases',
             ballast_dot_v1_dot_store__pb2.ListLeasesRequest.SerializeToString,
             ballast_dot_v1_dot_store__pb2.ListLeasesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPlacement(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ballast.v1.StoreService/GetPlacement',
+            ballast_dot_v1_dot_store__pb2.GetPlacementRequest.SerializeToString,
+            ballast_dot_v1_dot_fleet__pb2.JobPlacement.FromString,
             options,
             channel_credentials,
             insecure,

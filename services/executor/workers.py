@@ -33,7 +33,6 @@ from ballast.v1 import common_pb2, executor_pb2, job_pb2, plan_pb2
 from services.executor.train.config import WorkerConfig
 from services.executor.train.hold import hold_command
 from services.runtime.allocator import STEADY_ALLOCATOR
-from services.specs.parallel import ParallelDims
 from services.specs.user_inputs import NO_USER_INPUTS, UserInputs
 
 AGENT_PID_ENV = "BALLAST_AGENT_PID"  # the worker dies with this agent (train/worker.py die_with_agent)
@@ -54,21 +53,21 @@ def worker_config(assign: executor_pb2.AssignInstruction, worker: executor_pb2.W
                   user_inputs: UserInputs = NO_USER_INPUTS) -> WorkerConfig:
     """The WorkerConfig (services/executor/train/config.py) of one assigned worker; `user_inputs` is this agent's
     operator policy (it decides what the worker may import, whatever the planner sent)."""
-    plan, spec = assign.plan, assign.spec
+    plan, spec, placed = assign.plan, assign.spec, assign.placement
     optimizer = spec.optimizer
     harmony_plan = plan.HasField("harmony")  # one pipeline over the whole batch on gloo, CPU tensors (no CUDA path)
-    backend = "gloo" if harmony_plan else assign.backend or "gloo"
+    backend = "gloo" if harmony_plan else placed.backend or "gloo"
     return WorkerConfig(
         job_id=job_id,
         model=MessageToDict(spec.model, preserving_proto_field_name=True),
         stage_bounds=[[s.layer_begin, s.layer_end] for s in plan.stages],
-        num_replicas=ParallelDims.of_plan(plan).dp,
+        num_replicas=placed.replicas,
         stage_index=worker.stage_index,
         replica_index=worker.replica_index,
         rank=worker.rank,
-        world_size=assign.world_size,
-        micro_batch_size=micro_batch_size(plan),
-        num_micro_batches=plan.num_micro_batches,
+        world_size=placed.world_size,
+        micro_batch_size=placed.micro_batch_size,
+        num_micro_batches=placed.num_micro_batches,
         # Varuna's schedule is priced by the simulator; the runtime runs 1F1B in its place.
         schedule=SCHEDULES.get(plan.schedule, "1f1b"),
         **policies(plan),
@@ -87,7 +86,7 @@ def worker_config(assign: executor_pb2.AssignInstruction, worker: executor_pb2.W
         resume_from=assign.checkpoint_uri,
         init_from=assign.init_from,
         final_checkpoint=bool(assign.checkpoint_dir),
-        init_method=f"tcp://{assign.rendezvous}",
+        init_method=f"tcp://{placed.rendezvous}",
         backend=backend,
         device="cuda:0" if backend == "nccl" else "cpu",  # one visible GPU per worker (CUDA_VISIBLE_DEVICES)
         timeout_s=float(assign.process_group_timeout_s or 60),
@@ -102,10 +101,19 @@ def worker_config(assign: executor_pb2.AssignInstruction, worker: executor_pb2.W
     )
 
 
-def micro_batch_size(plan: plan_pb2.Plan) -> int:
-    """Samples per micro-batch of one worker: the plan's split over a stage's replicas, or under Harmony the whole
-    micro-batch (its workers are the devices of one pipeline over the whole batch, not replicas splitting it)."""
-    return plan.micro_batch_size if plan.HasField("harmony") else plan.micro_batch_size // ParallelDims.of_plan(plan).dp
+def unplaced_workers(assign: executor_pb2.AssignInstruction) -> str:
+    """Why the workers of an Assign cannot be launched from its placement ("" if they can): each is one of the
+    placement's ranks, at that rank's stage, replica and device."""
+    placed = {r.rank: r for r in assign.placement.ranks}
+    if not placed or len(placed) != assign.placement.world_size:
+        return (f"placement: {len(placed)} rank(s) placed for a world of {assign.placement.world_size}; the "
+                "planner sends the job's whole placement with every Assign")
+    for w in assign.workers:
+        r = placed.get(w.rank)
+        if r is None or (r.stage_index, r.replica_index, r.device_index) != (w.stage_index, w.replica_index,
+                                                                              w.device_index):
+            return f"workers: rank {w.rank} is not where the placement puts it"
+    return ""
 
 
 def harmony(plan: plan_pb2.Plan, job_id: str) -> dict:
@@ -252,6 +260,10 @@ class Workers:
             if job_id in self._jobs:  # a redelivered instruction: the workers already run
                 ack.ok, ack.message = True, "already running"
                 return ack
+        unplaced = unplaced_workers(assign)
+        if unplaced:
+            ack.ok, ack.message = False, unplaced
+            return ack
         started: list[Worker] = []
         try:
             for assignment in assign.workers:
@@ -278,7 +290,7 @@ class Workers:
         settings = worker_config(assign, assignment, job_id, self._user_inputs)
         config.write_text(settings.to_json())
         env = {**STEADY_ALLOCATOR, **os.environ, "OMP_NUM_THREADS": "1", AGENT_PID_ENV: str(os.getpid())}
-        if assign.backend == "nccl":
+        if assign.placement.backend == "nccl":
             env["CUDA_VISIBLE_DEVICES"] = str(assignment.device_index)
         stderr = tempfile.TemporaryFile()  # a file: a chatty worker never blocks on a full pipe
         proc = subprocess.Popen([*self._command, str(config)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,

@@ -459,6 +459,32 @@ class DeviceLease(Base):
     started_at: Mapped[datetime] = mapped_column(index=True)
     ended_at: Mapped[datetime | None]
     end_reason: Mapped[str | None] = mapped_column(EnumName)
+    # the job's rank on this device, from the placement the lease was made for (both NULL without one)
+    placement_id: Mapped[str | None] = mapped_column(Id, _fk("job_placements.id", "CASCADE"), index=True)
+    rank: Mapped[int | None]
+
+
+class JobPlacement(Base):
+    """Where a job's ranks ran: written with the leases it was started on, one row per start (a morph or a
+    resize starts it again, elsewhere). The layout's numbers are plain columns for `ballast sql`; every rank's
+    host and device are on the lease rows (device_leases.placement_id, rank) and in `body`, the whole message."""
+
+    __tablename__ = "job_placements"
+    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    job_id: Mapped[str] = mapped_column(Id, _fk("jobs.id", "CASCADE"), index=True)
+    tenant_id: Mapped[str] = mapped_column(Id, _fk("tenants.id"))
+    plan_id: Mapped[str] = mapped_column(Id)
+    plan_version: Mapped[int]
+    stages: Mapped[int]
+    replicas: Mapped[int]
+    world_size: Mapped[int]
+    micro_batch_size: Mapped[int]
+    num_micro_batches: Mapped[int]
+    global_batch_size: Mapped[int]
+    rendezvous: Mapped[str] = mapped_column(sa.String(300))
+    backend: Mapped[str] = mapped_column(sa.String(20))
+    body: Mapped[dict[str, Any]]  # the JobPlacement as JSON (convert.to_json)
+    created_at: Mapped[datetime] = mapped_column(index=True)
 
 
 class FleetPolicyVersion(Base):

@@ -10,14 +10,13 @@ from pathlib import Path
 
 from ballast.v1 import executor_pb2, plan_pb2
 from services.executor.workers import REMEMBERED_CHECKPOINTS, Workers, plan_command, policies, worker_config
+from tests.executor.assigns import assign_on_one_host
 
 
 def assign_message(job_id: str, ranks: int = 1) -> executor_pb2.PlannerMessage:
     plan = plan_pb2.Plan(micro_batch_size=2, num_micro_batches=2)
     plan.stages.add(index=0, layer_begin=0, layer_end=3, devices=ranks)
-    assign = executor_pb2.AssignInstruction(plan=plan, world_size=ranks, rendezvous="127.0.0.1:1", backend="gloo")
-    for r in range(ranks):
-        assign.workers.add(rank=r, stage_index=0, replica_index=r, device_index=r)
+    assign = assign_on_one_host(plan, job_id)
     return executor_pb2.PlannerMessage(instruction_id=f"{job_id}-assign-h", job_id=job_id, assign=assign)
 
 

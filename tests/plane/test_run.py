@@ -57,6 +57,13 @@ def test_a_job_trains_to_the_end_and_its_metrics_sit_beside_the_prediction(plane
     leases = client.store.ListLeases(store_pb2.ListLeasesRequest(job_id=job.id)).leases
     assert len(leases) == workers and int(events[4].attributes["devices"]) == workers
     assert all(x.end_reason == fleet_pb2.LEASE_END_REASON_FINISHED for x in leases)
+    # ...for the placement the planner computed once and stored with them, the one its ASSIGNED event names
+    placed = client.store.GetPlacement(store_pb2.GetPlacementRequest(job_id=job.id))
+    assert placed.id == events[5].attributes["placement_id"] and placed.world_size == workers
+    assert placed.rendezvous == events[5].attributes["rendezvous"]
+    assert sorted((x.device.host_id, x.device.device_index, x.rank) for x in leases) == sorted(
+        (r.host_id, r.device_index, r.rank) for r in placed.ranks)
+    assert placed.global_batch_size == plan.micro_batch_size * plan.num_micro_batches
 
     rows = client.iteration_metrics(job.id)
     assert sorted({m.iteration for m in rows}) == list(range(6)) and len(rows) == 6 * workers
@@ -111,7 +118,8 @@ def test_a_killed_worker_morphs_the_job_which_runs_again(plane):
 
 def test_a_restarted_planner_takes_its_running_job_back(plane):
     """The planner goes away mid-run; the workers keep training, the agents keep their reports and reconnect,
-    and the new planner finishes the job from the store (ASSIGNED event, plan) with its checkpoints recorded."""
+    and the new planner finishes the job from the store (its stored placement, plan) with its checkpoints
+    recorded."""
     from services.planner.service import build_server
 
     client = plane.client()

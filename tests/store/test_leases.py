@@ -85,6 +85,57 @@ def test_bad_lease_requests_name_the_field(store: Store, h1):
     assert err.value.field == "job_id" and store.count("device_leases") == 0
 
 
+def two_stage_placement(job_id: str, host_id: str, indexes: tuple[int, int]) -> fleet_pb2.JobPlacement:
+    out = fleet_pb2.JobPlacement(job_id=job_id, plan_id="pln-1", plan_version=2, stages=2, replicas=1, world_size=2,
+                                 rendezvous="10.0.0.1:29500", backend="gloo", micro_batch_size=4,
+                                 num_micro_batches=2, global_batch_size=8)
+    for rank, index in enumerate(indexes):
+        out.ranks.add(rank=rank, stage_index=rank, replica_index=0, host_id=host_id, device_index=index)
+    return out
+
+
+def test_a_placement_is_stored_with_its_leases_and_read_back_whole(store: Store, h1):
+    job = new_job(store)
+    with pytest.raises(NotFound) as err:
+        store.as_(store.admin).get_placement(store_pb2.GetPlacementRequest(job_id=job.id))
+    assert err.value.field == "job_id"
+    first = two_stage_placement(job.id, h1.id, (1, 0))
+    made = store.as_(store.admin).acquire_leases(store_pb2.AcquireLeasesRequest(
+        job_id=job.id, devices=devices(h1.id, 0, 1), placement=first))
+    assert [(x.device.device_index, x.rank) for x in made.leases] == [(0, 1), (1, 0)]
+    placement_id = made.placement.id
+    assert placement_id.startswith("plc-") and {x.placement_id for x in made.leases} == {placement_id}
+    got = store.as_(store.a).get_placement(store_pb2.GetPlacementRequest(job_id=job.id))  # its tenant reads it
+    assert got == made.placement and got.HasField("created_at")
+    got.ClearField("id")
+    got.ClearField("created_at")
+    assert got == first
+    with pytest.raises(NotFound):  # another tenant's job is not there for it
+        store.as_(store.b).get_placement(store_pb2.GetPlacementRequest(job_id=job.id))
+    # started again elsewhere (a morph): the newest placement is the job's
+    store.as_(store.admin).end_leases(store_pb2.EndLeasesRequest(job_id=job.id, reason=R.LEASE_END_REASON_MORPHED))
+    second = two_stage_placement(job.id, h1.id, (2, 3))
+    store.as_(store.admin).acquire_leases(store_pb2.AcquireLeasesRequest(
+        job_id=job.id, devices=devices(h1.id, 2, 3), placement=second))
+    assert store.as_(store.admin).get_placement(store_pb2.GetPlacementRequest(job_id=job.id)).ranks == second.ranks
+    with store.engine.connect() as conn:  # which rank ran where is a join for SQL users
+        rows = conn.execute(sa.text(
+            "SELECT l.device_index, l.rank, p.world_size, p.global_batch_size FROM device_leases l "
+            "JOIN job_placements p ON p.id = l.placement_id WHERE l.job_id = :job ORDER BY l.device_index"),
+            {"job": job.id}).all()
+    assert [tuple(r) for r in rows] == [(0, 1, 2, 8), (1, 0, 2, 8), (2, 0, 2, 8), (3, 1, 2, 8)]
+
+
+def test_a_placement_that_does_not_match_its_devices_is_refused_and_nothing_is_leased(store: Store, h1):
+    job = new_job(store)
+    wrong = two_stage_placement(job.id, h1.id, (0, 2))
+    with pytest.raises(InvalidArgument) as err:
+        store.as_(store.admin).acquire_leases(store_pb2.AcquireLeasesRequest(
+            job_id=job.id, devices=devices(h1.id, 0, 1), placement=wrong))
+    assert err.value.field == "placement.ranks"
+    assert store.count("device_leases") == 0 and store.count("job_placements") == 0
+
+
 def test_a_jobs_end_ends_its_leases_in_the_same_transaction(store: Store, h1):
     done, preempted, cancelled = (new_job(store, name=n) for n in ("done", "preempted", "cancelled"))
     for job, index in ((done, 0), (preempted, 1), (cancelled, 2)):

@@ -251,23 +251,30 @@ def test_migration_0019_adds_and_drops_the_evaluations_table(empty_database_url)
         engine.dispose()
 
 
+def columns(engine: sa.Engine, table: str) -> set[str]:
+    """The table's columns as the database has them now (a fresh connection: migrations ran in another)."""
+    engine.dispose()
+    return {c["name"] for c in sa.inspect(engine).get_columns(table)}
+
+
+def tables(engine: sa.Engine) -> set[str]:
+    engine.dispose()
+    return set(sa.inspect(engine).get_table_names())
+
+
 def test_migration_0020_adds_and_drops_the_profile_fidelity_columns(empty_database_url):
     url = empty_database_url
     schema.upgrade(url, "0019_evaluations")
     engine = create_engine(url)
-
-    def columns(table: str) -> set[str]:
-        engine.dispose()
-        return {c["name"] for c in sa.inspect(engine).get_columns(table)}
-
     try:
-        assert "composition_factor" not in columns("profiles")
+        assert "composition_factor" not in columns(engine, "profiles")
         schema.upgrade(url)
-        assert {"composition_factor", "host_noise", "noisy", "measure_passes"} <= columns("profiles")
-        assert {"forward_spread", "backward_spread"} <= columns("profile_layer_samples")
+        assert {"composition_factor", "host_noise", "noisy", "measure_passes"} <= columns(engine, "profiles")
+        assert {"forward_spread", "backward_spread"} <= columns(engine, "profile_layer_samples")
         schema.check_schema(engine)
         schema.downgrade(url, "0019_evaluations")
-        assert "host_noise" not in columns("profiles") and "forward_spread" not in columns("profile_layer_samples")
+        assert "host_noise" not in columns(engine, "profiles")
+        assert "forward_spread" not in columns(engine, "profile_layer_samples")
     finally:
         engine.dispose()
 
@@ -276,17 +283,28 @@ def test_migration_0021_adds_and_drops_the_offload_scales(empty_database_url):
     url = empty_database_url
     schema.upgrade(url, "0020_profile_fidelity")
     engine = create_engine(url)
-
-    def columns() -> set[str]:
-        engine.dispose()
-        return {c["name"] for c in sa.inspect(engine).get_columns("calibrations")}
-
     try:
-        assert "harmony_scale" not in columns()
+        assert "harmony_scale" not in columns(engine, "calibrations")
         schema.upgrade(url)
-        assert {"harmony_scale", "chunks_scale"} <= columns()
+        assert {"harmony_scale", "chunks_scale"} <= columns(engine, "calibrations")
         schema.check_schema(engine)
         schema.downgrade(url, "0020_profile_fidelity")
-        assert not {"harmony_scale", "chunks_scale"} & columns()
+        assert not {"harmony_scale", "chunks_scale"} & columns(engine, "calibrations")
+    finally:
+        engine.dispose()
+
+
+def test_migration_0022_adds_and_drops_job_placements(empty_database_url):
+    url = empty_database_url
+    schema.upgrade(url, "0021_offload_calibration")
+    engine = create_engine(url)
+    try:
+        assert "job_placements" not in tables(engine) and "rank" not in columns(engine, "device_leases")
+        schema.upgrade(url)
+        assert "job_placements" in tables(engine) and {"placement_id", "rank"} <= columns(engine, "device_leases")
+        schema.check_schema(engine)
+        schema.downgrade(url, "0021_offload_calibration")
+        assert "job_placements" not in tables(engine)
+        assert not {"placement_id", "rank"} & columns(engine, "device_leases")
     finally:
         engine.dispose()

@@ -10,10 +10,9 @@ Rank 0's host serves the torch.distributed rendezvous.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 
-from ballast.v1 import common_pb2, executor_pb2, fleet_pb2, plan_pb2
+from ballast.v1 import common_pb2, fleet_pb2, job_pb2, plan_pb2
 from services.planner.search.space import executable_shape
 from services.runtime.errors import FailedPrecondition
 from services.specs.parallel import ParallelDims
@@ -21,14 +20,6 @@ from services.specs.parallel import ParallelDims
 CPU_KINDS = ("cpu",)
 PARALLEL_DIM_NAMES = {common_pb2.PARALLEL_DIM_DP: "dp", common_pb2.PARALLEL_DIM_SDP: "sdp",
                       common_pb2.PARALLEL_DIM_TP: "tp"}
-
-
-@dataclass(frozen=True)
-class Placement:
-    """One host's share of a job."""
-
-    host: fleet_pb2.Host
-    workers: tuple[executor_pb2.WorkerAssignment, ...]
 
 
 def pipeline_shape(plan: plan_pb2.Plan) -> ParallelDims:
@@ -56,49 +47,60 @@ def pipeline_shape(plan: plan_pb2.Plan) -> ParallelDims:
     return ParallelDims(pp=len(plan.stages), dp=d)
 
 
-def place(plan: plan_pb2.Plan, hosts: list[fleet_pb2.Host]) -> list[Placement]:
-    """Fill hosts in order (by name, for stable placements) with ranks 0..P*D-1."""
+def fill(plan: plan_pb2.Plan, hosts: list[fleet_pb2.Host]) -> list[tuple[fleet_pb2.Host, int]]:
+    """The (host, device index) slots of ranks 0..P*D-1 filling `hosts` in name order (stable placements); the
+    admission engine chooses the slots of a shared fleet, this is the whole-fleet fill."""
     dims = pipeline_shape(plan)
-    world = dims.world_size
-    kind = plan.fleet.device.kind
+    world, kind = dims.world_size, plan.fleet.device.kind
     usable = sorted((h for h in hosts if h.devices and all(d.spec.kind == kind for d in h.devices)),
                     key=lambda h: h.name)
-    slots = sum(len(h.devices) for h in usable)
-    if slots < world:
+    slots = [(h, d.index) for h in usable for d in h.devices]
+    if len(slots) < world:
         raise FailedPrecondition(
             f"the plan needs {world} {kind} device(s) ({dims.pp} stage(s) x {dims.dp} replica(s)); "
-            f"{slots} are online", field="spec.fleet",
+            f"{len(slots)} are online", field="spec.fleet",
             fix="start more executors, or submit with a fleet the online executors form")
-    placements, rank = [], 0
-    for host in usable:
-        workers = []
-        for device in host.devices:
-            if rank == world:
-                break
-            stage, replica = dims.stage_and_replica(rank)
-            workers.append(executor_pb2.WorkerAssignment(device_index=device.index, rank=rank,
-                                                         stage_index=stage, replica_index=replica))
-            rank += 1
-        if workers:
-            placements.append(Placement(host, tuple(workers)))
-    return placements
+    return slots[:world]
 
 
-def place_on(plan: plan_pb2.Plan, slots: list[tuple[fleet_pb2.Host, int]]) -> list[Placement]:
-    """Ranks 0..P*D-1 on exactly the leased devices `slots` ((host, device index), in placement order), so a
-    stage's replicas share a host where they can; one Placement per host, in first-use order."""
+def placement(job_id: str, plan: plan_pb2.Plan, slots: Sequence[tuple[fleet_pb2.Host, int]],
+              port: Callable[[str], int]) -> fleet_pb2.JobPlacement:
+    """The job's placement: rank r on slot r ((host, device index), in placement order, so a stage's replicas
+    share a host where they can), the rendezvous on rank 0's host at `port(its address)`, the backend its hosts
+    run, and the batch split. Computed here once per start; the store keeps it with the leases."""
     dims = pipeline_shape(plan)
     if len(slots) != dims.world_size:
         raise FailedPrecondition(f"{len(slots)} device(s) leased for a plan of {dims.world_size}",
                                  field="plan_id", fix="lease exactly the plan's device count")
-    workers: dict[str, list[executor_pb2.WorkerAssignment]] = {}
-    hosts: dict[str, fleet_pb2.Host] = {}
+    first = slots[0][0].address
+    harmony = plan.HasField("harmony")  # one pipeline over the whole micro-batch: its devices are not replicas
+    per_worker = plan.micro_batch_size if harmony else plan.micro_batch_size // dims.dp
+    out = fleet_pb2.JobPlacement(
+        job_id=job_id, plan_id=plan.id, plan_version=plan.version, stages=dims.pp, replicas=dims.dp,
+        world_size=dims.world_size, rendezvous=f"{first or '127.0.0.1'}:{port(first)}",
+        backend=backend_for(plan, list({h.id: h for h, _ in slots}.values())),
+        micro_batch_size=per_worker, num_micro_batches=plan.num_micro_batches,
+        global_batch_size=plan.micro_batch_size * plan.num_micro_batches)
     for rank, (host, index) in enumerate(slots):
-        hosts.setdefault(host.id, host)
         stage, replica = dims.stage_and_replica(rank)
-        workers.setdefault(host.id, []).append(executor_pb2.WorkerAssignment(
-            device_index=index, rank=rank, stage_index=stage, replica_index=replica))
-    return [Placement(hosts[h], tuple(w)) for h, w in workers.items()]
+        out.ranks.add(rank=rank, stage_index=stage, replica_index=replica, host_id=host.id, device_index=index)
+    return out
+
+
+def placement_of_assigned_event(job_id: str, plan: plan_pb2.Plan, assigned: job_pb2.JobEvent) -> fleet_pb2.JobPlacement:
+    """What an ASSIGNED event says of a job started before placements were stored with leases: its hosts' ranks
+    ("host:0,1;host2:2,3") and world size (device indexes were not recorded)."""
+    dims = pipeline_shape(plan)
+    out = fleet_pb2.JobPlacement(job_id=job_id, plan_id=plan.id, plan_version=plan.version, stages=dims.pp,
+                                 replicas=dims.dp, world_size=int(assigned.attributes.get("world_size", "0")),
+                                 rendezvous=assigned.attributes.get("rendezvous", ""))
+    for part in filter(None, assigned.attributes.get("ranks", "").split(";")):
+        host, _, ranks = part.partition(":")
+        for rank in (int(r) for r in ranks.split(",") if r):
+            stage, replica = dims.stage_and_replica(rank)
+            out.ranks.add(rank=rank, stage_index=stage, replica_index=replica, host_id=host)
+    out.ranks.sort(key=lambda r: r.rank)
+    return out
 
 
 def backend_for(plan: plan_pb2.Plan, hosts: Sequence[fleet_pb2.Host] = ()) -> str:

@@ -6,10 +6,11 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from ballast.v1 import job_pb2, plan_pb2
+from ballast.v1 import fleet_pb2, job_pb2, plan_pb2
 from services.planner.jobs import morph, stutter
 from services.planner.jobs.assign import pipeline_shape
 from services.runtime.errors import FailedPrecondition
+from services.specs import placement as placement_spec
 
 S = job_pb2.JobState
 # A worker whose peer died fails in its next collective; the dead peer's own exit (a signal, its error) is the
@@ -74,6 +75,13 @@ class Running:
     replanned: dict[int, tuple[float, str]] = field(default_factory=dict)
     # devices -> (its median measured iteration time on an earlier plan with that many, that plan's version)
     measured_on: dict[int, tuple[float, int]] = field(default_factory=dict)
+    placement: fleet_pb2.JobPlacement | None = None  # where its ranks run, as stored with its leases
+
+    @classmethod
+    def placed(cls, job: job_pb2.Job, plan: plan_pb2.Plan, placement: fleet_pb2.JobPlacement, **kw) -> Running:
+        """A job started on `placement`: its hosts, world and ranks are read from it, never derived again."""
+        return cls(job, plan, placement_spec.hosts(placement), placement.world_size,
+                   ranks=placement_spec.ranks_by_host(placement), placement=placement, **kw)
 
 
 def devices_of(plan: plan_pb2.Plan) -> int:

@@ -32,7 +32,7 @@ from services.planner import admission as adm
 from services.planner.jobs import morph, references, stutter
 from services.planner.jobs.admit import HOLDING, Reader, Snapshot, epoch_s
 from services.planner.jobs.arrival import Arrival, Gate
-from services.planner.jobs.assign import backend_for, pipeline_shape, place_on
+from services.planner.jobs.assign import pipeline_shape, placement, placement_of_assigned_event
 from services.planner.jobs.control import TRANSIENT
 from services.planner.jobs.elastic import ELASTIC_INTERVAL_S, FAIRNESS_BOUND, MIN_RESIZE_INTERVAL_S, ElasticPass
 from services.planner.jobs.hold import StoreHold
@@ -51,10 +51,11 @@ from services.planner.jobs.running import (
 )
 from services.planner.online import OnlineOptions
 from services.planner.plans.make import CALIBRATED
-from services.runtime.errors import BallastError, FailedPrecondition, InvalidArgument
+from services.runtime.errors import BallastError, FailedPrecondition, InvalidArgument, NotFound
 from services.runtime.metrics import forget_job
 from services.runtime.ports import free_port
 from services.runtime.store_api import Store, every_page
+from services.specs.placement import workers_on
 
 log = logging.getLogger("ballast.scheduler")
 S = job_pb2.JobState
@@ -297,13 +298,14 @@ class Scheduler(Recovery, ElasticPass):
         except BallastError as exc:  # the weights it starts from went since Submit
             self._transition(job, S.JOB_STATE_FAILED, f"init_from: {exc}", "FAILED", {"step": "init_from"})
             return
+        placed = placement(job_id, plan, [(snap.hosts[x.host_id], x.device_index) for x in slots], _port)
         refs = [fleet_pb2.DeviceRef(host_id=x.host_id, device_index=x.device_index) for x in slots]
         try:
-            self._store.acquire_leases(store_pb2.AcquireLeasesRequest(job_id=job_id, devices=refs))
+            placed = self._store.acquire_leases(store_pb2.AcquireLeasesRequest(job_id=job_id, devices=refs,
+                                                                               placement=placed)).placement
         except FailedPrecondition as exc:  # another planner, or the quota moved: the next pass decides again
             log.warning("lease refused", extra={"job_id": job_id, "why": str(exc)})
             return
-        placements = place_on(plan, [(snap.hosts[x.host_id], x.device_index) for x in slots])
         preempted = bool(self.admission.preemptions(job_id))
         loss = self.admission.pending_loss(job_id)
         resume = self.admission.resume_point(job_id) if preempted or loss else None
@@ -327,22 +329,20 @@ class Scheduler(Recovery, ElasticPass):
             attributes={"devices": str(len(slots)), "waited_s": f"{waited:.3f}",
                         "priority_class": snap.classes.get(job_id, ""), "start_iteration": str(start_iteration),
                         "stages": str(stages), "replicas": str(replicas)})))
-        world = sum(len(p.workers) for p in placements)
-        rendezvous = f"{placements[0].host.address or '127.0.0.1'}:{_port(placements[0].host.address)}"
-        running = Running(job, plan, [p.host.id for p in placements], world,
-                          ranks={p.host.id: [w.rank for w in p.workers] for p in placements},
-                          iteration=start_iteration, resume_iteration=start_iteration,
-                          watch=self._stutter_watch(plan, [p.host.address or p.host.id for p in placements
-                                                           for _ in p.workers]))
+        world, rendezvous = placed.world_size, placed.rendezvous
+        running = Running.placed(job, plan, placed, iteration=start_iteration, resume_iteration=start_iteration,
+                                 watch=self._stutter_watch(plan, [snap.hosts[r.host_id].address or r.host_id
+                                                                  for r in placed.ranks]))
         running.target, running.target_iteration_s, running.target_measured_s = self._target(job, stages * replicas)
         with self._lock:
             self._running[job.id] = running
-        names = ", ".join(f"{p.host.name} ({len(p.workers)})" for p in placements)  # ids go in the attributes
+        names = ", ".join(f"{snap.hosts[h].name} ({len(r)})" for h, r in running.ranks.items())  # ids: attributes
         spec, cadence_why = self._with_cadence(job, plan, world)
         moved = self._transition(job, S.JOB_STATE_RUNNING, f"{world} worker(s) on {names}; rendezvous {rendezvous}; "
                                  f"{cadence_why}", "ASSIGNED",
                                  {"hosts": ",".join(running.hosts), "world_size": str(world),
                                   "rendezvous": rendezvous, "ranks": _ranks_attribute(running.ranks),
+                                  "placement_id": placed.id,
                                   "checkpoint_every": str(spec.checkpoint_every), "checkpoint_cadence": cadence_why})
         if moved is None:
             with self._lock:
@@ -355,16 +355,15 @@ class Scheduler(Recovery, ElasticPass):
             self.admission.lost(job_id, None)
             running.morph_id = self._record_morph(moved, loss, stages, replicas, start_iteration)
         self.rebalancer.track(moved, plan, running.hosts)
-        backend = backend_for(plan, [p.host for p in placements])
-        for p in placements:
+        for host_id in running.hosts:
             assign = executor_pb2.AssignInstruction(
-                plan=plan, rendezvous=rendezvous, world_size=world, workers=p.workers, backend=backend,
-                process_group_timeout_s=self._pg_timeout, spec=spec,
+                plan=plan, placement=placed, process_group_timeout_s=self._pg_timeout, spec=spec,
+                workers=workers_on(placed, host_id),
                 checkpoint_dir=str(self._root / job.id),
                 start_iteration=resume.iteration if resume else 0,
                 checkpoint_uri=resume.directory if resume else "",
                 init_from="" if resume else weights)
-            self._instruct(running, p.host.id, "assign", assign=assign)
+            self._instruct(running, host_id, "assign", assign=assign)
 
     def _preempt(self, victim: str, for_job: str, snap: Snapshot) -> None:
         """Drain the victim: its ranks agree on the next iteration boundary, checkpoint there and exit; its
@@ -406,8 +405,8 @@ class Scheduler(Recovery, ElasticPass):
                 self._lose(running, morph.HOST_LOST, f"host {host_id} is gone: {exc}", lost_hosts=(host_id,))
 
     def _tracked(self, job_id: str) -> Running | None:
-        """The job's Running, rebuilt from the store after a planner restart: the ASSIGNED event says which
-        hosts run how many workers, and agents keep their workers' reports until they reconnect."""
+        """The job's Running, rebuilt from the store after a planner restart: the placement stored with its
+        leases says which hosts run which ranks, and agents keep their workers' reports until they reconnect."""
         with self._lock:
             running = self._running.get(job_id)
         if running is not None or not job_id:
@@ -415,15 +414,17 @@ class Scheduler(Recovery, ElasticPass):
         job = self._store.get_job(store_pb2.GetRequest(id=job_id))
         if job.state not in HOLDING or not job.plan_id:
             return None
-        events = self._store.list_job_events(store_pb2.ListJobEventsRequest(job_id=job_id)).events
-        assigned = next((e for e in reversed(events) if e.type == "ASSIGNED"), None)
-        if assigned is None:
-            return None
         plan = self._store.get_plan(store_pb2.GetRequest(id=job.plan_id))
-        ranks = _parse_ranks(assigned.attributes.get("ranks", ""))
-        running = Running(job, plan, [h for h in assigned.attributes.get("hosts", "").split(",") if h],
-                          int(assigned.attributes.get("world_size", "0")), ranks=ranks,
-                          watch=self._stutter_watch(plan, self._machines(ranks)))
+        try:
+            placed = self._store.get_placement(store_pb2.GetPlacementRequest(job_id=job_id))
+        except NotFound:  # started by a planner from before stored placements (schema 0022), or never started
+            events = self._store.list_job_events(store_pb2.ListJobEventsRequest(job_id=job_id)).events
+            assigned = next((e for e in reversed(events) if e.type == "ASSIGNED"), None)
+            if assigned is None:
+                return None
+            placed = placement_of_assigned_event(job_id, plan, assigned)
+        running = Running.placed(job, plan, placed)
+        running.watch = self._stutter_watch(plan, self._machines(running.ranks))
         if job.state == S.JOB_STATE_MORPHING:  # the morph goes on: the survivors' exits (replayed) requeue it
             running.loss = self.admission.pending_loss(job_id)
             running.stopping = "morphing"
@@ -715,14 +716,6 @@ def evaluated_message(row: job_pb2.Evaluation) -> str:
 def _ranks_attribute(ranks: dict[str, list[int]]) -> str:
     """host:0,1;host2:2,3 -- which ranks each host runs, in the ASSIGNED event (a restarted planner reads it)."""
     return ";".join(f"{host}:{','.join(map(str, r))}" for host, r in ranks.items())
-
-
-def _parse_ranks(text: str) -> dict[str, list[int]]:
-    out: dict[str, list[int]] = {}
-    for part in filter(None, text.split(";")):
-        host, _, ranks = part.partition(":")
-        out[host] = [int(r) for r in ranks.split(",") if r]
-    return out
 
 
 def _port(address: str) -> int:

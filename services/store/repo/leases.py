@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from ballast.v1 import fleet_pb2, store_pb2
 from services.runtime.auth import Principal
 from services.runtime.errors import FailedPrecondition, InvalidArgument, NotFound
+from services.specs import placement as placement_spec
 from services.specs import policy as fleet_policy
 from services.store import job_states
 from services.store import models as m
@@ -33,7 +34,15 @@ def lease_pb(row: m.DeviceLease) -> fleet_pb2.DeviceLease:
         id=row.id, job_id=row.job_id, tenant_id=row.tenant_id, device_kind=row.device_kind,
         device=fleet_pb2.DeviceRef(host_id=row.host_id, device_index=row.device_index),
         started_at=ts(row.started_at), ended_at=ts(row.ended_at),
-        end_reason=fleet_pb2.LeaseEndReason.Value(row.end_reason) if row.end_reason else 0)
+        end_reason=fleet_pb2.LeaseEndReason.Value(row.end_reason) if row.end_reason else 0,
+        rank=row.rank or 0, placement_id=row.placement_id or "")
+
+
+def placement_pb(row: m.JobPlacement) -> fleet_pb2.JobPlacement:
+    out = from_json(row.body, fleet_pb2.JobPlacement)
+    out.id = row.id
+    out.created_at.CopyFrom(ts(row.created_at))
+    return out
 
 
 def policy_pb(row: m.FleetPolicyVersion | None) -> fleet_pb2.FleetPolicy:
@@ -117,14 +126,48 @@ class LeaseStore(RepositoryBase):
                 kinds = self._device_kinds(s, wanted)
                 self._check_quota(s, job, len(wanted))
                 start = self._start_after_last_lease(s, wanted)
+                placed = self._placement(s, job, req.placement, wanted, start) if req.HasField("placement") else None
+                ranks = {(r.host_id, r.device_index): r.rank for r in req.placement.ranks}
                 rows = [m.DeviceLease(id=new_id("lse"), job_id=job.id, tenant_id=job.tenant_id, host_id=h,
-                                      device_index=i, device_kind=kinds[(h, i)], started_at=start)
+                                      device_index=i, device_kind=kinds[(h, i)], started_at=start,
+                                      placement_id=placed.id if placed else None,
+                                      rank=ranks[(h, i)] if placed else None)
                         for h, i in wanted]
                 s.add_all(rows)
                 s.flush()
-                return store_pb2.AcquireLeasesResponse(leases=[lease_pb(r) for r in rows])
+                return store_pb2.AcquireLeasesResponse(leases=[lease_pb(r) for r in rows],
+                                                       placement=placement_pb(placed) if placed else None)
         except sa_exc.IntegrityError:
             raise self._busy(wanted) from None
+
+    @staticmethod
+    def _placement(s: Session, job: m.Job, placement: fleet_pb2.JobPlacement, wanted: list[tuple[str, int]],
+                   at: datetime) -> m.JobPlacement:
+        """The placement's row, added in the leases' transaction (checked first: INVALID_ARGUMENT names the field)."""
+        placement_spec.check(placement, job.id, wanted)
+        body = fleet_pb2.JobPlacement()
+        body.CopyFrom(placement)
+        body.ClearField("id")
+        body.ClearField("created_at")
+        row = m.JobPlacement(
+            id=new_id("plc"), job_id=job.id, tenant_id=job.tenant_id, plan_id=body.plan_id,
+            plan_version=body.plan_version, stages=body.stages, replicas=body.replicas, world_size=body.world_size,
+            micro_batch_size=body.micro_batch_size, num_micro_batches=body.num_micro_batches,
+            global_batch_size=body.global_batch_size, rendezvous=body.rendezvous, backend=body.backend,
+            body=to_json(body), created_at=at)
+        s.add(row)
+        s.flush()
+        return row
+
+    def get_placement(self, p: Principal, req: store_pb2.GetPlacementRequest) -> fleet_pb2.JobPlacement:
+        with self._tx(write=False) as s:
+            job = self._job(s, p, req.job_id)
+            row = s.scalars(sa.select(m.JobPlacement).where(m.JobPlacement.job_id == job.id).order_by(
+                m.JobPlacement.created_at.desc(), m.JobPlacement.id.desc()).limit(1)).first()
+            if row is None:
+                raise NotFound(f"job {job.id} was never started on a placement", field="job_id",
+                               fix="a job has one once the planner starts it (state RUNNING)")
+            return placement_pb(row)
 
     @staticmethod
     def _device_kinds(s: Session, wanted: list[tuple[str, int]]) -> dict[tuple[str, int], str]:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from google.protobuf.json_format import MessageToDict
 
-from ballast.v1 import executor_pb2, plan_pb2, services_pb2
+from ballast.v1 import plan_pb2, services_pb2
 from services.executor.train.config import WorkerConfig
 from services.executor.train.launch import plan_configs, run_local
 from services.executor.train.reference import train_single
@@ -34,6 +34,7 @@ from services.runtime.allocator import STEADY_ALLOCATOR
 from services.runtime.errors import InvalidArgument
 from services.runtime.ports import free_port
 from services.zoo import build_model
+from tests.executor.assigns import assign_on_one_host
 from tests.executor.test_workers import assign_message
 from tests.executor.train.test_harmony import ADAM, BUDGET, DATA, MINIBATCH, SEED, SPEC, STEPS, layers, reference
 from tests.harness import torch_threads
@@ -218,13 +219,14 @@ def harmony_plan(message) -> None:
         forward_micro_batch=2, forward_packs=[plan_pb2.LayerSpan(begin=0, end=1)], backward_micro_batch=1,
         backward_packs=[plan_pb2.LayerSpan(begin=0, end=1), plan_pb2.LayerSpan(begin=1, end=3)], devices=2,
         prefetch=True, device_budget_bytes=BUDGET))
+    message.assign.placement.CopyFrom(assign_on_one_host(message.assign.plan, message.job_id).placement)  # placed anew
 
 
 def test_a_harmony_plan_becomes_harmony_worker_configs():
     message = assign_message("job-h", ranks=2)
     assert worker_config(message.assign, message.assign.workers[0], "job-h").harmony == {}
     harmony_plan(message)
-    message.assign.backend = "nccl"  # the Harmony worker runs on gloo and the CPU whatever the assignment says
+    message.assign.placement.backend = "nccl"  # the Harmony worker runs on gloo and the CPU whatever it says
     configs = [worker_config(message.assign, w, "job-h") for w in message.assign.workers]
     store = harmony_store_dir("job-h", 4)
     assert store.endswith("/ballast-harmony-job-h-v4") and store != harmony_store_dir("job-h", 5)
@@ -277,13 +279,10 @@ def test_a_planned_harmony_schedule_runs_in_the_workers_as_the_plan_predicts():
     plan = make_plan(profile, fleet(profile, devices=2, memory=PLANNED_BUDGET),
                      PlanInputs(global_batch_size=4, harmony=True))
     assert plan.HasField("harmony")
-    assign = executor_pb2.AssignInstruction(plan=plan, world_size=2, rendezvous=f"127.0.0.1:{free_port()}",
-                                            backend="gloo")
+    job_id = f"job-{uuid.uuid4().hex[:8]}"
+    assign = assign_on_one_host(plan, job_id, free_port())
     assign.spec.model.CopyFrom(PLANNED)
     assign.spec.iterations, assign.spec.seed = STEPS, SEED
-    for r in range(2):
-        assign.workers.add(rank=r, stage_index=0, replica_index=r, device_index=r)
-    job_id = f"job-{uuid.uuid4().hex[:8]}"
     configs = [worker_config(assign, w, job_id) for w in assign.workers]
     assert configs[0].harmony["store_dir"] == configs[1].harmony["store_dir"]
     events = run_local(configs, env=STEADY_ALLOCATOR, timeout_s=120)

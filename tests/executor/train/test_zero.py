@@ -25,6 +25,7 @@ from services.executor.train.stage import model_info
 from services.executor.workers import plan_command, policies, worker_config
 from services.runtime.allocator import STEADY_ALLOCATOR
 from services.zoo import build_model
+from tests.executor.assigns import assign_on_one_host
 from tests.harness import losses, of, torch_threads
 
 # embed, block.0, block.1, head (its weight tied to the embedding): 4 layers
@@ -257,9 +258,10 @@ def test_policies_map_dp_sharding_to_the_worker_lists():
                               "zero2_layers": [0, 3]}
     assert "zero1_layers" not in policies(plan_pb2.Plan())  # plain everywhere: nothing to say
 
-    assign = executor_pb2.AssignInstruction(plan=plan, world_size=2, rendezvous="127.0.0.1:1", backend="gloo")
-    assign.workers.add(rank=1, stage_index=0, replica_index=1)
-    config = WorkerConfig.from_json(worker_config(assign, assign.workers[0], "job-z").to_json())
+    for layer in plan.layers:  # plain DP over the stage's 2 devices, as the planner writes it
+        layer.dp = 2
+    assign = assign_on_one_host(plan, "job-z")
+    config = WorkerConfig.from_json(worker_config(assign, assign.workers[1], "job-z").to_json())
     assert (config.zero1_layers, config.zero2_layers, config.num_replicas) == ([1], [0, 3], 2)
     message = executor_pb2.PlannerMessage(version=3, repartition=executor_pb2.RepartitionInstruction(
         plan=plan, effective_iteration=5))

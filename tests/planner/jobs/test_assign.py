@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from ballast.v1 import common_pb2, fleet_pb2, plan_pb2
-from services.planner.jobs.assign import backend_for, pipeline_shape, place
-from services.runtime.errors import FailedPrecondition
+from services.planner.jobs.assign import backend_for, fill, pipeline_shape, placement
+from services.runtime.errors import FailedPrecondition, InvalidArgument
+from services.specs import placement as placement_spec
 from services.specs.parallel import ParallelDims
 
 
@@ -32,16 +33,50 @@ def host(name: str, slots: int, kind: str = "cpu") -> fleet_pb2.Host:
                                    for i in range(slots)])
 
 
+def placed(p: plan_pb2.Plan, hosts: list[fleet_pb2.Host]) -> fleet_pb2.JobPlacement:
+    return placement("job-1", p, fill(p, hosts), lambda address: 29500)
+
+
 def test_ranks_are_stage_major_and_fill_hosts_in_name_order():
-    placed = place(plan(2, 2), [host("b", 2), host("a", 2)])
-    assert [p.host.name for p in placed] == ["a", "b"]
-    ranks = [(w.rank, w.stage_index, w.replica_index, w.device_index) for p in placed for w in p.workers]
-    assert ranks == [(0, 0, 0, 0), (1, 0, 1, 1), (2, 1, 0, 0), (3, 1, 1, 1)]
+    got = placed(plan(2, 2), [host("b", 2), host("a", 2)])
+    assert placement_spec.hosts(got) == ["hst-a", "hst-b"]
+    ranks = [(r.rank, r.stage_index, r.replica_index, r.host_id, r.device_index) for r in got.ranks]
+    assert ranks == [(0, 0, 0, "hst-a", 0), (1, 0, 1, "hst-a", 1), (2, 1, 0, "hst-b", 0), (3, 1, 1, "hst-b", 1)]
+    assert [w.rank for w in placement_spec.workers_on(got, "hst-b")] == [2, 3]
 
 
 def test_spare_devices_stay_free_and_small_hosts_are_used_up():
-    placed = place(plan(3, 1), [host("a", 1), host("b", 4)])
-    assert [(p.host.name, len(p.workers)) for p in placed] == [("a", 1), ("b", 2)]
+    got = placed(plan(3, 1), [host("a", 1), host("b", 4)])
+    assert placement_spec.ranks_by_host(got) == {"hst-a": [0], "hst-b": [1, 2]}
+
+
+def test_the_placement_carries_the_layout_the_rendezvous_and_the_batch_split_whole():
+    got = placed(plan(2, 2, micro_batch=4), [host("a", 4)])
+    assert (got.job_id, got.plan_id, got.stages, got.replicas, got.world_size) == ("job-1", "pln-x", 2, 2, 4)
+    assert (got.rendezvous, got.backend) == ("127.0.0.1:29500", "gloo")
+    # the plan's micro-batch of 4 split over a stage's 2 replicas; 2 micro-batches of 4 samples per iteration
+    assert (got.micro_batch_size, got.num_micro_batches, got.global_batch_size) == (2, 2, 8)
+    harmony = plan(1, 2, micro_batch=4)
+    harmony.harmony.devices = 2  # one pipeline's devices over the whole micro-batch: not replicas splitting it
+    got = placed(harmony, [host("a", 2)])
+    assert (got.micro_batch_size, got.global_batch_size) == (4, 8)
+
+
+def test_the_store_refuses_a_placement_that_does_not_match_its_leases():
+    got = placed(plan(2, 1), [host("a", 2)])
+    devices = [("hst-a", 0), ("hst-a", 1)]
+    placement_spec.check(got, "job-1", devices)
+    for job_id, where, field in [("job-2", devices, "placement.job_id"),
+                                 ("job-1", [("hst-a", 0), ("hst-a", 2)], "placement.ranks")]:
+        with pytest.raises(InvalidArgument) as err:
+            placement_spec.check(got, job_id, where)
+        assert err.value.field == field
+    swapped = fleet_pb2.JobPlacement()
+    swapped.CopyFrom(got)
+    swapped.ranks[0].stage_index = 1
+    with pytest.raises(InvalidArgument) as err:
+        placement_spec.check(swapped, "job-1", devices)
+    assert err.value.field == "placement.ranks[0]"
 
 
 @pytest.mark.parametrize("good", [plan(2, 2, tp=2, dp=1), plan(2, 2, sdp=2, dp=1, order=(SDP,)),
@@ -73,7 +108,7 @@ def test_uneven_stages_are_refused():
 
 def test_too_few_devices_or_the_wrong_kind_says_how_many_are_needed():
     with pytest.raises(FailedPrecondition) as err:
-        place(plan(2, 2), [host("a", 2), host("g", 8, kind="nvidia-h100-80gb")])
+        fill(plan(2, 2), [host("a", 2), host("g", 8, kind="nvidia-h100-80gb")])
     assert "needs 4 cpu device(s)" in str(err.value) and "2 are online" in str(err.value)
 
 
