@@ -146,3 +146,30 @@ def test_a_jobs_placement_is_computed_in_one_module_and_read_elsewhere():
                    if not path.name.endswith(("_pb2.py", "_pb2_grpc.py", "_pb2.pyi"))
                    and builds.search(path.read_text()) and str(path.relative_to(ROOT)) not in allowed)
     assert found == []
+
+
+def test_the_scheduler_composes_collaborators():
+    """Issue 42, item 3: recovery, the straggler watch and the elastic pass are collaborators of the scheduler,
+    not mixins of it. The scheduler inherits nothing, and each collaborator's class reaches only the private
+    fields it assigns itself in __init__ (and its own methods): what it shares with the scheduler is the
+    SchedulerState (state.py) and the calls it was given, never `self._store` or `self._lock` of the scheduler."""
+    import ast
+
+    from services.planner.jobs.scheduler import Scheduler
+
+    assert Scheduler.__mro__ == (Scheduler, object)
+    reached = []
+    for name in ("recovery", "stragglers", "elastic", "state"):
+        tree = ast.parse((ROOT / "services/planner/jobs" / f"{name}.py").read_text())
+        for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+            methods = [f for f in cls.body if isinstance(f, ast.FunctionDef)]
+            init = next((f for f in methods if f.name == "__init__"), None)
+            own = {f.name for f in methods} | {
+                t.attr for node in (ast.walk(init) if init else ()) if isinstance(node, (ast.Assign, ast.AnnAssign))
+                for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                for t in ast.walk(target) if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
+                and t.value.id == "self"}
+            used = {n.attr for n in ast.walk(cls) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                    and n.value.id == "self" and n.attr.startswith("_") and not n.attr.startswith("__")}
+            reached += [f"{name}.py {cls.name}: self.{attr}" for attr in sorted(used - own)]
+    assert reached == []

@@ -206,21 +206,21 @@ def test_a_degraded_host_still_online_rejoins_on_trial_after_its_parole(store: S
     mark(store, online.id)
     scheduler = Scheduler(admin, lambda host, message: None, lambda: [online.id], tmp_path, degraded_parole_s=60.0)
     at = get(store, online.id).degraded_at.ToSeconds()
-    scheduler._parole(now=at + 59.0)
+    scheduler.stragglers.parole(now=at + 59.0)
     assert get(store, online.id).degraded_reason == SLOW  # 59 s of a 60 s parole: still out
-    scheduler._parole(now=at + 60.0)  # read again only PAROLE_CHECK_S later
+    scheduler.stragglers.parole(now=at + 60.0)  # read again only PAROLE_CHECK_S later
     assert get(store, online.id).degraded_reason == SLOW
-    scheduler._parole(now=at + 59.0 + PAROLE_CHECK_S)
+    scheduler.stragglers.parole(now=at + 59.0 + PAROLE_CHECK_S)
     back = get(store, online.id)
     assert not back.degraded_reason
     assert rows(store, online.id)[-1]["cleared_reason"].startswith("parole: degraded")
 
-    scheduler._caught[online.id] = 2  # caught a second time: the parole doubles
+    scheduler.stragglers.caught[online.id] = 2  # caught a second time: the parole doubles
     mark(store, online.id)
     at = get(store, online.id).degraded_at.ToSeconds()
-    scheduler._parole(now=at + 100.0 + PAROLE_CHECK_S)
+    scheduler.stragglers.parole(now=at + 100.0 + PAROLE_CHECK_S)
     assert get(store, online.id).degraded_reason == SLOW  # 100 s of 120 s
-    scheduler._parole(now=at + 121.0 + 2 * PAROLE_CHECK_S)
+    scheduler.stragglers.parole(now=at + 121.0 + 2 * PAROLE_CHECK_S)
     assert not get(store, online.id).degraded_reason and "caught 2 time(s)" in rows(store, online.id)[-1][
         "cleared_reason"]
 

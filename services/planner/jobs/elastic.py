@@ -1,15 +1,17 @@
 """The live elastic pass (issue 20): jobs submitted with `--elastic` are resized by morphing them, by the very
 allocation policy the fleet simulator replays (services/planner/elastic/policy.py). No grpc imports.
 
-A mixin of Scheduler. Every `elastic_interval_s`, per device kind, the policy sees the devices that elastic
-jobs hold plus the free ones (none while a job that is not elastic waits for that kind: those devices are
-its), the running elastic jobs with their device counts, and the queued ones, each with its scaling curve:
-the planner's prediction for every count in its range, under the calibration of the host class that count
-runs on, cached until the profile, fleet or calibration changes. A running job given another count drains
-to a checkpoint and resumes re-planned for it (a `resize` morph: the MORPHING event and the job_morphs row
-say what it is predicted to gain); a queued job given another count than its plan asks for is re-planned
-for it, so the devices a shrink frees are shared as the policy decided rather than taken whole by the first
-job in the queue. Jobs not steady yet (a window of iterations since they started) are left as they are.
+A collaborator of Scheduler (scheduler.py): it reads the shared SchedulerState (state.py) and acts only by two
+calls it is given, Recovery's drain_morph (a resize) and the scheduler's re-plan. Every `elastic_interval_s`,
+per device kind, the policy sees the devices that elastic jobs hold plus the free ones (none while a job that
+is not elastic waits for that kind: those devices are its), the running elastic jobs with their device counts,
+and the queued ones, each with its scaling curve: the planner's prediction for every count in its range, under
+the calibration of the host class that count runs on, cached until the profile, fleet or calibration changes.
+A running job given another count drains to a checkpoint and resumes re-planned for it (a `resize` morph: the
+MORPHING event and the job_morphs row say what it is predicted to gain); a queued job given another count than
+its plan asks for is re-planned for it, so the devices a shrink frees are shared as the policy decided rather
+than taken whole by the first job in the queue. Jobs not steady yet (a window of iterations since they
+started) are left as they are.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from services.planner.jobs import morph
 from services.planner.jobs.admit import Snapshot, epoch_s
 from services.planner.jobs.lifecycle import TERMINAL
 from services.planner.jobs.prepare import MEASURED_KINDS, fleet_of_hosts, plan_inputs, with_calibration
-from services.planner.jobs.running import DEFAULT_MORPH_COST_S, GROW_WINDOW, Running
+from services.planner.jobs.recovery import Drain
+from services.planner.jobs.running import GROW_WINDOW, Running
+from services.planner.jobs.state import Replan, SchedulerState
 from services.planner.plans.fleet import executor_dims, online_hosts
 
 log = logging.getLogger("ballast.scheduler")
@@ -40,10 +44,13 @@ UNDER_WAY_S = 600.0  # a resize or re-plan not in effect after this long is no l
 class ElasticPass:
     """The elastic pass of Scheduler (see the module docstring)."""
 
-    def _elastic_setup(self, interval_s: float, min_resize_interval_s: float, fairness_bound: float) -> None:
-        self._elastic_interval_s, self._elastic_min_resize_s = interval_s, min_resize_interval_s
-        self._elastic_fairness_bound = fairness_bound
-        self._elastic_next = 0.0
+    def __init__(self, state: SchedulerState, drain: Drain, replan_for: Replan, *,
+                 interval_s: float = ELASTIC_INTERVAL_S, min_resize_interval_s: float = MIN_RESIZE_INTERVAL_S,
+                 fairness_bound: float = FAIRNESS_BOUND):
+        self._state, self._drain, self._replan_for = state, drain, replan_for
+        self._interval_s, self._min_resize_s = interval_s, min_resize_interval_s
+        self._fairness_bound = fairness_bound
+        self._next_at = 0.0
         self._resized_at: dict[str, float] = {}  # job id -> when the pass last resized it (epoch seconds)
         self._curves = CurveCache()
         self._profiles: dict[str, profile_pb2.Profile] = {}
@@ -51,24 +58,25 @@ class ElasticPass:
         # again for a kind only once they all took effect, so freed devices are not handed out twice
         self._under_way: dict[str, tuple[str, int, float]] = {}
 
-    def _elastic(self, snap: Snapshot) -> None:
-        if snap.now < self._elastic_next:
+    def run(self, snap: Snapshot) -> None:
+        """One pass, at most every interval: per device kind whose earlier decisions took effect, allocate."""
+        if snap.now < self._next_at:
             return
-        self._elastic_next = snap.now + self._elastic_interval_s
-        with self._lock:
-            running = [r for r in self._running.values() if r.job.spec.elastic]
+        self._next_at = snap.now + self._interval_s
+        with self._state.lock:
+            running = [r for r in self._state.running.values() if r.job.spec.elastic]
         queued = [d for d in snap.queue if d.job_id in snap.plans and snap.jobs[d.job_id].spec.elastic]
         kinds = {r.plan.fleet.device.kind for r in running} | {d.kind for d in queued}
         for kind in sorted(kinds):
             if not self._settled(snap, kind, running):
                 continue
             try:
-                self._elastic_kind(snap, kind, [r for r in running if r.plan.fleet.device.kind == kind],
-                                   [d for d in queued if d.kind == kind])
+                self._allocate_kind(snap, kind, [r for r in running if r.plan.fleet.device.kind == kind],
+                                    [d for d in queued if d.kind == kind])
             except Exception:  # noqa: BLE001 - the store away, a plan that cannot be priced: the tick goes on
                 log.exception("elastic pass failed", extra={"device_kind": kind})
 
-    def _elastic_kind(self, snap: Snapshot, kind: str, running: list[Running], queued: list[Demand]) -> None:
+    def _allocate_kind(self, snap: Snapshot, kind: str, running: list[Running], queued: list[Demand]) -> None:
         steady = [r for r in running if self._resizable(r)]
         others_wait = any(d.kind == kind and not snap.jobs[d.job_id].spec.elastic for d in snap.queue)
         free = 0 if others_wait else sum(1 for slot in snap.free if slot.kind == kind)
@@ -76,8 +84,8 @@ class ElasticPass:
         priority = {h.job_id: h.priority for h in snap.running} | {d.job_id: d.priority for d in queued}
         states, curves, plans = [], {}, {}
         # what every curve of this pass is priced on, read once: the executors' dims and this kind's hosts
-        dims = executor_dims(self._store)
-        hosts = [h for h in online_hosts(self._store) if any(d.spec.kind == kind for d in h.devices)]
+        dims = executor_dims(self._state.store)
+        hosts = [h for h in online_hosts(self._state.store) if any(d.spec.kind == kind for d in h.devices)]
         predicted = {r.job.id: self._curve(r.job, r.plan, pool, dims, hosts) for r in steady}
         # the predictions as the jobs measured them: each running job's curve scaled by its measured iteration
         # time against its prediction on the devices it holds; a queued job's by the median of those
@@ -103,9 +111,9 @@ class ElasticPass:
         if not states:
             return
         current = {r.job.id: r.world for r in steady}
-        cost = self._fleet_morph_cost()
-        policy = ElasticPolicy(name=ELASTIC, min_interval_s=self._elastic_min_resize_s,
-                               fairness_bound=self._elastic_fairness_bound)
+        cost = self._state.morph_costs.of_fleet()
+        policy = ElasticPolicy(name=ELASTIC, min_interval_s=self._min_resize_s,
+                               fairness_bound=self._fairness_bound)
         given = allocate(pool, states, curves, snap.now, policy, current, cost)
         by_id = {s.name: s for s in states}
         starting = [s.name for s in states if s.name not in current and given.get(s.name, 0) > 0]
@@ -130,7 +138,7 @@ class ElasticPass:
             if of_kind != kind:
                 continue
             if on.get(job_id) == n or waiting.get(job_id) == n or snap.now - at > UNDER_WAY_S or (
-                    job_id not in on and job_id not in waiting and self._store.get_job(
+                    job_id not in on and job_id not in waiting and self._state.store.get_job(
                         store_pb2.GetRequest(id=job_id)).state in TERMINAL):
                 del self._under_way[job_id]
         return not any(of_kind == kind for of_kind, _, _ in self._under_way.values())
@@ -147,7 +155,7 @@ class ElasticPass:
                + (f", so that {len(starting)} queued elastic job(s) start now ({', '.join(starting)})" if n < r.world
                   else f", {before - after:.1f} s saved against a morph's {cost:.1f} s"))
         log.info("elastic resize: %s", why, extra={"job_id": r.job.id})
-        self._drain_morph(r, morph.RESIZE, f"elastic allocation: {why}", to_devices=n)
+        self._drain(r, morph.RESIZE, f"elastic allocation: {why}", to_devices=n)
         if r.loss is not None and r.loss.cause == morph.RESIZE:  # the drain began (not cancelled meanwhile)
             self._resized_at[r.job.id] = now
             self._under_way[r.job.id] = (r.plan.fleet.device.kind, n, now)
@@ -159,7 +167,7 @@ class ElasticPass:
         the host class of that count; None when no count has a plan."""
         profile = self._profiles.get(plan.profile_id)
         if profile is None:
-            profile = self._profiles[plan.profile_id] = self._store.get_profile(
+            profile = self._profiles[plan.profile_id] = self._state.store.get_profile(
                 store_pb2.GetRequest(id=plan.profile_id))
         # counts are priced on the fleet the job was submitted for (its plan's may be cut to fewer devices)
         template = job.spec.fleet if job.spec.HasField("fleet") else fleet_of_hosts(hosts, job.spec.model.dtype)
@@ -169,7 +177,7 @@ class ElasticPass:
             fleet = fleet_of(template, n)
             if fleet is None:
                 continue
-            inputs = with_calibration(self._store, plan_inputs(job, dims, n, plan_pb2.PLAN_ENGINE_VARUNA), fleet,
+            inputs = with_calibration(self._state.store, plan_inputs(job, dims, n, plan_pb2.PLAN_ENGINE_VARUNA), fleet,
                                       analytical)
             point = self._curves.get(profile, template, job.spec.global_batch_size, (n,), model=job.id,
                                      inputs=inputs)
@@ -177,7 +185,3 @@ class ElasticPass:
         if not any(rates.values()):
             return None
         return ScalingCurve(job.id, job.spec.global_batch_size, rates)
-
-    def _fleet_morph_cost(self) -> float:
-        """Seconds a morph costs here: the median of the fleet's recent ones, else a conservative default."""
-        return statistics.median(self._recoveries) if self._recoveries else DEFAULT_MORPH_COST_S

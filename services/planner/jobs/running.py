@@ -1,5 +1,5 @@
 """What the planner tracks of a job whose workers it started, and the words that classify a worker's exit.
-No grpc imports; shared by the scheduler and its recovery half (recovery.py)."""
+No grpc imports; shared by the scheduler and its collaborators (recovery.py, stragglers.py, elastic.py)."""
 
 from __future__ import annotations
 

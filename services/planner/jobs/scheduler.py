@@ -14,6 +14,13 @@ after a Stop to the survivors (they would otherwise block in a collective until 
 once a cancelled job's workers are gone -- and per-rank checkpoint parts become one stored checkpoint
 when every layer is in. Jobs submitted with online_repartition are kept balanced while they run
 (rebalance.py: training monitor, SRP planner, live layer migration).
+
+The scheduler composes collaborators rather than inheriting them: Recovery (recovery.py: morph on a lost
+worker or host, grow, the host watch), Stragglers (stragglers.py: the fail-stutter watch and the degraded
+hosts' parole), ElasticPass (elastic.py: resizing elastic jobs), Cadence (recovery.py: the checkpoint interval)
+and Rebalancer. What they share is one SchedulerState (state.py: the store, the lock, the running jobs, what a
+morph costs); each keeps the rest as its own, and calls back into the scheduler only through what it was given
+(Recovery's Moves, a drain, a re-plan).
 """
 
 from __future__ import annotations
@@ -23,7 +30,6 @@ import random
 import socket
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
@@ -39,7 +45,7 @@ from services.planner.jobs.hold import StoreHold
 from services.planner.jobs.lifecycle import TERMINAL
 from services.planner.jobs.metrics import RetainedRows, iteration_metric, observe_iteration
 from services.planner.jobs.rebalance import Rebalancer
-from services.planner.jobs.recovery import Recovery
+from services.planner.jobs.recovery import Cadence, Moves, Recovery
 from services.planner.jobs.retention import Retention
 from services.planner.jobs.running import (
     END_ATTEMPTS,
@@ -49,9 +55,11 @@ from services.planner.jobs.running import (
     Running,
     is_symptom,
 )
+from services.planner.jobs.state import SchedulerState
+from services.planner.jobs.stragglers import Stragglers
 from services.planner.online import OnlineOptions
 from services.planner.plans.make import CALIBRATED
-from services.runtime.errors import BallastError, FailedPrecondition, InvalidArgument, NotFound
+from services.runtime.errors import BallastError, FailedPrecondition, NotFound
 from services.runtime.metrics import forget_job
 from services.runtime.ports import free_port
 from services.runtime.store_api import Store, every_page
@@ -63,7 +71,9 @@ LOCAL_ADDRESSES = {"127.0.0.1", "localhost", "::1", ""}
 MAX_OWED_CALIBRATIONS = 1000  # past it (a store away for hours) a success is left out of the calibrations
 MAX_OWED_CHECKPOINTS = 1000  # complete checkpoints the store did not take yet; past it the oldest goes unrecorded
 Send = Callable[[str, executor_pb2.PlannerMessage], None]
-class Scheduler(Recovery, ElasticPass):
+class Scheduler:
+    """The planner's half of the executor protocol (the module docstring); it composes its collaborators."""
+
     def __init__(self, store: Store, send: Send, connected: Callable[[], list[str]],
                  checkpoint_root: Path, *, interval_s: float = 0.5,
                  process_group_timeout_s: int = 60, online: OnlineOptions | None = None,
@@ -75,32 +85,20 @@ class Scheduler(Recovery, ElasticPass):
                  elastic_interval_s: float = ELASTIC_INTERVAL_S,
                  elastic_min_resize_interval_s: float = MIN_RESIZE_INTERVAL_S,
                  elastic_fairness_bound: float = FAIRNESS_BOUND, arrival: Arrival | None = None):
-        self._store, self._send, self._connected = store, send, connected
+        # shared with the collaborators (state.py); the scheduler's code keeps its short names for those parts
+        self.state = SchedulerState(store)
+        self._store, self._lock, self._running = store, self.state.lock, self.state.running
+        self._send, self._connected = send, connected
         self.latest: Snapshot | None = None  # the last admission snapshot (Prometheus reads it: jobs/gauges.py)
-        if min(straggler_thresholds) <= 0:
-            raise InvalidArgument(f"straggler thresholds {straggler_thresholds} must be positive",
-                                  field="straggler_threshold", fix="use e.g. 0.25 (25% slower than its peers)")
-        self._stutter_thresholds = straggler_thresholds  # (distinct machines, CPU workers sharing one)
         self._calibrate = calibrate  # queues a succeeded job's recalibration of its host class
         self._calibrations_owed: set[str] = set()  # succeeded jobs whose calibration the store did not take yet
         self._arrival = arrival  # calibrates a host class the fleet forms before its first user job (None: off)
         self.gate = Gate()  # the last admission pass's hold for a class calibrating on arrival (`ballast queue`)
-        self._parole_s, self._parole_at = degraded_parole_s, 0.0
-        self._caught: dict[str, int] = {}  # host id -> times marked degraded since this planner started
-        self._host_lost_s, self._max_morphs = host_lost_s, max_morphs_per_hour
-        self._missing: dict[str, float] = {}  # host id -> when its agent was first seen gone (monotonic)
         self._adopted = False  # whether the jobs the store says run were taken back (after a restart)
-        self._recoveries: deque[float] = deque(maxlen=20)  # the fleet's last measured morph times
-        self._checkpoint_max_s = checkpoint_max_interval_s
-        # job id -> its last checkpoint's (stall, background write) seconds, rank 0's
-        self._checkpoint_s: dict[str, tuple[float, float]] = {}
-        self._failure_rate: tuple[float, int, float] = (0.0, 0, 0.0)  # (read at, failures, device-hours), 7 days
-        self._started = time.monotonic()
         self._root = checkpoint_root
         self._retention = Retention(store, checkpoint_root)
         self._retention_due: set[str] = set()  # jobs with a new complete checkpoint, or just ended
         self._interval, self._pg_timeout = interval_s, process_group_timeout_s
-        self._running: dict[str, Running] = {}
         self._rows = RetainedRows(lambda rows: store.write_iteration_metrics(
             store_pb2.WriteIterationMetricsRequest(metrics=rows)), TRANSIENT)
         self._checkpoints = RetainedRows(lambda checkpoints: [store.create_checkpoint(
@@ -113,12 +111,22 @@ class Scheduler(Recovery, ElasticPass):
         self._hold = StoreHold(send, self._events.write)  # jobs wait while the store's disk is full
         self.admission = Reader(store)
         self._replan = replan  # queues a re-plan of a job for a device count (prepare.py); None: never
-        self._lock = threading.RLock()
         self._stop = threading.Event()
         self._wake = threading.Event()  # set when an online job has a full window to decide on
         self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
         self.rebalancer = Rebalancer(store, send, self._transition, online)
-        self._elastic_setup(elastic_interval_s, elastic_min_resize_interval_s, elastic_fairness_bound)
+        # the collaborators: each owns its fields, shares only self.state, and calls back only what it is given
+        self.recovery = Recovery(self.state, Moves(transition=self._transition, instruct=self._instruct,
+                                                   fail=self._fail, settle=self._settle,
+                                                   replan_for=self._replan_for),
+                                 self.admission, connected, host_lost_s=host_lost_s,
+                                 max_morphs_per_hour=max_morphs_per_hour)
+        self.stragglers = Stragglers(self.state, self.recovery.drain_morph, thresholds=straggler_thresholds,
+                                     degraded_parole_s=degraded_parole_s)
+        self.elastic = ElasticPass(self.state, self.recovery.drain_morph, self._replan_for,
+                                   interval_s=elastic_interval_s, min_resize_interval_s=elastic_min_resize_interval_s,
+                                   fairness_bound=elastic_fairness_bound)
+        self.cadence = Cadence(store, checkpoint_max_interval_s)
 
     # --- loop -----------------------------------------------------------------------------------------
     def start(self) -> Scheduler:
@@ -160,16 +168,25 @@ class Scheduler(Recovery, ElasticPass):
         for job_id in self._owed_calibrations():
             if not self._queue_calibration(job_id):
                 break  # the store still refuses: the rest wait for the next tick, not the whole pass
-        self._watch_hosts()
-        self._parole()
+        self._adopt()
+        self.recovery.watch_hosts()
+        self.stragglers.parole()
         snap, idle = self.admit()
         if snap is not None:
             if idle:  # devices free and nobody waiting for them
-                self._grow(snap)
-            self._elastic(snap)
+                self.recovery.grow(snap)
+            self.elastic.run(snap)
         for job in self._jobs(S.JOB_STATE_CANCELLING):
             self._cancel(job)
         self.rebalance()
+
+    def _adopt(self) -> None:
+        """A restarted planner first adopts the jobs the store says run (before its hosts are watched)."""
+        if not self._adopted:
+            for state in HOLDING:
+                for job in self._jobs(state):
+                    self._tracked(job.id)
+            self._adopted = True
 
     def _retain(self) -> None:
         """Apply the retention of the jobs with a new complete checkpoint (or just ended) since the last tick."""
@@ -331,13 +348,14 @@ class Scheduler(Recovery, ElasticPass):
                         "stages": str(stages), "replicas": str(replicas)})))
         world, rendezvous = placed.world_size, placed.rendezvous
         running = Running.placed(job, plan, placed, iteration=start_iteration, resume_iteration=start_iteration,
-                                 watch=self._stutter_watch(plan, [snap.hosts[r.host_id].address or r.host_id
-                                                                  for r in placed.ranks]))
-        running.target, running.target_iteration_s, running.target_measured_s = self._target(job, stages * replicas)
+                                 watch=self.stragglers.watch_for(plan, [snap.hosts[r.host_id].address or r.host_id
+                                                                        for r in placed.ranks]))
+        running.target, running.target_iteration_s, running.target_measured_s = self.recovery.target(
+            job, stages * replicas)
         with self._lock:
             self._running[job.id] = running
         names = ", ".join(f"{snap.hosts[h].name} ({len(r)})" for h, r in running.ranks.items())  # ids: attributes
-        spec, cadence_why = self._with_cadence(job, plan, world)
+        spec, cadence_why = self.cadence.with_cadence(job, plan, world)
         moved = self._transition(job, S.JOB_STATE_RUNNING, f"{world} worker(s) on {names}; rendezvous {rendezvous}; "
                                  f"{cadence_why}", "ASSIGNED",
                                  {"hosts": ",".join(running.hosts), "world_size": str(world),
@@ -353,7 +371,7 @@ class Scheduler(Recovery, ElasticPass):
         running.job = moved
         if loss is not None:
             self.admission.lost(job_id, None)
-            running.morph_id = self._record_morph(moved, loss, stages, replicas, start_iteration)
+            running.morph_id = self.recovery.record_morph(moved, loss, stages, replicas, start_iteration)
         self.rebalancer.track(moved, plan, running.hosts)
         for host_id in running.hosts:
             assign = executor_pb2.AssignInstruction(
@@ -400,9 +418,9 @@ class Scheduler(Recovery, ElasticPass):
             self._send(host_id, message)
         except BallastError as exc:  # the agent just went away: its workers' exits will never come
             if what == "stop":
-                self._host_gone(running, host_id)
+                self.recovery.host_gone(running, host_id)
             else:
-                self._lose(running, morph.HOST_LOST, f"host {host_id} is gone: {exc}", lost_hosts=(host_id,))
+                self.recovery.lose(running, morph.HOST_LOST, f"host {host_id} is gone: {exc}", lost_hosts=(host_id,))
 
     def _tracked(self, job_id: str) -> Running | None:
         """The job's Running, rebuilt from the store after a planner restart: the placement stored with its
@@ -424,7 +442,7 @@ class Scheduler(Recovery, ElasticPass):
                 return None
             placed = placement_of_assigned_event(job_id, plan, assigned)
         running = Running.placed(job, plan, placed)
-        running.watch = self._stutter_watch(plan, self._machines(running.ranks))
+        running.watch = self.stragglers.watch_for(plan, self.stragglers.machines(running.ranks))
         if job.state == S.JOB_STATE_MORPHING:  # the morph goes on: the survivors' exits (replayed) requeue it
             running.loss = self.admission.pending_loss(job_id)
             running.stopping = "morphing"
@@ -543,14 +561,14 @@ class Scheduler(Recovery, ElasticPass):
                     if st.stage_index == 0 and st.replica_index == 0:
                         running.recent.append(st.iteration_time_s)
                 if running.morph_id and st.iteration >= running.resume_iteration:
-                    self._morph_resumed(running)
+                    self.recovery.morph_resumed(running)
             rows.append(iteration_metric(st, plan))
             observe_iteration(rows[-1])
         self._rows.write(rows)  # a store that is away gets them later: the workers report each iteration once
         for running in watched.values():
             if running.iteration >= running.stutter_next and not running.stopping:
                 running.stutter_next = running.iteration + stutter.WINDOW  # judged again on a fresh window
-                self._check_stutter(running)
+                self.stragglers.check(running)
 
     def _exited(self, host_id: str, exit_: executor_pb2.WorkerExit) -> None:
         running = self._tracked(exit_.job_id)
@@ -578,11 +596,11 @@ class Scheduler(Recovery, ElasticPass):
             with self._lock:
                 first, running.symptom = not running.symptom, running.symptom or reason
             if first:
-                timer = threading.Timer(SYMPTOM_GRACE_S, self._lose_after_symptom, args=(running,))
+                timer = threading.Timer(SYMPTOM_GRACE_S, self.recovery.lose_after_symptom, args=(running,))
                 timer.daemon = True
                 timer.start()
         elif exit_.infrastructure or exit_.exit_code < 0:  # a signal is never the model's doing
-            self._lose(running, morph.WORKER_LOST, reason)
+            self.recovery.lose(running, morph.WORKER_LOST, reason)
         else:  # the model raised: never retried; the traceback is what the user needs
             tail = exit_.traceback[-max(0, 1990 - len(reason)):] if exit_.traceback else ""
             self._fail(running, f"{reason}\n{tail}".strip())
@@ -609,7 +627,7 @@ class Scheduler(Recovery, ElasticPass):
                 self._transition(job, S.JOB_STATE_CANCELLED, f"cancelled: {stopping}", "CANCELLED")
             elif running.loss is not None and job.state == S.JOB_STATE_MORPHING:
                 running.job = job
-                self._requeue_lost(running)
+                self.recovery.requeue_lost(running)
             elif running.preempting or len(running.drained) == running.world:  # drained, also after a restart
                 running.job = job
                 running.preempting = running.preempting or "a higher-priority job"
@@ -687,7 +705,7 @@ class Scheduler(Recovery, ElasticPass):
             self._checkpoint_failed(running, written)
             return
         if ck.complete and written.checkpoint_s > 0:  # rank 0's report: the whole checkpoint's times
-            self._checkpoint_s[ck.job_id] = (written.checkpoint_s, written.write_s if written.background else 0.0)
+            self.cadence.measured(ck.job_id, written.checkpoint_s, written.write_s if written.background else 0.0)
         with self._lock:
             if ck.iteration in running.stored:
                 return  # rank 0 vouched for it already: the other ranks' parts add nothing

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from services.planner.jobs.state import SchedulerState
+from services.planner.jobs.stragglers import Stragglers
 from services.planner.jobs.stutter import Finding, StutterWatch, faster_without
 
 
@@ -63,6 +65,10 @@ class _Store:
         return store_pb2.ListIterationMetricsResponse(metrics=self.metrics)
 
 
+def _never_drained(r, cause, detail, to_devices=0):
+    raise AssertionError("judging a layout drains no job")
+
+
 def _plan(version: int, replicas: int):
     from ballast.v1 import plan_pb2
     return plan_pb2.Plan(id=f"pln-{version}", version=version, micro_batch_size=replicas,
@@ -79,26 +85,26 @@ def test_a_layout_the_job_already_ran_is_judged_by_its_measurement_not_the_simul
     """A job that grew from one device to two has measured itself on one: a co-located worker that reads slow
     is kept when the job ran slower on one device than it does now (no grow, shrink, grow loop)."""
     from ballast.v1 import job_pb2
-    from services.planner.jobs.recovery import Recovery
     from services.planner.jobs.running import Running
 
-    class Probe(Recovery):
-        def __init__(self, store):
-            self._store = store
-
-        def _replanned_s(self, r, devices):
+    def probe(store) -> Stragglers:
+        def replanned_s(r, devices):
             raise AssertionError("a measured layout needs no re-plan")
+
+        stragglers = Stragglers(SchedulerState(store), drain=_never_drained)
+        stragglers._replanned_s = replanned_s
+        return stragglers
 
     one, two = _plan(1, 1), _plan(2, 2)
     store = _Store([one, two], _rows(1, 0.30) + _rows(2, 0.20))
     running = Running(job=job_pb2.Job(id="job-1"), plan=two, hosts=["a", "b"], world=2)
     slow = Finding(stage=0, replica=1, ratio=1.4, own_s=0.14, peers_s=0.10, window=6)
-    without, source, _ = Probe(store)._time_without(running, slow, 1, now=0.20)
+    without, source, _ = probe(store)._time_without(running, slow, 1, now=0.20)
     assert without == pytest.approx(0.30)  # slower than the 0.20 s now: keeping the worker is faster
     assert "measured" in source and "plan v1" in source
     store.metrics = []  # cached per device count: the rows are read once
-    assert Probe(store)._measured_on(running, 1) == (pytest.approx(0.30), 1)
-    assert Probe(_Store([one, two], _rows(2, 0.2)))._measured_on(Running(
+    assert probe(store)._measured_on(running, 1) == (pytest.approx(0.30), 1)
+    assert probe(_Store([one, two], _rows(2, 0.2)))._measured_on(Running(
         job=job_pb2.Job(id="job-1"), plan=two, hosts=["a", "b"], world=2), 1) == (0.0, 0)  # never ran on one
 
 
@@ -106,17 +112,15 @@ def test_cpu_workers_sharing_a_machine_are_judged_with_the_wider_threshold():
     """Two CPU agents on one box compete for its cores: a 40% skew there is the OS scheduler, not a slow host;
     a 2x slow worker is still found. GPUs, or CPU workers each on a machine of their own, keep 25%."""
     from ballast.v1 import fleet_pb2, plan_pb2
-    from services.planner.jobs.recovery import Recovery
 
-    class Probe(Recovery):
-        _stutter_thresholds = (0.25, 0.5)
+    stragglers = Stragglers(SchedulerState(_Store([], [])), drain=_never_drained, thresholds=(0.25, 0.5))
 
     def plan(kind: str):
         return plan_pb2.Plan(fleet=fleet_pb2.Fleet(device=fleet_pb2.DeviceSpec(kind=kind)))
 
-    shared = Probe()._stutter_watch(plan("cpu"), ["127.0.0.1", "127.0.0.1"])
-    apart = Probe()._stutter_watch(plan("cpu"), ["10.0.0.1", "10.0.0.2"])
-    gpus = Probe()._stutter_watch(plan("h100"), ["10.0.0.1", "10.0.0.1"])
+    shared = stragglers.watch_for(plan("cpu"), ["127.0.0.1", "127.0.0.1"])
+    apart = stragglers.watch_for(plan("cpu"), ["10.0.0.1", "10.0.0.2"])
+    gpus = stragglers.watch_for(plan("h100"), ["10.0.0.1", "10.0.0.1"])
     assert (shared.threshold, apart.threshold, gpus.threshold) == (0.5, 0.25, 0.25)
     for watch, skew, found in ((shared, 0.14, False), (shared, 0.20, True), (apart, 0.14, True)):
         fill(watch, {(0, 0): 0.10, (0, 1): skew}, watch.window)
