@@ -73,7 +73,7 @@ TARGET = 0.20
 
 def spec(job: TraceJob, name: str, low: int, high: int, elastic: bool = False) -> job_pb2.JobSpec:
     return job_pb2.JobSpec(name=name, model=load_model_spec(ROOT / "examples" / f"{job.model}.yaml"),
-                           global_batch_size=job.global_batch, iterations=job.iterations, seed=1,
+                           global_batch_size=job.global_batch_size, iterations=job.iterations, seed=1,
                            checkpoint_every=CHECKPOINT_EVERY, min_devices=low, max_devices=high, elastic=elastic)
 
 
@@ -134,8 +134,8 @@ def measure_curves(plane, trace: list[TraceJob]) -> tuple[dict, JobCosts]:
     cancelled once the measured job ends): in the replay a job on one device shares the machine with whichever
     job holds the other, and an embedding-heavy partner slows it more than a small one does."""
     client = plane.client()
-    keys = sorted({(j.model, j.global_batch) for j in trace})
-    probe = {k: next(j for j in trace if (j.model, j.global_batch) == k) for k in keys}
+    keys = sorted({(j.model, j.global_batch_size) for j in trace})
+    probe = {k: next(j for j in trace if (j.model, j.global_batch_size) == k) for k in keys}
     times: dict[tuple[str, int], dict[int, float]] = {k: {} for k in keys}
     costs = []
     for k in keys:  # both devices, alone

@@ -50,7 +50,7 @@ def trace_of(jobs: int, seed: int) -> list[TraceJob]:
 
 
 def synthetic_curves(trace: list[TraceJob]) -> dict[tuple[str, int], ScalingCurve]:
-    return {(j.model, j.global_batch): synthetic_curve(j.model, j.global_batch, DEVICES) for j in trace}
+    return {(j.model, j.global_batch_size): synthetic_curve(j.model, j.global_batch_size, DEVICES) for j in trace}
 
 
 def planner_curves(trace: list[TraceJob]) -> dict[tuple[str, int], ScalingCurve]:
@@ -67,7 +67,7 @@ def planner_curves(trace: list[TraceJob]) -> dict[tuple[str, int], ScalingCurve]
     profile = analytical_profile(spec, "nvidia-a100-80gb", "fp32")
     template = load_fleet(ROOT / "examples" / "fleet-2x8xA100.yaml", dtype="fp32")
     counts = [*range(1, 9), *range(16, DEVICES + 1, 8)]
-    batches = sorted({j.global_batch for j in trace if j.model == "gpt-tiny"})
+    batches = sorted({j.global_batch_size for j in trace if j.model == "gpt-tiny"})
     return {("gpt-tiny", b): planner_curve(profile, template, b, counts, model="gpt-tiny") for b in batches}
 
 

@@ -138,7 +138,7 @@ def chunked(args: argparse.Namespace, layers: int, budget: int, kinds: dict[str,
         config = Path(tmp, "config.json")
         config.write_text(json.dumps({
             "model": MessageToDict(spec(args, layers), preserving_proto_field_name=True), "seed": 1,
-            "global_batch": args.workers * args.micro_batch, "iterations": args.iterations, "optimizer": ADAM,
+            "global_batch_size": args.workers * args.micro_batch, "iterations": args.iterations, "optimizer": ADAM,
             "device_budget": budget, "chunk_bytes": args.chunk_mib * MIB}))
         results = ranks(args, "services.executor.train.offload", config, tmp, f"chunks, {layers} layers")
     if results is None:
@@ -165,15 +165,15 @@ def chunked(args: argparse.Namespace, layers: int, budget: int, kinds: dict[str,
 def harmony_costs(args: argparse.Namespace, layers: int) -> list[HarmonyLayer]:
     """Per-layer costs of the untied GPT of `layers` blocks, measured on one block (the blocks are alike)."""
     one = spec(args, 1, tied=False)
-    batch = batch_for(one, {}, 1, 0, 0, 1, global_batch=args.workers * args.micro_batch)
+    batch = batch_for(one, {}, 1, 0, 0, 1, global_batch_size=args.workers * args.micro_batch)
     embed, block, head = measure_layers(build_model(one, seed=1).decompose(), batch, "adam")
     return [embed, *[block] * layers, head]
 
 
 def harmony(args: argparse.Namespace, layers: int, budget: int) -> dict | None:
-    minibatch = args.workers * args.micro_batch
+    global_batch_size = args.workers * args.micro_batch
     costs = harmony_costs(args, layers)
-    choice = search(costs, minibatch, Machine(args.workers, budget, 5e9, 2e9))
+    choice = search(costs, global_batch_size, Machine(args.workers, budget, 5e9, 2e9))
     if choice is None:
         print(f"  harmony, {layers} layers: no schedule fits")
         return None
@@ -183,7 +183,8 @@ def harmony(args: argparse.Namespace, layers: int, budget: int) -> dict | None:
         config = Path(tmp, "config.json")
         config.write_text(json.dumps({
             "model": MessageToDict(spec(args, layers, tied=False), preserving_proto_field_name=True), "seed": 1,
-            "minibatch": minibatch, "iterations": args.iterations, "optimizer": ADAM, "device_budget": budget,
+            "global_batch_size": global_batch_size, "iterations": args.iterations, "optimizer": ADAM,
+            "device_budget": budget,
             "store_dir": store, "prefetch": choice.prefetch,
             "schedule": {"forward_micro_batch": s.forward_micro_batch, "forward_packs": s.forward_packs,
                          "backward_micro_batch": s.backward_micro_batch, "backward_packs": s.backward_packs,
@@ -196,7 +197,7 @@ def harmony(args: argparse.Namespace, layers: int, budget: int) -> dict | None:
         return None
     seconds = results[0]["iteration_s"][1:]
     out = {"layers": layers, "parameters": results[0]["model_bytes"] // 4,
-           "samples_per_s": minibatch / (sum(seconds) / len(seconds)),
+           "samples_per_s": global_batch_size / (sum(seconds) / len(seconds)),
            "device_peak": max(r["device_peak"] for r in results), "predicted_peak": max(choice.peak_bytes),
            "packs": (len(s.forward_packs), len(s.backward_packs)), "micro_batches": (s.forward_micro_batch,
                                                                                      s.backward_micro_batch)}

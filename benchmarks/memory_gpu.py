@@ -86,7 +86,7 @@ def plain_run(args: argparse.Namespace, layers: int) -> dict[str, Any]:
     for it in range(args.iterations):
         began = time.perf_counter()
         batch = {k: v.to(DEVICE) for k, v in batch_for(model_spec, DATA, SEED, it, 0, args.micro_batch,
-                                                       global_batch=args.micro_batch).items()}
+                                                       global_batch_size=args.micro_batch).items()}
         count = max(model.loss_count(batch), 1)
         torch.manual_seed(dropout_seed(SEED, it, 0))
         loss = model(batch)

@@ -134,7 +134,7 @@ def per_iteration(spec: model_pb2.ModelSpec, steps: int, batch: int = 8) -> floa
     opt = make_optimizer(list(model.parameters()), ADAM)
     times = []
     for i in range(steps + 2):
-        data = batch_for(spec, DATA, 0, i, 0, batch, global_batch=batch)
+        data = batch_for(spec, DATA, 0, i, 0, batch, global_batch_size=batch)
         started = time.perf_counter()
         loss = model(data) / model.loss_count(data)
         loss.backward()

@@ -170,11 +170,11 @@ def _profile(spec_path: Path, kind: str):
     return spec, analytical_profile(spec, kind, spec.dtype or None)
 
 
-def _price(spec_path: Path, kind: str, model: str, global_batch: int, counts: tuple[int, ...]) -> ScalingCurve:
+def _price(spec_path: Path, kind: str, model: str, global_batch_size: int, counts: tuple[int, ...]) -> ScalingCurve:
     """One planner curve (a worker process's task; the profile is built once per model and process)."""
     spec, profile = _profile(spec_path, kind)
     template = catalog.fleet(kind, DEVICES_PER_NODE, 1, dtype=spec.dtype or None)
-    return planner_curve(profile, template, global_batch, counts, model=model)
+    return planner_curve(profile, template, global_batch_size, counts, model=model)
 
 
 def counts_for(jobs: Sequence[TraceJob]) -> tuple[int, ...]:
@@ -192,7 +192,7 @@ def build_curves(
     """One curve per (model, global batch) of the trace."""
     keys: dict[CurveKey, list[TraceJob]] = {}
     for j in trace:
-        keys.setdefault((j.model, j.global_batch), []).append(j)
+        keys.setdefault((j.model, j.global_batch_size), []).append(j)
     if source == "synthetic":
         return {(m, b): synthetic_curve(_canonical(models[m]), b, devices) for m, b in keys}
     tasks = sorted(keys, key=lambda k: (-max(counts_for(keys[k])), -k[1], k))  # the dearest first
@@ -220,13 +220,14 @@ def check_requests(trace: Sequence[TraceJob], text: str, curves: Mapping[CurveKe
     """A job whose plan fits none of the counts up to its request is a bad line of the trace."""
     lines = _lines(text)
     for j in trace:
-        curve = curves[(j.model, j.global_batch)]
+        curve = curves[(j.model, j.global_batch_size)]
         if curve.rate(j.requested_devices) <= 0:
             fewest = f"the fewest it runs on is {curve.min_devices}" if curve.min_devices else "no count fits it"
             raise TraceError(
                 lines[j.name],
                 "requested_devices",
-                f"{j.model} at global batch {j.global_batch} has no plan on {j.requested_devices} device(s); {fewest}",
+                f"{j.model} at global batch {j.global_batch_size} has no plan on {j.requested_devices} device(s); "
+                f"{fewest}",
                 "request (and allow) more devices, or a smaller model",
             )
 

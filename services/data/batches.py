@@ -1,11 +1,11 @@
 """The batches a job's layers read: samples [begin, end) of an iteration's global batch (training) or of one of the
 validation batches (evaluation), from the job's data opened once per process.
 
-Training sample k of iteration i is the job's global sample n = i * global_batch + k, taken in `order`'s
+Training sample k of iteration i is the job's global sample n = i * global_batch_size + k, taken in `order`'s
 reshuffled epochs of the data; without data, the model's synthetic samples (for next-token models a learnable
 task, each sequence an arithmetic progression t_j = (a + j * d) mod vocab from a random start a and a step d in
 [1, 4]; for other models the zoo's `example_input`, seeded by (seed, n)). Validation batch b's sample k is
-validation sample (b * global_batch + k) mod N, in order, so every evaluation sees the same samples; without a
+validation sample (b * global_batch_size + k) mod N, in order, so every evaluation sees the same samples; without a
 validation set, held-out synthetic samples of a stream of their own.
 """
 
@@ -120,19 +120,20 @@ def _opened(spec_bytes: bytes, data_bytes: bytes, user_inputs: UserInputs) -> Jo
 
 
 def batch_for(spec: model_pb2.ModelSpec, data: Data, seed: int, iteration: int, sample_begin: int,
-              sample_end: int, *, global_batch: int, user_inputs: UserInputs = NO_USER_INPUTS) -> dict[str, Tensor]:
+              sample_end: int, *, global_batch_size: int,
+              user_inputs: UserInputs = NO_USER_INPUTS) -> dict[str, Tensor]:
     """Training samples [sample_begin, sample_end) of 0-based iteration `iteration`, keyed as the layers read them."""
-    if not 0 <= sample_begin < sample_end <= global_batch:
-        raise ValueError(f"samples [{sample_begin}, {sample_end}) outside the global batch of {global_batch}")
-    return job_data(spec, data, user_inputs).train_batch(seed, iteration * global_batch + sample_begin,
+    if not 0 <= sample_begin < sample_end <= global_batch_size:
+        raise ValueError(f"samples [{sample_begin}, {sample_end}) outside the global batch of {global_batch_size}")
+    return job_data(spec, data, user_inputs).train_batch(seed, iteration * global_batch_size + sample_begin,
                                                          sample_end - sample_begin)
 
 
 def validation_batch_for(spec: model_pb2.ModelSpec, data: Data, seed: int, batch: int,
-                         sample_begin: int, sample_end: int, *, global_batch: int,
+                         sample_begin: int, sample_end: int, *, global_batch_size: int,
                          user_inputs: UserInputs = NO_USER_INPUTS) -> dict[str, Tensor]:
-    """Samples [sample_begin, sample_end) of validation batch `batch` (of `global_batch` samples)."""
-    if not 0 <= sample_begin < sample_end <= global_batch:
-        raise ValueError(f"samples [{sample_begin}, {sample_end}) outside the global batch of {global_batch}")
-    return job_data(spec, data, user_inputs).validation_batch(seed, batch * global_batch + sample_begin,
+    """Samples [sample_begin, sample_end) of validation batch `batch` (of `global_batch_size` samples)."""
+    if not 0 <= sample_begin < sample_end <= global_batch_size:
+        raise ValueError(f"samples [{sample_begin}, {sample_end}) outside the global batch of {global_batch_size}")
+    return job_data(spec, data, user_inputs).validation_batch(seed, batch * global_batch_size + sample_begin,
                                                               sample_end - sample_begin)

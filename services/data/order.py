@@ -1,6 +1,6 @@
 """The order samples are drawn in: every training sample once per epoch, epochs reshuffled from the seed.
 
-Global sample n of a job (iteration i draws n = i * global_batch + k) is in epoch n // N at position n % N, and
+Global sample n of a job (iteration i draws n = i * global_batch_size + k) is in epoch n // N at position n % N, and
 that position maps to a sample index through a permutation of [0, N) keyed by (seed, epoch): a four-round Feistel
 network over the smallest even number of bits that holds N, walked until it lands inside [0, N) (Black and
 Rogaway's cycle walking; at most ~4 steps on average). It needs no table, so an epoch of a billion samples costs

@@ -4,7 +4,7 @@ A schedule is the search's four-tuple (forward micro-batch U_F, forward packs P_
 backward packs P_B) on N devices. The last backward pack is also the end of the forward pass: one task runs its
 forward, the loss and its backward back to back on each forward micro-batch (jit-compute, Alg. 2 line 2), so the
 forward packs cover the layers before it. The task list is PFB = P_F + reversed(P_B), task i on device i mod N.
-Each task runs its pack on every micro-batch of the minibatch before the next task on that device (input-batch
+Each task runs its pack on every micro-batch of the global batch before the next task on that device (input-batch
 grouping), so a pack's weights come to the device once per visit. A backward task updates its pack right after
 its last micro-batch (just-in-time update) and sends the updated weights and optimizer states back to the host.
 Forward tasks run without autograd and write to the host the input of every backward pack that starts inside
@@ -45,14 +45,14 @@ class HarmonySchedule:
     backward_packs: tuple[Span, ...]
     devices: int
 
-    def check(self, num_layers: int, minibatch: int) -> None:
-        """Raise ValueError naming what is wrong: packs must tile the layers; micro-batches divide the minibatch."""
+    def check(self, num_layers: int, global_batch_size: int) -> None:
+        """Raise ValueError naming what is wrong: packs must tile the layers; micro-batches divide the global batch."""
         if self.devices < 1:
             raise ValueError(f"devices must be >= 1, got {self.devices}")
         for name, size in (("forward_micro_batch", self.forward_micro_batch),
                            ("backward_micro_batch", self.backward_micro_batch)):
-            if size < 1 or minibatch % size:
-                raise ValueError(f"{name} {size} must divide the minibatch of {minibatch} samples")
+            if size < 1 or global_batch_size % size:
+                raise ValueError(f"{name} {size} must divide the global batch of {global_batch_size} samples")
         if not self.backward_packs:
             raise ValueError("backward_packs is empty: give at least one pack")
         _tiles(self.backward_packs, 0, num_layers, "backward_packs")
@@ -123,9 +123,10 @@ class Traffic:
         return {"to_device": sum(self.to_device), "to_host": sum(self.to_host), "peer": sum(self.peer)}
 
 
-def traffic(schedule: HarmonySchedule, layers: Sequence[LayerBytes], minibatch: int) -> Traffic:
-    """The bytes `schedule` moves in one iteration of `minibatch` samples (the executor's counters, predicted)."""
-    schedule.check(len(layers), minibatch)
+def traffic(schedule: HarmonySchedule, layers: Sequence[LayerBytes], global_batch_size: int) -> Traffic:
+    """The bytes `schedule` moves in one iteration of `global_batch_size` samples (the executor's counters,
+    predicted)."""
+    schedule.check(len(layers), global_batch_size)
     n = schedule.devices
     down, up, peer = [0] * n, [0] * n, [0] * n
 
@@ -139,19 +140,19 @@ def traffic(schedule: HarmonySchedule, layers: Sequence[LayerBytes], minibatch: 
     for task in tasks:
         d, a = task.device, task.span[0]
         down[d] += weights(task.span)
-        up[d] += sum(layers[s].input_per_sample for s in task.stash) * minibatch
+        up[d] += sum(layers[s].input_per_sample for s in task.stash) * global_batch_size
         if task.kind != FORWARD:
-            down[d] += states(task.span) + (layers[a].input_per_sample * minibatch if task.reads_stash else 0)
+            down[d] += states(task.span) + (layers[a].input_per_sample * global_batch_size if task.reads_stash else 0)
             up[d] += weights(task.span) + states(task.span)
         if task.source is not None and tasks[task.source].device != d:
             # forward outputs travel to the next pack; backward sends its input gradient (same size) back
             boundary = a if task.kind != BACKWARD else tasks[task.source].span[0]
-            peer[tasks[task.source].device] += layers[boundary].input_per_sample * minibatch
+            peer[tasks[task.source].device] += layers[boundary].input_per_sample * global_batch_size
     return Traffic(tuple(down), tuple(up), tuple(peer))
 
 
-def host_bytes(schedule: HarmonySchedule, layers: Sequence[LayerBytes], minibatch: int) -> int:
+def host_bytes(schedule: HarmonySchedule, layers: Sequence[LayerBytes], global_batch_size: int) -> int:
     """What the host store holds for `schedule`: every layer's weights and optimizer states, and the stashed
-    input of every backward pack but the first for the whole minibatch."""
-    stashed = sum(layers[a].input_per_sample for a, _ in schedule.backward_packs[:-1] if a > 0) * minibatch
+    input of every backward pack but the first for the whole global batch."""
+    stashed = sum(layers[a].input_per_sample for a, _ in schedule.backward_packs[:-1] if a > 0) * global_batch_size
     return sum(x.weights + x.states for x in layers) + stashed

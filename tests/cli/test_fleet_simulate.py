@@ -15,7 +15,8 @@ from ballast.cli.main import main
 from services.planner.elastic import POLICIES, generate_trace, parse_trace, simulate, synthetic_curve
 
 ROOT = Path(__file__).resolve().parents[2]
-HEADER = "name,submit_time_s,model,global_batch,iterations,requested_devices,min_devices,max_devices,tenant,priority"
+HEADER = ("name,submit_time_s,model,global_batch_size,iterations,requested_devices,min_devices,max_devices,tenant,"
+          "priority")
 ROWS = [
     "long,0,bert-huge-32,64,20000,4,2,8,prod,0",
     "tiny,30,gpt-tiny,64,5000,2,1,4,research,0",
@@ -64,7 +65,7 @@ def test_synthetic_curves_give_one_row_per_policy_a_csv_and_a_png(tmp_path, caps
     assert list(rows) == list(POLICIES) and all(len(cells) == 7 for cells in rows.values())
     models = {"bert-huge-32", "gpt-tiny", "vit-huge-32", "t5-large-32", "swin-huge-32.yaml"}
     jobs = [replace(j, model=j.model.removesuffix(".yaml")) for j in parse_trace(trace.read_text(), models, 8)]
-    curves = {(j.model, j.global_batch): synthetic_curve(j.model, j.global_batch, 8) for j in jobs}
+    curves = {(j.model, j.global_batch_size): synthetic_curve(j.model, j.global_batch_size, 8) for j in jobs}
     expected = simulate(jobs, 8, curves=curves)
     for name, r in expected.items():  # the first number after the name is the average JCT in seconds
         assert float(rows[name][0]) == pytest.approx(r.average_jct_s, abs=0.5)

@@ -85,10 +85,10 @@ def test_a_saved_dataset_of_token_ids_and_one_of_text_through_a_local_tokenizer(
     data = ParseDict({"hf_dataset": {"path": path, "column": "ids"}}, job_pb2.DataSpec())
     got = inspect_data(GPT, data, roots)
     assert (got.train_samples, got.validation_samples, got.largest_token) == (3, 1, 39)
-    batch = batch_for(GPT, data, 0, 0, 0, 3, global_batch=3, user_inputs=roots)
+    batch = batch_for(GPT, data, 0, 0, 0, 3, global_batch_size=3, user_inputs=roots)
     row = next(r for r in range(3) if batch["input_ids"][r, 0] == 5)  # the row [5, 6]: one label, padding after
     assert batch["labels"][row].tolist() == [6] + [-100] * (SEQ - 1)
-    held = validation_batch_for(GPT, data, 0, 0, 0, 2, global_batch=2, user_inputs=roots)
+    held = validation_batch_for(GPT, data, 0, 0, 0, 2, global_batch_size=2, user_inputs=roots)
     assert torch.equal(held["input_ids"][0], held["input_ids"][1])  # one validation row, drawn in order
 
     tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0, "hello": 1, "world": 2, "bye": 3}, unk_token="[UNK]"))
@@ -99,7 +99,7 @@ def test_a_saved_dataset_of_token_ids_and_one_of_text_through_a_local_tokenizer(
     data = ParseDict({"hf_dataset": {"path": text, "text_column": "text", "tokenizer_dir": str(tmp_path / "tok")}},
                      job_pb2.DataSpec())
     assert inspect_data(GPT, data, roots).train_samples == 2
-    batch = batch_for(GPT, data, 0, 0, 0, 2, global_batch=2, user_inputs=roots)
+    batch = batch_for(GPT, data, 0, 0, 0, 2, global_batch_size=2, user_inputs=roots)
     assert sorted(batch["input_ids"][:, :2].tolist()) == [[1, 2], [3, 0]]  # "bye bye": one input, then padding
 
 
@@ -158,7 +158,7 @@ def test_a_data_factory_feeds_a_users_model_and_is_refused_when_its_samples_do_n
     got = inspect_data(spec, data, inputs)
     assert (got.source, got.train_samples, got.validation_samples, list(got.fields)) == ("factory", 10, 0,
                                                                                           ["labels", "x"])
-    batch = batch_for(spec, data, 0, 0, 0, 4, global_batch=4, user_inputs=inputs)
+    batch = batch_for(spec, data, 0, 0, 0, 4, global_batch_size=4, user_inputs=inputs)
     assert batch["x"].shape == (4, 4) and batch["labels"].shape == (4,)
     data.factory.kwargs.update({"width": 5})  # the model's first layer takes 4 features
     with pytest.raises(InvalidArgument, match="failed on the factory's samples") as err:
@@ -173,7 +173,7 @@ def test_token_data_feeds_a_hugging_face_masked_lm_with_masks_drawn_per_sample(t
     spec = hf_spec("bert")  # vocabulary 64, 16 tokens a sample
     data = token_data(path=tokens(tmp_path / "t.bin", 8 * SEQ))
     assert inspect_data(spec, data, roots).fields == ["input_ids", "token_type_ids", "labels"]
-    batch = batch_for(spec, data, 1, 0, 0, 8, global_batch=8, user_inputs=roots)
+    batch = batch_for(spec, data, 1, 0, 0, 8, global_batch_size=8, user_inputs=roots)
     masked = batch["labels"] != -100
     assert masked.any(1).all() and (batch["input_ids"][masked] == VOCAB - 1).all()
     with pytest.raises(InvalidArgument, match="next-token and masked-token models only"):

@@ -194,6 +194,7 @@ CASES: dict[str, Case] = {
         job_id="job-none", devices=[fleet_pb2.DeviceRef(host_id="hst-none", device_index=0)])),
     f"{S}/EndLeases": Case(ADMIN, lambda w: store_pb2.EndLeasesRequest(job_id="job-none")),
     f"{S}/ListLeases": Case(LIST, lambda w: store_pb2.ListLeasesRequest(), shows="lease"),
+    f"{S}/GetPlacement": Case(TENANT, lambda w: store_pb2.GetPlacementRequest(job_id=w.job)),
     f"{S}/GetFleetPolicy": Case(SHARED, lambda w: store_pb2.GetFleetPolicyRequest()),
     f"{S}/SetFleetPolicy": Case(ADMIN, lambda w: store_pb2.SetFleetPolicyRequest()),
     f"{S}/RecordCalibration": Case(ADMIN, lambda w: store_pb2.RecordCalibrationRequest()),

@@ -165,6 +165,6 @@ def first_batch(data_root) -> torch.Tensor:
     spec = load_model_spec(str(MODEL))
     data = {"tokens": {"path": str(data_root / "readme" / "train.bin"),
                        "validation_path": str(data_root / "readme" / "val.bin")}}
-    batch = batch_for(spec, data, 0, 0, 0, BATCH, global_batch=BATCH,
+    batch = batch_for(spec, data, 0, 0, 0, BATCH, global_batch_size=BATCH,
                       user_inputs=UserInputs.of(data_roots=[str(data_root)]))
     return torch.cat([batch["input_ids"], batch["labels"][:, -1:]], dim=1)

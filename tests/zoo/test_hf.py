@@ -96,8 +96,8 @@ def test_a_causal_lm_trains_on_the_same_learnable_sequences_as_the_zoo_gpt():
     hf = hf_spec("llama")
     gpt = model_pb2.ModelSpec(family=model_pb2.MODEL_FAMILY_GPT, transformer=model_pb2.TransformerConfig(
         num_layers=1, hidden_size=8, num_heads=1, vocab_size=64, seq_length=16))
-    a = batch_for(hf, {}, 3, 2, 0, 4, global_batch=4)
-    b = batch_for(gpt, {}, 3, 2, 0, 4, global_batch=4)
+    a = batch_for(hf, {}, 3, 2, 0, 4, global_batch_size=4)
+    b = batch_for(gpt, {}, 3, 2, 0, 4, global_batch_size=4)
     assert a.keys() == b.keys() == {"input_ids", "labels"}
     assert all(torch.equal(a[k], b[k]) for k in a)
 

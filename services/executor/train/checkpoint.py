@@ -231,10 +231,13 @@ def check_compatible(manifest: dict[str, Any], model: dict[str, Any], optimizer_
         raise ValueError(f"resume_from: checkpoint has {manifest.get('num_layers')} layers, the model {num_layers}")
 
 
-def check_position(manifest: dict[str, Any], data: dict[str, Any], global_batch: int, seed: int) -> None:
-    """The position in the data is the checkpoint's samples_seen = next_iteration x global_batch in the order the
-    seed and the data fix: a resume goes on only with the same three (a morph keeps them all)."""
-    for name, ours in (("data", data), ("global_batch", global_batch), ("seed", seed)):
+def check_position(manifest: dict[str, Any], data: dict[str, Any], global_batch_size: int, seed: int) -> None:
+    """The position in the data is the checkpoint's samples_seen = next_iteration x global_batch_size in the order the
+    seed and the data fix: a resume goes on only with the same three (a morph keeps them all). Checkpoints written
+    before 2026-11-29 name the global batch `global_batch`."""
+    if "global_batch" in manifest and "global_batch_size" not in manifest:
+        manifest = {**manifest, "global_batch_size": manifest["global_batch"]}
+    for name, ours in (("data", data), ("global_batch_size", global_batch_size), ("seed", seed)):
         if name in manifest and manifest[name] != ours:
             raise ValueError(f"resume_from: the checkpoint was written with {name} {manifest[name]!r}, this run has "
                              f"{ours!r}; resume with the checkpoint's {name} (its position in the data depends on it)")

@@ -5,7 +5,7 @@ Rank layout: `dims` (dims.ParallelDims, axes pp = stages, dp = replicas) owns it
 
 Iteration numbers count completed iterations: `start_iteration` iterations are already done (0 for a fresh
 run), the worker trains until `iterations` are done, and iteration index i (0-based) draws the samples
-`i * global_batch + k`. Events and checkpoints report the count done after the step.
+`i * global_batch_size + k`. Events and checkpoints report the count done after the step.
 
 The plan may change while training (issue 7): `plan_version`, `stage_bounds`, `checkpoint_layers`,
 `swap_layers`, `zero1_layers` and `zero2_layers` are the INITIAL plan; a "plan" command on the worker's stdin
@@ -72,7 +72,7 @@ class WorkerConfig:
     data: dict[str, Any] = field(default_factory=dict)  # a DataSpec as MessageToDict writes it; {}: synthetic
     checkpoint_dir: str = ""
     checkpoint_every: int = 0  # 0 = never
-    # Validation loss on `eval_batches` validation batches (of global_batch samples) after every `eval_every`
+    # Validation loss on `eval_batches` validation batches (of global_batch_size samples) after every `eval_every`
     # iterations and after the last; 0 = never. Forward only, outside the iteration's time.
     eval_every: int = 0
     eval_batches: int = 4
@@ -100,7 +100,7 @@ class WorkerConfig:
     # Harmony's swap schedule (train/harmony.py): {} = off; else HARMONY_KEYS: the schedule (forward_micro_batch,
     # forward_packs [[begin, end], ...], backward_micro_batch, backward_packs, devices), prefetch,
     # device_budget_bytes (0: no budget) and store_dir (the host store every rank of the job maps). Ranks are the
-    # devices of one pipeline over the whole minibatch, not replicas: global_batch is not multiplied by them.
+    # devices of one pipeline over the whole global batch, not replicas: global_batch_size is not multiplied by them.
     harmony: dict[str, Any] = field(default_factory=dict)
     # The operator's word on users' models, from the agent's settings (BALLAST_ALLOWED_MODEL_FACTORIES,
     # BALLAST_MODEL_PATH): the worker imports a factory only if allowed, from its import path plus these directories.
@@ -111,8 +111,8 @@ class WorkerConfig:
         return len(self.stage_bounds)
 
     @property
-    def global_batch(self) -> int:
-        if self.harmony:  # one wrap-around pipeline over the minibatch: the ranks are its devices
+    def global_batch_size(self) -> int:
+        if self.harmony:  # one wrap-around pipeline over the global batch: the ranks are its devices
             return self.micro_batch_size * self.num_micro_batches
         return self.micro_batch_size * self.num_micro_batches * self.num_replicas
 
@@ -230,8 +230,9 @@ class WorkerConfig:
                                                   for p in h[key]), f"harmony.{key}", "give [begin, end) layer pairs")
         need(bool(h["backward_packs"]), "harmony.backward_packs", "give at least one pack (the last ends the model)")
         for key in ("forward_micro_batch", "backward_micro_batch"):
-            need(self.global_batch % h[key] == 0, f"harmony.{key}",
-                 f"must divide the minibatch of {self.global_batch} samples (micro_batch_size x num_micro_batches)")
+            need(self.global_batch_size % h[key] == 0, f"harmony.{key}",
+                 f"must divide the global batch of {self.global_batch_size} samples "
+                 "(micro_batch_size x num_micro_batches)")
         need(h["devices"] == self.world_size, "harmony.devices",
              f"must equal world_size {self.world_size}: one worker per device of the schedule")
         need(isinstance(h["prefetch"], bool), "harmony.prefetch", "must be true or false")

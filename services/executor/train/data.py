@@ -1,7 +1,7 @@
 """Which samples a worker draws and the dropout seeds it uses; the samples themselves are services.data's.
 
 Order inside an iteration: replica r, micro-batch j takes samples [r * nm * m + j * m, ... + m) (`sample_range`);
-sample k of iteration i is the job's global sample i * global_batch + k (services/data/batches.py), so the global
+sample k of iteration i is the job's global sample i * global_batch_size + k (services/data/batches.py), so the global
 batch of an iteration is the same multiset of samples under every plan, split, migration and morph.
 """
 

@@ -4,7 +4,7 @@ The schedule is `services.memory.harmony_schedule.HarmonySchedule` (the planner'
 builds the same model, then keeps nothing of it on its device: the weights and optimizer states of every layer live
 in the host's shared memory (`HostStore`, files under /dev/shm mapped by every rank of the job, like one server's
 DRAM seen by its GPUs), and a task brings its pack's weights to its device, runs its pack on every micro-batch of
-the minibatch, and lets them go. Backward tasks recompute their pack from the input a forward task stashed on the
+the global batch, and lets them go. Backward tasks recompute their pack from the input a forward task stashed on the
 host, accumulate gradients over the micro-batches and then update the pack layer by layer (just-in-time update:
 weights, gradients and states meet on the device once) and write weights and states back. Activations and their
 gradients go device to device between consecutive tasks (`isend`/`recv` on gloo; kept on the device when both tasks
@@ -14,7 +14,7 @@ The device is a `MemoryPool`: weights (kind "chunk", model data), gradients, opt
 activations in flight or saved for backward are placed on it, and a placement over the budget raises. Bytes moved
 each way are counted where they are copied, so a test can hold them against `services.memory.harmony_schedule.traffic`.
 
-The minibatch is one replica's (Harmony PP, not DP); the loss of an iteration is the minibatch's summed loss over
+The global batch is one replica's (Harmony PP, not DP); the loss of an iteration is the global batch's summed loss over
 its label count, like `reference.train_single`, so the two agree step by step. Needs a chain of layers without
 shared parameters or dropout (the forward pass runs twice, once per pack visit, and must agree with itself).
 """
@@ -112,8 +112,8 @@ def run_layer(layer: Layer, x: Tensor | None, batch: dict[str, Tensor]) -> Tenso
 class HostStore:
     """Every layer's flat weights and optimizer states, and the stashed pack inputs, in shared memory files."""
 
-    def __init__(self, root: Path, layers: list[Layer], state_kinds: tuple[str, ...], minibatch: int) -> None:
-        self.root, self.minibatch = root, minibatch
+    def __init__(self, root: Path, layers: list[Layer], state_kinds: tuple[str, ...], global_batch_size: int) -> None:
+        self.root, self.global_batch_size = root, global_batch_size
         self.weights: list[Tensor] = []
         self.states: list[dict[str, Tensor]] = []
         for layer in layers:
@@ -142,11 +142,11 @@ class HostStore:
                     states[kind].copy_(torch.cat([state[p][key].reshape(-1).float() for p in params]))
 
     def stash(self, layer: int, shape: tuple[int, ...]) -> Tensor:
-        """The host buffer of layer `layer`'s input for the whole minibatch (`shape` is one sample's)."""
+        """The host buffer of layer `layer`'s input for the whole global batch (`shape` is one sample's)."""
         if layer not in self._stash:
             (self.root / f"a{layer}.json").write_text(json.dumps(list(shape)))
-            numel = self.minibatch * int(torch.Size(shape).numel())
-            self._stash[layer] = self._map(f"a{layer}", numel).view(self.minibatch, *shape)
+            numel = self.global_batch_size * int(torch.Size(shape).numel())
+            self._stash[layer] = self._map(f"a{layer}", numel).view(self.global_batch_size, *shape)
         return self._stash[layer]
 
     def stashed(self, layer: int) -> Tensor:
@@ -209,12 +209,13 @@ class HarmonyRun:
 class HarmonyRank:
     """One device of a Harmony job: its tasks of the schedule, run in order every iteration."""
 
-    def __init__(self, spec: model_pb2.ModelSpec, data: Data, seed: int, minibatch: int,
+    def __init__(self, spec: model_pb2.ModelSpec, data: Data, seed: int, global_batch_size: int,
                  optimizer: dict[str, Any], schedule: HarmonySchedule, store_dir: Path, *,
                  device_budget: int | None, rank: int = 0, prefetch: bool = True,
                  user_inputs: UserInputs = NO_USER_INPUTS, initial: dict[str, Tensor] | None = None,
                  resume_from: str = "") -> None:
-        self.spec, self.data, self.seed, self.minibatch, self.optimizer = spec, data, seed, minibatch, optimizer
+        self.spec, self.data, self.seed, self.optimizer = spec, data, seed, optimizer
+        self.global_batch_size = global_batch_size
         self.rank, self.schedule, self.user_inputs = rank, schedule, user_inputs
         model = build_model(spec, seed=seed, user_inputs=user_inputs)
         model.train()
@@ -226,14 +227,14 @@ class HarmonyRank:
         if resume_from and rank == 0:  # weights into the modules, states kept for the store (no ties here)
             ckpt.load_layers(resume_from, ckpt.read_manifest(resume_from), self.dec.layers, {}, resumed,  # type: ignore[arg-type]
                              state_on_host=True)
-        schedule.check(len(self.dec), minibatch)
+        schedule.check(len(self.dec), global_batch_size)
         self.model_loss_count = model.loss_count
         self.layers = self.dec.layers
         self.params = [list(layer.module.parameters()) for layer in self.layers]
         self.shapes = {id(p): p.shape for ps in self.params for p in ps}  # kept: `.data` is emptied between visits
         self.model_bytes = sum(p.numel() * p.element_size() for ps in self.params for p in ps)
         kinds = ("momentum", "variance") if optimizer["name"] == "adam" else ()
-        self.store = HostStore(store_dir, self.layers, kinds, minibatch)
+        self.store = HostStore(store_dir, self.layers, kinds, global_batch_size)
         if rank == 0:
             self.store.write_initial(self.layers)
             if resumed.state:
@@ -401,13 +402,14 @@ class HarmonyRank:
 
     # -- tasks ---------------------------------------------------------------------------------------------------
     def batch(self, iteration: int, begin: int, end: int) -> dict[str, Tensor]:
-        return batch_for(self.spec, self.data, self.seed, iteration, begin, end, global_batch=self.minibatch,
+        return batch_for(self.spec, self.data, self.seed, iteration, begin, end,
+                         global_batch_size=self.global_batch_size,
                          user_inputs=self.user_inputs)
 
     def forward(self, task: Task, iteration: int) -> None:
         a, b = task.span
         pending: deque = deque()
-        for begin in range(0, self.minibatch, task.micro_batch):
+        for begin in range(0, self.global_batch_size, task.micro_batch):
             rows = slice(begin, begin + task.micro_batch)
             batch = self.batch(iteration, rows.start, rows.stop)
             x = None if task.source is None else self.receive(task)
@@ -441,7 +443,7 @@ class HarmonyRank:
         a, b = task.span
         self.pool.reserve("grad", sum(self._numel(i) for i in range(a, b)) * 4)
         total, pending = 0.0, deque()
-        for begin in range(0, self.minibatch, task.micro_batch):
+        for begin in range(0, self.global_batch_size, task.micro_batch):
             rows = slice(begin, begin + task.micro_batch)
             batch = self.batch(iteration, rows.start, rows.stop)
             if task.kind == FORWARD_BACKWARD:
@@ -520,7 +522,7 @@ class HarmonyRank:
         the end, True asks every rank to stop after this iteration: it rides on the loss sum, so all ranks learn
         it at the same boundary (HarmonyStep.stop)."""
         started = time.perf_counter()
-        count = max(self.model_loss_count(self.batch(iteration, 0, self.minibatch)), 1)
+        count = max(self.model_loss_count(self.batch(iteration, 0, self.global_batch_size)), 1)
         total = 0.0
         for k, task in enumerate(self.mine):
             began, waited, updated = time.perf_counter(), self.counters.peer_s, self.counters.optimizer_s
@@ -584,9 +586,10 @@ class HarmonyRank:
         try:
             with torch.no_grad():
                 for b in range(batches):
-                    for begin in range(0, self.minibatch, size):
+                    for begin in range(0, self.global_batch_size, size):
                         batch = validation_batch_for(self.spec, self.data, self.seed, b, begin, begin + size,
-                                                     global_batch=self.minibatch, user_inputs=self.user_inputs)
+                                                     global_batch_size=self.global_batch_size,
+                                                     user_inputs=self.user_inputs)
                         x = None
                         for i, layer in enumerate(self.layers):
                             self.load((i, i + 1))
@@ -626,7 +629,7 @@ def train_harmony(config: dict[str, Any], rank: int, store_dir: Path, group: Any
 
     spec = ParseDict(config["model"], model_pb2.ModelSpec())
     runner = HarmonyRank(spec, config.get("data", {}), int(config["seed"]),
-                         int(config["minibatch"]), config["optimizer"], schedule_from(config), store_dir,
+                         int(config["global_batch_size"]), config["optimizer"], schedule_from(config), store_dir,
                          device_budget=config.get("device_budget"), rank=rank,
                          prefetch=bool(config.get("prefetch", True)))
     if dist.is_initialized():
@@ -663,7 +666,8 @@ def main(argv: list[str] | None = None) -> None:
     import argparse
 
     parser = argparse.ArgumentParser(description="one device of a Harmony (wrap-around pipeline) training run")
-    parser.add_argument("--config", required=True, help="JSON file: model, seed, minibatch, iterations, optimizer, "
+    parser.add_argument("--config", required=True, help="JSON file: model, seed, global_batch_size, iterations, "
+                        "optimizer, "
                         "device_budget, schedule {forward_micro_batch, forward_packs, backward_micro_batch, "
                         "backward_packs, devices}, store_dir, prefetch")
     parser.add_argument("--rank", type=int, default=0)

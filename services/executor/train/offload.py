@@ -176,15 +176,16 @@ class ChunkedTrainer:
     """A model whose data lives in chunks under a device budget, stepped one iteration at a time (the worker
     reports each; `train_chunked` collects them)."""
 
-    def __init__(self, spec: model_pb2.ModelSpec, data: Data, seed: int, global_batch: int,
+    def __init__(self, spec: model_pb2.ModelSpec, data: Data, seed: int, global_batch_size: int,
                  optimizer: dict[str, Any], *, device_budget: int | None, chunk_bytes: int, micro_batches: int = 1,
                  host_budget: int | None = None, device: str | torch.device = "cpu", rank: int = 0, world: int = 1,
                  group: object = None, user_inputs: UserInputs = NO_USER_INPUTS,
                  initial: dict[str, Tensor] | None = None, resume_from: str = "") -> None:
-        if global_batch % (world * micro_batches):
-            raise ValueError(f"global_batch {global_batch} must split into {world} replicas x {micro_batches} "
+        if global_batch_size % (world * micro_batches):
+            raise ValueError(f"global_batch_size {global_batch_size} must split into {world} replicas x "
+                             f"{micro_batches} "
                              "micro-batches")
-        self.spec, self.data, self.seed, self.global_batch = spec, data, seed, global_batch
+        self.spec, self.data, self.seed, self.global_batch_size = spec, data, seed, global_batch_size
         self.optimizer, self.micro_batches, self.device = optimizer, micro_batches, torch.device(device)
         self.rank, self.world, self.group, self.user_inputs = rank, world, group, user_inputs
         cuda = self.device.type == "cuda"
@@ -252,7 +253,7 @@ class ChunkedTrainer:
     def evaluate(self, batches: int) -> tuple[float, float]:
         """(summed loss, labels) over `batches` validation batches, every replica its share as in training, forward
         only in eval mode; every rank calls it. The chunk residency after it is a finished forward's."""
-        per_replica = self.global_batch // self.world
+        per_replica = self.global_batch_size // self.world
         size = per_replica // self.micro_batches
         total, labels = 0.0, 0.0
         self.model.eval()
@@ -262,7 +263,8 @@ class ChunkedTrainer:
                     for k in range(self.micro_batches):
                         begin = self.rank * per_replica + k * size
                         batch = {key: v.to(self.device) for key, v in validation_batch_for(
-                            self.spec, self.data, self.seed, b, begin, begin + size, global_batch=self.global_batch,
+                            self.spec, self.data, self.seed, b, begin, begin + size,
+                            global_batch_size=self.global_batch_size,
                             user_inputs=self.user_inputs).items()}
                         with torch.autocast(self.device.type, self.dtype, enabled=self.mixed):
                             total += float(self.model(batch).detach())
@@ -292,12 +294,12 @@ class ChunkedTrainer:
              hold: Callable[[], bool] | None = None) -> ChunkedStep:
         """Iteration `iteration` (0-based) of this replica; `vote`, asked at its end, True asks every rank to stop
         after it (the vote rides on the loss sum, so all ranks learn it at the same boundary)."""
-        manager, model, per_replica = self.manager, self.model, self.global_batch // self.world
+        manager, model, per_replica = self.manager, self.model, self.global_batch_size // self.world
         size = per_replica // self.micro_batches
         started = time.perf_counter()
         manager.take_swap_s()
-        whole = batch_for(self.spec, self.data, self.seed, iteration, 0, self.global_batch,
-                          global_batch=self.global_batch, user_inputs=self.user_inputs)
+        whole = batch_for(self.spec, self.data, self.seed, iteration, 0, self.global_batch_size,
+                          global_batch_size=self.global_batch_size, user_inputs=self.user_inputs)
         count = max(model.loss_count(whole), 1)
         total = 0.0
         forward_s = backward_s = 0.0
@@ -306,7 +308,7 @@ class ChunkedTrainer:
             begin = self.rank * per_replica + k * size
             batch = {key: v.to(self.device) for key, v in batch_for(
                 self.spec, self.data, self.seed, iteration, begin, begin + size,
-                global_batch=self.global_batch, user_inputs=self.user_inputs).items()}
+                global_batch_size=self.global_batch_size, user_inputs=self.user_inputs).items()}
             torch.manual_seed(dropout_seed(self.seed, iteration, self.rank * self.micro_batches + k))
             t, comm = time.perf_counter(), manager.comm_s
             with self.meter.saving(), torch.autocast(self.device.type, self.dtype, enabled=self.mixed):
@@ -363,11 +365,11 @@ def resumed_states(model: nn.Module, resume_from: str) -> dict[int, dict[str, Te
     return out
 
 
-def train_chunked(spec: model_pb2.ModelSpec, data: Data, seed: int, global_batch: int, iterations: int,
+def train_chunked(spec: model_pb2.ModelSpec, data: Data, seed: int, global_batch_size: int, iterations: int,
                   optimizer: dict[str, Any], *, device_budget: int | None, chunk_bytes: int,
                   micro_batches: int = 1, host_budget: int | None = None, device: str = "cpu", rank: int = 0,
                   world: int = 1, group: object = None) -> ChunkedRun:
-    trainer = ChunkedTrainer(spec, data, seed, global_batch, optimizer, device_budget=device_budget,
+    trainer = ChunkedTrainer(spec, data, seed, global_batch_size, optimizer, device_budget=device_budget,
                              chunk_bytes=chunk_bytes, micro_batches=micro_batches, host_budget=host_budget,
                              device=device, rank=rank, world=world, group=group)
     try:
@@ -391,7 +393,7 @@ def run_rank(config: dict[str, Any], rank: int, world: int, init_method: str) ->
     try:
         run = train_chunked(
             ParseDict(config["model"], model_pb2.ModelSpec()), config.get("data", {}),
-            int(config["seed"]), int(config["global_batch"]), int(config["iterations"]), config["optimizer"],
+            int(config["seed"]), int(config["global_batch_size"]), int(config["iterations"]), config["optimizer"],
             device_budget=config.get("device_budget"), chunk_bytes=int(config["chunk_bytes"]),
             micro_batches=int(config.get("micro_batches", 1)), host_budget=config.get("host_budget"),
             rank=rank, world=world)
@@ -410,7 +412,7 @@ def main(argv: list[str] | None = None) -> None:
     import json
 
     parser = argparse.ArgumentParser(description="one rank of a chunked (PatrickStar) training run on the CPU")
-    parser.add_argument("--config", required=True, help="JSON file: model, seed, global_batch, iterations, "
+    parser.add_argument("--config", required=True, help="JSON file: model, seed, global_batch_size, iterations, "
                         "optimizer, device_budget, chunk_bytes, micro_batches, host_budget")
     parser.add_argument("--rank", type=int, default=0)
     parser.add_argument("--world", type=int, default=1)

@@ -27,7 +27,7 @@ def train_single(
     spec: model_pb2.ModelSpec,
     data: Data,
     seed: int,
-    global_batch: int,
+    global_batch_size: int,
     iterations: int,
     optimizer: dict[str, Any],
     *,
@@ -55,7 +55,7 @@ def train_single(
     losses = []
     for iteration in range(start_iteration, iterations):
         batch = {k: v.to(device) for k, v in
-                 batch_for(spec, data, seed, iteration, 0, global_batch, global_batch=global_batch,
+                 batch_for(spec, data, seed, iteration, 0, global_batch_size, global_batch_size=global_batch_size,
                            user_inputs=user_inputs).items()}
         count = max(model.loss_count(batch), 1)
         torch.manual_seed(dropout_seed(seed, iteration, 0))
@@ -80,12 +80,13 @@ def train_single(
             ckpt.remove_manifest(directory)
             ckpt.write_layers(directory, dec.layers, aliases, opt)
             meta = {"iterations_done": done, "next_iteration": done, "seed": seed, "plan_version": 0, "job_id": "",
-                    "model": model_dict, "optimizer": optimizer["name"], "data": data, "global_batch": global_batch}
+                    "model": model_dict, "optimizer": optimizer["name"], "data": data,
+                    "global_batch_size": global_batch_size}
             ckpt.write_manifest(directory, len(dec), meta)
     return losses
 
 
-def validation_loss(spec: model_pb2.ModelSpec, data: Data, seed: int, global_batch: int, batches: int,
+def validation_loss(spec: model_pb2.ModelSpec, data: Data, seed: int, global_batch_size: int, batches: int,
                     weights: dict[str, torch.Tensor], user_inputs: UserInputs = NO_USER_INPUTS) -> float:
     """The validation loss of `weights` (the model's own names, an export's) on the job's first `batches`
     validation batches: the whole model in one process, in eval mode, its own `forward`."""
@@ -97,7 +98,7 @@ def validation_loss(spec: model_pb2.ModelSpec, data: Data, seed: int, global_bat
     total, labels = 0.0, 0
     with torch.no_grad():
         for b in range(batches):
-            batch = validation_batch_for(spec, data, seed, b, 0, global_batch, global_batch=global_batch,
+            batch = validation_batch_for(spec, data, seed, b, 0, global_batch_size, global_batch_size=global_batch_size,
                                          user_inputs=user_inputs)
             total += float(model(batch).double())
             labels += model.loss_count(batch)

@@ -137,7 +137,7 @@ class Trainer:
         c = self.config
         started = time.perf_counter()
         begin, end = sample_range(c.replica_index, micro_batch, c.micro_batch_size, c.num_micro_batches)
-        full = batch_for(self.spec, self.data, c.seed, iteration, begin, end, global_batch=c.global_batch,
+        full = batch_for(self.spec, self.data, c.seed, iteration, begin, end, global_batch_size=c.global_batch_size,
                          user_inputs=c.user_inputs)
         out = {k: full[k].to(self.device) for k in self.stage.batch_keys}
         self.data_s += time.perf_counter() - started
@@ -258,7 +258,7 @@ class Trainer:
             "bytes_sent": counters.bytes_sent, "bytes_received": counters.bytes_received,
             "allreduce_bytes": counters.allreduce_bytes, "replica_allreduces": counters.replica_allreduces,
             "tied_allreduces": counters.tied_allreduces, "loss": loss, "has_loss": self.stage.is_last,
-            "samples_per_s": self.config.global_batch / iteration_s if iteration_s > 0 else 0.0,
+            "samples_per_s": self.config.global_batch_size / iteration_s if iteration_s > 0 else 0.0,
             "swapped_bytes": self.stage.swap.take_bytes() if self.stage.swap is not None else 0,
             "active_layers": self.stage.active_layers,
             **self._data_parallel(counters, gradient_bytes),
@@ -303,7 +303,7 @@ class Trainer:
             torch.cuda.synchronize(self.device)
         meta = {"iterations_done": done, "next_iteration": done, "seed": c.seed, "plan_version": self.plan_version,
                 "job_id": c.job_id, "model": c.model, "optimizer": c.optimizer["name"], "data": c.data,
-                "global_batch": c.global_batch, "samples_seen": done * c.global_batch,
+                "global_batch_size": c.global_batch_size, "samples_seen": done * c.global_batch_size,
                 "epoch": self.data_epoch(done)}
         event = {"event": "checkpoint", **head, "iteration": done, "plan_version": self.plan_version,
                  "dir": str(directory), "manifest": "", "checkpoint_s": time.perf_counter() - start,
@@ -367,7 +367,7 @@ class Trainer:
         report({"event": "started", **head, "world_size": config.world_size, "num_stages": config.num_stages,
                 "num_replicas": config.num_replicas, "layers": layers, "parameters": parameters,
                 "start_iteration": start, "iterations": config.iterations, "schedule": config.schedule,
-                "global_batch": config.global_batch, "plan_version": config.plan_version,
+                "global_batch_size": config.global_batch_size, "plan_version": config.plan_version,
                 "predicted_iteration_s": config.predicted_iteration_s,
                 "device": str(self.device), "pid": os.getpid(), "hybrid": self.hybrid.describe(self.stage)})
         for iteration in range(start, config.iterations):
@@ -412,7 +412,7 @@ class Trainer:
 
     def data_epoch(self, done: int) -> int:
         """The epoch the next training sample falls in (0 for synthetic data)."""
-        return job_data(self.spec, self.data, self.config.user_inputs).epoch(done * self.config.global_batch)
+        return job_data(self.spec, self.data, self.config.user_inputs).epoch(done * self.config.global_batch_size)
 
     def evaluate(self, done: int, head: dict[str, Any], report: Report) -> None:
         """Validation loss after iteration `done`: `eval_batches` validation batches, forward only through the
@@ -431,7 +431,7 @@ class Trainer:
                         received = comms.wait(comms.post_recv(j, FORWARD)) if not stage.is_first else []
                         begin, end = sample_range(c.replica_index, j, c.micro_batch_size, c.num_micro_batches)
                         full = validation_batch_for(self.spec, self.data, c.seed, b, begin, end,
-                                                    global_batch=c.global_batch, user_inputs=c.user_inputs)
+                                                    global_batch_size=c.global_batch_size, user_inputs=c.user_inputs)
                         batch = {k: full[k].to(self.device) for k in stage.batch_keys}
                         outputs = stage.forward(received, batch, recompute=False, micro_batch=j)
                         if stage.is_last:
@@ -449,7 +449,7 @@ class Trainer:
         if stage.is_last:
             total, labels = comms.replica_sum([float(loss_sum), float(count)])
             if c.replica_index == 0:
-                fields = evaluation(total, labels, time.perf_counter() - started, c.eval_batches * c.global_batch,
+                fields = evaluation(total, labels, time.perf_counter() - started, c.eval_batches * c.global_batch_size,
                                     self.spec, c.user_inputs)
                 report({"event": "evaluation", **head, "iteration": done, "plan_version": self.plan_version,
                         **fields})

@@ -4,7 +4,7 @@ Launch: `python -m services.executor.train.worker CONFIG.json` (a WorkerConfig a
 goes to stdout, one JSON object per line; every event carries "event", "job_id", "rank", "stage", "replica"
 (and "time", unix seconds, added by this CLI):
 - "started": world_size, num_stages, num_replicas, layers (held layer indices), parameters (distinct
-  parameters held), start_iteration, iterations, schedule, global_batch, plan_version,
+  parameters held), start_iteration, iterations, schedule, global_batch_size, plan_version,
   predicted_iteration_s, device, pid, hybrid (per held TP/SDP layer: strategy, degree, mesh axis sizes, this
   rank's parameter elements and the layer's whole count; {} when the stage has none).
 - "iteration" (after each): iteration (completed count), plan_version, iteration_s, forward_s, backward_s (includes
@@ -68,7 +68,7 @@ no ZeRO fields; "done" hashes and sums this rank's own chunks. Stdin plan comman
 (training goes on). SIGTERM and SIGUSR2 both stop every rank at one agreed iteration boundary, drained false (no
 checkpoint to drain to). resume_from, per-layer policies and layer toggles are refused (WorkerConfig.validate).
 Harmony mode (`harmony` set, train/harmony.py): one stage holds every layer, every rank is one device of one
-wrap-around pipeline over the whole minibatch (rank = replica = device; global_batch is not multiplied by the
+wrap-around pipeline over the whole global batch (rank = replica = device; global_batch_size is not multiplied by the
 ranks), running its tasks of the schedule under `harmony.device_budget_bytes`; every layer's weights and optimizer
 states live in the host store `harmony.store_dir` (shared memory files every rank of the job maps; rank 0 writes
 the initial weights before the first barrier and removes the directory when the run ends, after a last barrier
@@ -205,7 +205,7 @@ def checked_resume(config: WorkerConfig, mode: str) -> str:
     manifest = ckpt.read_manifest(config.resume_from)
     num_layers = len(build_model(config.spec(), device="meta", user_inputs=config.user_inputs).decompose())
     ckpt.check_compatible(manifest, config.model, config.optimizer["name"], num_layers)
-    ckpt.check_position(manifest, config.data, config.global_batch, config.seed)
+    ckpt.check_position(manifest, config.data, config.global_batch_size, config.seed)
     after = manifest["next_iteration"]
     if config.start_iteration not in (0, after):
         raise ValueError(f"WorkerConfig.start_iteration {config.start_iteration} disagrees with the checkpoint's next "
@@ -228,7 +228,8 @@ def offloaded_checkpoint(config: WorkerConfig, done: int, snapshot: ckpt.Snapsho
     began = time.perf_counter()
     meta = {"iterations_done": done, "next_iteration": done, "seed": config.seed, "plan_version": config.plan_version,
             "job_id": config.job_id, "model": config.model, "optimizer": config.optimizer["name"],
-            "data": config.data, "global_batch": config.global_batch, "samples_seen": done * config.global_batch}
+            "data": config.data, "global_batch_size": config.global_batch_size,
+            "samples_seen": done * config.global_batch_size}
     try:
         directory.mkdir(parents=True, exist_ok=True)
         ckpt.clear_stale(directory)
@@ -289,7 +290,7 @@ def prepare_stage(config: WorkerConfig, device: torch.device, head: dict[str, An
     if config.resume_from:  # a bad checkpoint fails fast on every rank
         manifest = ckpt.read_manifest(config.resume_from)
         ckpt.check_compatible(manifest, config.model, config.optimizer["name"], stage.num_layers)
-        ckpt.check_position(manifest, config.data, config.global_batch, config.seed)
+        ckpt.check_position(manifest, config.data, config.global_batch_size, config.seed)
         if start not in (0, manifest["next_iteration"]):
             raise ValueError(f"WorkerConfig.start_iteration {start} disagrees with the checkpoint's next iteration "
                              f"{manifest['next_iteration']}; set it to 0 or {manifest['next_iteration']}")
@@ -352,7 +353,7 @@ def prepare_chunks(config: WorkerConfig, device: torch.device, head: dict[str, A
                    should_drain: Callable[[], bool]) -> Callable[[], None]:
     """Chunk mode: the whole model, this rank a data-parallel replica (rank = replica), its model data in chunks
     under the device budget (offload.py). Built here, before the rendezvous (the chunk layout needs no group)."""
-    trainer = ChunkedTrainer(config.spec(), config.data_spec(), config.seed, config.global_batch, config.optimizer,
+    trainer = ChunkedTrainer(config.spec(), config.data_spec(), config.seed, config.global_batch_size, config.optimizer,
                              device_budget=config.device_budget_bytes or None, chunk_bytes=config.chunk_bytes,
                              micro_batches=config.num_micro_batches, device=device, rank=config.replica_index,
                              world=config.num_replicas, user_inputs=config.user_inputs,
@@ -376,7 +377,7 @@ def train_chunks(config: WorkerConfig, trainer: ChunkedTrainer, layers: list[int
     warnings: list[str] = []
     report({"event": "started", **head, "world_size": config.world_size, "num_stages": 1,
             "num_replicas": config.num_replicas, "layers": layers, "parameters": parameters, "start_iteration": start,
-            "iterations": config.iterations, "schedule": config.schedule, "global_batch": config.global_batch,
+            "iterations": config.iterations, "schedule": config.schedule, "global_batch_size": config.global_batch_size,
             "plan_version": config.plan_version, "predicted_iteration_s": config.predicted_iteration_s,
             "device": str(device), "pid": os.getpid(), "hybrid": {},
             "offload": {"chunk_bytes": config.chunk_bytes, "device_budget_bytes": config.device_budget_bytes,
@@ -400,7 +401,7 @@ def train_chunks(config: WorkerConfig, trainer: ChunkedTrainer, layers: list[int
                 "recompute_s": 0.0, "p2p_s": 0.0, "allreduce_s": step.allreduce_s, "comm_s": step.allreduce_s,
                 "optimizer_s": step.optimizer_s, "overhead_s": overhead, "idle_s": overhead, "memory_bytes": current,
                 "peak_memory_bytes": peak, "heap_peak_bytes": heap.take_peak(), "loss": step.loss, "has_loss": True,
-                "samples_per_s": config.global_batch / iteration_s if iteration_s > 0 else 0.0,
+                "samples_per_s": config.global_batch_size / iteration_s if iteration_s > 0 else 0.0,
                 "swapped_bytes": moved.to_host, "swap_in_bytes": moved.to_device, "swap_out_bytes": moved.to_host,
                 "swap_s": step.swap_s, "gathered_bytes": moved.gathered, "reduced_bytes": moved.reduced,
                 "evictions": moved.evictions, "device_budget_peak_bytes": trainer.device_pool.peak,
@@ -412,7 +413,8 @@ def train_chunks(config: WorkerConfig, trainer: ChunkedTrainer, layers: list[int
             if config.rank == 0:
                 report({"event": "evaluation", **head, "iteration": done, "plan_version": config.plan_version,
                         **evaluation(total, labels, time.perf_counter() - began,
-                                     config.eval_batches * config.global_batch, config.spec(), config.user_inputs)})
+                                     config.eval_batches * config.global_batch_size, config.spec(),
+                                     config.user_inputs)})
         if checkpoint_due(config, done):
             began = time.perf_counter()
             offloaded_checkpoint(config, done, trainer.checkpoint_layers(), len(layers), head, report, began)
@@ -441,15 +443,15 @@ def prepare_harmony(config: WorkerConfig, head: dict[str, Any], report: Report, 
                          f"got {list(config.bounds)}")
     schedule = schedule_from({"schedule": h})
     try:
-        schedule.check(len(dec.layers), config.global_batch)
+        schedule.check(len(dec.layers), config.global_batch_size)
     except ValueError as e:
         raise ValueError(f"WorkerConfig.harmony: {e}") from None
     store = Path(h["store_dir"])
     store.mkdir(parents=True, exist_ok=True)  # every rank maps its files in the constructor, rank 0 or not
     try:
         resume = checked_resume(config, "Harmony")
-        runner = HarmonyRank(spec, config.data_spec(), config.seed, config.global_batch, config.optimizer, schedule,
-                             store, device_budget=h["device_budget_bytes"] or None, rank=config.rank,
+        runner = HarmonyRank(spec, config.data_spec(), config.seed, config.global_batch_size, config.optimizer,
+                             schedule, store, device_budget=h["device_budget_bytes"] or None, rank=config.rank,
                              prefetch=h["prefetch"], user_inputs=config.user_inputs,
                              initial=initial_weights(config) if config.rank == 0 else None,
                              resume_from=resume if config.rank == 0 else "")
@@ -490,7 +492,7 @@ def harmony_iterations(config: WorkerConfig, runner: HarmonyRank, head: dict[str
                                   "devices")}
     report({"event": "started", **head, "world_size": config.world_size, "num_stages": 1,
             "num_replicas": config.num_replicas, "layers": layers, "parameters": parameters, "start_iteration": start,
-            "iterations": config.iterations, "schedule": "harmony", "global_batch": config.global_batch,
+            "iterations": config.iterations, "schedule": "harmony", "global_batch_size": config.global_batch_size,
             "plan_version": config.plan_version, "predicted_iteration_s": config.predicted_iteration_s,
             "device": str(device), "pid": os.getpid(), "hybrid": {},
             "harmony": {"schedule": schedule, "devices": h["devices"], "prefetch": h["prefetch"],
@@ -510,7 +512,7 @@ def harmony_iterations(config: WorkerConfig, runner: HarmonyRank, head: dict[str
         report({"event": "iteration", **head, "iteration": done, "plan_version": config.plan_version,
                 **harmony_split(step), "memory_bytes": current, "peak_memory_bytes": peak,
                 "heap_peak_bytes": heap.take_peak(), "loss": step.loss, "has_loss": True,
-                "samples_per_s": config.global_batch / step.iteration_s if step.iteration_s > 0 else 0.0,
+                "samples_per_s": config.global_batch_size / step.iteration_s if step.iteration_s > 0 else 0.0,
                 "swapped_bytes": step.traffic["to_host"], "swap_in_bytes": step.traffic["to_device"],
                 "swap_out_bytes": step.traffic["to_host"], "swap_s": step.traffic["swap_s"],
                 "bytes_sent": step.traffic["peer"], "device_budget_peak_bytes": runner.pool.peak,
@@ -544,8 +546,8 @@ def harmony_boundary(config: WorkerConfig, runner: HarmonyRank, done: int, num_l
         if config.rank == 0:
             total, labels = runner.evaluate(config.eval_batches)
             report({"event": "evaluation", **head, "iteration": done, "plan_version": config.plan_version,
-                    **evaluation(total, labels, time.perf_counter() - began, config.eval_batches * config.global_batch,
-                                 config.spec(), config.user_inputs)})
+                    **evaluation(total, labels, time.perf_counter() - began,
+                                 config.eval_batches * config.global_batch_size, config.spec(), config.user_inputs)})
         dist.barrier()
     if checkpoint_due(config, done):
         began = time.perf_counter()

@@ -25,7 +25,7 @@ class HarmonyPrice:
     feasible: bool
     reason: str  # why not, when not
     choice: HarmonyChoice | None = None
-    compute_s: float = 0.0  # every layer's forward, recompute and backward over the minibatch, on one device
+    compute_s: float = 0.0  # every layer's forward, recompute and backward over the global batch, on one device
     note: str = ""
     host_bytes: int = 0  # the host store: weights, optimizer states and stashed pack inputs
 
@@ -49,7 +49,8 @@ def harmony_layers(ctx: CostContext, optimizer: str = "adam") -> tuple[HarmonyLa
     return tuple(out)
 
 
-def price_harmony(ctx: CostContext, global_batch: int, device_budget: int, optimizer: str = "adam") -> HarmonyPrice:
+def price_harmony(ctx: CostContext, global_batch_size: int, device_budget: int,
+                  optimizer: str = "adam") -> HarmonyPrice:
     fleet = ctx.fleet
     if fleet.nodes != 1:
         return HarmonyPrice(False, f"Harmony runs on one server; this fleet has {fleet.nodes} nodes")
@@ -59,14 +60,14 @@ def price_harmony(ctx: CostContext, global_batch: int, device_budget: int, optim
                                    "has skip edges or tied weights")
     host = fleet.host_link.bandwidth_bytes_per_s if fleet.host_link else math.inf
     peer = fleet.intra_node.bandwidth_bytes_per_s if fleet.intra_node else math.inf
-    machine = Machine(fleet.devices_per_node, device_budget, host, peer, max_micro_batch=min(global_batch, 64))
-    choice = search(layers, global_batch, machine)
+    machine = Machine(fleet.devices_per_node, device_budget, host, peer, max_micro_batch=min(global_batch_size, 64))
+    choice = search(layers, global_batch_size, machine)
     if choice is None:
         return HarmonyPrice(False, "no layer pack fits the device budget beside its gradients and one layer's "
                                    "optimizer states")
-    compute = global_batch * sum(2 * x.forward_s_per_sample + x.backward_s_per_sample for x in layers)
+    compute = global_batch_size * sum(2 * x.forward_s_per_sample + x.backward_s_per_sample for x in layers)
     missing = [name for name, link in (("host link", fleet.host_link), ("intra-node link", fleet.intra_node))
                if link is None and (name == "host link" or fleet.devices_per_node > 1)]
     note = f"{' and '.join(missing)} bandwidth unknown for this fleet: priced at 0 s" if missing else ""
-    stored = host_bytes(choice.schedule, [x.bytes() for x in layers], global_batch)
+    stored = host_bytes(choice.schedule, [x.bytes() for x in layers], global_batch_size)
     return HarmonyPrice(True, "", choice, compute, note, stored)

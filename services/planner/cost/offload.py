@@ -54,12 +54,12 @@ def chunk_model(ctx: CostContext, micro_batch: int) -> ChunkModel | None:
                       element_size=ELEMENT_BYTES.get(ctx.view.dtype, 4))
 
 
-def price_chunks(ctx: CostContext, devices: int, global_batch: int, device_budget: int,
+def price_chunks(ctx: CostContext, devices: int, global_batch_size: int, device_budget: int,
                  optimizer: str = "adam") -> ChunkPrice:
-    if devices < 1 or global_batch < devices or global_batch % devices:
+    if devices < 1 or global_batch_size < devices or global_batch_size % devices:
         return ChunkPrice(False, f"chunk offload splits the global batch evenly over {devices} devices: "
-                                 f"{global_batch} does not")
-    m = global_batch // devices
+                                 f"{global_batch_size} does not")
+    m = global_batch_size // devices
     model = chunk_model(ctx, m)
     if model is None:
         return ChunkPrice(False, "the profile does not list the model's parameter tensors (profiled before chunk "

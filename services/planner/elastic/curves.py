@@ -26,7 +26,7 @@ class ScalingCurve:
     """Predicted samples/s per device count for one (model, global batch); absent counts are unplanned."""
 
     model: str
-    global_batch: int
+    global_batch_size: int
     throughput: Mapping[int, float]
     _best: tuple[float, ...] = field(init=False, repr=False, compare=False)
 
@@ -57,7 +57,7 @@ class ScalingCurve:
     def iteration_s(self, devices: int) -> float:
         """Seconds per iteration with the best plan on at most `devices` devices (infinite where nothing runs)."""
         r = self.rate(devices)
-        return self.global_batch / r if r > 0 else math.inf
+        return self.global_batch_size / r if r > 0 else math.inf
 
     def rate_on(self, devices: int) -> float:
         """Samples/s of the plan for exactly `devices` devices; the best below for a count the curve did not
@@ -68,12 +68,12 @@ class ScalingCurve:
     def iteration_s_on(self, devices: int) -> float:
         """Seconds per iteration of a job that holds `devices` devices (infinite where nothing runs)."""
         r = self.rate_on(devices)
-        return self.global_batch / r if r > 0 else math.inf
+        return self.global_batch_size / r if r > 0 else math.inf
 
 
 def amdahl_curve(
     model: str,
-    global_batch: int,
+    global_batch_size: int,
     max_devices: int,
     single_device_samples_per_s: float,
     serial_fraction: float,
@@ -87,7 +87,7 @@ def amdahl_curve(
     rates = {n: single_device_samples_per_s / (serial_fraction + (1 - serial_fraction) / n
                                                + comm_fraction * math.log2(n))
              for n in range(1, max_devices + 1)}
-    return ScalingCurve(model, global_batch, rates)
+    return ScalingCurve(model, global_batch_size, rates)
 
 
 # Synthetic shapes of the example zoo models (examples/*.yaml): samples/s on one device, serial share at global
@@ -104,11 +104,11 @@ SYNTHETIC_SHAPES: dict[str, tuple[float, float, float]] = {
 DEFAULT_SHAPE = (50.0, 0.05, 0.005)  # any other model: a middling scaler
 
 
-def synthetic_curve(model: str, global_batch: int, max_devices: int) -> ScalingCurve:
-    """`model`'s synthetic Amdahl curve (SYNTHETIC_SHAPES, DEFAULT_SHAPE for others) at `global_batch`."""
+def synthetic_curve(model: str, global_batch_size: int, max_devices: int) -> ScalingCurve:
+    """`model`'s synthetic Amdahl curve (SYNTHETIC_SHAPES, DEFAULT_SHAPE for others) at `global_batch_size`."""
     rate, serial, comm = SYNTHETIC_SHAPES.get(model, DEFAULT_SHAPE)
-    scale = 64 / global_batch
-    return amdahl_curve(model, global_batch, max_devices, rate, min(1.0, serial * scale), comm * scale)
+    scale = 64 / global_batch_size
+    return amdahl_curve(model, global_batch_size, max_devices, rate, min(1.0, serial * scale), comm * scale)
 
 
 def fleet_of(template: fleet_pb2.Fleet, devices: int) -> fleet_pb2.Fleet | None:
@@ -127,7 +127,7 @@ def fleet_of(template: fleet_pb2.Fleet, devices: int) -> fleet_pb2.Fleet | None:
 def planner_curve(
     profile: profile_pb2.Profile,
     fleet_template: fleet_pb2.Fleet,
-    global_batch: int,
+    global_batch_size: int,
     devices: Iterable[int],
     *,
     model: str = "",
@@ -138,8 +138,8 @@ def planner_curve(
     nodes of the template, are left out. Costs one plan search per count: tens of ms for small GPTs,
     seconds for a 15B model on tens of devices, so callers cache curves and ask for few counts."""
     base = inputs or PlanInputs()
-    pinned = replace(base, global_batch_size=global_batch,
-                     max_global_batch_size=max(global_batch, base.max_global_batch_size), top_k=1)
+    pinned = replace(base, global_batch_size=global_batch_size,
+                     max_global_batch_size=max(global_batch_size, base.max_global_batch_size), top_k=1)
     rates: dict[int, float] = {}
     for n in sorted(set(devices)):
         fleet = fleet_of(fleet_template, n) if n >= 1 else None
@@ -150,7 +150,7 @@ def planner_curve(
         except (FailedPrecondition, InvalidArgument):
             continue  # nothing fits this count, or the batch does not split over it
         rates[n] = plan.prediction.throughput_samples_per_s
-    return ScalingCurve(model or profile.model_id, global_batch, rates)
+    return ScalingCurve(model or profile.model_id, global_batch_size, rates)
 
 
 class CurveCache:
@@ -162,12 +162,12 @@ class CurveCache:
         self._curves: dict[tuple, ScalingCurve] = {}
         self.built = 0  # plan searches run for curves (hits run none)
 
-    def get(self, profile: profile_pb2.Profile, fleet_template: fleet_pb2.Fleet, global_batch: int,
+    def get(self, profile: profile_pb2.Profile, fleet_template: fleet_pb2.Fleet, global_batch_size: int,
             devices: Iterable[int], *, model: str = "", inputs: PlanInputs | None = None) -> ScalingCurve:
         counts = tuple(sorted(set(devices)))
-        key = (_digest(profile), _digest(fleet_template), global_batch, counts, model, inputs or PlanInputs())
+        key = (_digest(profile), _digest(fleet_template), global_batch_size, counts, model, inputs or PlanInputs())
         if key not in self._curves:
-            self._curves[key] = planner_curve(profile, fleet_template, global_batch, counts, model=model,
+            self._curves[key] = planner_curve(profile, fleet_template, global_batch_size, counts, model=model,
                                               inputs=inputs)
             self.built += 1
         return self._curves[key]

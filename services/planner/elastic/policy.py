@@ -62,7 +62,7 @@ class JobState:
     priority: int
     submit_time_s: float
     model: str
-    global_batch: int
+    global_batch_size: int
     remaining_iterations: float
     requested_devices: int
     min_devices: int
@@ -72,7 +72,7 @@ class JobState:
 
     @property
     def curve_key(self) -> tuple[str, int]:
-        return (self.model, self.global_batch)
+        return (self.model, self.global_batch_size)
 
 
 @dataclass(frozen=True)

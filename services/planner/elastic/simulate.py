@@ -114,10 +114,10 @@ def _check(trace: Sequence[TraceJob], devices: int, curves: Curves) -> None:
         twice = next(n for n in names if names.count(n) > 1)
         raise InvalidArgument(f"job name {twice!r} appears twice", field="name", fix="give every job a unique name")
     for j in trace:
-        curve = curves.get((j.model, j.global_batch))
+        curve = curves.get((j.model, j.global_batch_size))
         if curve is None:
-            raise InvalidArgument(f"job {j.name}: no scaling curve for {j.model} at global batch {j.global_batch}",
-                                  field="curves", fix="build a curve for every (model, global_batch) in the trace")
+            raise InvalidArgument(f"job {j.name}: no scaling curve for {j.model} at global batch {j.global_batch_size}",
+                                  field="curves", fix="build a curve for every (model, global_batch_size) in the trace")
         if j.requested_devices > devices or curve.rate(j.requested_devices) <= 0:
             raise InvalidArgument(f"job {j.name} cannot run on its {j.requested_devices} requested devices "
                                   f"(fleet {devices}, fewest its curve runs on {curve.min_devices or 'none'})",
@@ -185,7 +185,7 @@ def _result(policy: str, trace: Sequence[TraceJob], curves: Curves, devices: int
             started: dict[str, float], busy: float, morphs: int, series: list[tuple[float, int]]) -> PolicyResult:
     makespan = max(done.values()) - min(j.submit_time_s for j in trace)
     jct = {j.name: done[j.name] - j.submit_time_s for j in trace}
-    alone = {j.name: j.iterations * curves[(j.model, j.global_batch)].iteration_s_on(j.requested_devices)
+    alone = {j.name: j.iterations * curves[(j.model, j.global_batch_size)].iteration_s_on(j.requested_devices)
              for j in trace}
     return PolicyResult(
         policy=policy, jct_s=jct, wait_s={j.name: started[j.name] - j.submit_time_s for j in trace},
@@ -194,7 +194,7 @@ def _result(policy: str, trace: Sequence[TraceJob], curves: Curves, devices: int
 
 
 def _job_curve(j: _Job, curves: Curves) -> ScalingCurve:
-    return curves[(j.spec.model, j.spec.global_batch)]
+    return curves[(j.spec.model, j.spec.global_batch_size)]
 
 
 def _finish(j: _Job, now: float, curves: Curves) -> float:
@@ -204,7 +204,7 @@ def _finish(j: _Job, now: float, curves: Curves) -> float:
 
 def _state(j: _Job) -> JobState:
     s = j.spec
-    return JobState(s.name, s.tenant, s.priority, s.submit_time_s, s.model, s.global_batch, max(0.0, j.remaining),
+    return JobState(s.name, s.tenant, s.priority, s.submit_time_s, s.model, s.global_batch_size, max(0.0, j.remaining),
                     s.requested_devices, s.min_devices, s.max_devices, j.last_resize, s.iterations)
 
 

@@ -1,6 +1,6 @@
 """Job traces for the fleet simulator: the CSV format, its validation, and a seeded generator.
 
-Header: name,submit_time_s,model,global_batch,iterations,requested_devices,min_devices,max_devices,tenant,
+Header: name,submit_time_s,model,global_batch_size,iterations,requested_devices,min_devices,max_devices,tenant,
 priority. `requested_devices` is what a static scheduler gives the job; [min_devices, max_devices] is the
 range an elastic scheduler may resize it within (its global batch never changes); `priority` is any integer,
 higher first. A bad trace is refused whole, naming the line and column, so nothing partially simulated is
@@ -19,9 +19,10 @@ from pathlib import Path
 
 from services.runtime.errors import InvalidArgument
 
-COLUMNS = ("name", "submit_time_s", "model", "global_batch", "iterations", "requested_devices", "min_devices",
+COLUMNS = ("name", "submit_time_s", "model", "global_batch_size", "iterations", "requested_devices", "min_devices",
            "max_devices", "tenant", "priority")
-_COUNTS = ("global_batch", "iterations", "requested_devices", "min_devices", "max_devices")
+RENAMED = {"global_batch": "global_batch_size"}  # traces written before 2026-11-29 name the column so
+_COUNTS = ("global_batch_size", "iterations", "requested_devices", "min_devices", "max_devices")
 
 
 class TraceError(InvalidArgument):
@@ -39,7 +40,7 @@ class TraceJob:
     name: str
     submit_time_s: float
     model: str
-    global_batch: int
+    global_batch_size: int
     iterations: int
     requested_devices: int
     min_devices: int
@@ -51,7 +52,7 @@ class TraceJob:
 def parse_trace(text: str, known_models: Collection[str], fleet_devices: int) -> list[TraceJob]:
     """The jobs of a CSV trace, in file order; raises TraceError at the first bad line or field."""
     reader = csv.reader(io.StringIO(text))
-    header = [h.strip() for h in next(reader, [])]
+    header = [RENAMED.get(h.strip(), h.strip()) for h in next(reader, [])]
     missing = [c for c in COLUMNS if c not in header]
     if missing:
         raise TraceError(1, missing[0], f"header lacks column {missing[0]!r}",
@@ -126,7 +127,7 @@ def _job(row: list[str], index: dict[str, int], line: int, known_models: Collect
     if not lo <= want <= hi:
         raise TraceError(line, "requested_devices", f"requested_devices {want} outside [{lo}, {hi}]",
                          "request a count between min_devices and max_devices")
-    return TraceJob(cell("name"), submit, model, n["global_batch"], n["iterations"], want, lo, hi, cell("tenant"),
+    return TraceJob(cell("name"), submit, model, n["global_batch_size"], n["iterations"], want, lo, hi, cell("tenant"),
                     priority)
 
 

@@ -98,15 +98,16 @@ class ElasticPass:
             if curve is None:
                 continue
             factor = slow.get(job.id, typical)
-            curve = ScalingCurve(curve.model, curve.global_batch, {n: r / factor for n, r in curve.throughput.items()})
+            curve = ScalingCurve(curve.model, curve.global_batch_size, {n: r / factor for n,
+                                                                        r in curve.throughput.items()})
             done = current.iteration if current else job.iteration
             states.append(JobState(
                 name=job.id, tenant=job.tenant_id, priority=priority.get(job.id, 0),
-                submit_time_s=epoch_s(job.created_at), model=job.id, global_batch=job.spec.global_batch_size,
+                submit_time_s=epoch_s(job.created_at), model=job.id, global_batch_size=job.spec.global_batch_size,
                 remaining_iterations=max(job.spec.iterations - done, 0), requested_devices=job.spec.max_devices,
                 min_devices=job.spec.min_devices, max_devices=job.spec.max_devices,
                 last_resize_s=self._resized_at.get(job.id, -math.inf), iterations=job.spec.iterations))
-            curves[curve.model, curve.global_batch] = curve
+            curves[curve.model, curve.global_batch_size] = curve
             plans[job.id] = plan
         if not states:
             return

@@ -63,9 +63,9 @@ def batch_sizes(options: SearchOptions) -> list[int]:
     return ladder + ([top] if ladder[-1] != top else [])
 
 
-def micro_batch_counts(global_batch: int, pp: int, choices: int = 3) -> list[int]:
+def micro_batch_counts(global_batch_size: int, pp: int, choices: int = 3) -> list[int]:
     """Init_Microbatch_Num: divisors of B, the first >= P (so every stage is busy), then >= 2x and 4x it."""
-    divisors = [d for d in range(1, global_batch + 1) if global_batch % d == 0]
+    divisors = [d for d in range(1, global_batch_size + 1) if global_batch_size % d == 0]
     start = next((d for d in divisors if d >= pp), divisors[-1])
     out = [start]
     for factor in (2, 4)[: max(0, choices - 1)]:
@@ -184,14 +184,14 @@ class Planner:
         self._arena.reclaim()
         return result
 
-    def configurations(self, global_batch: int) -> Iterator[tuple[int, int, int, Schedule]]:
+    def configurations(self, global_batch_size: int) -> Iterator[tuple[int, int, int, Schedule]]:
         """(P, micro-batch size, nm, schedule) for one global batch."""
         for pp in pipeline_degrees(self.num_devices, max_pp=self.num_layers):
             if self.options.pipeline_stages not in (0, pp) or not self.candidates(pp):
                 continue
-            for nm in micro_batch_counts(global_batch, pp):
+            for nm in micro_batch_counts(global_batch_size, pp):
                 for schedule in self.options.schedules:
-                    yield pp, global_batch // nm, nm, schedule
+                    yield pp, global_batch_size // nm, nm, schedule
 
     def plan(
         self, pp: int, micro_batch_size: int, num_micro_batches: int, schedule: Schedule, floor: float = 0.0
@@ -216,7 +216,7 @@ class Planner:
             return None
         return priced
 
-    def throughput_bound(self, global_batch: int, pp: int, micro_batch_size: int, num_micro_batches: int) -> float:
+    def throughput_bound(self, global_batch_size: int, pp: int, micro_batch_size: int, num_micro_batches: int) -> float:
         """No plan of the configuration simulates faster (so the sweep may skip it).
 
         Stage b's device cannot start before the first micro-batch's forwards on stages < b, then runs its nm
@@ -229,7 +229,7 @@ class Planner:
         tables = [self.tables(pp, micro_batch_size, s) for s in self._distinct_stages(pp)]
         fastest = float(np.min([(t.per_micro_batch_s - t.recompute_s).min(axis=1) for t in tables], axis=0).sum())
         iteration = fastest / (1.0 - (1.0 - 1.0 / num_micro_batches) ** pp)
-        return math.inf if iteration <= 0 else global_batch / iteration
+        return math.inf if iteration <= 0 else global_batch_size / iteration
 
     def may_fit(self, pp: int, micro_batch_size: int, num_micro_batches: int, schedule: Schedule) -> bool:
         """False when even each layer's smallest Oms + n x Of cannot be split into P stages under the budget."""

@@ -241,21 +241,21 @@ def splits(micro_batch_size: int, batch_split: int) -> bool:
     return micro_batch_size % batch_split == 0
 
 
-def global_batch_fits(global_batch: int, num_devices: int, *, num_layers: int,
+def global_batch_fits(global_batch_size: int, num_devices: int, *, num_layers: int,
                       dims: Iterable[str | int] = ("pp", *DIMS)) -> bool:
-    """Some PP degree and layer strategy split `global_batch` into whole samples per device: with micro-batch
+    """Some PP degree and layer strategy split `global_batch_size` into whole samples per device: with micro-batch
     m = B / nm for any nm, that needs a candidate whose dp x sdp divides B."""
     space = strategy_space(num_devices, checkpoint=(False,), dims=dims, max_pp=num_layers)
-    return any(global_batch % c.batch_split == 0 for found in space.values() for c in found)
+    return any(global_batch_size % c.batch_split == 0 for found in space.values() for c in found)
 
 
-def nearest_global_batches(global_batch: int, num_devices: int, *, num_layers: int,
+def nearest_global_batches(global_batch_size: int, num_devices: int, *, num_layers: int,
                            dims: Iterable[str | int] = ("pp", *DIMS)) -> list[int]:
-    """The closest valid global batch sizes below and above `global_batch` (below only if >= 1)."""
+    """The closest valid global batch sizes below and above `global_batch_size` (below only if >= 1)."""
     space = strategy_space(num_devices, checkpoint=(False,), dims=dims, max_pp=num_layers)
     split_sizes = sorted({c.batch_split for found in space.values() for c in found})
     if not split_sizes:
         return []
-    below = max((b for b in (global_batch // s * s for s in split_sizes) if b >= 1), default=None)
-    above = min(-(-global_batch // s) * s for s in split_sizes)
-    return [b for b in (below, above) if b is not None and b != global_batch]
+    below = max((b for b in (global_batch_size // s * s for s in split_sizes) if b >= 1), default=None)
+    above = min(-(-global_batch_size // s) * s for s in split_sizes)
+    return [b for b in (below, above) if b is not None and b != global_batch_size]

@@ -5,14 +5,14 @@ The search sweeps the backward micro-batch size U_B, packs the layers for the ba
 pack runs forward and backward together: jit-compute, Alg. 2 line 2). Each four-tuple becomes a task graph
 (`services.memory.harmony_schedule.HarmonySchedule`, wrap-around binding) that is checked against the device budget,
 task by task with the next task's prefetched weights beside it, and timed by `estimate`. The fastest feasible
-one wins. Micro-batch sizes are the divisors of the minibatch up to a cap (equal micro-batches keep the loss
+one wins. Micro-batch sizes are the divisors of the global batch up to a cap (equal micro-batches keep the loss
 exactly the in-memory one).
 
 Memory per task (what `services/executor/train/harmony.py` places on its pool):
-- forward: the pack's weights + U x (largest input + output of one layer) + the minibatch's outputs (each stays
+- forward: the pack's weights + U x (largest input + output of one layer) + the global batch's outputs (each stays
   until the next task has it: on this device it waits there, to a peer the send completes when received);
 - backward: weights + gradients + U x (stashed input + saved activations of the pack + incoming gradient) + the
-  minibatch's input gradients (sent on), and during the just-in-time update weights + gradients + one layer's
+  global batch's input gradients (sent on), and during the just-in-time update weights + gradients + one layer's
   optimizer states.
 
 Time: a device runs its tasks in order; a task's micro-batch starts when the device is free, the pack's
@@ -89,8 +89,8 @@ def balanced_packs(times: Sequence[float], begin: int, end: int, memory: Callabl
 class _Costs:
     """Per-pack sums over layers (prefix sums: Alg. 1 prices thousands of packs)."""
 
-    def __init__(self, layers: Sequence[HarmonyLayer], minibatch: int) -> None:
-        self.layers, self.minibatch = layers, minibatch
+    def __init__(self, layers: Sequence[HarmonyLayer], global_batch_size: int) -> None:
+        self.layers, self.global_batch_size = layers, global_batch_size
         self._w = _prefix([x.weights for x in layers])
         self._saved = _prefix([x.saved_per_sample for x in layers])
 
@@ -102,12 +102,12 @@ class _Costs:
 
     def forward_memory(self, a: int, b: int, u: int) -> float:
         acts = max(self.boundary(i) + self.boundary(i + 1) for i in range(a, b)) * u * ACTIVATION_MARGIN
-        return self.weights(a, b) + acts + self.boundary(b) * self.minibatch
+        return self.weights(a, b) + acts + self.boundary(b) * self.global_batch_size
 
     def backward_memory(self, a: int, b: int, u: int) -> float:
         acts = (self.boundary(a) + self._saved[b] - self._saved[a] + self.boundary(b)) * u * ACTIVATION_MARGIN
         states = max(self.layers[i].states for i in range(a, b))
-        return 2 * self.weights(a, b) + max(acts, states) + self.boundary(a) * self.minibatch
+        return 2 * self.weights(a, b) + max(acts, states) + self.boundary(a) * self.global_batch_size
 
 
 def _prefix(values: Sequence[int]) -> list[int]:
@@ -130,7 +130,7 @@ def task_peaks(schedule: HarmonySchedule, costs: _Costs, prefetch: bool) -> list
     return peaks
 
 
-def estimate(schedule: HarmonySchedule, layers: Sequence[HarmonyLayer], minibatch: int, machine: Machine,
+def estimate(schedule: HarmonySchedule, layers: Sequence[HarmonyLayer], global_batch_size: int, machine: Machine,
              prefetch: bool = True) -> float:
     """Seconds of one iteration of `schedule`, by replaying its tasks as events (Alg. 1 line 11)."""
     tasks = schedule.tasks()
@@ -154,7 +154,7 @@ def estimate(schedule: HarmonySchedule, layers: Sequence[HarmonyLayer], minibatc
                 per if t.kind == BACKWARD else 0.0)  # recompute the pack, then its backward
         sent = _boundary_bytes(t, tasks, layers)
         out: list[tuple[int, float]] = []
-        for begin in range(0, minibatch, t.micro_batch):
+        for begin in range(0, global_batch_size, t.micro_batch):
             start = max(clock, _arrival(ready[t.source], begin + t.micro_batch) if t.source is not None else 0.0)
             if t.reads_stash:
                 start = host(t.device, start, layers[a].input_per_sample * t.micro_batch)
@@ -190,15 +190,15 @@ def _arrival(ready: list[tuple[int, float]], samples: int) -> float:
 PACK_FILLS = (1.0, 0.75, 0.5)  # packs as large as the budget allows, or smaller to leave room for a prefetch
 
 
-def search(layers: Sequence[HarmonyLayer], minibatch: int, machine: Machine) -> HarmonyChoice | None:
+def search(layers: Sequence[HarmonyLayer], global_batch_size: int, machine: Machine) -> HarmonyChoice | None:
     """Algorithm 1 over (U_F, P_F, U_B, P_B), each packed to a few fills of the budget and run with or without
     prefetching the next task's weights; None when no configuration fits the device budget."""
-    costs = _Costs(layers, minibatch)
+    costs = _Costs(layers, global_batch_size)
     fwd = [x.forward_s_per_sample for x in layers]
     bwd = [x.forward_s_per_sample + x.backward_s_per_sample for x in layers]
     best: HarmonyChoice | None = None
     explored = 0
-    sizes = divisors(minibatch, machine.max_micro_batch)
+    sizes = divisors(global_batch_size, machine.max_micro_batch)
     for fill in PACK_FILLS:
         capacity = machine.device_budget * fill
         for ub in sizes:
@@ -217,10 +217,10 @@ def search(layers: Sequence[HarmonyLayer], minibatch: int, machine: Machine) -> 
                     peaks = task_peaks(schedule, costs, prefetch)
                     if max(peaks) > machine.device_budget:
                         continue
-                    t = estimate(schedule, layers, minibatch, machine, prefetch)
+                    t = estimate(schedule, layers, global_batch_size, machine, prefetch)
                     if best is None or t < best.iteration_s:
-                        best = HarmonyChoice(schedule, t, traffic(schedule, [x.bytes() for x in layers], minibatch),
-                                             tuple(peaks), 0, prefetch)
+                        moved = traffic(schedule, [x.bytes() for x in layers], global_batch_size)
+                        best = HarmonyChoice(schedule, t, moved, tuple(peaks), 0, prefetch)
     if best is None:
         return None
     return dataclasses.replace(best, explored=explored)

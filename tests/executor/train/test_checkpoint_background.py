@@ -142,3 +142,10 @@ def test_snapshot_copies_are_not_changed_by_the_next_step():
     layer.weight.grad = torch.ones_like(layer.weight)
     optimizer.step()
     assert torch.equal(snap[0][1]["param/weight"], before) and not torch.equal(layer.weight.detach(), before)
+
+
+def test_a_checkpoint_naming_the_global_batch_the_old_way_is_checked_the_same():
+    """Manifests written before the global batch had one name say `global_batch`; a resume still checks it."""
+    ckpt.check_position({"global_batch": 8, "seed": 1}, {}, 8, 1)
+    with pytest.raises(ValueError, match="global_batch_size 8"):
+        ckpt.check_position({"global_batch": 8, "seed": 1}, {}, 16, 1)

@@ -40,9 +40,9 @@ CHUNK = 1_310_720  # 327,680 elements: holds the largest tensor (fc1, 262,144)
 BUDGET = 8_000_000  # about 5/8 of the model, activations included
 
 
-def reference(optimizer: dict, global_batch: int = 2) -> list[float]:
+def reference(optimizer: dict, global_batch_size: int = 2) -> list[float]:
     with torch_threads(1):
-        return train_single(SPEC, DATA, SEED, global_batch, STEPS, optimizer)
+        return train_single(SPEC, DATA, SEED, global_batch_size, STEPS, optimizer)
 
 
 def test_layout_packs_parameters_in_order_and_pads_communication_groups():
@@ -122,7 +122,7 @@ def test_chunked_training_under_a_budget_equals_training_in_memory(optimizer):
 
 
 def test_micro_batches_accumulate_before_gradients_take_the_parameter_slots():
-    expected = reference(ADAM, global_batch=4)
+    expected = reference(ADAM, global_batch_size=4)
     with torch_threads(1):
         run = train_chunked(SPEC, DATA, SEED, 4, STEPS, ADAM, device_budget=None, chunk_bytes=CHUNK,
                             micro_batches=2)
@@ -143,8 +143,8 @@ def test_a_budget_below_one_layer_fails_loudly():
 
 
 def test_data_parallel_chunks_on_two_gloo_ranks_equal_training_in_memory(tmp_path: Path):
-    expected = reference(ADAM, global_batch=4)
-    config = {"model": MessageToDict(SPEC, preserving_proto_field_name=True), "seed": SEED, "global_batch": 4,
+    expected = reference(ADAM, global_batch_size=4)
+    config = {"model": MessageToDict(SPEC, preserving_proto_field_name=True), "seed": SEED, "global_batch_size": 4,
               "iterations": STEPS, "optimizer": ADAM, "device_budget": 11_000_000, "chunk_bytes": 1_100_000}
     (tmp_path / "config.json").write_text(json.dumps(config))
     procs = [subprocess.Popen([sys.executable, "-m", "services.executor.train.offload", "--config",

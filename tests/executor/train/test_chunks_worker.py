@@ -47,7 +47,7 @@ def test_two_chunk_mode_workers_train_like_one_process(tmp_path):
         assert [e["event"] for e in kept] == ["started"] + ["iteration"] * STEPS + ["done"], rank_events
         started, iterations = kept[0], kept[1:-1]
         assert [started[k] for k in ("rank", "replica", "num_replicas", "num_stages")] == [rank, rank, 2, 1]
-        assert started["layers"] == list(range(LAYERS)) and started["global_batch"] == 4
+        assert started["layers"] == list(range(LAYERS)) and started["global_batch_size"] == 4
         assert started["offload"]["chunk_bytes"] == CHUNK and started["offload"]["model_bytes"] > BUDGET
         assert started["warnings"] == []
         assert [e["loss"] for e in iterations] == pytest.approx(expected, rel=1e-5, abs=0)

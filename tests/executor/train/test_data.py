@@ -33,13 +33,13 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # timings and sums as the wo
 
 @pytest.mark.parametrize("spec", [gpt(), BERT], ids=["gpt", "bert"])
 def test_any_split_draws_the_same_samples(spec):
-    whole = batch_for(spec, SYNTHETIC, 5, 3, 0, 8, global_batch=8)
-    parts = [batch_for(spec, SYNTHETIC, 5, 3, b, b + 2, global_batch=8) for b in range(0, 8, 2)]
+    whole = batch_for(spec, SYNTHETIC, 5, 3, 0, 8, global_batch_size=8)
+    parts = [batch_for(spec, SYNTHETIC, 5, 3, b, b + 2, global_batch_size=8) for b in range(0, 8, 2)]
     for key, value in whole.items():
         assert torch.equal(value, torch.cat([p[key] for p in parts])), key
-    again = batch_for(spec, SYNTHETIC, 5, 3, 0, 8, global_batch=8)
+    again = batch_for(spec, SYNTHETIC, 5, 3, 0, 8, global_batch_size=8)
     assert all(torch.equal(whole[k], again[k]) for k in whole)
-    other = batch_for(spec, SYNTHETIC, 5, 4, 0, 8, global_batch=8)
+    other = batch_for(spec, SYNTHETIC, 5, 4, 0, 8, global_batch_size=8)
     assert not torch.equal(whole["input_ids"], other["input_ids"])
 
 
@@ -52,7 +52,7 @@ def test_sample_order_is_replica_then_micro_batch():
 
 
 def test_synthetic_gpt_sequences_follow_their_rule():
-    b = batch_for(gpt(), SYNTHETIC, 0, 0, 0, 4, global_batch=4)
+    b = batch_for(gpt(), SYNTHETIC, 0, 0, 0, 4, global_batch_size=4)
     ids, labels = b["input_ids"], b["labels"]
     assert ids.shape == labels.shape == (4, 16) and ids.dtype == torch.long
     assert torch.equal(ids[:, 1:], labels[:, :-1])
@@ -77,14 +77,14 @@ def test_token_file_windows_are_drawn_once_per_epoch_in_a_reshuffled_order(tmp_p
     data = {"tokens": {"path": str(path), "dtype": f"TOKEN_DTYPE_{dtype.upper()}"}}
     roots = UserInputs.of(data_roots=[str(tmp_path)])
     windows = [tokens[w * (seq + 1):(w + 1) * (seq + 1)].astype(np.int64) for w in range(5)]
-    epochs = [batch_for(gpt(), data, 3, e, 0, 5, global_batch=5, user_inputs=roots) for e in range(3)]
+    epochs = [batch_for(gpt(), data, 3, e, 0, 5, global_batch_size=5, user_inputs=roots) for e in range(3)]
     for b in epochs:  # each epoch (5 samples = one iteration here) is every window once
         got = sorted(tuple(row) for row in torch.cat([b["input_ids"], b["labels"][:, -1:]], 1).tolist())
         assert got == sorted(tuple(w) for w in windows)
         assert torch.equal(b["input_ids"][:, 1:], b["labels"][:, :-1])
     orders = [tuple(b["input_ids"][:, 0].tolist()) for b in epochs]
     assert len(set(orders)) > 1  # reshuffled from the seed ...
-    again = batch_for(gpt(), data, 3, 1, 1, 3, global_batch=5, user_inputs=roots)
+    again = batch_for(gpt(), data, 3, 1, 1, 3, global_batch_size=5, user_inputs=roots)
     assert torch.equal(again["input_ids"], epochs[1]["input_ids"][1:3])  # ... and the same whoever draws it
 
 
@@ -94,10 +94,10 @@ def test_token_data_is_read_under_the_data_roots_and_checked_against_the_vocabul
     data = {"tokens": {"path": str(path)}}
     roots = UserInputs.of(data_roots=[str(tmp_path)])
     with pytest.raises(ValueError, match="token id 1[0-3][0-9] is not below the model's vocabulary of 64"):
-        batch_for(gpt(), data, 0, 0, 0, 1, global_batch=1, user_inputs=roots)
+        batch_for(gpt(), data, 0, 0, 0, 1, global_batch_size=1, user_inputs=roots)
     with pytest.raises(InvalidArgument, match="BALLAST_DATA_ROOTS is empty"):
-        batch_for(gpt(vocab_size=256), data, 0, 0, 0, 1, global_batch=1)
+        batch_for(gpt(vocab_size=256), data, 0, 0, 0, 1, global_batch_size=1)
     with pytest.raises(FailedPrecondition, match="next-token and masked-token models only"):
-        batch_for(BERT, data, 0, 0, 0, 1, global_batch=1, user_inputs=roots)
+        batch_for(BERT, data, 0, 0, 0, 1, global_batch_size=1, user_inputs=roots)
     with pytest.raises(ValueError, match="global batch"):
-        batch_for(gpt(), SYNTHETIC, 0, 0, 3, 5, global_batch=4)
+        batch_for(gpt(), SYNTHETIC, 0, 0, 3, 5, global_batch_size=4)

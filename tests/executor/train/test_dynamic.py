@@ -89,7 +89,7 @@ def test_only_shape_preserving_layers_can_be_toggled():
 
 @pytest.mark.usefixtures("one_thread")
 def test_swapped_stage_gives_the_same_gradients_and_reuses_host_buffers():
-    batch = batch_for(SPEC, DATA, 0, 0, 0, 2, global_batch=2)
+    batch = batch_for(SPEC, DATA, 0, 0, 0, 2, global_batch_size=2)
     plain = build_stage(SPEC, [[0, 8]], 0, seed=4, micro_batch_size=2)
     swapped = build_stage(SPEC, [[0, 8]], 0, seed=4, micro_batch_size=2, swap_layers=[1, 2, 3],
                           checkpoint_layers=[3])

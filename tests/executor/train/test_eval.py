@@ -44,10 +44,10 @@ def test_evaluation_reports_the_whole_models_validation_loss_and_leaves_training
     assert [e["iteration"] for e in reports] == [2, 4]  # after every EVERY iterations, and the last
     assert all(e["stage"] == len(bounds) - 1 and e["replica"] == 0 for e in reports)  # reported once
     last = reports[-1]
-    global_batch = MICRO * NUM_MICRO * replicas
-    assert last["samples"] == BATCHES * global_batch and last["eval_s"] > 0
+    global_batch_size = MICRO * NUM_MICRO * replicas
+    assert last["samples"] == BATCHES * global_batch_size and last["eval_s"] > 0
     state, _ = weights.checkpoint_weights(ckpt.checkpoint_path(tmp_path / "ckpt", STEPS), SPEC, NO_USER_INPUTS)
     with torch_threads(1):
-        expected = validation_loss(SPEC, DATA, SEED, global_batch, BATCHES, state)
+        expected = validation_loss(SPEC, DATA, SEED, global_batch_size, BATCHES, state)
     assert last["loss"] == pytest.approx(expected, rel=1e-5)
     assert last["perplexity"] == pytest.approx(2.718281828 ** last["loss"], rel=1e-9)

@@ -41,7 +41,7 @@ SPEC = ParseDict({"name": "gpt-chain", "family": "MODEL_FAMILY_GPT", "transforme
 ADAM = {"name": "adam", "learning_rate": 3e-3, "weight_decay": 0.01}
 SGD = {"name": "sgd", "learning_rate": 0.05}
 DATA = {}
-SEED, STEPS, MINIBATCH = 11, 3, 4
+SEED, STEPS, GLOBAL_BATCH_SIZE = 11, 3, 4
 BUDGET = 4_500_000  # the model's parameters are 6.5 MB; with Adam's states and gradients training needs 4x that
 MB = 2**20
 
@@ -49,13 +49,14 @@ MB = 2**20
 def layers(optimizer: str = "adam") -> list[HarmonyLayer]:
     with torch_threads(1):
         model = build_model(SPEC, seed=SEED)
-        return measure_layers(model.decompose(), batch_for(SPEC, DATA, SEED, 0, 0, 1, global_batch=MINIBATCH),
-                              optimizer)
+        sample = batch_for(SPEC, DATA, SEED, 0, 0, 1, global_batch_size=GLOBAL_BATCH_SIZE)
+        return measure_layers(model.decompose(), sample, optimizer)
 
 
 def config(schedule: HarmonySchedule, store: Path, optimizer: dict = ADAM, budget: int | None = BUDGET,
            prefetch: bool = True) -> dict:
-    return {"model": MessageToDict(SPEC, preserving_proto_field_name=True), "seed": SEED, "minibatch": MINIBATCH,
+    return {"model": MessageToDict(SPEC, preserving_proto_field_name=True), "seed": SEED,
+            "global_batch_size": GLOBAL_BATCH_SIZE,
             "iterations": STEPS, "optimizer": optimizer, "device_budget": budget, "store_dir": str(store),
             "prefetch": prefetch,
             "schedule": {"forward_micro_batch": schedule.forward_micro_batch,
@@ -67,7 +68,7 @@ def config(schedule: HarmonySchedule, store: Path, optimizer: dict = ADAM, budge
 
 def reference(optimizer: dict = ADAM) -> list[float]:
     with torch_threads(1):
-        return train_single(SPEC, DATA, SEED, MINIBATCH, STEPS, optimizer)
+        return train_single(SPEC, DATA, SEED, GLOBAL_BATCH_SIZE, STEPS, optimizer)
 
 
 # -- the schedule (pure) ----------------------------------------------------------------------------------------
@@ -138,16 +139,17 @@ def test_search_picks_a_feasible_schedule_and_more_devices_are_faster():
 # -- the executor --------------------------------------------------------------------------------------------------
 def test_harmony_on_one_device_equals_training_in_memory_and_moves_what_the_schedule_says(tmp_path: Path):
     costs = layers()
-    choice = search(costs, MINIBATCH, Machine(1, BUDGET, 5e9, 5e9))
+    choice = search(costs, GLOBAL_BATCH_SIZE, Machine(1, BUDGET, 5e9, 5e9))
     assert choice is not None
     with torch_threads(1):
         run = train_harmony(config(choice.schedule, tmp_path, prefetch=choice.prefetch), 0, tmp_path)
     assert run.losses == pytest.approx(reference(), rel=1e-5, abs=0)
     assert run.device_peak <= BUDGET < run.model_bytes
     assert run.device_peak <= choice.peak_bytes[0]  # the search's memory model is not optimistic
-    predicted = traffic(choice.schedule, [c.bytes() for c in costs], MINIBATCH)
+    predicted = traffic(choice.schedule, [c.bytes() for c in costs], GLOBAL_BATCH_SIZE)
     stored = sum(f.stat().st_size for f in tmp_path.iterdir() if f.suffix != ".json")
-    assert stored == host_bytes(choice.schedule, [c.bytes() for c in costs], MINIBATCH)  # what the planner checks
+    assert stored == host_bytes(choice.schedule, [c.bytes() for c in costs],
+                                GLOBAL_BATCH_SIZE)  # what the planner checks
     for step in run.steps:
         assert step.traffic["to_device"] == predicted.to_device[0] > 0
         assert step.traffic["to_host"] == predicted.to_host[0] > 0
@@ -163,7 +165,7 @@ def test_harmony_with_sgd_and_no_prefetch_equals_training_in_memory(tmp_path: Pa
 
 def test_wrap_around_pipeline_on_two_gloo_ranks_equals_training_in_memory(tmp_path: Path):
     costs = layers()
-    choice = search(costs, MINIBATCH, Machine(2, BUDGET, 5e9, 5e9))
+    choice = search(costs, GLOBAL_BATCH_SIZE, Machine(2, BUDGET, 5e9, 5e9))
     assert choice is not None and len(choice.schedule.tasks()) >= 4
     (tmp_path / "config.json").write_text(json.dumps(config(choice.schedule, tmp_path, prefetch=choice.prefetch)))
     procs = [subprocess.Popen([sys.executable, "-m", "services.executor.train.harmony", "--config",
@@ -173,7 +175,7 @@ def test_wrap_around_pipeline_on_two_gloo_ranks_equals_training_in_memory(tmp_pa
     for proc in procs:
         assert proc.wait(timeout=120) == 0
     expected = reference()
-    predicted = traffic(choice.schedule, [c.bytes() for c in costs], MINIBATCH)
+    predicted = traffic(choice.schedule, [c.bytes() for c in costs], GLOBAL_BATCH_SIZE)
     for r in range(2):
         result = json.loads((tmp_path / f"{r}.json").read_text())
         assert result["losses"] == pytest.approx(expected, rel=1e-5, abs=0)

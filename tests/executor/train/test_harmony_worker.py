@@ -36,7 +36,17 @@ from services.runtime.ports import free_port
 from services.zoo import build_model
 from tests.executor.assigns import assign_on_one_host
 from tests.executor.test_workers import assign_message
-from tests.executor.train.test_harmony import ADAM, BUDGET, DATA, MINIBATCH, SEED, SPEC, STEPS, layers, reference
+from tests.executor.train.test_harmony import (
+    ADAM,
+    BUDGET,
+    DATA,
+    GLOBAL_BATCH_SIZE,
+    SEED,
+    SPEC,
+    STEPS,
+    layers,
+    reference,
+)
 from tests.harness import torch_threads
 from tests.planner.plans.test_harmony import BUDGET as PLANNED_BUDGET
 from tests.planner.plans.test_harmony import SPEC as PLANNED
@@ -60,7 +70,7 @@ def template(harmony: dict, devices: int = 2) -> WorkerConfig:
     return WorkerConfig(
         job_id="job-harmony", model=MessageToDict(SPEC, preserving_proto_field_name=True),
         stage_bounds=[[0, LAYERS]], num_replicas=devices, stage_index=0, replica_index=0, rank=0, world_size=devices,
-        micro_batch_size=2, num_micro_batches=MINIBATCH // 2, iterations=STEPS, init_method="tcp://127.0.0.1:1",
+        micro_batch_size=2, num_micro_batches=GLOBAL_BATCH_SIZE // 2, iterations=STEPS, init_method="tcp://127.0.0.1:1",
         optimizer=ADAM, seed=SEED, data=DATA, timeout_s=60, harmony=harmony)
 
 
@@ -68,9 +78,9 @@ def template(harmony: dict, devices: int = 2) -> WorkerConfig:
 def two_devices():
     """The search's schedule for two devices under BUDGET, and the bytes it predicts per device."""
     costs = layers()
-    choice = search(costs, MINIBATCH, Machine(2, BUDGET, 5e9, 5e9))
+    choice = search(costs, GLOBAL_BATCH_SIZE, Machine(2, BUDGET, 5e9, 5e9))
     assert choice is not None and len(choice.schedule.tasks()) >= 4
-    return choice, traffic(choice.schedule, [c.bytes() for c in costs], MINIBATCH)
+    return choice, traffic(choice.schedule, [c.bytes() for c in costs], GLOBAL_BATCH_SIZE)
 
 
 def test_two_harmony_workers_train_like_one_process_and_move_what_the_schedule_says(tmp_path, two_devices):
@@ -90,7 +100,7 @@ def test_two_harmony_workers_train_like_one_process_and_move_what_the_schedule_s
         assert [e["event"] for e in kept] == ["started"] + ["iteration"] * STEPS + ["done"], rank_events
         started, iterations = kept[0], kept[1:-1]
         assert [started[k] for k in ("rank", "replica", "num_replicas", "num_stages")] == [rank, rank, 2, 1]
-        assert started["layers"] == list(range(LAYERS)) and started["global_batch"] == MINIBATCH
+        assert started["layers"] == list(range(LAYERS)) and started["global_batch_size"] == GLOBAL_BATCH_SIZE
         h = started["harmony"]
         assert h["devices"] == 2 and h["device_budget_bytes"] == BUDGET < h["model_bytes"]
         assert h["schedule"]["backward_packs"] == [list(p) for p in choice.schedule.backward_packs]
@@ -200,7 +210,7 @@ def test_harmony_refuses_a_model_it_cannot_replay_by_field(tmp_path):
 def test_worker_config_validates_the_harmony_fields(change, field):
     base = template(settings(HarmonySchedule(2, ((0, 4),), 2, ((0, 4), (4, LAYERS)), 2), Path("/dev/shm/x")))
     base.validate()
-    assert base.global_batch == MINIBATCH
+    assert base.global_batch_size == GLOBAL_BATCH_SIZE
     changed = {**change, "harmony": {**base.harmony, **change.get("harmony", {})}}
     with pytest.raises(ValueError, match=rf"^WorkerConfig\.{field}:"):
         replace(base, **changed).validate()
@@ -236,7 +246,7 @@ def test_a_harmony_plan_becomes_harmony_worker_configs():
         "store_dir": store}] * 2  # one host store for every rank of the job
     assert [(c.replica_index, c.backend, c.device) for c in configs] == [(r, "gloo", "cpu") for r in (0, 1)]
     worker = WorkerConfig.from_json(configs[1].to_json())  # as the worker reads it
-    assert worker.global_batch == 4  # the plan's 2 x 2, not multiplied by the two devices
+    assert worker.global_batch_size == 4  # the plan's 2 x 2, not multiplied by the two devices
     assert "/" not in Path(harmony_store_dir("a/../b", 1)).name
 
 

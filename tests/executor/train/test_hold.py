@@ -33,7 +33,7 @@ def chunk_offload(tmp_path) -> list[WorkerConfig]:
 
 
 def harmony_two_devices(tmp_path) -> list[WorkerConfig]:
-    choice = harmony.search(harmony.layers(), harmony.MINIBATCH, harmony.Machine(2, harmony.BUDGET, 5e9, 5e9))
+    choice = harmony.search(harmony.layers(), harmony.GLOBAL_BATCH_SIZE, harmony.Machine(2, harmony.BUDGET, 5e9, 5e9))
     config = harmony.template(harmony.settings(choice.schedule, tmp_path / "store", choice.prefetch))
     return plan_configs(replace(config, iterations=ITERATIONS), [[0, harmony.LAYERS]], 2)
 

@@ -62,7 +62,7 @@ def test_config_round_trips_as_plain_json():
     again = WorkerConfig.from_json(text)
     assert again == c
     assert again.spec().transformer.num_layers == 2
-    assert again.global_batch == 2 * 3 * 2 and again.num_stages == 2 and again.bounds == (2, 4)
+    assert again.global_batch_size == 2 * 3 * 2 and again.num_stages == 2 and again.bounds == (2, 4)
 
 
 def test_config_rank_layout_is_the_dims_one():

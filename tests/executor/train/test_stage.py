@@ -24,7 +24,7 @@ T5 = ParseDict({"name": "t", "family": "MODEL_FAMILY_T5", "transformer": {
 ADAM = {"name": "adam", "learning_rate": 3e-3, "weight_decay": 0.0}
 EVENT_KEYS = {
     "started": {"event", "job_id", "rank", "stage", "replica", "world_size", "num_stages", "num_replicas", "layers",
-                "parameters", "start_iteration", "iterations", "schedule", "global_batch", "plan_version",
+                "parameters", "start_iteration", "iterations", "schedule", "global_batch_size", "plan_version",
                 "predicted_iteration_s", "device", "pid", "hybrid"},
     "iteration": {"event", "job_id", "rank", "stage", "replica", "iteration", "plan_version", "iteration_s",
                   "forward_s", "backward_s", "recompute_s", "comm_s", "p2p_s", "allreduce_s", "optimizer_s",
@@ -60,7 +60,7 @@ def test_t5_stages_relay_skip_edges_and_track_tied_weights():
 
 
 def test_chained_stages_equal_the_whole_model():
-    batch = batch_for(GPT, {}, 0, 0, 0, 2, global_batch=2)
+    batch = batch_for(GPT, {}, 0, 0, 0, 2, global_batch_size=2)
     model = build_model(GPT, seed=4)
     loss = model(batch)
     loss.backward()

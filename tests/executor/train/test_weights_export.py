@@ -205,12 +205,12 @@ def test_harmony_checkpoints_exports_evaluates_and_resumes(tmp_path):
     """Two devices of the search's schedule under a budget below the model: rank 0 reads the shared host store
     between iterations while rank 1 waits."""
     from services.planner.sim.harmony_search import Machine, search
-    from tests.executor.train.test_harmony import BUDGET, MINIBATCH, layers
+    from tests.executor.train.test_harmony import BUDGET, GLOBAL_BATCH_SIZE, layers
     from tests.executor.train.test_harmony import SPEC as UNTIED
     from tests.executor.train.test_harmony_worker import LAYERS, settings, template
 
     steps = 4
-    choice = search(layers(), MINIBATCH, Machine(2, BUDGET, 5e9, 5e9))
+    choice = search(layers(), GLOBAL_BATCH_SIZE, Machine(2, BUDGET, 5e9, 5e9))
     config = replace(template(settings(choice.schedule, tmp_path / "store", choice.prefetch)), iterations=steps)
     configs = plan_configs(config, [[0, LAYERS]], 2)
     whole = offloaded(tmp_path, configs, checkpoint_every=2, eval_every=2, eval_batches=2)
@@ -219,7 +219,7 @@ def test_harmony_checkpoints_exports_evaluates_and_resumes(tmp_path):
     evaluations = of(whole[0], "evaluation")
     assert [e["iteration"] for e in evaluations] == [2, 4]
     with torch_threads(1):
-        expected = validation_loss(UNTIED, config.data, config.seed, config.global_batch, 2, state)
+        expected = validation_loss(UNTIED, config.data, config.seed, config.global_batch_size, 2, state)
     assert evaluations[-1]["loss"] == pytest.approx(expected, rel=1e-5)
     assert [len(e["every_layer"]) for e in of(whole[0], "checkpoint")] == [LAYERS, LAYERS]
     resumed = offloaded(tmp_path / "again", [replace(c, harmony={**c.harmony, "store_dir": str(tmp_path / "store2")},
@@ -253,7 +253,7 @@ def test_a_hugging_face_models_export_is_a_save_pretrained_directory_transformer
         if name in state:
             assert torch.equal(tensor, state[name]), name
     assert set(state) <= set(loaded.state_dict())
-    batch = batch_for(spec, {}, 0, 0, 0, 2, global_batch=2)
+    batch = batch_for(spec, {}, 0, 0, 0, 2, global_batch_size=2)
     ours = build_model(spec, seed=1)
     weights.assign(ours, spec, state)
     with torch.no_grad():

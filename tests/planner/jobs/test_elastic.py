@@ -36,7 +36,8 @@ from services.runtime.errors import FailedPrecondition, InvalidArgument
 
 ROOT = Path(__file__).resolve().parents[3]
 MODELS = ("gpt-tiny", "bert-huge-32")
-HEADER = "name,submit_time_s,model,global_batch,iterations,requested_devices,min_devices,max_devices,tenant,priority"
+HEADER = ("name,submit_time_s,model,global_batch_size,iterations,requested_devices,min_devices,max_devices,tenant,"
+          "priority")
 GOOD = "a,0,gpt-tiny,64,100,4,2,8,prod,0"
 
 
@@ -50,6 +51,11 @@ def trace_text(*rows: str, header: str = HEADER) -> str:
 def test_a_written_trace_parses_back_unchanged():
     jobs = generate_trace(30, 7, MODELS, fleet_devices=16)
     assert parse_trace(write_trace(jobs), MODELS, 16) == jobs
+
+
+def test_a_trace_written_with_the_old_global_batch_column_still_parses():
+    old = trace_text(GOOD, header=HEADER.replace("global_batch_size", "global_batch"))
+    assert parse_trace(old, MODELS, 64) == parse_trace(trace_text(GOOD), MODELS, 64)
 
 
 def test_the_generator_is_seeded_and_draws_sensible_jobs():
@@ -72,7 +78,7 @@ def test_the_generator_is_seeded_and_draws_sensible_jobs():
     (trace_text("b,-5,gpt-tiny,64,100,4,2,8,prod,0"), 2, "submit_time_s"),
     (trace_text("b,nan,gpt-tiny,64,100,4,2,8,prod,0"), 2, "submit_time_s"),
     (trace_text("b,1,gpt-tiny,64,-3,4,2,8,prod,0"), 2, "iterations"),
-    (trace_text("b,1,gpt-tiny,6.5,100,4,2,8,prod,0"), 2, "global_batch"),
+    (trace_text("b,1,gpt-tiny,6.5,100,4,2,8,prod,0"), 2, "global_batch_size"),
     (trace_text(GOOD, GOOD.replace("a,", "b,"), "c,1,gpt-tiny,64,100,32,2,32,prod,0"), 4, "requested_devices"),
     (trace_text("c,1,gpt-tiny,64,100,4,2,32,prod,0"), 2, "max_devices"),
     (trace_text(GOOD, "b,1,gpt-tiny,64,100,4,2,8,prod,0", GOOD), 4, "name"),
@@ -131,7 +137,7 @@ def test_the_planner_prices_a_zoo_model_on_every_whole_fleet(tiny_on_a100):
     assert sorted(curve.throughput) == [1, 2, 4, 16]  # 12 is not a whole number of 8-device nodes
     rates = [curve.throughput[n] for n in (1, 2, 4, 16)]
     assert rates == sorted(rates) and rates[-1] > 2 * rates[0]
-    assert curve.model == "gpt-tiny" and curve.global_batch == 64
+    assert curve.model == "gpt-tiny" and curve.global_batch_size == 64
 
 
 def test_cached_curves_are_rebuilt_when_the_fleet_or_the_calibration_changes(tiny_on_a100):
@@ -243,8 +249,8 @@ SCALING = {"gpt-tiny": (0.3, 0.02), "bert-huge-32": (0.0, 0.0)}
 def mixed_trace(jobs: int = 40, seed: int = 11, devices: int = 16) -> tuple[list[TraceJob], dict]:
     trace = generate_trace(jobs, seed, MODELS, fleet_devices=devices, mean_interarrival_s=300.0,
                            median_iterations=300.0)
-    curves = {(j.model, j.global_batch): amdahl_curve(j.model, j.global_batch, devices, 50.0, *SCALING[j.model])
-              for j in trace}
+    curves = {(j.model, j.global_batch_size): amdahl_curve(j.model, j.global_batch_size, devices, 50.0,
+                                                           *SCALING[j.model]) for j in trace}
     return trace, curves
 
 

@@ -41,7 +41,8 @@ def running(plane, tmp_path):
     prepare_job({"job_id": job.id}, task(store, job, Profiler(client.store)))
     job = client.store.TransitionJob(store_pb2.TransitionJobRequest(
         id=job.id, state=S.JOB_STATE_RUNNING, expected_state=S.JOB_STATE_SCHEDULED, event_type="ASSIGNED",
-        message="test", attributes={"hosts": ",".join(HOSTS), "world_size": "2"}))
+        message="test", attributes={"hosts": ",".join(HOSTS), "world_size": "2",
+                                    "ranks": ";".join(f"{h}:{rank}" for rank, h in enumerate(HOSTS))}))
     plan = client.store.GetPlan(store_pb2.GetRequest(id=job.plan_id))
     sent: list[tuple[str, executor_pb2.PlannerMessage]] = []
     scheduler = Scheduler(store, lambda host, message: sent.append((host, message)), lambda: HOSTS, tmp_path)
