@@ -100,12 +100,24 @@ def store_backend(request) -> str:
     return request.param
 
 
+@pytest.fixture(scope="session")
+def migrated_databases(tmp_path_factory):
+    """This test process's migrated databases (tests/migrated.py), dropped at its end."""
+    from tests.migrated import MigratedDatabases
+
+    databases = MigratedDatabases(tmp_path_factory.mktemp("migrated"), create_postgres_database,
+                                  drop_postgres_database, require_postgres)
+    yield databases
+    databases.close()
+
+
 @pytest.fixture
-def store(store_backend, tmp_path):
-    """A migrated store with an admin and tenants team-a, team-b, on `store_backend` (tests/store_fixtures.py)."""
+def store(store_backend, tmp_path, migrated_databases):
+    """A migrated store with an admin and tenants team-a, team-b, on `store_backend` (tests/store_fixtures.py),
+    on a database no other test wrote to."""
     from tests.store_fixtures import open_store  # imported here: only store tests pay for it
 
-    with fresh_database("postgresql" if store_backend == "postgresql" else "sqlite", tmp_path) as url:
+    with migrated_databases.clean("postgresql" if store_backend == "postgresql" else "sqlite", tmp_path) as url:
         with open_store(url, store_backend, tmp_path) as st:
             yield st
 
