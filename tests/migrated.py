@@ -61,11 +61,9 @@ class MigratedDatabases:
 
     def _clean_postgres(self) -> str:
         if self._postgres:
-            try:
+            with contextlib.suppress(sa.exc.DBAPIError):  # one that cannot be emptied is replaced below
                 if self._emptied(self._postgres):
                     return self._postgres
-            except sa.exc.DBAPIError:
-                pass
             self.close()
         from services.store import schema
 
