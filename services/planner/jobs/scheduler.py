@@ -38,7 +38,7 @@ from services.planner import admission as adm
 from services.planner.jobs import morph, references, stutter
 from services.planner.jobs.admit import HOLDING, Reader, Snapshot, epoch_s
 from services.planner.jobs.arrival import Arrival, Gate
-from services.planner.jobs.assign import pipeline_shape, placement, placement_of_assigned_event
+from services.planner.jobs.assign import placement, placement_of_assigned_event
 from services.planner.jobs.control import TRANSIENT
 from services.planner.jobs.elastic import ELASTIC_INTERVAL_S, FAIRNESS_BOUND, MIN_RESIZE_INTERVAL_S, ElasticPass
 from services.planner.jobs.hold import StoreHold
@@ -330,8 +330,7 @@ class Scheduler:
             resume = self.admission.resume_point(job.spec.resume_from)
         start_iteration = resume.iteration if resume else 0
         waited = snap.now - epoch_s(job.updated_at) if job.state == S.JOB_STATE_QUEUED else 0.0
-        dims = pipeline_shape(plan)
-        stages, replicas = dims.pp, dims.dp
+        stages, replicas = placed.stages, placed.replicas  # the placement's, never derived again
         if loss is not None:
             kind, message = "MORPHED", morph.morphed_message(loss, stages, replicas, start_iteration)
         else:
@@ -351,7 +350,7 @@ class Scheduler:
                                  watch=self.stragglers.watch_for(plan, [snap.hosts[r.host_id].address or r.host_id
                                                                         for r in placed.ranks]))
         running.target, running.target_iteration_s, running.target_measured_s = self.recovery.target(
-            job, stages * replicas)
+            job, placed.world_size)
         with self._lock:
             self._running[job.id] = running
         names = ", ".join(f"{snap.hosts[h].name} ({len(r)})" for h, r in running.ranks.items())  # ids: attributes
