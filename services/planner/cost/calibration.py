@@ -17,8 +17,9 @@ The model, per stage and micro-batch, on top of the profile's uncalibrated Stage
 
 The workers' overhead (time in no measured part: building each micro-batch, seeding its dropout) is mostly
 per micro-batch and comes right before each forward, so it is fitted into the forward line. What the fitted
-stages still leave unexplained of the measured iteration is `iteration_fixed_s`, set by the caller after
-simulating the calibrated runs (plans/calibrate.py): `fit` leaves it 0.
+stages still leave unexplained of the measured iteration is split by the caller, after simulating the
+calibrated runs (plans/calibrate.unexplained), into `iteration_fixed_s` and a part per micro-batch added to
+`forward_fixed_s`: `fit` leaves the first 0.
     memory'   = memory_scale x (model + activations + transient) + memory_fixed_bytes
 
 Each (scale, fixed) pair is a least-squares line through the stages' per-micro-batch measurements against

@@ -4,8 +4,8 @@ A run is one plan version of a job as it trained: its iteration metrics (per ite
 beside the cost model's *uncalibrated* stage costs for that plan (recomputed here, so a plan priced with an
 earlier calibration is not compared with itself). Per stage, the medians over the steady iterations (after
 WARMUP) are what `calibration.fit` reads. After the stage parts are fitted, each run is simulated with them
-and the median of what the measured iteration still exceeds the simulation by becomes the per-iteration
-fixed cost: the part of the iteration no stage part explains. No I/O: protos in, dataclasses out.
+and what the measured iteration still exceeds the simulation by is split into a fixed cost per iteration and one
+per micro-batch (`unexplained`): the part of the iteration no stage part explains. No I/O: protos in, dataclasses out.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from ballast.v1 import fleet_pb2, job_pb2, plan_pb2, profile_pb2
-from services.planner.cost.calibration import Calibration, HostClass, Observation, apply, fit
+from services.planner.cost.calibration import MIN_SPREAD, Calibration, HostClass, Observation, apply, fit
 from services.planner.cost.context import CostContext, CostOptions
 from services.planner.cost.pipeline import build_pipeline
 from services.planner.cost.profile_view import from_profile
@@ -25,6 +25,7 @@ from services.planner.online.srp import RunningPlan
 from services.planner.sim import Pipeline, SimOptions, simulate
 from services.runtime.spread import robust_spread
 
+PROBE_S = 1e-3  # a per-micro-batch cost added to every stage to see how much of it reaches a run's iteration
 WARMUP = 3  # first iterations of a run left out: allocations, first-touch and the rendezvous make them slow
 CORES_LABEL = "cpu_cores"  # host label the agents report their CPU core count under
 
@@ -123,6 +124,35 @@ def simulated_s(profile: profile_pb2.Profile, plan: plan_pb2.Plan, cal: Calibrat
     return simulate(pipe, SimOptions(schedule=decoded.schedule, keep_timeline=False)).iteration_s
 
 
+def unexplained(cal: Calibration, measured: Sequence[tuple[Run, float]]) -> Calibration:
+    """`cal` with what the fitted stage parts leave of each measured iteration: a fixed cost per iteration and,
+    where the runs differ in how many micro-batches cross their critical path, one per micro-batch (time in no
+    measured part that grows with Nm: the schedule loop, the loss, posting receives).
+
+    Each run's gap is measured - simulated; its sensitivity to a per-micro-batch cost is how much the simulation
+    grows when every stage's forward gains one (Nm for one stage, about Nm + S - 1 for a pipeline). Two runs at
+    Nm 2 and 8 then meet both measurements, where one median gap met neither (a 1x1 class fitted on those two
+    alone priced its own Nm 8 run 10% high). The per-micro-batch part may be negative only down to the forward's
+    own fixed part, so a calibrated micro-batch never costs less than its scaled compute."""
+    base = [simulated_s(r.profile, r.plan, cal) for r, _ in measured]
+    gaps = [m - b for (_, m), b in zip(measured, base, strict=True)]
+    step = replace(cal, forward_fixed_s=cal.forward_fixed_s + PROBE_S)
+    reach = [(simulated_s(r.profile, r.plan, step) - b) / PROBE_S for (r, _), b in zip(measured, base, strict=True)]
+    per_iteration = max(statistics.median(gaps), 0.0)
+    if len(measured) < 2 or max(reach) - min(reach) < MIN_SPREAD * max(reach):
+        return replace(cal, iteration_fixed_s=per_iteration)
+    mr, mg = statistics.fmean(reach), statistics.fmean(gaps)
+    per_micro_batch = sum((k - mr) * (g - mg) for k, g in zip(reach, gaps, strict=True)) / sum(
+        (k - mr) ** 2 for k in reach)
+    per_micro_batch = max(per_micro_batch, -cal.forward_fixed_s)
+    per_iteration = mg - per_micro_batch * mr
+    if per_iteration < 0:  # the line crosses zero: all of it per micro-batch, through the origin
+        per_iteration = 0.0
+        per_micro_batch = max(sum(k * g for k, g in zip(reach, gaps, strict=True)) / sum(k * k for k in reach),
+                              -cal.forward_fixed_s)
+    return replace(cal, forward_fixed_s=cal.forward_fixed_s + per_micro_batch, iteration_fixed_s=per_iteration)
+
+
 def calibrate(runs: Sequence[Run], cls: HostClass) -> tuple[Calibration, float, float]:
     """(the calibration, mean absolute relative error of the iteration time before it, after it) over `runs`."""
     stage_obs: list[Observation] = []
@@ -135,8 +165,7 @@ def calibrate(runs: Sequence[Run], cls: HostClass) -> tuple[Calibration, float, 
     cal = fit(stage_obs, cls)
     if not measured:
         return cal, 0.0, 0.0
-    gaps = [m - simulated_s(r.profile, r.plan, cal) for r, m in measured]
-    cal = replace(cal, iteration_fixed_s=max(statistics.median(gaps), 0.0))
+    cal = unexplained(cal, measured)
     before = statistics.fmean(abs(simulated_s(r.profile, r.plan, None) - m) / m for r, m in measured)
     after = statistics.fmean(abs(simulated_s(r.profile, r.plan, cal) - m) / m for r, m in measured)
     return cal, before, after

@@ -34,13 +34,13 @@ TRUTH = Calibration(host_class="x", forward_scale=1.3, forward_fixed_s=0.002, ba
 EXTRA_S = 0.01  # what no stage part explains: the per-iteration fixed cost to recover
 
 
-def planned(stages: int):
+def planned(stages: int, micro_batches: int = 0):
     profile = analytical_profile(ParseDict(GPT, model_pb2.ModelSpec()), "nvidia-titan-rtx-24gb", "fp32")
     profile.id = "prf-cal"
     fleet = load_fleet(ROOT / "examples" / "fleet-8xTITAN.yaml", dtype="fp32")
     fleet.nodes, fleet.devices_per_node = 1, 4
     plan = make_plan(profile, fleet, PlanInputs(global_batch_size=32, pipeline_stages=stages, runnable_dims=("dp",),
-                                                overlap_grad_sync=False))
+                                                overlap_grad_sync=False, micro_batches=micro_batches))
     plan.version = 1
     return profile, plan
 
@@ -97,6 +97,27 @@ def test_one_balanced_run_fits_a_ratio_that_still_meets_its_own_iteration(case):
     cal, before, after = calibrate([Run("job-a", profile, plan, measured(profile, plan))], HostClass("k", 1, 1))
     assert cal.backward_scale == 1.0 and cal.backward_fixed_s == pytest.approx(0.004, rel=0.05)
     assert before > 0.2 and after < 0.05
+
+
+def test_a_cost_per_micro_batch_no_part_measures_is_met_at_two_micro_batch_counts():
+    """A runtime that pays 1.5 ms per micro-batch outside every measured part (and 10 ms per iteration): one
+    median gap would price Nm 2 high and Nm 8 low; split per iteration and per micro-batch, both runs are met."""
+    per_micro_batch = 0.0015
+    runs = []
+    for nm in (2, 8):
+        profile, plan = planned(1, micro_batches=nm)
+        assert plan.num_micro_batches == nm
+        rows = measured(profile, plan)
+        for m in rows:
+            m.iteration_time_s += nm * per_micro_batch
+        runs.append(Run(f"job-{nm}", profile, plan, rows))
+    cal, _, after = calibrate(runs, HostClass("k", 1, 1))
+    for run in runs:
+        truth = run.metrics[-1].iteration_time_s
+        assert simulated_s(run.profile, run.plan, cal) == pytest.approx(truth, rel=0.01)
+    assert cal.iteration_fixed_s == pytest.approx(EXTRA_S, rel=0.05)
+    assert cal.forward_fixed_s == pytest.approx(TRUTH.forward_fixed_s + per_micro_batch, rel=0.05)
+    assert after < 0.01
 
 
 def test_warm_up_and_other_plan_versions_are_left_out(case):
