@@ -76,7 +76,8 @@ def layer_table(profile: profile_pb2.Profile) -> Table:
         table.add_row(str(layer.index), layer.name, layer.kind, f"{layer.parameter_count:,}",
                       "" if layer.measured_as == layer.index else str(layer.measured_as), str(s.micro_batch_size),
                       f"{s.forward_s * 1e3:.2f}", f"{s.backward_s * 1e3:.2f}",
-                      f"{max(s.forward_spread, s.backward_spread):.1%}" if s.measured else "",
+                      (f"{max(s.forward_spread, s.backward_spread):.1%}"
+                       + (f", {s.off_line:.0%} off line" if s.off_line else "")) if s.measured else "",
                       f"{s.recompute_s * 1e3:.2f}",
                       f"{s.stashed_activation_bytes / MiB:.1f}", f"{s.peak_memory_bytes / MiB:.1f}")
     return table

@@ -24,7 +24,7 @@ LINK_SCOPE_INTER_NODE: LinkScope
 LINK_SCOPE_HOST_DEVICE: LinkScope
 
 class LayerSample(_message.Message):
-    __slots__ = ("micro_batch_size", "measured", "forward_s", "backward_s", "recompute_s", "boundary_activation_bytes", "stashed_activation_bytes", "output_bytes", "peak_memory_bytes", "forward_spread", "backward_spread")
+    __slots__ = ("micro_batch_size", "measured", "forward_s", "backward_s", "recompute_s", "boundary_activation_bytes", "stashed_activation_bytes", "output_bytes", "peak_memory_bytes", "forward_spread", "backward_spread", "off_line")
     MICRO_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     MEASURED_FIELD_NUMBER: _ClassVar[int]
     FORWARD_S_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +36,7 @@ class LayerSample(_message.Message):
     PEAK_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     FORWARD_SPREAD_FIELD_NUMBER: _ClassVar[int]
     BACKWARD_SPREAD_FIELD_NUMBER: _ClassVar[int]
+    OFF_LINE_FIELD_NUMBER: _ClassVar[int]
     micro_batch_size: int
     measured: bool
     forward_s: float
@@ -47,7 +48,8 @@ class LayerSample(_message.Message):
     peak_memory_bytes: int
     forward_spread: float
     backward_spread: float
-    def __init__(self, micro_batch_size: _Optional[int] = ..., measured: _Optional[bool] = ..., forward_s: _Optional[float] = ..., backward_s: _Optional[float] = ..., recompute_s: _Optional[float] = ..., boundary_activation_bytes: _Optional[int] = ..., stashed_activation_bytes: _Optional[int] = ..., output_bytes: _Optional[int] = ..., peak_memory_bytes: _Optional[int] = ..., forward_spread: _Optional[float] = ..., backward_spread: _Optional[float] = ...) -> None: ...
+    off_line: float
+    def __init__(self, micro_batch_size: _Optional[int] = ..., measured: _Optional[bool] = ..., forward_s: _Optional[float] = ..., backward_s: _Optional[float] = ..., recompute_s: _Optional[float] = ..., boundary_activation_bytes: _Optional[int] = ..., stashed_activation_bytes: _Optional[int] = ..., output_bytes: _Optional[int] = ..., peak_memory_bytes: _Optional[int] = ..., forward_spread: _Optional[float] = ..., backward_spread: _Optional[float] = ..., off_line: _Optional[float] = ...) -> None: ...
 
 class LayerProfile(_message.Message):
     __slots__ = ("index", "name", "kind", "parameter_count", "parameter_bytes", "gradient_bytes", "optimizer_state_bytes", "extra_inputs", "tied_with", "samples", "note", "measured_as", "batch_input_bytes", "max_micro_batch_size", "optimizer_step_s", "tensor_parallel", "parameter_numels", "parameter_tensors")

@@ -164,6 +164,7 @@ class ProfileLayerSample(Base):
     peak_memory_bytes: Mapped[int] = mapped_column(sa.BigInteger)
     forward_spread: Mapped[float] = mapped_column(default=0.0, server_default="0")  # 0020
     backward_spread: Mapped[float] = mapped_column(default=0.0, server_default="0")
+    off_line: Mapped[float] = mapped_column(default=0.0, server_default="0")  # 0023
 
 
 class Host(Base):

@@ -76,3 +76,34 @@ def test_the_probe_and_its_reading():
     assert noise.moved(0.0, 1.0) == 0.0
     assert noise.probe_s(torch.device("cpu")) > 0
     assert profile_note(profile_pb2.Profile()) == ""  # a profile from before 0020 says nothing
+
+
+def line_rows(slow: dict[int, float]) -> dict[int, profile_pb2.LayerSample]:
+    """Rows of a layer whose forward + backward is 1 ms + 0.5 ms per sample, sizes in `slow` that much slower."""
+    return {m: profile_pb2.LayerSample(micro_batch_size=m, measured=True,
+                                       forward_s=(1e-3 + 5e-4 * m) / 3 * slow.get(m, 1.0),
+                                       backward_s=2 * (1e-3 + 5e-4 * m) / 3 * slow.get(m, 1.0))
+            for m in range(1, 9)}
+
+
+def test_a_row_still_off_its_layers_line_is_flagged_and_the_rest_are_not():
+    rows = line_rows({6: 1.2})
+    driver.flag_off_line(rows, sorted(rows))
+    assert rows[6].off_line == pytest.approx(0.2, rel=0.05)
+    assert all(rows[m].off_line == 0.0 for m in rows if m != 6)
+    within = line_rows({6: 1.03})  # inside the tolerance: no flag
+    driver.flag_off_line(within, sorted(within))
+    assert not any(r.off_line for r in within.values())
+    dear_start = line_rows({1: 1.1})  # micro-batch 1's fixed cost is a real curve, not noise: not judged
+    driver.flag_off_line(dear_start, sorted(dear_start))
+    assert not any(r.off_line for r in dear_start.values())
+    slow_end = line_rows({8: 1.15})  # the largest size, judged by the line through the two below it
+    driver.flag_off_line(slow_end, sorted(slow_end))
+    assert slow_end[8].off_line == pytest.approx(0.15, rel=0.05) and not slow_end[7].off_line
+
+
+def test_the_profile_note_counts_the_rows_off_their_line():
+    profile = profile_pb2.Profile(layers=[profile_pb2.LayerProfile(index=0, measured_as=0,
+                                                                   samples=list(line_rows({}).values()))])
+    profile.layers[0].samples[3].off_line = 0.12
+    assert "1 of 8 measured rows still off their layer's line after re-measuring (worst 12%)" in profile_note(profile)

@@ -294,6 +294,21 @@ def test_migration_0021_adds_and_drops_the_offload_scales(empty_database_url):
         engine.dispose()
 
 
+def test_migration_0023_adds_and_drops_a_profile_rows_off_line(empty_database_url):
+    url = empty_database_url
+    schema.upgrade(url, "0022_job_placements")
+    engine = create_engine(url)
+    try:
+        assert "off_line" not in columns(engine, "profile_layer_samples")
+        schema.upgrade(url)
+        assert "off_line" in columns(engine, "profile_layer_samples")
+        schema.check_schema(engine)
+        schema.downgrade(url, "0022_job_placements")
+        assert "off_line" not in columns(engine, "profile_layer_samples")
+    finally:
+        engine.dispose()
+
+
 def test_migration_0022_adds_and_drops_job_placements(empty_database_url):
     url = empty_database_url
     schema.upgrade(url, "0021_offload_calibration")

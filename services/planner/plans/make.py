@@ -216,6 +216,10 @@ def profile_note(profile: profile_pb2.Profile) -> str:
     if spreads:
         parts.append(f"its layer times spread {spreads[len(spreads) // 2]:.1%} (median; worst {spreads[-1]:.1%}) "
                      "over their repeats")
+    rows = [s for layer in profile.layers if layer.measured_as == layer.index for s in layer.samples if s.measured]
+    if off := sorted(s.off_line for s in rows if s.off_line):
+        parts.append(f"{len(off)} of {len(rows)} measured rows still off their layer's line after re-measuring "
+                     f"(worst {off[-1]:.0%})")
     if profile.measure_passes:
         busy = (" -- the host stayed busy through a second pass: prefer a calibration from real runs to it"
                 if profile.noisy else " (busy during the first pass, so measured twice)"
