@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -288,6 +289,35 @@ def executor_plane(data_dir: Path, queue: str, agents: int = 2, agent_env: dict[
         yield plane
     finally:
         for proc in {id(p): p for p in procs + plane.agents}.values():  # agents restarted meanwhile too
+            kill_group(proc)
+        plane.stop()
+
+
+@contextlib.contextmanager
+def emulated_plane(data_dir: Path, queue: str, hosts: int, devices_per_host: int = 8,
+                   device_kind: str = "nvidia-h100-sxm-80gb", noise: float = 0.0,
+                   **overrides: object) -> Iterator[tuple[Plane, Any]]:
+    """The whole control plane with a real Celery worker and `hosts` emulated hosts (services/executor/
+    emulated_hosts.py) in this process, up until every host is online: (the plane, the EmulatedHosts, whose
+    `lose` and emulator's `kill_rank` inject faults)."""
+    from ballast.v1 import fleet_pb2, store_pb2
+    from services.executor.emulated import Behaviour
+    from services.executor.emulated_hosts import EmulatedHosts
+
+    settings = make_settings(data_dir, queue=queue, **{"lease_seconds": 10.0, "sweep_interval_s": 0.5,
+                                                       "worker_heartbeat_s": 0.5, **QUIET_STRAGGLERS, **overrides})
+    plane = start_plane(settings)
+    procs = [spawn_cli(settings, "worker", log=settings.data_dir / "worker.log")]
+    fleet = EmulatedHosts(plane.settings, hosts, devices_per_host, device_kind, Behaviour(noise=noise, seed=1))
+    try:
+        fleet.start()
+        client = plane.client()
+        online = store_pb2.ListHostsRequest(state=fleet_pb2.HOST_STATE_ONLINE)
+        wait_for(lambda: len(client.store.ListHosts(online).hosts) == hosts, what=f"{hosts} emulated hosts online")
+        yield plane, fleet
+    finally:
+        fleet.stop()
+        for proc in procs:
             kill_group(proc)
         plane.stop()
 

@@ -176,6 +176,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         err.print(f"[red]error[/red] --read-only is the store's option, not the {args.service}'s: "
                   "use `ballast serve store --read-only`")
         return 2
+    if args.emulate and args.service != "executor":
+        err.print(f"[red]error[/red] --emulate is the executor's option, not the {args.service}'s: "
+                  "use `ballast serve executor --emulate N`")
+        return 2
+    if args.emulate < 0 or args.devices_per_host < 1 or not 0 <= args.noise < 1:
+        err.print("[red]error[/red] --emulate must be >= 0, --devices-per-host >= 1 and --noise in [0, 1)")
+        return 2
     settings = _settings(args)
     configure_logging("store-read" if args.read_only else args.service, settings.log_level, settings.log_format)
     if args.service == "store":
@@ -189,6 +196,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from services.planner.service import main
     elif args.service == "dashboard":
         from services.dashboard.service import main
+    elif args.emulate:
+        from services.executor.emulated import Behaviour
+        from services.executor.emulated_hosts import main as emulate
+        from services.runtime.errors import BallastError
+        from services.specs import catalog
+
+        try:
+            catalog.device(args.device_kind)
+        except BallastError as exc:
+            err.print(f"[red]error[/red] --device-kind: {exc}")
+            return 2
+        freeze_startup_heap()
+        return emulate(settings, args.emulate, args.devices_per_host, args.device_kind,
+                       Behaviour(noise=args.noise, seed=args.seed))
     else:
         from services.executor.agent import main as agent_main
 
@@ -392,6 +413,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--read-only", action="store_true",
                    help="store only: serve the read-only RPCs on the store read port, refusing writes "
                         "(`ballast up` starts one beside the store)")
+    p.add_argument("--emulate", type=int, default=0, metavar="N",
+                   help="executor only: run N emulated hosts in this process (real agents; workers that advance at "
+                        "the plan's predicted time instead of training: scale tests without GPUs)")
+    p.add_argument("--devices-per-host", type=int, default=8, help="with --emulate: devices per emulated host")
+    p.add_argument("--device-kind", default="nvidia-h100-sxm-80gb",
+                   help="with --emulate: the catalog device kind of every emulated device")
+    p.add_argument("--noise", type=float, default=0.02,
+                   help="with --emulate: relative spread of an iteration's time around the prediction")
+    p.add_argument("--seed", type=int, default=0, help="with --emulate: seed of that noise")
     add("worker", cmd_worker, "run a Celery planner worker in the foreground")
     add("supervise", cmd_supervise, "restart the processes `ballast up` started when one dies (`up` runs it)")
     p = add("health", cmd_health, "gRPC health check (exit 0 iff SERVING)")

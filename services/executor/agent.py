@@ -17,7 +17,8 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import grpc
 
@@ -29,7 +30,7 @@ from ballast.transport import agent_transport, server_credentials
 from ballast.v1 import executor_pb2, executor_pb2_grpc, fleet_pb2
 from services.executor.inventory import SUPPORTED, devices, host_labels
 from services.executor.outbox import Outbox
-from services.executor.workers import Workers
+from services.executor.workers import Launch, Workers
 from services.runtime.server import Server, ServerSpec
 from services.specs.user_inputs import UserInputs
 
@@ -42,27 +43,49 @@ def agent_metrics_port(settings: Settings, port: int) -> int:
     return settings.executor_metrics_port + port - settings.executor_port if settings.executor_metrics_port else 0
 
 
+@dataclass(frozen=True)
+class Emulated:
+    """What an emulated host (services/executor/emulated.py) says about itself instead of this machine's: its
+    devices and the address its peers would reach it on; its workers start through `launch`."""
+
+    devices: Sequence[fleet_pb2.Device]
+    address: str
+    launch: Launch
+
+
 class Agent:
-    def __init__(self, settings: Settings, name: str, port: int):
+    def __init__(self, settings: Settings, name: str, port: int, emulated: Emulated | None = None):
         self.settings = settings
         self.name = name
         self.port = port
-        self.server = Server(ServerSpec(name=f"executor-{name}", address=f"{settings.host}:{port}",
-                                        register=lambda s: None, services=[], on_stop=[self.stop],
-                                        credentials=server_credentials(settings),
-                                        metrics_port=agent_metrics_port(settings, port), settings=settings))
+        self.emulated = emulated
+        # an emulated host has no health endpoint of its own: a thousand of them share one process
+        self.server = None if emulated else Server(ServerSpec(
+            name=f"executor-{name}", address=f"{settings.host}:{port}", register=lambda s: None, services=[],
+            on_stop=[self.stop], credentials=server_credentials(settings),
+            metrics_port=agent_metrics_port(settings, port), settings=settings))
         self.transport = agent_transport(settings, name)
         self._stop = threading.Event()
+        self._channel: grpc.Channel | None = None
         self.host_id = ""
         self.outbox = Outbox()
         self.workers = Workers(self.outbox.put, settings.data_dir / "executor" / name,
-                               user_inputs=UserInputs.of_settings(settings))
+                               user_inputs=UserInputs.of_settings(settings),
+                               **({"launch": emulated.launch} if emulated else {}))
 
     def host(self) -> fleet_pb2.Host:
+        if self.emulated:
+            return fleet_pb2.Host(name=self.name, address=self.emulated.address, devices=self.emulated.devices,
+                                  supported_parallelism=SUPPORTED, agent_version=__version__, agent_port=self.port,
+                                  labels={"emulated": "true"})
         return fleet_pb2.Host(name=self.name, address=self.settings.advertised_host(),
                               devices=devices(self.settings.executor_cpu_slots),
                               supported_parallelism=SUPPORTED, agent_version=__version__, agent_port=self.port,
                               labels=host_labels())
+
+    def _serving(self, serving: bool) -> None:
+        if self.server is not None:
+            self.server.set_serving(serving)
 
     def _outbound(self, interval: list[float], ended: threading.Event | None = None
                   ) -> Iterator[executor_pb2.AgentMessage]:
@@ -113,6 +136,7 @@ class Agent:
         """One Connect stream: returns when the stream ends."""
         channel = open_channel(self.settings.address("planner_agent"), self.settings.resolved_token(), timeout=None,
                                transport=self.transport)
+        self._channel = channel
         stub = executor_pb2_grpc.ExecutorControlStub(channel)
         interval, ended = [2.0], threading.Event()
         try:
@@ -121,7 +145,7 @@ class Agent:
                 if kind == "registered":
                     self.host_id = message.registered.host_id
                     interval[0] = message.registered.heartbeat_interval_s or 2.0
-                    self.server.set_serving(True)
+                    self._serving(True)
                     # a restarted planner may have missed them: checkpoints ahead of all, exits behind all
                     for replayed in reversed(self.workers.replay_checkpoints()):
                         self.outbox.unget(replayed)
@@ -132,7 +156,7 @@ class Agent:
                     self.outbox.put(executor_pb2.AgentMessage(ack=ack))
         finally:
             ended.set()
-            self.server.set_serving(False)
+            self._serving(False)
             channel.close()
 
     def carry_out(self, message: executor_pb2.PlannerMessage) -> executor_pb2.InstructionAck | None:
@@ -160,9 +184,21 @@ class Agent:
         return ack
 
     def run(self) -> None:
+        assert self.server is not None, "an emulated agent runs with start()"
         self.server.start(serving=False)
-        threading.Thread(target=self._loop, name="agent-connect", daemon=True).start()
+        self.start()
         self.server.wait()
+
+    def start(self) -> None:
+        """Connect (and reconnect) in the background."""
+        threading.Thread(target=self._loop, name=f"agent-{self.name}", daemon=True).start()
+
+    def vanish(self) -> None:
+        """The host is gone (emulated): the stream drops mid-call and nothing more is sent; its workers are the
+        emulator's to end without a word."""
+        self._stop.set()
+        if self._channel is not None:
+            self._channel.close()
 
     def _loop(self) -> None:
         backoff = 0.5

@@ -6,7 +6,8 @@ turns them into AgentMessages (StageStats per iteration, CheckpointWritten) and,
 a WorkerExit saying whether it finished and, if not, why (its error line, or the signal that killed it).
 A stop is SIGTERM (workers end at their next task, at different iterations); a drain is SIGUSR2 (every rank
 checkpoints at one agreed iteration boundary and exits: WorkerExit.drained, iteration = that boundary).
-Nothing read from a worker is unpickled: JSON only.
+Nothing read from a worker is unpickled: JSON only. How a worker starts is the `launch` given to Workers: a
+process by default, an in-process emulated rank at fleet scale (services/executor/emulated.py).
 """
 
 from __future__ import annotations
@@ -47,6 +48,17 @@ REMEMBERED_CHECKPOINTS = 2  # per job: the latest checkpoint iterations whose re
 SCHEDULES = {plan_pb2.SCHEDULE_GPIPE: "gpipe", plan_pb2.SCHEDULE_1F1B: "1f1b"}
 SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")  # what a job id may put into a file name
 Emit = Callable[[executor_pb2.AgentMessage], None]
+# argv and environment in; the worker (a subprocess.Popen, or what looks like one) and its stderr file out
+Launch = Callable[[list[str], dict[str, str]], tuple[Any, Any]]
+
+
+def start_process(argv: list[str], env: dict[str, str]) -> tuple[subprocess.Popen, Any]:
+    """A worker process in its own session (a stop signals its whole group), stderr to a file: a chatty worker
+    never blocks on a full pipe."""
+    stderr = tempfile.TemporaryFile()
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env,
+                            start_new_session=True)
+    return proc, stderr
 
 
 def worker_config(assign: executor_pb2.AssignInstruction, worker: executor_pb2.WorkerAssignment, job_id: str,
@@ -212,8 +224,8 @@ def stage_stats(event: dict, job_id: str) -> executor_pb2.StageStats:
 class Worker:
     job_id: str
     assignment: executor_pb2.WorkerAssignment
-    proc: subprocess.Popen
-    stderr: object
+    proc: Any  # a subprocess.Popen, or an emulated rank with its surface
+    stderr: Any
     iteration: int = 0
     done: bool = False
     error: str = ""
@@ -240,8 +252,9 @@ class Workers:
     """Every worker process this agent runs, by job."""
 
     def __init__(self, emit: Emit, work_dir: Path, command: tuple[str, ...] = WORKER,
-                 user_inputs: UserInputs = NO_USER_INPUTS):
+                 user_inputs: UserInputs = NO_USER_INPUTS, launch: Launch = start_process):
         self._emit, self._dir, self._command, self._user_inputs = emit, work_dir, command, user_inputs
+        self._start = launch
         self._jobs: dict[str, list[Worker]] = {}
         self._exits: dict[str, list[executor_pb2.WorkerExit]] = {}  # insertion-ordered: oldest job first
         # job -> iteration -> its ranks' reports: a report in flight when the stream broke is otherwise lost
@@ -292,9 +305,7 @@ class Workers:
         env = {**STEADY_ALLOCATOR, **os.environ, "OMP_NUM_THREADS": "1", AGENT_PID_ENV: str(os.getpid())}
         if assign.placement.backend == "nccl":
             env["CUDA_VISIBLE_DEVICES"] = str(assignment.device_index)
-        stderr = tempfile.TemporaryFile()  # a file: a chatty worker never blocks on a full pipe
-        proc = subprocess.Popen([*self._command, str(config)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=stderr, text=True, env=env, start_new_session=True)
+        proc, stderr = self._start([*self._command, str(config)], env)
         return Worker(job_id, assignment, proc, stderr, plan_version=assign.plan.version,
                       store_dir=settings.harmony.get("store_dir", ""))
 
@@ -545,7 +556,11 @@ class Workers:
                     _signal(w.proc, sig)
 
 
-def _signal(proc: subprocess.Popen, sig: int) -> None:
+def _signal(proc: Any, sig: int) -> None:
+    """Signal a worker process's whole group (its own session); an emulated rank takes the signal itself."""
+    if not isinstance(proc, subprocess.Popen):
+        proc.send_signal(sig)
+        return
     try:
         os.killpg(proc.pid, sig)
     except ProcessLookupError:
