@@ -112,7 +112,24 @@ def spawn(settings: Settings, name: str, args: list[str], env_extra: dict[str, s
     return Child(name=name, pid=proc.pid, log=str(log_path), args=list(args), env=dict(env_extra or {}))
 
 
-def start_all(settings: Settings, executors: int, timeout_s: float = 60.0) -> State:
+EMULATED = "emulated-hosts"  # the child that runs `up --emulate-hosts N` (services/executor/emulated_hosts.py)
+
+
+@dataclass(frozen=True)
+class EmulatedFleet:
+    """`up --emulate-hosts`: hosts in one process whose workers advance at the plan's predicted time."""
+
+    hosts: int = 0
+    devices_per_host: int = 8
+    device_kind: str = "nvidia-h100-sxm-80gb"
+
+    def args(self) -> list[str]:
+        return ["serve", "executor", "--emulate", str(self.hosts), "--devices-per-host", str(self.devices_per_host),
+                "--device-kind", self.device_kind]
+
+
+def start_all(settings: Settings, executors: int, timeout_s: float = 60.0,
+              emulated: EmulatedFleet = EmulatedFleet()) -> State:
     state = State()
     # the services are told where the store's reader will be; until it serves, they read from the store
     reads = {"BALLAST_STORE_READ_ADDRESS": settings.address("store_read")} if settings.store_reader else {}
@@ -129,6 +146,10 @@ def start_all(settings: Settings, executors: int, timeout_s: float = 60.0) -> St
     for i in range(executors):
         child = spawn(settings, f"executor-{i}", ["serve", "executor", "--index", str(i)], {**reads, **slots})
         child.address = f"{settings.host}:{settings.executor_port + i}"
+        state.children.append(child)
+    if emulated.hosts:
+        child = spawn(settings, EMULATED, emulated.args(), reads)
+        child.address = f"{emulated.hosts} host(s) x {emulated.devices_per_host} {emulated.device_kind}"
         state.children.append(child)
     if settings.store_reader:
         start_reader(settings, state, time.monotonic() + timeout_s)
@@ -213,6 +234,8 @@ def statuses(settings: Settings, state: State) -> list[tuple[str, str, str]]:
             rows.append((child.name, mine[0] if mine else "", "SERVING" if mine else "NO HEARTBEAT"))
         elif child.name == "dashboard":
             rows.append((child.name, child.address, dashboard_health(settings, child.address)))
+        elif child.name == EMULATED:  # no endpoint of its own: its hosts' registrations are `wait_fleet`'s to see
+            rows.append((child.name, child.address, "SERVING"))
         else:
             rows.append((child.name, child.address, check(child.address, transport=transport)))
     return rows
@@ -339,7 +362,8 @@ def ports_message(taken: list[tuple[str, int]], settings: Settings) -> str:
             "reads them from there")
 
 
-def bring_up(settings: Settings, executors: int, timeout_s: float) -> tuple[bool, list[tuple[str, str, str]], str]:
+def bring_up(settings: Settings, executors: int, timeout_s: float,
+             emulated: EmulatedFleet = EmulatedFleet()) -> tuple[bool, list[tuple[str, str, str]], str]:
     """Migrate, start every component, wait for SERVING. On failure everything started is stopped."""
     from services.store import schema
 
@@ -348,6 +372,11 @@ def bring_up(settings: Settings, executors: int, timeout_s: float) -> tuple[bool
     existing = State.load(settings)
     if existing and any(alive(c.pid) for c in existing.children):
         return False, [], f"already up in {settings.data_dir}; run `ballast down --data-dir {settings.data_dir}` first"
+    if executors + emulated.hosts > settings.planner_agent_streams:
+        return False, [], (f"{executors + emulated.hosts} agents are more than the planner holds streams for "
+                           f"(planner_agent_streams = {settings.planner_agent_streams}); raise it in "
+                           f"{settings.data_dir / 'ballast.toml'} or BALLAST_PLANNER_AGENT_STREAMS (a server thread "
+                           "each), or start fewer")
     taken = taken_ports(settings, executors)
     if taken:  # before the token, the certificates, the schema or any child: a second plane touches nothing
         return False, [], ports_message(taken, settings)
@@ -362,8 +391,9 @@ def bring_up(settings: Settings, executors: int, timeout_s: float) -> tuple[bool
     except Exception as exc:  # noqa: BLE001 - reported to the user, nothing was started yet
         return False, [], f"cannot migrate {settings.database_url}: {exc}"
     started = time.time()
-    state = start_all(settings, executors, timeout_s)
+    state = start_all(settings, executors, timeout_s, emulated)
     deadline = time.monotonic() + timeout_s
+    executors += emulated.hosts  # each registers as a host
     rows = wait_serving(settings, state, timeout_s)
     bad = [r for r in rows if r[2] != "SERVING"]
     if not bad:

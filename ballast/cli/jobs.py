@@ -95,6 +95,21 @@ def data_of(args: argparse.Namespace):
     return sdk.data_spec(args.data) if getattr(args, "data", None) else None
 
 
+def device_kind(flag: str):
+    """An argparse type: a device kind the catalog knows (its canonical name), refused with the catalog's fix."""
+
+    def parse(text: str) -> str:
+        from services.runtime.errors import BallastError
+        from services.specs import catalog
+
+        try:
+            return catalog.device(text).kind
+        except BallastError as exc:
+            raise argparse.ArgumentTypeError(f"{exc} ({flag})") from None
+
+    return parse
+
+
 def device_count(flag: str, least: int = 1, what: str = "devices"):
     """An argparse type: a whole number >= `least`, refused with a message naming `flag` and an example."""
 

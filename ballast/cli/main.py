@@ -57,7 +57,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         from services.specs.policy import load_policy_file
 
         load_policy_file(settings.fleet_policy)  # a file that cannot be read fails here, before anything starts
-    ok, rows, message = cp.bring_up(settings, args.executors, args.timeout)
+    emulated = cp.EmulatedFleet(args.emulate_hosts, args.emulate_devices_per_host, args.emulate_device_kind)
+    ok, rows, message = cp.bring_up(settings, args.executors, args.timeout, emulated)
     if rows:
         console.print(_status_table(rows, settings))
     if not ok:
@@ -199,14 +200,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     elif args.emulate:
         from services.executor.emulated import Behaviour
         from services.executor.emulated_hosts import main as emulate
-        from services.runtime.errors import BallastError
-        from services.specs import catalog
 
-        try:
-            catalog.device(args.device_kind)
-        except BallastError as exc:
-            err.print(f"[red]error[/red] --device-kind: {exc}")
-            return 2
         freeze_startup_heap()
         return emulate(settings, args.emulate, args.devices_per_host, args.device_kind,
                        Behaviour(noise=args.noise, seed=args.seed))
@@ -373,7 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("up", cmd_up, "start store, profiler, planner, a worker and N executor agents")
     p.add_argument("--executors", type=int, default=2)
-    from ballast.cli.jobs import device_count
+    from ballast.cli.jobs import device_count, device_kind
 
     p.add_argument("--cpu-slots", type=device_count("--cpu-slots", 1, "slots"), default=None, metavar="N",
                    help="CPU worker slots (devices) per executor agent on a host without GPUs (default "
@@ -382,6 +376,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", type=Path, default=None, metavar="FILE",
                    help="fleet policy YAML the planner stores at start-up if it differs from the policy in force "
                         "(default $BALLAST_FLEET_POLICY)")
+    p.add_argument("--emulate-hosts", type=device_count("--emulate-hosts", 0, "hosts"), default=0, metavar="N",
+                   help="also N emulated hosts in one process, beside or instead of --executors (real agents whose "
+                        "workers advance at the plan's predicted time: `ballast serve executor --emulate`)")
+    p.add_argument("--emulate-devices-per-host", type=device_count("--emulate-devices-per-host", 1, "devices"),
+                   default=8, metavar="D", help="devices per emulated host (default 8)")
+    p.add_argument("--emulate-device-kind", type=device_kind("--emulate-device-kind"), default="nvidia-h100-sxm-80gb",
+                   metavar="KIND",
+                   help="catalog device kind of the emulated hosts (default nvidia-h100-sxm-80gb)")
     add("down", cmd_down, "stop everything `ballast up` started")
     p = add("status", cmd_status, "health of every component (exit 0 only if all SERVING)")
     p.add_argument("--json", action="store_true")
@@ -417,7 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="executor only: run N emulated hosts in this process (real agents; workers that advance at "
                         "the plan's predicted time instead of training: scale tests without GPUs)")
     p.add_argument("--devices-per-host", type=int, default=8, help="with --emulate: devices per emulated host")
-    p.add_argument("--device-kind", default="nvidia-h100-sxm-80gb",
+    p.add_argument("--device-kind", type=device_kind("--device-kind"), default="nvidia-h100-sxm-80gb",
                    help="with --emulate: the catalog device kind of every emulated device")
     p.add_argument("--noise", type=float, default=0.02,
                    help="with --emulate: relative spread of an iteration's time around the prediction")

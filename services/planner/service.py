@@ -158,10 +158,10 @@ def build_server(settings: Settings, address: str | None = None, send: durable.S
             on_stop=[sweeper.stop, scheduler.stop, registry.close_all, what_if.close,
                      *([send.stop] if owned and isinstance(send, Publisher) else [])],
             # One Connect stream per executor host, never crowded out by Watch streams.
-            max_workers=160,
+            max_workers=64 + settings.planner_agent_streams,
             max_streams=32,
             streams_per_tenant=8,
-            reserved_streams={f"/{CONTROL.full_name}/Connect": 96},
+            reserved_streams={f"/{CONTROL.full_name}/Connect": settings.planner_agent_streams},
             credentials=server_credentials(settings),
             agent_address=agent_address or f"{settings.host}:{settings.planner_agent_port}",
             agent_credentials=server_credentials(settings, require_client_auth=True),

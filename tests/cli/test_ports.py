@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from ballast.cli.control_plane import State, bring_up, plane_ports
+from ballast.cli.control_plane import EmulatedFleet, State, bring_up, plane_ports
 from tests.harness import free_port, make_settings
 
 
@@ -29,3 +29,21 @@ def test_the_ports_checked_are_every_one_the_plane_listens_on(tmp_path: Path) ->
     assert checked["store_port"] == settings.store_port and checked["store_metrics_port"] == settings.store_metrics_port
     assert checked["executor_port + 1"] == settings.executor_port + 1
     assert {"store_read_port", "profiler_port", "planner_agent_port", "dashboard_port"} <= set(checked)
+
+
+def test_more_agents_than_the_planner_holds_streams_for_are_refused_before_anything_starts(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path / "many", planner_agent_streams=10)
+    ok, rows, message = bring_up(settings, executors=2, timeout_s=30, emulated=EmulatedFleet(hosts=9))
+    assert not ok and rows == [] and State.load(settings) is None
+    assert "11 agents" in message and "planner_agent_streams = 10" in message
+    assert "BALLAST_PLANNER_AGENT_STREAMS" in message
+
+
+def test_emulated_hosts_start_as_one_serve_executor_emulate_process() -> None:
+    fleet = EmulatedFleet(hosts=4, devices_per_host=2, device_kind="nvidia-a100-80gb")
+    assert fleet.args() == ["serve", "executor", "--emulate", "4", "--devices-per-host", "2", "--device-kind",
+                            "nvidia-a100-80gb"]
+    from ballast.cli.main import build_parser
+
+    parsed = build_parser().parse_args(fleet.args())
+    assert (parsed.emulate, parsed.devices_per_host, parsed.device_kind) == (4, 2, "nvidia-a100-80gb")
