@@ -21,9 +21,11 @@ import heapq
 import io
 import itertools
 import json
+import logging
 import queue
 import random
 import signal
+import subprocess
 import threading
 import time
 import zlib
@@ -37,6 +39,7 @@ import torch
 from services.executor.train import checkpoint as ckpt
 from services.executor.train.config import WorkerConfig
 
+log = logging.getLogger("ballast.emulated")
 PEER_LOSS_S = 1.0  # a rank whose peer died fails this long after (gloo notices a closed socket about as fast)
 STOPPED_EXIT = 143  # what a real worker exits with after a stop (train/worker.py)
 _pids = itertools.count(1 << 22)  # above any real pid: logs can tell an emulated rank from a process
@@ -65,9 +68,7 @@ class Clock:
             try:
                 action()
             except Exception:  # one rank's bug must not stop every other rank's clock
-                import logging
-
-                logging.getLogger("ballast.emulated").exception("emulated rank action failed")
+                log.exception("emulated rank action failed")
 
 
 @dataclass
@@ -142,8 +143,6 @@ class EmulatedRank:
 
     def wait(self, timeout: float | None = None) -> int:
         if not self._exited.wait(timeout):
-            import subprocess
-
             raise subprocess.TimeoutExpired(f"emulated rank {self.config.rank}", timeout or 0.0)
         assert self.returncode is not None
         return self.returncode
