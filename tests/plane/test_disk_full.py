@@ -50,9 +50,12 @@ def test_a_full_disk_holds_the_job_and_it_trains_on_once_space_returns(tmp_path)
         assert done.state == S.JOB_STATE_SUCCEEDED, story()
 
         events = list(client.store.ListJobEvents(store_pb2.ListJobEventsRequest(job_id=job_id)).events)
-        [held] = [e for e in events if e.type == "HELD"]
-        assert held.attributes["reason"] == "store_disk_full" and "database disk is full" in held.message
-        assert float(held.attributes["held_s"]) >= FULL_S / 2, held.message
+        # one HELD per hold; SQLite can take a write into a free page of a full disk, which releases the job
+        # until the next write is refused (seen once in CI under load): a second hold, the same outage
+        held = [e for e in events if e.type == "HELD"]
+        assert held and all(e.attributes["reason"] == "store_disk_full" and "database disk is full" in e.message
+                            for e in held)
+        assert sum(float(e.attributes["held_s"]) for e in held) >= FULL_S / 2, [e.message for e in held]
         assert not [e for e in events if e.type in ("MORPHING", "FAILED")], story()
 
         rows = client.iteration_metrics(job_id)
