@@ -215,9 +215,12 @@ class Group:
             if self.over or len(self.ranks) == self.first.world_size:
                 return
             self.over = True
+        self._fail(f"emulated rendezvous timed out with {len(self.ranks)} of {self.first.world_size} ranks")
+
+    def _fail(self, why: str) -> None:
+        """Every live rank reports `why` as a broken collective (an infrastructure error) and exits 1."""
         for rank in self._alive():
-            rank.report({"event": "error", "message": f"RuntimeError: emulated rendezvous timed out with "
-                         f"{len(self.ranks)} of {self.first.world_size} ranks", "infrastructure": True,
+            rank.report({"event": "error", "message": f"RuntimeError: {why}", "infrastructure": True,
                          "traceback": ""})
             rank.exit(1)
 
@@ -236,13 +239,8 @@ class Group:
                 return
             self.over = True
 
-        def broken() -> None:
-            for other in self._alive():
-                other.report({"event": "error", "message": f"RuntimeError: emulated peer rank {rank.config.rank} "
-                              "is gone (connection closed)", "infrastructure": True, "traceback": ""})
-                other.exit(1)
-
-        self.clock.at(time.monotonic() + PEER_LOSS_S, broken)
+        why = f"emulated peer rank {rank.config.rank} is gone (connection closed)"
+        self.clock.at(time.monotonic() + PEER_LOSS_S, lambda: self._fail(why))
 
     def _alive(self) -> list[EmulatedRank]:
         return [r for r in self.ranks.values() if r.returncode is None]
