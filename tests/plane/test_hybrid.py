@@ -47,19 +47,34 @@ def run(plane, job_spec: job_pb2.JobSpec) -> job_pb2.Job:
 
 def hybrid_budget(first: job_pb2.Job, profile, fleet) -> int:
     """The largest budget (in 2% steps down from the first plan's peak) at which the job path's search uses SDP
-    or TP for some layer."""
+    or TP for some layer. Near the leanest budget only sharding fits, so if the steps reach a budget nothing fits
+    without finding one, the last 2% is bisected: some budget just above the floor must shard."""
     dims = runnable_dims([list(SUPPORTED)])
-    budget = make_plan(profile, fleet, plan_inputs(first, dims)).prediction.peak_memory_bytes
-    for _ in range(60):
-        budget = int(budget * 0.98)
+
+    def hybrid(budget: int) -> bool:
+        plan = make_plan(profile, fleet, plan_inputs(
+            job_pb2.Job(spec=spec("probe", 1, budget), model_id=first.model_id), dims))
+        return any(x.tp > 1 or x.sdp > 1 for x in plan.layers)
+
+    fits = make_plan(profile, fleet, plan_inputs(first, dims)).prediction.peak_memory_bytes
+    while fits > 1 << 20:
+        budget = int(fits * 0.98)
         try:
-            plan = make_plan(profile, fleet, plan_inputs(
-                job_pb2.Job(spec=spec("probe", 1, budget), model_id=first.model_id), dims))
+            if hybrid(budget):
+                return budget
         except FailedPrecondition:
             break
-        if any(x.tp > 1 or x.sdp > 1 for x in plan.layers):
-            return budget
-    raise AssertionError(f"no budget down to {budget} bytes makes the search use SDP or TP")
+        fits = budget
+    low = budget
+    for _ in range(24):
+        middle = (low + fits) // 2
+        try:
+            if hybrid(middle):
+                return middle
+            fits = middle
+        except FailedPrecondition:
+            low = middle
+    raise AssertionError(f"no budget between {low} and {fits} bytes makes the search use SDP or TP")
 
 
 @pytest.fixture(scope="module")
