@@ -127,13 +127,7 @@ def open_channel(
     """A channel with auth, retries and limits: TLS when `transport` has a CA (`client_transport(settings)`),
     else plaintext, which a TLS server refuses. `metadata` goes out with every call. Without `retries` an
     UNAVAILABLE answer comes back at once (for a caller with somewhere else to go)."""
-    options = [
-        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.keepalive_time_ms", 30_000),
-        ("grpc.enable_retries", int(retries)),
-        *([("grpc.service_config", RETRY_SERVICE_CONFIG)] if retries else []),
-    ]
+    options = channel_options(retries)
     credentials = transport.credentials()
     if credentials is None:
         channel = grpc.insecure_channel(address, options=options)
@@ -141,6 +135,32 @@ def open_channel(
         channel = grpc.secure_channel(address, credentials, options=options)
     # The throttle retry is outermost, so each attempt gets a fresh token and the deadline left
     return grpc.intercept_channel(channel, ThrottleRetry(), _CallInterceptor(token, timeout, deadline_source, metadata))
+
+
+def channel_options(retries: bool = True) -> list[tuple[str, object]]:
+    return [
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.enable_retries", int(retries)),
+        *([("grpc.service_config", RETRY_SERVICE_CONFIG)] if retries else []),
+    ]
+
+
+def open_aio_channel(address: str, transport: ClientTransport = PLAINTEXT) -> grpc.aio.Channel:
+    """A grpc.aio channel with open_channel's limits, for a caller that holds long streams on an event loop (an
+    executor agent's Connect; the emulator holds a thousand of them on one loop). Call it on that loop; the
+    caller adds the bearer token to its calls (`bearer`)."""
+    credentials = transport.credentials()
+    if credentials is None:
+        return grpc.aio.insecure_channel(address, options=channel_options())
+    return grpc.aio.secure_channel(address, credentials, options=channel_options())
+
+
+def bearer(token: TokenSource) -> tuple[tuple[str, str], ...]:
+    """The call metadata that carries `token` ("" : none)."""
+    token = token() if callable(token) else token
+    return (("authorization", f"Bearer {token}"),) if token else ()
 
 
 def pages(list_call: Callable[[Any], Any], request: Any) -> Iterator[Any]:

@@ -67,8 +67,8 @@ class Settings:
     visibility_timeout_s: float = 300.0
     worker_heartbeat_s: float = 5.0
     host_lost_s: float = 5.0  # an executor agent away this long has lost its host: its jobs morph without it
-    # executor agents the planner holds a Connect stream for at once; each holds one server thread today (issue 43)
-    planner_agent_streams: int = 96
+    # executor agents the planner holds a Connect stream for at once (a coroutine each on the agent port: a memory cap)
+    planner_agent_streams: int = 16_384
     max_morphs_per_hour: int = 10  # per job, for lost workers and hosts; the model's own errors are never retried
     # a degraded (straggler) host still online rejoins on trial after this long, doubled each time it is caught
     # again (at most a day); 0: only `ballast fleet clear` gives it back

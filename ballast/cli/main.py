@@ -181,8 +181,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         err.print(f"[red]error[/red] --emulate is the executor's option, not the {args.service}'s: "
                   "use `ballast serve executor --emulate N`")
         return 2
-    if args.emulate < 0 or args.devices_per_host < 1 or not 0 <= args.noise < 1:
-        err.print("[red]error[/red] --emulate must be >= 0, --devices-per-host >= 1 and --noise in [0, 1)")
+    if args.emulate < 0 or args.devices_per_host < 1 or not 0 <= args.noise < 1 or args.first_host < 0:
+        err.print("[red]error[/red] --emulate and --first-host must be >= 0, --devices-per-host >= 1 and --noise "
+                  "in [0, 1)")
         return 2
     settings = _settings(args)
     configure_logging("store-read" if args.read_only else args.service, settings.log_level, settings.log_format)
@@ -203,7 +204,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         freeze_startup_heap()
         return emulate(settings, args.emulate, args.devices_per_host, args.device_kind,
-                       Behaviour(noise=args.noise, seed=args.seed))
+                       Behaviour(noise=args.noise, seed=args.seed), first=args.first_host)
     else:
         from services.executor.agent import main as agent_main
 
@@ -424,6 +425,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--noise", type=float, default=0.02,
                    help="with --emulate: relative spread of an iteration's time around the prediction")
     p.add_argument("--seed", type=int, default=0, help="with --emulate: seed of that noise")
+    p.add_argument("--first-host", type=int, default=0, metavar="K",
+                   help="with --emulate: number this process's hosts from K (emu-K, ...): several emulator "
+                        "processes make one fleet")
     add("worker", cmd_worker, "run a Celery planner worker in the foreground")
     add("supervise", cmd_supervise, "restart the processes `ballast up` started when one dies (`up` runs it)")
     p = add("health", cmd_health, "gRPC health check (exit 0 iff SERVING)")

@@ -141,6 +141,18 @@ class UpdateHostStateRequest(_message.Message):
     heartbeat: bool
     def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[_fleet_pb2.HostState, str]] = ..., heartbeat: _Optional[bool] = ...) -> None: ...
 
+class TouchHostsRequest(_message.Message):
+    __slots__ = ("host_ids",)
+    HOST_IDS_FIELD_NUMBER: _ClassVar[int]
+    host_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, host_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class TouchHostsResponse(_message.Message):
+    __slots__ = ("touched",)
+    TOUCHED_FIELD_NUMBER: _ClassVar[int]
+    touched: int
+    def __init__(self, touched: _Optional[int] = ...) -> None: ...
+
 class ListHostsRequest(_message.Message):
     __slots__ = ("page", "state", "device_kind")
     PAGE_FIELD_NUMBER: _ClassVar[int]

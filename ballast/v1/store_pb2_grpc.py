@@ -107,6 +107,11 @@ class StoreServiceStub:
                 request_serializer=ballast_dot_v1_dot_store__pb2.UpdateHostStateRequest.SerializeToString,
                 response_deserializer=ballast_dot_v1_dot_fleet__pb2.Host.FromString,
                 _registered_method=True)
+        self.TouchHosts = channel.unary_unary(
+                '/ballast.v1.StoreService/TouchHosts',
+                request_serializer=ballast_dot_v1_dot_store__pb2.TouchHostsRequest.SerializeToString,
+                response_deserializer=ballast_dot_v1_dot_store__pb2.TouchHostsResponse.FromString,
+                _registered_method=True)
         self.GetHost = channel.unary_unary(
                 '/ballast.v1.StoreService/GetHost',
                 request_serializer=ballast_dot_v1_dot_store__pb2.GetRequest.SerializeToString,
@@ -444,6 +449,13 @@ class StoreServiceServicer:
 
     def UpdateHostState(self, request, context):
         """Change a host's state (admin).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TouchHosts(self, request, context):
+        """Set last_heartbeat_at to now for many hosts at once, leaving their state alone (admin).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -859,6 +871,11 @@ def add_StoreServiceServicer_to_server(servicer, server):
                     servicer.UpdateHostState,
                     request_deserializer=ballast_dot_v1_dot_store__pb2.UpdateHostStateRequest.FromString,
                     response_serializer=ballast_dot_v1_dot_fleet__pb2.Host.SerializeToString,
+            ),
+            'TouchHosts': grpc.unary_unary_rpc_method_handler(
+                    servicer.TouchHosts,
+                    request_deserializer=ballast_dot_v1_dot_store__pb2.TouchHostsRequest.FromString,
+                    response_serializer=ballast_dot_v1_dot_store__pb2.TouchHostsResponse.SerializeToString,
             ),
             'GetHost': grpc.unary_unary_rpc_method_handler(
                     servicer.GetHost,
@@ -1458,6 +1475,33 @@ class StoreService:
             '/ballast.v1.StoreService/UpdateHostState',
             ballast_dot_v1_dot_store__pb2.UpdateHostStateRequest.SerializeToString,
             ballast_dot_v1_dot_fleet__pb2.Host.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TouchHosts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ballast.v1.StoreService/TouchHosts',
+            ballast_dot_v1_dot_store__pb2.TouchHostsRequest.SerializeToString,
+            ballast_dot_v1_dot_store__pb2.TouchHostsResponse.FromString,
             options,
             channel_credentials,
             insecure,

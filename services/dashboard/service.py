@@ -14,11 +14,10 @@ import uvicorn
 from ballast.client import open_channel
 from ballast.config import Settings
 from ballast.tls import ensure_server_files
-from ballast.transport import client_transport
+from ballast.transport import client_transport, is_loopback
 from ballast.v1 import services_pb2_grpc
 from services.dashboard.app import build_app
 from services.dashboard.reads import Backend, caller_token
-from services.runtime.server import is_loopback
 from services.runtime.store_client import StoreAuthenticator, anonymous_store, store_over
 
 log = logging.getLogger("ballast.dashboard")

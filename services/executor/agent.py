@@ -12,18 +12,19 @@ taken from the workers on a host that also runs the control plane. Instructions 
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import queue
+import random
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 import grpc
 
 from ballast import __version__
-from ballast.client import open_channel
+from ballast.client import bearer, open_aio_channel
 from ballast.config import Settings
 from ballast.tls import common_name, tls_files
 from ballast.transport import agent_transport, server_credentials
@@ -66,7 +67,9 @@ class Agent:
             metrics_port=agent_metrics_port(settings, port), settings=settings))
         self.transport = agent_transport(settings, name)
         self._stop = threading.Event()
-        self._channel: grpc.Channel | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task | None = None
+        self._mail: asyncio.Event  # set (on the loop) when the outbox gets something
         self.host_id = ""
         self.outbox = Outbox()
         self.workers = Workers(self.outbox.put, settings.data_dir / "executor" / name,
@@ -87,29 +90,38 @@ class Agent:
         if self.server is not None:
             self.server.set_serving(serving)
 
-    def _outbound(self, interval: list[float], ended: threading.Event | None = None
-                  ) -> Iterator[executor_pb2.AgentMessage]:
+    async def _wait_for_mail(self, timeout: float) -> bool:
+        """Until the outbox has something or `timeout` passes; False on the timeout."""
+        while not len(self.outbox):
+            self._mail.clear()
+            if len(self.outbox):  # put between the check and the clear: its wake-up is already queued
+                break
+            try:
+                await asyncio.wait_for(self._mail.wait(), timeout)
+            except TimeoutError:
+                return False
+        return True
+
+    async def _outbound(self, interval: list[float], ended: asyncio.Event) -> AsyncIterator[executor_pb2.AgentMessage]:
         """Register, then the outbox's messages (a bare heartbeat when it is quiet) until `ended`; what was
         taken but not handed to the stream goes back to the outbox's front (outbox.py)."""
-        ended = ended or threading.Event()
         yield executor_pb2.AgentMessage(register=executor_pb2.RegisterAgent(
             host=self.host(), applied_versions=self.workers.applied_versions()))
         pending: list[executor_pb2.AgentMessage] = []  # taken from the outbox, not yet yielded, in order
         try:
             while not self._stop.is_set() and not ended.is_set():
                 if not pending:
-                    try:
-                        pending.append(self.outbox.get(timeout=interval[0]))
-                    except queue.Empty:
+                    if not await self._wait_for_mail(interval[0]):
                         beat = executor_pb2.Heartbeat(host_id=self.host_id)
                         beat.sent_at.GetCurrentTime()
                         yield executor_pb2.AgentMessage(heartbeat=beat)
                         continue
+                    pending.append(self.outbox.get_nowait())
                 message = pending[0]
                 if message.HasField("heartbeat"):
                     message.heartbeat.host_id = self.host_id
                     if message.heartbeat.stages and len(pending) == 1 \
-                            and (other := self._gather(message.heartbeat)) is not None:
+                            and (other := await self._gather(message.heartbeat)) is not None:
                         pending.append(other)
                 if ended.is_set():  # the call ended while this waited: gRPC would drop what it pulls now
                     break
@@ -118,29 +130,28 @@ class Agent:
             for message in reversed(pending):
                 self.outbox.unget(message)
 
-    def _gather(self, beat: executor_pb2.Heartbeat) -> executor_pb2.AgentMessage | None:
+    async def _gather(self, beat: executor_pb2.Heartbeat) -> executor_pb2.AgentMessage | None:
         """Add the stats that arrive within STATS_BATCH_S to `beat` (one store write for several iterations);
         returns the first other message, which must follow them, if one came."""
         deadline = time.monotonic() + STATS_BATCH_S
         while (left := deadline - time.monotonic()) > 0:
-            try:
-                message = self.outbox.get(timeout=left)
-            except queue.Empty:
+            if not await self._wait_for_mail(left):
                 return None
+            message = self.outbox.get_nowait()
             if not message.HasField("heartbeat") or not message.heartbeat.stages:
                 return message
             beat.stages.extend(message.heartbeat.stages)
         return None
 
-    def session(self) -> None:
+    async def session(self) -> None:
         """One Connect stream: returns when the stream ends."""
-        channel = open_channel(self.settings.address("planner_agent"), self.settings.resolved_token(), timeout=None,
-                               transport=self.transport)
-        self._channel = channel
+        channel = open_aio_channel(self.settings.address("planner_agent"), self.transport)
         stub = executor_pb2_grpc.ExecutorControlStub(channel)
-        interval, ended = [2.0], threading.Event()
+        interval, ended = [2.0], asyncio.Event()
+        loop = asyncio.get_running_loop()
         try:
-            for message in stub.Connect(self._outbound(interval, ended)):
+            call = stub.Connect(self._outbound(interval, ended), metadata=bearer(self.settings.resolved_token()))
+            async for message in call:
                 kind = message.WhichOneof("body")
                 if kind == "registered":
                     self.host_id = message.registered.host_id
@@ -152,12 +163,19 @@ class Agent:
                     for replayed in self.workers.replay():
                         self.outbox.put(replayed)
                     log.info("registered", extra={"host_id": self.host_id})
-                elif (ack := self.carry_out(message)) is not None:
+                    continue
+                try:  # off the loop: an Assign starts processes (and a thousand emulated agents share the loop)
+                    ack = await loop.run_in_executor(None, self.carry_out, message)
+                except Exception:  # noqa: BLE001 - one instruction that breaks is refused, the stream goes on
+                    log.exception("instruction not carried out", extra={"kind": kind})
+                    ack = executor_pb2.InstructionAck(instruction_id=message.instruction_id, version=message.version,
+                                                      ok=False, message=f"the agent failed to carry out {kind}")
+                if ack is not None:
                     self.outbox.put(executor_pb2.AgentMessage(ack=ack))
         finally:
             ended.set()
             self._serving(False)
-            channel.close()
+            await channel.close(grace=None)
 
     def carry_out(self, message: executor_pb2.PlannerMessage) -> executor_pb2.InstructionAck | None:
         kind = message.WhichOneof("body")
@@ -184,36 +202,51 @@ class Agent:
         return ack
 
     def run(self) -> None:
-        assert self.server is not None, "an emulated agent runs with start()"
+        assert self.server is not None, "an emulated agent runs with start(loop)"
         self.server.start(serving=False)
-        self.start()
+        loop = asyncio.new_event_loop()
+        threading.Thread(target=loop.run_forever, name=f"agent-{self.name}", daemon=True).start()
+        self.start(loop)
         self.server.wait()
 
-    def start(self) -> None:
-        """Connect (and reconnect) in the background."""
-        threading.Thread(target=self._loop, name=f"agent-{self.name}", daemon=True).start()
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Connect (and reconnect) on `loop`, which runs on another thread (an emulator's agents share one)."""
+        self._loop = loop
+
+        def begin() -> None:
+            self._mail = asyncio.Event()
+            self.outbox.on_put = lambda: loop.call_soon_threadsafe(self._mail.set)
+            self._task = loop.create_task(self._connect_forever())
+
+        loop.call_soon_threadsafe(begin)
 
     def vanish(self) -> None:
         """The host is gone (emulated): the stream drops mid-call and nothing more is sent; its workers are the
         emulator's to end without a word."""
         self._stop.set()
-        if self._channel is not None:
-            self._channel.close()
+        self._cancel()
 
-    def _loop(self) -> None:
+    def _cancel(self) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(lambda: self._task is not None and self._task.cancel())
+
+    async def _connect_forever(self) -> None:
         backoff = 0.5
         while not self._stop.is_set():
             try:
-                self.session()
+                await self.session()
                 backoff = 0.5
             except grpc.RpcError as exc:
                 log.warning("control stream ended: %s", exc.code().name)
-            if self._stop.wait(backoff):
-                return
+            except Exception:  # noqa: BLE001 - a bug in one session must not end the agent's reconnects
+                log.exception("control stream failed")
+            # spread: a planner restart brings every agent of the fleet back at once
+            await asyncio.sleep(backoff * random.uniform(0.5, 1.5))
             backoff = min(backoff * 2, 10.0)
 
     def stop(self) -> None:
         self._stop.set()
+        self._cancel()
         self.workers.stop_all("the executor agent is shutting down")
 
 

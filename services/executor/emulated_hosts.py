@@ -9,6 +9,7 @@ slow a host down).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 import threading
@@ -33,19 +34,22 @@ class EmulatedHosts:
 
     def __init__(self, settings: Settings, count: int, devices_per_host: int = 8,
                  device_kind: str = "nvidia-h100-sxm-80gb", behaviour: Behaviour | None = None,
-                 prefix: str = "emu") -> None:
+                 prefix: str = "emu", first: int = 0) -> None:
         spec = catalog.to_proto(catalog.device(device_kind))
         self.emulator = Emulator(behaviour)
         self.agents: list[Agent] = []
-        for i in range(count):
+        for i in range(first, first + count):
             name = f"{prefix}-{i:05d}"
             devices = [fleet_pb2.Device(index=d, spec=spec, uuid=f"{name}-dev{d}") for d in range(devices_per_host)]
             self.agents.append(Agent(settings, name, settings.executor_port + i,
                                      Emulated(devices, address(i), self.emulator.launcher(name))))
 
     def start(self) -> None:
+        """Every agent's control stream on one event loop (a coroutine each, not threads)."""
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="emulated-agents", daemon=True).start()
         for agent in self.agents:
-            agent.start()
+            agent.start(self.loop)
 
     def stop(self) -> None:
         for agent in self.agents:
@@ -67,10 +71,12 @@ class EmulatedHosts:
         return self.emulator.lose_host(name)
 
 
-def main(settings: Settings, count: int, devices_per_host: int, device_kind: str, behaviour: Behaviour) -> int:
-    hosts = EmulatedHosts(settings, count, devices_per_host, device_kind, behaviour)
+def main(settings: Settings, count: int, devices_per_host: int, device_kind: str, behaviour: Behaviour,
+         first: int = 0) -> int:
+    hosts = EmulatedHosts(settings, count, devices_per_host, device_kind, behaviour, first=first)
     hosts.start()
-    log.info("emulating hosts", extra={"hosts": count, "devices_per_host": devices_per_host, "kind": device_kind})
+    log.info("emulating hosts", extra={"hosts": count, "first": first, "devices_per_host": devices_per_host,
+                                       "kind": device_kind})
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: done.set())

@@ -11,24 +11,30 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 
 class Outbox:
-    def __init__(self) -> None:
+    """Filled by worker threads; emptied by a thread (`get`) or by a coroutine that `on_put` wakes."""
+
+    def __init__(self, on_put: Callable[[], None] = lambda: None) -> None:
         self._items: deque[Any] = deque()
         self._ready = threading.Condition()
+        self.on_put = on_put
 
     def put(self, item: Any) -> None:
         with self._ready:
             self._items.append(item)
             self._ready.notify()
+        self.on_put()
 
     def unget(self, item: Any) -> None:
         """Back to the front: it goes out before everything queued after it was taken."""
         with self._ready:
             self._items.appendleft(item)
             self._ready.notify()
+        self.on_put()
 
     def get(self, timeout: float | None = None) -> Any:
         """The oldest item; raises queue.Empty after `timeout` seconds without one."""

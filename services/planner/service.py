@@ -15,7 +15,7 @@ from services.planner.jobs import export, fleet_view
 from services.planner.jobs import lifecycle as jobs
 from services.planner.jobs.arrival import Arrival, submit_as
 from services.planner.jobs.calibrate_job import KIND as CALIBRATE
-from services.planner.jobs.control import AgentRegistry
+from services.planner.jobs.control import AgentRegistry, refuse_off_the_agent_port
 from services.planner.jobs.gauges import FleetGauges
 from services.planner.jobs.inputs_check import InputsCheck
 from services.planner.jobs.prepare import KIND as PREPARE
@@ -24,6 +24,7 @@ from services.planner.plans import operations as plans
 from services.planner.policy_file import apply_policy_file
 from services.planner.queue import durable
 from services.planner.queue.publisher import Publisher
+from services.runtime.aio_port import stream_method
 from services.runtime.audit import audit_to
 from services.runtime.context import current_principal, remaining_time
 from services.runtime.metrics_http import register_collector
@@ -38,6 +39,11 @@ PLANNER = services_pb2.DESCRIPTOR.services_by_name["PlannerService"]
 JOBS = services_pb2.DESCRIPTOR.services_by_name["JobService"]
 CONTROL = executor_pb2.DESCRIPTOR.services_by_name["ExecutorControl"]
 FLEET = services_pb2.DESCRIPTOR.services_by_name["FleetService"]
+
+
+class AgentControl(executor_pb2_grpc.ExecutorControlServicer):
+    def __init__(self, connect):
+        self.Connect = connect
 
 
 @dataclass(frozen=True)
@@ -121,12 +127,14 @@ def build_server(settings: Settings, address: str | None = None, send: durable.S
                                                          settings.data_dir / "checkpoints", user_inputs),
         },
     )()
-    control = delegate(
-        CONTROL,
-        None,
-        overrides={"Connect": lambda inbound, ctx: registry.connect(
-            current_principal(), inbound, ctx.is_active, None if settings.plaintext else peer_common_name(ctx))},
-    )()
+    control = delegate(CONTROL, None, overrides={
+        "Connect": lambda inbound, ctx: refuse_off_the_agent_port(settings.plaintext)})()
+
+    def serve_agents(server, checks) -> None:
+        """ExecutorControl on the agent port's event loop: a coroutine per connected host, not a thread."""
+        connect = stream_method(checks, f"/{CONTROL.full_name}/Connect", lambda principal, inbound, ctx: (
+            registry.connect(principal, inbound, None if settings.plaintext else peer_common_name(ctx))))
+        executor_pb2_grpc.add_ExecutorControlServicer_to_server(AgentControl(connect), server)
 
     fleet_service = delegate(
         FLEET,
@@ -145,26 +153,27 @@ def build_server(settings: Settings, address: str | None = None, send: durable.S
     def register(server) -> None:
         services_pb2_grpc.add_PlannerServiceServicer_to_server(planner, server)
         services_pb2_grpc.add_JobServiceServicer_to_server(job_service, server)
-        executor_pb2_grpc.add_ExecutorControlServicer_to_server(control, server)
         services_pb2_grpc.add_FleetServiceServicer_to_server(fleet_service, server)
+        executor_pb2_grpc.add_ExecutorControlServicer_to_server(control, server)  # only to say where agents go
 
     server = Server(
         ServerSpec(
             name="planner",
             address=address or f"{settings.host}:{settings.planner_port}",
             register=register,
-            services=[PLANNER.full_name, JOBS.full_name, CONTROL.full_name, FLEET.full_name],
+            services=[PLANNER.full_name, JOBS.full_name, FLEET.full_name],
             authenticate=StoreAuthenticator(anonymous_store(settings)),
             on_stop=[sweeper.stop, scheduler.stop, registry.close_all, what_if.close,
                      *([send.stop] if owned and isinstance(send, Publisher) else [])],
-            # One Connect stream per executor host, never crowded out by Watch streams.
-            max_workers=64 + settings.planner_agent_streams,
-            max_streams=32,
+            max_workers=64,
+            max_streams=32,  # Watch streams; agents' Connect streams live on the agent port
             streams_per_tenant=8,
-            reserved_streams={f"/{CONTROL.full_name}/Connect": settings.planner_agent_streams},
             credentials=server_credentials(settings),
             agent_address=agent_address or f"{settings.host}:{settings.planner_agent_port}",
             agent_credentials=server_credentials(settings, require_client_auth=True),
+            agent_register=serve_agents,
+            agent_services=[CONTROL.full_name],
+            agent_streams={f"/{CONTROL.full_name}/Connect": settings.planner_agent_streams},
             audit=audit_to(as_platform, "planner"),
             metrics_port=settings.planner_metrics_port,
             settings=settings,

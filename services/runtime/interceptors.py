@@ -6,10 +6,11 @@ Each interceptor wraps the method handler's behaviour; logic below them raises d
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -41,6 +42,7 @@ log = logging.getLogger("ballast.rpc")
 PUBLIC_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
 
 Behavior = Callable[[Any, grpc.ServicerContext], Any]
+Metadata = Sequence[tuple[str, str | bytes]] | None  # a call's invocation metadata
 CallGate = Callable[[bool], AbstractContextManager[None]]  # (is the call background?) -> held while it runs
 
 
@@ -148,7 +150,7 @@ class CallInterceptor(grpc.ServerInterceptor):
         self.call_gate = call_gate  # holds a service's own unary calls back while callers' are served (the store)
         self.auth_failures = auth_failures or AuthFailures()  # per peer address: bad tokens limited and audited
 
-    def _finished(self, method: str, caller: Principal | None, request: Any, reply: Any,
+    def finished(self, method: str, caller: Principal | None, request: Any, reply: Any,
                   failure: BaseException | None, ctx: grpc.ServicerContext, start: float) -> None:
         """A call's end: its latency by status (Prometheus), and its audit row if it changed state."""
         try:
@@ -181,11 +183,11 @@ class CallInterceptor(grpc.ServerInterceptor):
         record.at.GetCurrentTime()
         self.audit.record(record)
 
-    def _authenticated(self, method: str, ctx: grpc.ServicerContext) -> tuple[str, Principal]:
-        """The caller's token and principal; a peer that keeps failing is held back (auth_failures.py)."""
-        peer = ctx.peer() or ""
+    def authenticated(self, method: str, peer: str, metadata: Metadata) -> tuple[str, Principal]:
+        """The caller's token and principal; a peer that keeps failing is held back (auth_failures.py). Also the
+        agent port's (aio_port.py), which runs it off its event loop: the token is checked with the store."""
         try:
-            token = _bearer(ctx)
+            token = _bearer(metadata)
             self.auth_failures.check(peer, token)
             principal = self._authenticate(token)
             self.auth_failures.succeeded(token)
@@ -203,6 +205,13 @@ class CallInterceptor(grpc.ServerInterceptor):
                 self.audit.record(record)
             raise
 
+    def admit(self, method: str, principal: Principal, metadata: Metadata) -> None:
+        """Rate limits (raises Throttled) and a viewer's token kept to reads."""
+        self.limiter.admit(principal, method, metadata)
+        if principal.viewer and rpcs.changes_state(rpcs.split(method)[1]):
+            raise PermissionDenied(f"{method} changes state and a viewer's token only reads",
+                                   fix="use a member's token (or the platform admin's) to change things")
+
     def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
         handler = continuation(details)
         method = details.method
@@ -213,12 +222,9 @@ class CallInterceptor(grpc.ServerInterceptor):
             def begin(ctx: grpc.ServicerContext, called: list[Principal],
                       request: Any = None) -> tuple[Principal, float | None, str, bool, context.Cancellation]:
                 trace_scope(ctx, request)
-                token, principal = self._authenticated(method, ctx)
+                token, principal = self.authenticated(method, ctx.peer() or "", ctx.invocation_metadata())
                 called.append(principal)  # who, for the audit log, even if refused below
-                self.limiter.admit(principal, method, ctx.invocation_metadata())  # raises Throttled
-                if principal.viewer and rpcs.changes_state(rpcs.split(method)[1]):
-                    raise PermissionDenied(f"{method} changes state and a viewer's token only reads",
-                                           fix="use a member's token (or the platform admin's) to change things")
+                self.admit(method, principal, ctx.invocation_metadata())
                 remaining = ctx.time_remaining()
                 deadline = time.monotonic() + remaining if remaining is not None and remaining < 1e9 else None
                 background = dict(ctx.invocation_metadata()).get(context.LANE_HEADER) == context.BACKGROUND
@@ -242,8 +248,8 @@ class CallInterceptor(grpc.ServerInterceptor):
                     code, failure = getattr(exc, "code", type(exc).__name__), exc
                     abort_for(exc, ctx)
                 finally:
-                    _log_call(method, start, code, cpu_start)
-                    self._finished(method, called[0] if called else None, request, reply, failure, ctx, start)
+                    log_call(method, start, code, cpu_start)
+                    self.finished(method, called[0] if called else None, request, reply, failure, ctx, start)
 
             def stream(request: Any, ctx: grpc.ServicerContext) -> Iterator[Any]:
                 start = time.monotonic()
@@ -265,8 +271,8 @@ class CallInterceptor(grpc.ServerInterceptor):
                 finally:
                     if tenant is not None:
                         self.budget.release(method, tenant)
-                    _log_call(method, start, code)
-                    self._finished(method, called[0] if called else None, None if streaming_in else request, None,
+                    log_call(method, start, code)
+                    self.finished(method, called[0] if called else None, None if streaming_in else request, None,
                                    failure, ctx, start)
 
             return stream if streaming else unary
@@ -302,13 +308,13 @@ def outcome(failure: BaseException | None, ctx: grpc.ServicerContext) -> tuple[s
     status = ctx.code() if hasattr(ctx, "code") else None
     if isinstance(status, grpc.StatusCode):
         return status.name, ctx.details() or ""
-    if isinstance(failure, GeneratorExit):
+    if isinstance(failure, GeneratorExit | asyncio.CancelledError):
         return "CANCELLED", "the caller went away"
     return "INTERNAL", type(failure).__name__
 
 
-def _bearer(ctx: grpc.ServicerContext) -> str:
-    header = dict(ctx.invocation_metadata()).get("authorization", "")
+def _bearer(metadata: Metadata) -> str:
+    header = dict(metadata or ()).get("authorization", "")
     if not header.lower().startswith("bearer ") or not header[7:].strip():
         raise Unauthenticated(
             "missing bearer token",
@@ -317,7 +323,7 @@ def _bearer(ctx: grpc.ServicerContext) -> str:
     return header[7:].strip()
 
 
-def _log_call(method: str, start: float, code: object, cpu_start: float | None = None) -> None:
+def log_call(method: str, start: float, code: object, cpu_start: float | None = None) -> None:
     """One line per call; a unary call also logs the CPU its handler thread spent (`cpu_ms`: where a loaded
     server's time goes, beside `ms`, which includes waiting for locks, the database and the GIL)."""
     level = logging.INFO if code in ("OK", "NOT_FOUND", "INVALID_ARGUMENT") else logging.WARNING

@@ -15,7 +15,7 @@ READ_METHODS = frozenset({"Authenticate", "Query", "Compare", "WhatIf", "Inspect
 # heartbeat, a queue lease tick): audited only when someone other than the platform admin makes them.
 PLATFORM_TELEMETRY = frozenset({
     "WriteIterationMetrics", "AppendJobEvent", "RecordWorkerHeartbeat", "RenewLease", "ReapExpiredLeases",
-    "ClaimRequest", "RecordAudit",
+    "ClaimRequest", "RecordAudit", "TouchHosts",
 })
 # ...and the writes that are telemetry only in one form: a host's liveness tick (UpdateHostState heartbeat)
 TELEMETRY_FORMS = {"UpdateHostState": lambda request: bool(getattr(request, "heartbeat", False))}

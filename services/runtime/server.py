@@ -6,7 +6,8 @@ first so load balancers stop routing, then in-flight calls get `grace_s` to fini
 
 Transport: `credentials` (TLS) on `address`; without them (the explicit plaintext opt-out) only a loopback
 address may be bound, so plaintext never leaves the machine. `agent_address`, if given, is a second port on
-the same server whose credentials require a client certificate (the planner's mutual-TLS port for agents).
+its own grpc.aio server (aio_port.py) whose credentials require a client certificate: the planner's mutual-TLS
+port for agents, where thousands of streams stay open.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from ballast.config import Settings
-from ballast.transport import is_loopback
+from services.runtime.aio_port import AioPort, bind
 from services.runtime.audit import AuditLog
 from services.runtime.auth import Principal
 from services.runtime.auth_failures import AuthFailures
@@ -64,26 +65,17 @@ class ServerSpec:
     grace_s: float = 5.0
     on_stop: list[Callable[[], None]] = field(default_factory=list)
     credentials: grpc.ServerCredentials | None = None  # None: plaintext, loopback only
-    agent_address: str = ""
+    agent_address: str = ""  # "" : no agent port
     agent_credentials: grpc.ServerCredentials | None = None
+    # adds the agent port's aio servicers, given the interceptor whose checks their handlers make (aio_port.py)
+    agent_register: Callable[[grpc.aio.Server, CallInterceptor], None] = lambda server, interceptor: None
+    agent_services: Iterable[str] = ()
+    agent_streams: dict[str, int] = field(default_factory=dict)  # per method, the most open at once
     audit: AuditLog | None = None  # where state-changing calls are recorded (None: not at all)
     metrics_port: int = 0  # Prometheus metrics served on start (0: not at all); needs `settings`
     settings: Settings | None = None
     rate_limit: RateLimiter | None = None  # per-tenant token buckets (RateLimiter.of(settings)); None: no limits
     call_gate: CallGate | None = None  # orders unary calls by lane (the store's gate.CallGate); None: no order
-
-
-def bind(server: grpc.Server, name: str, address: str, credentials: grpc.ServerCredentials | None) -> int:
-    """Listen on `address` (TLS with `credentials`, else plaintext on loopback only); returns the port."""
-    if credentials is None and not is_loopback(address):
-        raise ValueError(f"{name}: refusing to serve plaintext on {address}: with plaintext (BALLAST_PLAINTEXT) "
-                         "set, bind a loopback host (BALLAST_HOST=127.0.0.1), or unset plaintext to use TLS")
-    try:
-        if credentials is None:
-            return server.add_insecure_port(address)
-        return server.add_secure_port(address, credentials)
-    except RuntimeError as exc:
-        raise OSError(f"{name}: cannot listen on {address} (port in use?)") from exc
 
 
 class Server:
@@ -95,11 +87,12 @@ class Server:
             raise ValueError("max_streams + reserved_streams must leave workers for unary calls (< max_workers)")
         self.spec = spec
         self.health = health.HealthServicer(experimental_non_blocking=True)
+        auth_failures = AuthFailures.of(spec.settings)
         self._grpc = grpc.server(
             futures.ThreadPoolExecutor(max_workers=spec.max_workers, thread_name_prefix=spec.name),
             interceptors=[DecodeInterceptor(),
                           CallInterceptor(spec.authenticate, budget, spec.audit, spec.name, spec.rate_limit,
-                                          spec.call_gate, AuthFailures.of(spec.settings))],
+                                          spec.call_gate, auth_failures)],
             options=[*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)],
             maximum_concurrent_rpcs=spec.max_workers * 4,
         )
@@ -110,16 +103,22 @@ class Server:
             [*self.services, health.SERVICE_NAME, reflection.SERVICE_NAME], self._grpc
         )
         self.port = bind(self._grpc, spec.name, spec.address, spec.credentials)
-        self.agent_port = 0
+        self.agent: AioPort | None = None
         if spec.agent_address:
-            self.agent_port = bind(self._grpc, f"{spec.name} (agent port)", spec.agent_address,
-                                   spec.agent_credentials)
+            checks = CallInterceptor(spec.authenticate, StreamBudget(0, 0, spec.agent_streams), spec.audit, spec.name,
+                                     spec.rate_limit, None, auth_failures)
+            self.agent = AioPort(f"{spec.name} (agent port)", spec.agent_address, spec.agent_credentials,
+                                 lambda server: spec.agent_register(server, checks), spec.agent_services,
+                                 options=[*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)])
+        self.agent_port = self.agent.port if self.agent else 0
         self._stopped = threading.Event()
 
     def start(self, serving: bool = True) -> Server:
         if self.spec.metrics_port and self.spec.settings is not None:
             self.spec.on_stop.append(serve_metrics(self.spec.settings, self.spec.metrics_port, self.spec.name))
         self._grpc.start()
+        if self.agent is not None:
+            self.agent.start(serving=False)
         if serving:
             self.set_serving(True)
         log.info("listening", extra={"server": self.spec.name, "port": self.port})
@@ -129,6 +128,8 @@ class Server:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in ["", *self.services]:
             self.health.set(name, status)
+        if self.agent is not None:
+            self.agent.set_serving(serving)
 
     def stop(self, grace_s: float | None = None) -> None:
         if self._stopped.is_set():
@@ -140,7 +141,11 @@ class Server:
                 hook()
             except Exception:  # noqa: BLE001 - shutdown must go on
                 log.exception("stop hook failed")
-        self._grpc.stop(self.spec.grace_s if grace_s is None else grace_s).wait()
+        grace_s = self.spec.grace_s if grace_s is None else grace_s
+        stopped = self._grpc.stop(grace_s)
+        if self.agent is not None:
+            self.agent.stop(grace_s)
+        stopped.wait()
         if self.spec.audit is not None:
             self.spec.audit.close()  # the calls that just finished are recorded too
         log.info("stopped", extra={"server": self.spec.name})

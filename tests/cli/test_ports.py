@@ -39,11 +39,16 @@ def test_more_agents_than_the_planner_holds_streams_for_are_refused_before_anyth
     assert "BALLAST_PLANNER_AGENT_STREAMS" in message
 
 
-def test_emulated_hosts_start_as_one_serve_executor_emulate_process() -> None:
-    fleet = EmulatedFleet(hosts=4, devices_per_host=2, device_kind="nvidia-a100-80gb")
-    assert fleet.args() == ["serve", "executor", "--emulate", "4", "--devices-per-host", "2", "--device-kind",
-                            "nvidia-a100-80gb"]
+def test_emulated_hosts_start_as_serve_executor_emulate_processes_of_1024_hosts_each() -> None:
     from ballast.cli.main import build_parser
 
-    parsed = build_parser().parse_args(fleet.args())
-    assert (parsed.emulate, parsed.devices_per_host, parsed.device_kind) == (4, 2, "nvidia-a100-80gb")
+    fleet = EmulatedFleet(hosts=4, devices_per_host=2, device_kind="nvidia-a100-80gb")
+    [(name, args)] = fleet.processes()
+    assert name == "emulated-hosts-0" and args == ["serve", "executor", "--emulate", "4", "--first-host", "0",
+                                                   "--devices-per-host", "2", "--device-kind", "nvidia-a100-80gb"]
+    parsed = build_parser().parse_args(args)
+    assert (parsed.emulate, parsed.first_host, parsed.devices_per_host, parsed.device_kind) == (
+        4, 0, 2, "nvidia-a100-80gb")
+    big = [(name, build_parser().parse_args(args)) for name, args in EmulatedFleet(hosts=2500).processes()]
+    assert [(name, p.emulate, p.first_host) for name, p in big] == [
+        ("emulated-hosts-0", 1024, 0), ("emulated-hosts-1", 1024, 1024), ("emulated-hosts-2", 452, 2048)]

@@ -3,8 +3,10 @@ nothing a dead stream pulled is lost."""
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -25,6 +27,17 @@ def agent() -> Agent:
     return a
 
 
+def on_a_loop(a: Agent, body: Callable[[], Awaitable[None]]) -> None:
+    """Run `body` on an event loop, the agent's outbox waking it as Agent.start sets it up."""
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        a._mail = asyncio.Event()
+        a.outbox.on_put = lambda: loop.call_soon_threadsafe(a._mail.set)
+        await body()
+
+    asyncio.run(main())
+
+
 def stats(iteration: int) -> executor_pb2.AgentMessage:
     return executor_pb2.AgentMessage(heartbeat=executor_pb2.Heartbeat(stages=[executor_pb2.StageStats(
         job_id="j", iteration=iteration)]))
@@ -36,13 +49,35 @@ def test_stats_are_batched_and_an_exit_still_follows_them() -> None:
         a.outbox.put(stats(i))
     a.outbox.put(executor_pb2.AgentMessage(worker_exit=executor_pb2.WorkerExit(job_id="j", finished=True)))
     a.outbox.put(stats(3))
-    out = a._outbound([5.0])
-    assert next(out).HasField("register")
-    first = next(out)
-    assert first.heartbeat.host_id == "host-1" and [s.iteration for s in first.heartbeat.stages] == [0, 1, 2]
-    assert next(out).HasField("worker_exit")  # not overtaken by the stats after it, nor stuck behind them
-    assert [s.iteration for s in next(out).heartbeat.stages] == [3]
-    out.close()
+
+    async def body() -> None:
+        out = a._outbound([5.0], asyncio.Event())
+        assert (await anext(out)).HasField("register")
+        first = await anext(out)
+        assert first.heartbeat.host_id == "host-1" and [s.iteration for s in first.heartbeat.stages] == [0, 1, 2]
+        assert (await anext(out)).HasField("worker_exit")  # not overtaken by the stats after it, nor stuck behind
+        assert [s.iteration for s in (await anext(out)).heartbeat.stages] == [3]
+        await out.aclose()
+
+    on_a_loop(a, body)
+
+
+def test_a_quiet_outbox_sends_bare_heartbeats_and_a_put_from_a_worker_thread_wakes_the_stream() -> None:
+    a = agent()
+
+    async def body() -> None:
+        out = a._outbound([0.05], asyncio.Event())
+        await anext(out)  # register
+        beat = await anext(out)
+        assert beat.HasField("heartbeat") and not beat.heartbeat.stages and beat.heartbeat.host_id == "host-1"
+        exit_ = executor_pb2.AgentMessage(worker_exit=executor_pb2.WorkerExit(job_id="j", finished=True))
+        threading.Timer(0.01, a.outbox.put, [exit_]).start()
+        a.host_id = "host-1"
+        seen = [await anext(out) for _ in range(3)]
+        assert exit_ in seen  # among the beats of a 50 ms interval, woken rather than found by chance
+        await out.aclose()
+
+    on_a_loop(a, body)
 
 
 def test_a_message_held_when_the_stream_ends_goes_back_to_the_outbox() -> None:
@@ -50,18 +85,21 @@ def test_a_message_held_when_the_stream_ends_goes_back_to_the_outbox() -> None:
     a.outbox.put(stats(0))
     exit_ = executor_pb2.AgentMessage(worker_exit=executor_pb2.WorkerExit(job_id="j", finished=True))
     a.outbox.put(exit_)
-    out = a._outbound([5.0])
-    next(out)  # register
-    assert [s.iteration for s in next(out).heartbeat.stages] == [0]  # the exit is held behind it
-    out.close()  # the stream ends
-    assert a.outbox.get_nowait() == exit_
 
+    async def body() -> None:
+        out = a._outbound([5.0], asyncio.Event())
+        await anext(out)  # register
+        assert [s.iteration for s in (await anext(out)).heartbeat.stages] == [0]  # the exit is held behind it
+        await out.aclose()  # the stream ends
+
+    on_a_loop(a, body)
+    assert a.outbox.get_nowait() == exit_
 
 
 def test_what_a_stream_pulls_after_its_call_ended_goes_back_to_the_front() -> None:
     """gRPC pulls one more message after the call ended and drops it: a worker's exit taken then would be
     lost, and the job would never end. The generator hands it back instead, ahead of later messages."""
-    ended = threading.Event()
+    ended = asyncio.Event()
 
     class EndsWhileWaiting(Outbox):  # the call ends while the stream waits in the outbox
         def get(self, timeout: float | None = None) -> object:
@@ -74,9 +112,13 @@ def test_what_a_stream_pulls_after_its_call_ended_goes_back_to_the_front() -> No
     exit_ = executor_pb2.AgentMessage(worker_exit=executor_pb2.WorkerExit(job_id="j", rank=1, finished=True))
     a.outbox.put(exit_)
     a.outbox.put(stats(7))
-    out = a._outbound([5.0], ended)
-    assert next(out).HasField("register")
-    assert next(out, None) is None  # the dead stream got nothing
+
+    async def body() -> None:
+        out = a._outbound([5.0], ended)
+        assert (await anext(out)).HasField("register")
+        assert await anext(out, None) is None  # the dead stream got nothing
+
+    on_a_loop(a, body)
     assert a.outbox._items[0] == exit_ and a.outbox._items[1].heartbeat.stages[0].iteration == 7
 
 

@@ -139,6 +139,7 @@ CASES: dict[str, Case] = {
     f"{S}/RegisterHost": Case(ADMIN, lambda w: store_pb2.RegisterHostRequest(host=host("iso-probe", ["cpu"]))),
     f"{S}/UpdateHostState": Case(ADMIN, lambda w: store_pb2.UpdateHostStateRequest(
         id=w.host, state=fleet_pb2.HOST_STATE_ONLINE)),
+    f"{S}/TouchHosts": Case(ADMIN, lambda w: store_pb2.TouchHostsRequest(host_ids=[w.host])),
     f"{S}/GetHost": Case(SHARED, get("host"), shows="host"),
     f"{S}/ListHosts": Case(SHARED, lambda w: store_pb2.ListHostsRequest(), shows="host"),
     f"{S}/MarkHostDegraded": Case(ADMIN, lambda w: store_pb2.MarkHostDegradedRequest(id="hst-none", reason="x")),

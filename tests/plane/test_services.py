@@ -12,15 +12,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from ballast.health import check
-from ballast.transport import client_transport
+from ballast.transport import agent_transport, client_transport
 from ballast.v1 import executor_pb2, fleet_pb2, job_pb2, model_pb2, services_pb2, store_pb2
 from tests.harness import make_settings, start_plane, wait_for
 
 SERVICES = {
     "store": {"ballast.v1.StoreService"},
     "profiler": {"ballast.v1.ProfilerService"},
-    "planner": {"ballast.v1.PlannerService", "ballast.v1.JobService", "ballast.v1.ExecutorControl",
-                "ballast.v1.FleetService"},
+    "planner": {"ballast.v1.PlannerService", "ballast.v1.JobService", "ballast.v1.FleetService"},
+    "planner_agent": {"ballast.v1.ExecutorControl"},  # its own port and event loop (services/runtime/aio_port.py)
 }
 
 
@@ -52,9 +52,14 @@ def tenants(plane):
     return a.token, b.token
 
 
+def transport_for(settings, service: str):
+    """TLS with the data dir's CA; on the agent port also an agent's client certificate (mutual TLS)."""
+    return agent_transport(settings, "probe") if service == "planner_agent" else client_transport(settings)
+
+
 def list_services(settings, service: str) -> set[str]:
-    """Only server reflection, with a plain grpcio channel (TLS, the data dir's CA) and no token."""
-    with grpc.secure_channel(settings.address(service), client_transport(settings).credentials()) as channel:
+    """Only server reflection, with a plain grpcio channel and no token."""
+    with grpc.secure_channel(settings.address(service), transport_for(settings, service).credentials()) as channel:
         stub = reflection_pb2_grpc.ServerReflectionStub(channel)
         replies = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
         return {s.name for reply in replies for s in reply.list_services_response.service}
@@ -71,8 +76,8 @@ def test_reflection_lists_every_ballast_service(plane) -> None:
 
 
 def test_health_is_serving_without_a_token(plane) -> None:
-    transport = client_transport(plane.settings)
     for name in SERVICES:
+        transport = transport_for(plane.settings, name)
         assert check(plane.settings.address(name), transport=transport) == "SERVING"
         for service in SERVICES[name]:
             assert check(plane.settings.address(name), service, transport=transport) == "SERVING"

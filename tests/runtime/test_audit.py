@@ -33,7 +33,8 @@ WRITES = {
     "StoreService/RecordCalibration", "StoreService/RecordEvaluation", "StoreService/RecordLayerMigration",
     "StoreService/RecordMorph",
     "StoreService/RecordWorkerHeartbeat", "StoreService/RegisterHost", "StoreService/RenewLease",
-    "StoreService/RotateTenantToken", "StoreService/SetFleetPolicy", "StoreService/TransitionJob",
+    "StoreService/RotateTenantToken", "StoreService/SetFleetPolicy", "StoreService/TouchHosts",
+    "StoreService/TransitionJob",
     "StoreService/UpdateCheckpoints", "StoreService/UpdateHostState", "StoreService/WriteIterationMetrics",
 }
 
@@ -51,6 +52,8 @@ def test_platform_telemetry_is_audited_only_when_someone_else_writes_it() -> Non
     beat = store_pb2.UpdateHostStateRequest(id="hst-1", heartbeat=True)
     assert not rpcs.audited("UpdateHostState", admin, beat) and rpcs.audited("UpdateHostState", member, beat)
     assert rpcs.audited("UpdateHostState", admin, store_pb2.UpdateHostStateRequest(id="hst-1", state=2))
+    touch = store_pb2.TouchHostsRequest(host_ids=["hst-1"])
+    assert not rpcs.audited("TouchHosts", admin, touch) and rpcs.audited("TouchHosts", member, touch)
 
 
 def rec(n: int) -> store_pb2.AuditRecord:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ballast.v1 import fleet_pb2, store_pb2
-from services.runtime.errors import NotFound, PermissionDenied
+from services.runtime.errors import InvalidArgument, NotFound, PermissionDenied
 from tests.store_builders import host
 from tests.store_fixtures import Store
 
@@ -39,3 +39,23 @@ def test_hosts_are_platform_data(store: Store):
     assert names(device_kind="nvidia-h100") == ["h1", "h2"] and names(device_kind="cpu") == []
     assert store.as_(store.b).get_host(store_pb2.GetRequest(id=h1.id)) == again
     assert store.count("devices") == 2
+
+
+def test_a_touch_sets_liveness_for_many_hosts_and_leaves_their_state(store: Store):
+    a, admin = store.as_(store.a), store.as_(store.admin)
+    ids = [admin.register_host(store_pb2.RegisterHostRequest(host=host(f"t{i}", ["cpu"]))).id for i in range(3)]
+    admin.update_host_state(store_pb2.UpdateHostStateRequest(id=ids[2], state=fleet_pb2.HOST_STATE_OFFLINE))
+    before = {i: admin.get_host(store_pb2.GetRequest(id=i)) for i in ids}
+    store.clock.advance(30)
+    reply = admin.touch_hosts(store_pb2.TouchHostsRequest(host_ids=[ids[0], ids[2], ids[0], "hst-gone"]))
+    assert reply.touched == 2  # each once; an id the store does not hold is no error
+    after = {i: admin.get_host(store_pb2.GetRequest(id=i)) for i in ids}
+    assert after[ids[0]].last_heartbeat_at.ToDatetime() > before[ids[0]].last_heartbeat_at.ToDatetime()
+    assert after[ids[1]].last_heartbeat_at == before[ids[1]].last_heartbeat_at  # not heard from
+    assert after[ids[2]].state == fleet_pb2.HOST_STATE_OFFLINE  # a touch after its stream ended undoes nothing
+    assert admin.touch_hosts(store_pb2.TouchHostsRequest()).touched == 0
+    with pytest.raises(PermissionDenied):
+        a.touch_hosts(store_pb2.TouchHostsRequest(host_ids=[ids[0]]))
+    with pytest.raises(InvalidArgument, match="at most 65536") as info:
+        admin.touch_hosts(store_pb2.TouchHostsRequest(host_ids=["hst-x"] * 65_537))
+    assert info.value.field == "host_ids"
