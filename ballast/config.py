@@ -67,6 +67,9 @@ class Settings:
     visibility_timeout_s: float = 300.0
     worker_heartbeat_s: float = 5.0
     host_lost_s: float = 5.0  # an executor agent away this long has lost its host: its jobs morph without it
+    # how often an idle executor agent says it is alive (the planner hands it out at registration); a lost stream,
+    # not a missing heartbeat, is what loses a host, so at thousands of hosts a longer interval costs nothing else
+    agent_heartbeat_s: float = 2.0
     # executor agents the planner holds a Connect stream for at once (a coroutine each on the agent port: a memory cap)
     planner_agent_streams: int = 16_384
     max_morphs_per_hour: int = 10  # per job, for lost workers and hosts; the model's own errors are never retried

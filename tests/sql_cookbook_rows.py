@@ -78,7 +78,7 @@ def _hosts() -> Iterator[dict]:
         yield {"id": id_, "name": name, "address": f"10.0.0.{id_[-1]}", "state": f"HOST_STATE_{state}",
                "supported_parallelism": [], "labels": {"cpu_cores": "32"}, "registered_at": T0 - 30 * DAY,
                "degraded_reason": "straggler: 40% slower than its peers" if degraded else None,
-               "degraded_at": degraded}
+               "degraded_at": degraded, "changed_at": degraded or T0 - 30 * DAY}
 
 
 def _devices() -> Iterator[dict]:

@@ -111,7 +111,7 @@ class Device(_message.Message):
     def __init__(self, index: _Optional[int] = ..., spec: _Optional[_Union[DeviceSpec, _Mapping]] = ..., uuid: _Optional[str] = ...) -> None: ...
 
 class Host(_message.Message):
-    __slots__ = ("id", "name", "address", "devices", "supported_parallelism", "agent_version", "state", "last_heartbeat_at", "registered_at", "labels", "agent_port", "degraded_reason", "degraded_at")
+    __slots__ = ("id", "name", "address", "devices", "supported_parallelism", "agent_version", "state", "last_heartbeat_at", "registered_at", "labels", "agent_port", "degraded_reason", "degraded_at", "changed_at")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -132,6 +132,7 @@ class Host(_message.Message):
     AGENT_PORT_FIELD_NUMBER: _ClassVar[int]
     DEGRADED_REASON_FIELD_NUMBER: _ClassVar[int]
     DEGRADED_AT_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_AT_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     address: str
@@ -145,7 +146,8 @@ class Host(_message.Message):
     agent_port: int
     degraded_reason: str
     degraded_at: _timestamp_pb2.Timestamp
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., address: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., supported_parallelism: _Optional[_Iterable[_Union[_common_pb2.ParallelDim, str]]] = ..., agent_version: _Optional[str] = ..., state: _Optional[_Union[HostState, str]] = ..., last_heartbeat_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., registered_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., agent_port: _Optional[int] = ..., degraded_reason: _Optional[str] = ..., degraded_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    changed_at: _timestamp_pb2.Timestamp
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., address: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., supported_parallelism: _Optional[_Iterable[_Union[_common_pb2.ParallelDim, str]]] = ..., agent_version: _Optional[str] = ..., state: _Optional[_Union[HostState, str]] = ..., last_heartbeat_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., registered_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., agent_port: _Optional[int] = ..., degraded_reason: _Optional[str] = ..., degraded_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., changed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class DeviceRef(_message.Message):
     __slots__ = ("host_id", "device_index")

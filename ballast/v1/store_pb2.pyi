@@ -154,22 +154,26 @@ class TouchHostsResponse(_message.Message):
     def __init__(self, touched: _Optional[int] = ...) -> None: ...
 
 class ListHostsRequest(_message.Message):
-    __slots__ = ("page", "state", "device_kind")
+    __slots__ = ("page", "state", "device_kind", "changed_since")
     PAGE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_KIND_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_SINCE_FIELD_NUMBER: _ClassVar[int]
     page: _common_pb2.PageRequest
     state: _fleet_pb2.HostState
     device_kind: str
-    def __init__(self, page: _Optional[_Union[_common_pb2.PageRequest, _Mapping]] = ..., state: _Optional[_Union[_fleet_pb2.HostState, str]] = ..., device_kind: _Optional[str] = ...) -> None: ...
+    changed_since: _timestamp_pb2.Timestamp
+    def __init__(self, page: _Optional[_Union[_common_pb2.PageRequest, _Mapping]] = ..., state: _Optional[_Union[_fleet_pb2.HostState, str]] = ..., device_kind: _Optional[str] = ..., changed_since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ListHostsResponse(_message.Message):
-    __slots__ = ("hosts", "next_page_token")
+    __slots__ = ("hosts", "next_page_token", "read_at")
     HOSTS_FIELD_NUMBER: _ClassVar[int]
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    READ_AT_FIELD_NUMBER: _ClassVar[int]
     hosts: _containers.RepeatedCompositeFieldContainer[_fleet_pb2.Host]
     next_page_token: str
-    def __init__(self, hosts: _Optional[_Iterable[_Union[_fleet_pb2.Host, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+    read_at: _timestamp_pb2.Timestamp
+    def __init__(self, hosts: _Optional[_Iterable[_Union[_fleet_pb2.Host, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., read_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class CreatePlanRequest(_message.Message):
     __slots__ = ("plan", "request_id")

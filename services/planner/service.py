@@ -86,7 +86,7 @@ def build_server(settings: Settings, address: str | None = None, send: durable.S
                           elastic_interval_s=settings.elastic_interval_s,
                           elastic_min_resize_interval_s=settings.elastic_min_resize_interval_s,
                           elastic_fairness_bound=settings.elastic_fairness_bound, arrival=arrival)
-    registry = AgentRegistry(as_platform, listener=scheduler.on_message)
+    registry = AgentRegistry(as_platform, settings.agent_heartbeat_s, listener=scheduler.on_message)
     sweeper = durable.Sweeper(as_platform, send, settings.sweep_interval_s, settings.requeue_unclaimed_s)
 
     what_if = plans.WhatIf()

@@ -179,6 +179,8 @@ class Host(Base):
     labels: Mapped[dict[str, Any]]
     last_heartbeat_at: Mapped[datetime | None]
     registered_at: Mapped[datetime]
+    # Last change other than a heartbeat (added by 0024): what ListHosts changed_since filters on.
+    changed_at: Mapped[datetime] = mapped_column(index=True)
     # The current degraded mark (added by 0008), so a host reads whole without a join; NULL when healthy.
     degraded_reason: Mapped[str | None] = mapped_column(sa.Text)
     degraded_at: Mapped[datetime | None]

@@ -94,7 +94,8 @@ def _seed(engine: sa.Engine, now: datetime) -> None:
                          for n, name in ((1, "gpt"), (2, "bert"))))
         # gpu-a: 4 h100 and no core count; cpu-a and cpu-b: two agents on one machine (10.0.0.5), 3 cpu devices
         insert(Host, *({"id": f"h-{n}", "name": name, "address": address, "state": "HOST_STATE_ONLINE",
-                        "supported_parallelism": [], "labels": labels, "registered_at": now - 30 * DAY}
+                        "supported_parallelism": [], "labels": labels, "registered_at": now - 30 * DAY,
+                        "changed_at": now - 30 * DAY}
                        for n, name, address, labels in ((1, "gpu-a", "", {}),
                                                         (2, "cpu-a", "10.0.0.5", {"cpu_cores": "16"}),
                                                         (3, "cpu-b", "10.0.0.5", {"cpu_cores": "8"}))))

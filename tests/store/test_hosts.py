@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from ballast.v1 import fleet_pb2, store_pb2
 from services.runtime.errors import InvalidArgument, NotFound, PermissionDenied
@@ -59,3 +60,28 @@ def test_a_touch_sets_liveness_for_many_hosts_and_leaves_their_state(store: Stor
     with pytest.raises(InvalidArgument, match="at most 65536") as info:
         admin.touch_hosts(store_pb2.TouchHostsRequest(host_ids=["hst-x"] * 65_537))
     assert info.value.field == "host_ids"
+
+
+def test_hosts_changed_since_a_time_are_those_registered_moved_or_marked_since_and_not_those_touched(store: Store):
+    admin = store.as_(store.admin)
+    h1 = admin.register_host(store_pb2.RegisterHostRequest(host=host("c1", ["cpu"])))
+    store.clock.advance(10)
+    since = Timestamp()
+    since.FromDatetime(store.clock())
+    h2 = admin.register_host(store_pb2.RegisterHostRequest(host=host("c2", ["cpu"])))
+    admin.touch_hosts(store_pb2.TouchHostsRequest(host_ids=[h1.id]))
+
+    def changed() -> list[str]:
+        return [h.name for h in admin.list_hosts(store_pb2.ListHostsRequest(changed_since=since)).hosts]
+
+    assert changed() == ["c2"] and h2.changed_at.ToDatetime() >= since.ToDatetime()  # a heartbeat is no change
+    store.clock.advance(1)
+    admin.mark_host_degraded(store_pb2.MarkHostDegradedRequest(id=h1.id, reason="slow"))
+    assert changed() == ["c1", "c2"]
+    store.clock.advance(10)
+    since.FromDatetime(store.clock())
+    assert changed() == []
+    store.clock.advance(1)
+    admin.update_host_state(store_pb2.UpdateHostStateRequest(id=h2.id, state=fleet_pb2.HOST_STATE_OFFLINE))
+    admin.clear_host_degraded(store_pb2.ClearHostDegradedRequest(id=h1.id, reason="fixed"))
+    assert changed() == ["c1", "c2"]

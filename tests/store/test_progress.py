@@ -323,3 +323,25 @@ def test_migration_0022_adds_and_drops_job_placements(empty_database_url):
         assert not {"placement_id", "rank"} & columns(engine, "device_leases")
     finally:
         engine.dispose()
+
+
+def test_migration_0024_gives_hosts_changed_at_from_their_registration_and_drops_it(empty_database_url):
+    url = empty_database_url
+    schema.upgrade(url, "0023_profile_off_line")
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("INSERT INTO hosts (id, name, address, agent_port, agent_version, state, "
+                                 "supported_parallelism, labels, registered_at) VALUES ('hst-old', 'old', '', 0, "
+                                 "'', 'HOST_STATE_ONLINE', '[]', '{}', '2026-01-02 03:04:05+00')"))
+        schema.upgrade(url)
+        assert "changed_at" in columns(engine, "hosts")
+        with engine.connect() as conn:
+            changed, registered = conn.execute(sa.text(
+                "SELECT changed_at, registered_at FROM hosts WHERE id = 'hst-old'")).one()
+        assert changed == registered  # a host stored before reads as changed when it registered
+        schema.check_schema(engine)
+        schema.downgrade(url, "0023_profile_off_line")
+        assert "changed_at" not in columns(engine, "hosts")
+    finally:
+        engine.dispose()

@@ -22,6 +22,7 @@ from ballast.v1 import fleet_pb2, job_pb2, plan_pb2, store_pb2
 from services.planner import admission as adm
 from services.planner.jobs import morph
 from services.planner.jobs.assign import pipeline_shape
+from services.planner.jobs.fleet_hosts import FleetHosts, HostReader
 from services.planner.plans.fleet import usable
 from services.runtime.errors import BallastError, FailedPrecondition
 from services.runtime.store_api import Store, every_page
@@ -89,6 +90,7 @@ class Reader:
 
     def __init__(self, store: Store):
         self._store = store
+        self.fleet = HostReader(store)  # the hosts, re-read only where they changed
         self._plans: dict[str, plan_pb2.Plan] = {}
         self._history: dict[str, History] = {}  # job id -> its interruptions, from its events
         self._lock = threading.Lock()
@@ -160,21 +162,20 @@ class Reader:
         policy = adm.Policy(quotas={tid: r.device_quota for tid, r in rules.items() if r.device_quota},
                             weights={tid: r.weight for tid, r in rules.items()},
                             max_preemptions_per_hour=fleet_policy.max_preemptions(policy_pb))
-        registered = [h for page in every_page(store.list_hosts, store_pb2.ListHostsRequest()) for h in page.hosts]
-        hosts = {h.id: h for h in registered}
-        online = [h for h in registered if usable(h) and h.id in connected]  # one ListHosts per pass, not two
+        fleet = self.fleet.read()
+        online = [h for h in fleet.hosts if usable(h) and h.id in connected]
         live = [x for page in every_page(store.list_leases, store_pb2.ListLeasesRequest(live_only=True))
                 for x in page.leases]
         leased = {(x.device.host_id, x.device.device_index) for x in live}
-        free = [adm.Slot(h.id, d.index, d.spec.kind, h.name) for h in online for d in h.devices
-                if (h.id, d.index) not in leased]
-        snap = Snapshot(now, [], free, [], policy, {}, {d.spec.kind for h in online for d in h.devices}, {}, {},
-                        hosts, policy_pb, tenants, {}, live=live, online=online)
+        free = [s for h in online for s in fleet.slots[h.id] if (s.host_id, s.device_index) not in leased]
+        kinds = set().union(*(fleet.kinds[h.id] for h in online))
+        snap = Snapshot(now, [], free, [], policy, {}, kinds, {}, {}, fleet.by_id, policy_pb, tenants, {}, live=live,
+                        online=online)
         snap.usage = self._usage(policy_pb, now)
         for state in WAITING:
             for page in every_page(store.list_jobs, store_pb2.ListJobsRequest(state=state)):
                 for job in page.jobs:
-                    self._demand(snap, job, registered)
+                    self._demand(snap, job, fleet)
         self._holdings(snap, live, draining)
         return snap
 
@@ -186,7 +187,7 @@ class Reader:
         snap.classes[job.id] = cls.name
         return cls
 
-    def _demand(self, snap: Snapshot, job: job_pb2.Job, registered: list[fleet_pb2.Host]) -> None:
+    def _demand(self, snap: Snapshot, job: job_pb2.Job, fleet: FleetHosts) -> None:
         if not job.plan_id:
             return
         plan = self.plan(job.plan_id)
@@ -197,8 +198,8 @@ class Reader:
             snap.unrunnable[job.id] = str(exc)
             return
         kind = plan.fleet.device.kind
-        offered = sum(1 for h in registered for d in h.devices if d.spec.kind == kind)
-        if registered and offered < need:
+        offered = fleet.offered[kind]
+        if fleet.hosts and offered < need:
             snap.unrunnable[job.id] = (f"the plan needs {need} {kind} device(s); the fleet's registered executors "
                                        f"offer {offered}")
             return

@@ -129,10 +129,10 @@ class Arrival:
 
     def _start(self, online: Sequence[fleet_pb2.Host], now: float) -> Pending | None:
         """The pending arrival of the online fleet's class, if it has no calibration yet."""
-        measured = [h for h in online if usable(h) and h.devices
-                    and all(d.spec.kind in MEASURED_KINDS for d in h.devices)]
-        if not measured or len(measured) != len(online):
+        if not online or not all(usable(h) and h.devices and all(d.spec.kind in MEASURED_KINDS for d in h.devices)
+                                 for h in online):  # stops at the first host that is not: this runs every pass
             return None  # nothing measured here, or a mixed fleet: its jobs' runs calibrate it, as before
+        measured = list(online)
         devices = sum(len(h.devices) for h in measured)
         fleet = fleet_pb2.Fleet(device=fleet_pb2.DeviceSpec(kind=measured[0].devices[0].spec.kind),
                                 nodes=1, devices_per_node=devices)

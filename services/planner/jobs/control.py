@@ -155,6 +155,9 @@ class AgentRegistry:
     def __init__(self, store: Store, heartbeat_interval_s: float = 2.0,
                  listener: Listener | None = None, report_threads: int = REPORT_THREADS,
                  outbox: int = 64, send_timeout_s: float = 5.0):
+        if not heartbeat_interval_s > 0:
+            raise InvalidArgument(f"heartbeat interval {heartbeat_interval_s} s must be positive",
+                                  field="agent_heartbeat_s", fix="set BALLAST_AGENT_HEARTBEAT_S to e.g. 2")
         self._store = store
         self._interval = heartbeat_interval_s
         self._listener = listener

@@ -167,13 +167,15 @@ class Recovery:
         """Nothing waits and devices are free: a job below its target grows onto them at its next iteration
         boundary, if the iterations it has left gain more than a morph costs (Varuna's manager grows the job
         when machines come back)."""
-        free: dict[str, int] = {}
-        for slot in snap.free:
-            free[slot.kind] = free.get(slot.kind, 0) + 1
         with self._state.lock:
             candidates = [r for r in self._state.running.values() if not r.stopping and r.target > r.world
                           and len(r.recent) == GROW_WINDOW and r.job.state == S.JOB_STATE_RUNNING
                           and not r.job.spec.elastic]  # the elastic pass sizes elastic jobs (elastic.py)
+        if not candidates:
+            return  # the free devices are only counted for a job that could grow (a fleet has tens of thousands)
+        free: dict[str, int] = {}
+        for slot in snap.free:
+            free[slot.kind] = free.get(slot.kind, 0) + 1
         for r in candidates:
             kind = r.plan.fleet.device.kind
             if free.get(kind, 0) < r.target - r.world:

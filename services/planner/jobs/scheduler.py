@@ -122,7 +122,7 @@ class Scheduler:
                                  self.admission, connected, host_lost_s=host_lost_s,
                                  max_morphs_per_hour=max_morphs_per_hour)
         self.stragglers = Stragglers(self.state, self.recovery.drain_morph, thresholds=straggler_thresholds,
-                                     degraded_parole_s=degraded_parole_s)
+                                     degraded_parole_s=degraded_parole_s, hosts=self.admission.fleet.read)
         self.elastic = ElasticPass(self.state, self.recovery.drain_morph, self._replan_for,
                                    interval_s=elastic_interval_s, min_resize_interval_s=elastic_min_resize_interval_s,
                                    fairness_bound=elastic_fairness_bound)

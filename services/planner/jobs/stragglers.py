@@ -14,10 +14,12 @@ import json
 import logging
 import statistics
 import time
+from collections.abc import Callable
 
 from ballast.v1 import fleet_pb2, job_pb2, plan_pb2, store_pb2
 from services.planner.jobs import morph, stutter
 from services.planner.jobs.assign import pipeline_shape
+from services.planner.jobs.fleet_hosts import FleetHosts, HostReader
 from services.planner.jobs.prepare import plan_inputs, shrink
 from services.planner.jobs.recovery import Drain, measured_s
 from services.planner.jobs.running import PAROLE_CHECK_S, PERSIST_WINDOWS, Running, devices_of, parole_s
@@ -25,7 +27,6 @@ from services.planner.jobs.state import SchedulerState
 from services.planner.plans.fleet import executor_dims
 from services.planner.plans.make import make_plan
 from services.runtime.errors import BallastError, InvalidArgument
-from services.runtime.store_api import every_page
 
 log = logging.getLogger("ballast.scheduler")
 
@@ -35,7 +36,7 @@ class Stragglers:
 
     def __init__(self, state: SchedulerState, drain: Drain, *,
                  thresholds: tuple[float, float] = (stutter.THRESHOLD, stutter.SHARED_CPU_THRESHOLD),
-                 degraded_parole_s: float = 0.0):
+                 degraded_parole_s: float = 0.0, hosts: Callable[[], FleetHosts] | None = None):
         if min(thresholds) <= 0:
             raise InvalidArgument(f"straggler thresholds {thresholds} must be positive",
                                   field="straggler_threshold", fix="use e.g. 0.25 (25% slower than its peers)")
@@ -43,6 +44,7 @@ class Stragglers:
         self._thresholds = thresholds  # (distinct machines, CPU workers sharing one)
         self._parole_s, self._parole_at = degraded_parole_s, 0.0
         self.caught: dict[str, int] = {}  # host id -> times marked degraded since this planner started
+        self._hosts = hosts or HostReader(state.store).read  # the fleet as admission keeps it (fleet_hosts.py)
 
     def watch_for(self, plan: plan_pb2.Plan, machines: list[str]) -> stutter.StutterWatch:
         """The job's straggler test; `machines` has each worker's machine (agents on one address share it). CPU
@@ -164,9 +166,7 @@ class Stragglers:
         if not self._parole_s or now < self._parole_at:
             return
         self._parole_at = now + PAROLE_CHECK_S
-        request = store_pb2.ListHostsRequest(state=fleet_pb2.HOST_STATE_ONLINE)
-        for host in [h for page in every_page(self._state.store.list_hosts, request) for h in page.hosts
-                     if h.degraded_reason]:
+        for host in [h for h in self._hosts().hosts if h.state == fleet_pb2.HOST_STATE_ONLINE and h.degraded_reason]:
             caught = max(self.caught.get(host.id, 1), 1)
             served = parole_s(self._parole_s, caught)
             since = host.degraded_at.ToSeconds() if host.HasField("degraded_at") else now

@@ -76,6 +76,7 @@ class DegradedStore(RepositoryBase):
             s.add(m.HostDegradation(id=new_id("hdg"), host_id=host.id, job_id=job_id, reason=reason,
                                     evidence=evidence, marked_at=now))
             host.degraded_reason = reason
+            host.changed_at = now
             if host.degraded_at is None:
                 host.degraded_at = now
             s.flush()
@@ -94,6 +95,6 @@ class DegradedStore(RepositoryBase):
             s.execute(sa.update(m.HostDegradation)
                       .where(m.HostDegradation.host_id == host.id, m.HostDegradation.cleared_at.is_(None))
                       .values(cleared_at=now, cleared_reason=reason, cleared_by=p.tenant_id))
-            host.degraded_reason, host.degraded_at = None, None
+            host.degraded_reason, host.degraded_at, host.changed_at = None, None, now
             s.flush()
             return host_pb(host)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC
+
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import selectinload
@@ -78,7 +80,7 @@ class HostStore(RepositoryBase):
                         s.flush()
                     for key, value in values.items():
                         setattr(row, key, value)
-                    row.state, row.last_heartbeat_at = state, now
+                    row.state, row.last_heartbeat_at, row.changed_at = state, now, now
                     row.devices.extend(device_row(d, f"host.devices[{i}]") for i, d in enumerate(h.devices))
                     s.flush()
                     return host_pb(row)
@@ -96,9 +98,9 @@ class HostStore(RepositoryBase):
         state = enum_name(fleet_pb2.HostState, req.state, "state")
         with self._tx(write=True) as s:
             row = self._one(s, m.Host, req.id, None, what="host", lock=True, options=HOST_LOAD)
-            row.state = state
+            row.state, row.changed_at = state, self.now()
             if req.heartbeat:
-                row.last_heartbeat_at = self.now()
+                row.last_heartbeat_at = row.changed_at
             s.flush()
             return host_pb(row)
 
@@ -131,5 +133,10 @@ class HostStore(RepositoryBase):
             stmt = stmt.where(m.Host.state == enum_name(fleet_pb2.HostState, req.state, "state"))
         if req.device_kind:
             stmt = stmt.where(m.Host.id.in_(sa.select(m.Device.host_id).where(m.Device.kind == req.device_kind)))
+        if req.HasField("changed_since"):
+            stmt = stmt.where(m.Host.changed_at >= req.changed_since.ToDatetime(UTC))
+        read_at = self.now()
         items, token = self._page_of(stmt, req.page, host_pb)
-        return store_pb2.ListHostsResponse(hosts=items, next_page_token=token)
+        reply = store_pb2.ListHostsResponse(hosts=items, next_page_token=token)
+        reply.read_at.FromDatetime(read_at)
+        return reply

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator, Iterable
 
 import pytest
@@ -101,6 +102,9 @@ def test_bare_heartbeats_are_noted_for_one_liveness_write_and_only_stats_reach_t
     assert handled == ["register", "heartbeat"]  # the bare beats cost the scheduler nothing
     assert registry.liveness.flush() == 1 and store.touched == [["hst-1"]]  # three beats, one host, one write
     assert registry.liveness.flush() == 0 and store.touched == [["hst-1"]]  # nothing heard since
+    deadline = time.monotonic() + 5.0  # the farewell is written off the loop, after the stream ended
+    while not store.states and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert store.states == [("hst-1", fleet_pb2.HOST_STATE_OFFLINE)]  # the stream's end, written once
 
 
@@ -179,3 +183,9 @@ def test_liveness_writes_a_large_fleet_in_batches() -> None:
         registry.liveness.heard(f"hst-{i:05d}")
     assert registry.liveness.flush() == 20_000
     assert [len(ids) for ids in store.touched] == [16_384, 3_616]
+
+
+def test_a_heartbeat_interval_that_is_not_positive_is_refused_naming_the_setting() -> None:
+    with pytest.raises(Exception, match="must be positive") as info:
+        AgentRegistry(Store(), 0.0)
+    assert info.value.field == "agent_heartbeat_s" and "BALLAST_AGENT_HEARTBEAT_S" in info.value.fix
