@@ -98,7 +98,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
                  "queue", "lease_seconds", "sweep_interval_s", "requeue_unclaimed_s", "visibility_timeout_s",
                  "worker_heartbeat_s", "store_metrics_port", "profiler_metrics_port", "planner_metrics_port",
                  "worker_metrics_port", "executor_metrics_port", "executor_cpu_slots", "allowed_model_factories",
-                 "model_path", "data_roots", "allowed_data_factories", "calibrate_on_arrival"):
+                 "model_path", "data_roots", "allowed_data_factories", "calibrate_on_arrival", "agent_heartbeat_s"):
         value = getattr(settings, name)
         env[f"BALLAST_{name.upper()}"] = ",".join(value) if isinstance(value, tuple) else str(value)
     env["PYTHONUNBUFFERED"] = "1"

@@ -41,7 +41,7 @@ def test_up_status_sql_down(tmp_path: Path) -> None:
                 "metrics": "", "restarts": 0} in json.loads(status.stdout)
 
         services = set()
-        for name in ("store", "profiler", "planner"):
+        for name in ("store", "profiler", "planner", "planner_agent"):  # agents' ExecutorControl: their own port
             services |= list_services(settings, name)
         assert {"ballast.v1.StoreService", "ballast.v1.ProfilerService", "ballast.v1.PlannerService",
                 "ballast.v1.JobService", "ballast.v1.ExecutorControl"} <= services

@@ -17,7 +17,9 @@ from tests.executor.train import test_harmony_worker as harmony
 from tests.executor.train.test_resume import template
 
 pytestmark = pytest.mark.slow
-ITERATIONS = 6
+# The hold is asked once rank 0 reports iteration 2, and reaches the ranks a few milliseconds later over stdin:
+# a run of 6 iterations could (and under load did) finish first; the rest of 24 cannot.
+ITERATIONS = 24
 
 
 def stage_pp(tmp_path) -> list[WorkerConfig]:
