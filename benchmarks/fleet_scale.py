@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import sqlalchemy as sa  # noqa: E402
 
+from benchmarks.load import ballast, pct  # noqa: E402
 from tests.harness import ROOT, make_settings, settings_env  # noqa: E402
 
 HOSTS_PER_PROCESS = 1024
@@ -61,12 +62,6 @@ def per_minute(before: Sample, after: Sample, name: str) -> float:
     return (after.cpu_s.get(name, 0.0) - before.cpu_s.get(name, 0.0)) * 60.0 / (after.at - before.at)
 
 
-def ballast(env: dict[str, str], *args: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "ballast", *args], env=env, cwd=ROOT, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"ballast {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
-
-
 def plane_pids(data_dir: Path) -> dict[str, int]:
     state = json.loads((data_dir / "run" / "state.json").read_text())
     return {c["name"]: c["pid"] for c in state["children"] if c["name"] in SERVICES}
@@ -89,11 +84,6 @@ def _epoch(value) -> float:
         parsed = datetime.fromisoformat(value)
         return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
     return value.timestamp()
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, int(round(q * len(ordered) + 0.5)) - 1))] if ordered else 0.0
 
 
 def connect(args: argparse.Namespace) -> bool:
