@@ -300,7 +300,6 @@ def emulated_plane(data_dir: Path, queue: str, hosts: int, devices_per_host: int
     """The whole control plane with a real Celery worker and `hosts` emulated hosts (services/executor/
     emulated_hosts.py) in this process, up until every host is online: (the plane, the EmulatedHosts, whose
     `lose` and emulator's `kill_rank` inject faults)."""
-    from ballast.v1 import fleet_pb2, store_pb2
     from services.executor.emulated import Behaviour
     from services.executor.emulated_hosts import EmulatedHosts
 
@@ -312,14 +311,25 @@ def emulated_plane(data_dir: Path, queue: str, hosts: int, devices_per_host: int
     try:
         fleet.start()
         client = plane.client()
-        online = store_pb2.ListHostsRequest(state=fleet_pb2.HOST_STATE_ONLINE)
-        wait_for(lambda: len(client.store.ListHosts(online).hosts) == hosts, what=f"{hosts} emulated hosts online")
+        wait_for(lambda: len(online_hosts(client)) == hosts, timeout=60 + hosts / 8,
+                 what=f"{hosts} emulated hosts online")
         yield plane, fleet
     finally:
         fleet.stop()
+        with contextlib.suppress(Exception):  # the planner marks each host offline; then the store may go
+            wait_for(lambda: not online_hosts(plane.client()), timeout=30 + hosts / 8, what="hosts offline")
         for proc in procs:
             kill_group(proc)
         plane.stop()
+
+
+def online_hosts(client: Client) -> list:
+    """Every ONLINE host, over all the pages of ListHosts (a page holds 100)."""
+    from ballast.v1 import fleet_pb2, store_pb2
+    from services.runtime.store_api import every_page
+
+    request = store_pb2.ListHostsRequest(state=fleet_pb2.HOST_STATE_ONLINE)
+    return [h for page in every_page(client.store.ListHosts, request) for h in page.hosts]
 
 
 def restart_agent(plane: Plane, index: int, extra_env: dict[str, str] | None = None) -> None:

@@ -171,7 +171,7 @@ class LayerToggle(_message.Message):
     def __init__(self, layer_index: _Optional[int] = ..., iteration: _Optional[int] = ..., active: _Optional[bool] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "tenant_id", "spec", "model_id", "state", "plan_id", "plan_version", "message", "created_at", "updated_at", "iteration")
+    __slots__ = ("id", "tenant_id", "spec", "model_id", "state", "plan_id", "plan_version", "message", "created_at", "updated_at", "iteration", "started_at")
     ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
@@ -183,6 +183,7 @@ class Job(_message.Message):
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
     id: str
     tenant_id: str
     spec: JobSpec
@@ -194,7 +195,8 @@ class Job(_message.Message):
     created_at: _timestamp_pb2.Timestamp
     updated_at: _timestamp_pb2.Timestamp
     iteration: int
-    def __init__(self, id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., model_id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., plan_id: _Optional[str] = ..., plan_version: _Optional[int] = ..., message: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., iteration: _Optional[int] = ...) -> None: ...
+    started_at: _timestamp_pb2.Timestamp
+    def __init__(self, id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., model_id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., plan_id: _Optional[str] = ..., plan_version: _Optional[int] = ..., message: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., iteration: _Optional[int] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class JobEvent(_message.Message):
     __slots__ = ("job_id", "seq", "type", "state", "message", "attributes", "created_at")

@@ -184,16 +184,18 @@ class CreatePlanRequest(_message.Message):
     def __init__(self, plan: _Optional[_Union[_plan_pb2.Plan, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class ListPlansRequest(_message.Message):
-    __slots__ = ("page", "model_id", "job_id", "engine")
+    __slots__ = ("page", "model_id", "job_id", "engine", "ids")
     PAGE_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
     page: _common_pb2.PageRequest
     model_id: str
     job_id: str
     engine: _plan_pb2.PlanEngine
-    def __init__(self, page: _Optional[_Union[_common_pb2.PageRequest, _Mapping]] = ..., model_id: _Optional[str] = ..., job_id: _Optional[str] = ..., engine: _Optional[_Union[_plan_pb2.PlanEngine, str]] = ...) -> None: ...
+    ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, page: _Optional[_Union[_common_pb2.PageRequest, _Mapping]] = ..., model_id: _Optional[str] = ..., job_id: _Optional[str] = ..., engine: _Optional[_Union[_plan_pb2.PlanEngine, str]] = ..., ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListPlansResponse(_message.Message):
     __slots__ = ("plans", "next_page_token")
@@ -253,22 +255,26 @@ class TransitionJobRequest(_message.Message):
     def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[_job_pb2.JobState, str]] = ..., expected_state: _Optional[_Union[_job_pb2.JobState, str]] = ..., message: _Optional[str] = ..., event_type: _Optional[str] = ..., attributes: _Optional[_Mapping[str, str]] = ..., plan_id: _Optional[str] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
-    __slots__ = ("page", "state", "model_id")
+    __slots__ = ("page", "state", "model_id", "changed_since")
     PAGE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_SINCE_FIELD_NUMBER: _ClassVar[int]
     page: _common_pb2.PageRequest
     state: _job_pb2.JobState
     model_id: str
-    def __init__(self, page: _Optional[_Union[_common_pb2.PageRequest, _Mapping]] = ..., state: _Optional[_Union[_job_pb2.JobState, str]] = ..., model_id: _Optional[str] = ...) -> None: ...
+    changed_since: _timestamp_pb2.Timestamp
+    def __init__(self, page: _Optional[_Union[_common_pb2.PageRequest, _Mapping]] = ..., state: _Optional[_Union[_job_pb2.JobState, str]] = ..., model_id: _Optional[str] = ..., changed_since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ListJobsResponse(_message.Message):
-    __slots__ = ("jobs", "next_page_token")
+    __slots__ = ("jobs", "next_page_token", "read_at")
     JOBS_FIELD_NUMBER: _ClassVar[int]
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    READ_AT_FIELD_NUMBER: _ClassVar[int]
     jobs: _containers.RepeatedCompositeFieldContainer[_job_pb2.Job]
     next_page_token: str
-    def __init__(self, jobs: _Optional[_Iterable[_Union[_job_pb2.Job, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+    read_at: _timestamp_pb2.Timestamp
+    def __init__(self, jobs: _Optional[_Iterable[_Union[_job_pb2.Job, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., read_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class AppendJobEventRequest(_message.Message):
     __slots__ = ("event",)
@@ -555,26 +561,30 @@ class EndLeasesResponse(_message.Message):
     def __init__(self, ended: _Optional[int] = ...) -> None: ...
 
 class ListLeasesRequest(_message.Message):
-    __slots__ = ("live_only", "job_id", "host_id", "since", "page")
+    __slots__ = ("live_only", "job_id", "host_id", "since", "page", "changed_since")
     LIVE_ONLY_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
     SINCE_FIELD_NUMBER: _ClassVar[int]
     PAGE_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_SINCE_FIELD_NUMBER: _ClassVar[int]
     live_only: bool
     job_id: str
     host_id: str
     since: _timestamp_pb2.Timestamp
     page: _common_pb2.PageRequest
-    def __init__(self, live_only: _Optional[bool] = ..., job_id: _Optional[str] = ..., host_id: _Optional[str] = ..., since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., page: _Optional[_Union[_common_pb2.PageRequest, _Mapping]] = ...) -> None: ...
+    changed_since: _timestamp_pb2.Timestamp
+    def __init__(self, live_only: _Optional[bool] = ..., job_id: _Optional[str] = ..., host_id: _Optional[str] = ..., since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., page: _Optional[_Union[_common_pb2.PageRequest, _Mapping]] = ..., changed_since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ListLeasesResponse(_message.Message):
-    __slots__ = ("leases", "next_page_token")
+    __slots__ = ("leases", "next_page_token", "read_at")
     LEASES_FIELD_NUMBER: _ClassVar[int]
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    READ_AT_FIELD_NUMBER: _ClassVar[int]
     leases: _containers.RepeatedCompositeFieldContainer[_fleet_pb2.DeviceLease]
     next_page_token: str
-    def __init__(self, leases: _Optional[_Iterable[_Union[_fleet_pb2.DeviceLease, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+    read_at: _timestamp_pb2.Timestamp
+    def __init__(self, leases: _Optional[_Iterable[_Union[_fleet_pb2.DeviceLease, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., read_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class GetFleetPolicyRequest(_message.Message):
     __slots__ = ("version",)

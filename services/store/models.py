@@ -291,7 +291,10 @@ class Job(Base):
     # page of jobs need not decode every spec's JSON.
     spec: Mapped[dict[str, Any]] = mapped_column(deferred=True)
     created_at: Mapped[datetime] = mapped_column(index=True)
-    updated_at: Mapped[datetime]
+    # A new job or a state change, not progress (indexed by 0025): what ListJobs changed_since filters on.
+    updated_at: Mapped[datetime] = mapped_column(index=True)
+    # When it first went RUNNING (0025); NULL until then: a job that never ran has no interruptions to read.
+    started_at: Mapped[datetime | None]
     # The fleet policy's class the job runs under (resolved at submit), so wait times group by it in SQL.
     priority_class: Mapped[str] = mapped_column(sa.String(63), default="", server_default=sa.text("''"))
 
@@ -460,7 +463,7 @@ class DeviceLease(Base):
     device_index: Mapped[int]
     device_kind: Mapped[str] = mapped_column(sa.String(100), default="")
     started_at: Mapped[datetime] = mapped_column(index=True)
-    ended_at: Mapped[datetime | None]
+    ended_at: Mapped[datetime | None] = mapped_column(index=True)  # with started_at: ListLeases changed_since
     end_reason: Mapped[str | None] = mapped_column(EnumName)
     # the job's rank on this device, from the placement the lease was made for (both NULL without one)
     placement_id: Mapped[str | None] = mapped_column(Id, _fk("job_placements.id", "CASCADE"), index=True)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import threading
+from datetime import UTC
 
 import pytest
 import sqlalchemy as sa
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from ballast.v1 import job_pb2, store_pb2
 from services.runtime.errors import FailedPrecondition, InvalidArgument, NotFound
@@ -175,3 +177,34 @@ def test_concurrent_events_are_gapless(store: Store):
         t.join()
     assert not errors
     assert [e.seq for e in events(store, job.id, page=page(100))] == list(range(1, 22))
+
+
+def test_jobs_changed_since_a_time_are_those_created_or_moved_since_and_not_those_that_progressed(store: Store):
+    """What the admission pass's queue reader asks each half second (ListJobs changed_since), with the store's
+    read time to ask from next."""
+    a = store.as_(store.a)
+    old = new_job(store, name="old")
+    store.clock.advance(10)
+    since = Timestamp()
+    since.FromDatetime(store.clock())
+    fresh = new_job(store, name="fresh")
+    store.as_(store.admin).write_iteration_metrics(store_pb2.WriteIterationMetricsRequest(
+        metrics=[job_pb2.IterationMetric(job_id=old.id, iteration=3, iteration_time_s=1.0)]))
+
+    def changed() -> list[str]:
+        reply = a.list_jobs(store_pb2.ListJobsRequest(changed_since=since))
+        assert reply.read_at.ToDatetime(UTC) <= store.clock()
+        return [j.spec.name for j in reply.jobs]
+
+    assert changed() == ["fresh"]  # progress is no change
+    store.clock.advance(1)
+    move(store, old.id, JS.JOB_STATE_PROFILING)
+    assert changed() == ["fresh", "old"]
+    assert [j.spec.name for j in a.list_jobs(store_pb2.ListJobsRequest(
+        changed_since=since, state=JS.JOB_STATE_PROFILING)).jobs] == ["old"]
+    since.FromDatetime(store.clock())
+    assert changed() == [] and fresh.id
+    store.clock.advance(1)
+    move(store, fresh.id, JS.JOB_STATE_CANCELLED)
+    assert changed() == ["fresh"]
+    assert store.as_(store.b).list_jobs(store_pb2.ListJobsRequest(changed_since=since)).jobs == []  # scoped

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import threading
+from datetime import UTC
 
 import pytest
 import sqlalchemy as sa
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from ballast.v1 import fleet_pb2, store_pb2
 from services.runtime.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
@@ -281,3 +283,27 @@ def test_submit_checks_the_priority_class_and_the_device_range(store: Store):
     job = new_job(store, name="ok", priority_class="low", min_devices=1, max_devices=2)
     with store.engine.connect() as conn:
         assert conn.execute(sa.text("SELECT priority_class FROM jobs WHERE id = :id"), {"id": job.id}).scalar() == "low"
+
+
+def test_leases_changed_since_a_time_are_those_that_started_or_ended_since(store: Store, h1):
+    """What the admission pass's lease reader asks each half second (ListLeases changed_since)."""
+    admin = store.as_(store.admin)
+    first, second = new_job(store), new_job(store)
+    acquire(store, first.id, devices(h1.id, 0, 1))
+    store.clock.advance(10)
+    since = Timestamp()
+    since.FromDatetime(store.clock())
+
+    def changed() -> list[tuple[str, int, bool]]:
+        reply = admin.list_leases(store_pb2.ListLeasesRequest(changed_since=since))
+        assert reply.read_at.ToDatetime(UTC) <= store.clock()
+        return sorted((x.job_id, x.device.device_index, x.HasField("ended_at")) for x in reply.leases)
+
+    assert changed() == []
+    acquire(store, second.id, devices(h1.id, 2))
+    assert changed() == [(second.id, 2, False)]
+    store.clock.advance(1)
+    admin.end_leases(store_pb2.EndLeasesRequest(job_id=first.id, reason=R.LEASE_END_REASON_FINISHED))
+    assert changed() == sorted([(first.id, 0, True), (first.id, 1, True), (second.id, 2, False)])
+    since.FromDatetime(store.clock())
+    assert changed() == []

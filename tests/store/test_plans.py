@@ -40,6 +40,11 @@ def test_plan_round_trip_versions_and_filters(store: Store):
     assert ids(job_id=job.id) == [first.id, second.id]
     assert ids(engine=plan_pb2.PLAN_ENGINE_VPIPE) == [second.id]
     assert ids(model_id=job.model_id, page=page(1)) == [first.id]
+    assert ids(ids=[what_if.id, first.id, "pln-unknown"]) == [first.id, what_if.id]  # by id, in one call
+    assert store.as_(store.b).list_plans(store_pb2.ListPlansRequest(ids=[first.id])).plans == []  # scoped
+    with pytest.raises(InvalidArgument, match="at most 1000") as info:
+        a.list_plans(store_pb2.ListPlansRequest(ids=[first.id] * 1001))
+    assert info.value.field == "ids"
 
     adopted = move(store, job.id, JS.JOB_STATE_PROFILING)
     adopted = move(store, job.id, JS.JOB_STATE_PLANNING)

@@ -14,7 +14,7 @@ from services.store import models as m
 from services.store import schema
 from services.store.db import create_engine
 from tests.store_builders import page
-from tests.store_fixtures import Store, new_job
+from tests.store_fixtures import JS, Store, move, new_job, open_store
 
 
 def test_iteration_metrics_bulk_write_is_idempotent(store: Store):
@@ -345,3 +345,29 @@ def test_migration_0024_gives_hosts_changed_at_from_their_registration_and_drops
         assert "changed_at" not in columns(engine, "hosts")
     finally:
         engine.dispose()
+
+
+def test_migration_0025_indexes_what_changed_since_reads_filter_on_and_dates_each_jobs_first_run(
+        empty_database_url, tmp_path):
+    url = empty_database_url
+    with open_store(url, "local", tmp_path) as st:
+        ran, waits = new_job(st), new_job(st)
+        for state in (JS.JOB_STATE_PROFILING, JS.JOB_STATE_PLANNING, JS.JOB_STATE_SCHEDULED, JS.JOB_STATE_RUNNING):
+            move(st, ran.id, state)
+        assert st.as_(st.a).get_job(store_pb2.GetRequest(id=waits.id)).HasField("started_at") is False
+        first = st.as_(st.a).get_job(store_pb2.GetRequest(id=ran.id)).started_at
+        engine = st.engine
+
+        def indexes() -> set[str]:
+            inspector = sa.inspect(engine)
+            return {i["name"] for table in ("jobs", "device_leases") for i in inspector.get_indexes(table)}
+
+        assert {"ix_jobs_updated_at", "ix_device_leases_ended_at"} <= indexes()
+        engine.dispose()
+        schema.downgrade(url, "0024_host_changed_at")
+        assert not {"ix_jobs_updated_at", "ix_device_leases_ended_at"} & indexes()
+        assert "started_at" not in columns(engine, "jobs")
+        schema.upgrade(url)  # rows stored before take their first RUNNING event's time
+        schema.check_schema(engine)
+        assert st.as_(st.a).get_job(store_pb2.GetRequest(id=ran.id)).started_at == first
+        assert not st.as_(st.a).get_job(store_pb2.GetRequest(id=waits.id)).HasField("started_at")

@@ -22,7 +22,7 @@ from services.planner.admission.model import (
     Slot,
     Wait,
 )
-from services.planner.admission.order import admission_order, decayed_usage
+from services.planner.admission.order import admission_order, counted_usage, decayed_usage
 from services.planner.admission.profile import Profile
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "Slot",
     "Wait",
     "admission_order",
+    "counted_usage",
     "decayed_usage",
     "decide",
     "predicted_starts",

@@ -18,6 +18,7 @@ Rules, in the order jobs are considered (`admission_order`):
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from collections.abc import Iterable, Mapping, Sequence, Set
 
 from services.planner.admission.model import (
@@ -56,29 +57,42 @@ def _duration_high(d: Demand) -> float:
 
 
 class _Pool:
-    """Free slots of one kind, grouped by host, handed out so a gang spans as few hosts as it can."""
+    """Free slots of one kind, grouped by host, handed out so a gang spans as few hosts as it can. Hosts are
+    filed by their free count, so a take looks at the few distinct counts, not at every host of the fleet."""
 
     def __init__(self, slots: Iterable[Slot]):
         self.hosts: dict[tuple[str, str], list[Slot]] = {}
         for s in sorted(slots, key=lambda s: s.sort_key):
             self.hosts.setdefault((s.host_name, s.host_id), []).append(s)
         self.count = sum(len(v) for v in self.hosts.values())
+        self.by_free: dict[int, list[tuple[str, str]]] = {}  # free count -> its hosts' keys, sorted
+        for key in self.hosts:
+            self._file(key)
+
+    def _file(self, key: tuple[str, str]) -> None:
+        insort(self.by_free.setdefault(len(self.hosts[key]), []), key)
+
+    def _unfile(self, key: tuple[str, str]) -> None:
+        free = len(self.hosts[key])
+        keys = self.by_free[free]
+        del keys[bisect_left(keys, key)]
+        if not keys:
+            del self.by_free[free]
 
     def take(self, n: int) -> tuple[Slot, ...]:
-        """n slots: one host that fits best (fewest free slots that suffice), else the fullest hosts."""
+        """n slots: one host that fits best (fewest free slots that suffice, then the first by name), else the
+        fullest hosts."""
         taken: list[Slot] = []
         while n > 0:
-            fitting = [k for k, v in self.hosts.items() if len(v) >= n]
-            if fitting:
-                key = min(fitting, key=lambda k: (len(self.hosts[k]), k))
-                part = self.hosts[key][:n]
-            else:
-                key = min(self.hosts, key=lambda k: (-len(self.hosts[k]), k))
-                part = self.hosts[key]
+            fitting = [free for free in self.by_free if free >= n]
+            key = self.by_free[min(fitting) if fitting else max(self.by_free)][0]
+            self._unfile(key)
+            part = self.hosts[key][:n]
             taken.extend(part)
             rest = self.hosts[key][len(part):]
             if rest:
                 self.hosts[key] = rest
+                self._file(key)
             else:
                 del self.hosts[key]
             n -= len(part)
@@ -112,10 +126,13 @@ class _Pass:
         self.profiles: dict[str, Profile] = {}
         self.reservations: dict[str, int] = {}
         self.preemptor: str | None = None
+        self.busy: dict[tuple[int, str], Wait] = {}  # (count, kind) -> the wait of a job beyond the depth
         self.out = Decision()
 
     def pool(self, kind: str) -> _Pool:
-        return self.pools.setdefault(kind, _Pool(()))
+        if kind not in self.pools:
+            self.pools[kind] = _Pool(())
+        return self.pools[kind]
 
     def end_of(self, h: Holding) -> float:
         """When the profile gives a holding's devices back."""
@@ -131,8 +148,8 @@ class _Pass:
 
     def room(self, tenant_id: str) -> float:
         """Devices the tenant may still lease (infinite without a quota)."""
-        quota = self.policy.quota(tenant_id)
-        return quota - self.leased.get(tenant_id, 0) if quota else math.inf
+        quota = self.policy.quotas.get(tenant_id, 0)
+        return quota - self.leased.get(tenant_id, 0) if quota > 0 else math.inf
 
     def start(self, d: Demand, count: int, duration: float) -> tuple[Slot, ...]:
         """Take `count` free slots for `d` now: out of the pool, the profile and the tenant's room."""
@@ -145,7 +162,21 @@ class _Pass:
         if d.kind not in self.kinds_online:
             return Wait(NO_EXECUTOR, f"no executor serves {d.kind!r} devices")
         count, duration = max(1, d.devices), _duration(d)
-        pool, profile, room = self.pool(d.kind), self.profile(d.kind), self.room(d.tenant_id)
+        pool, room = self.pool(d.kind), self.room(d.tenant_id)
+        if not pool.count and not d.preempts and count <= room:
+            # Nothing of its kind free and it preempts nobody: it waits for devices (most of a deep queue, so
+            # the same answer as below, reached without the profile)
+            start, never = self.reserve(d.kind, count, duration)
+            if start is None and not never:  # beyond the reservation depth: one answer per gang size and kind
+                key = (count, d.kind)
+                if key not in self.busy:
+                    self.busy[key] = Wait(DEVICES_BUSY, f"needs {count} {d.kind}, 0 free")
+                return self.busy[key]
+            detail = f"needs {count} {d.kind}, 0 free"
+            if never:
+                detail += f"; never fits: only {self.profile(d.kind).avail[-1]} {d.kind} devices ever free up"
+            return Wait(DEVICES_BUSY, detail, start)
+        profile = self.profile(d.kind)
         if count <= room and count <= pool.count and profile.fits_now(count, _duration_high(d)):
             self.out.admit.append((d.job_id, self.start(d, count, _duration_high(d))))
             return None

@@ -19,18 +19,23 @@ def decayed_usage(
     `now` count for nothing. The weight integrates in closed form, so the cost is one exp per lease:
     ∫_s^e 2^(-(now-t)/h) dt = h/ln2 · (2^(-(now-e)/h) − 2^(-(now-s)/h)). A half-life ≤ 0 means no decay.
     """
+    return counted_usage(((i, 1) for i in intervals), now, half_life_s)
+
+
+def counted_usage(
+    intervals: Iterable[tuple[tuple[str, float, float | None], int]], now: float, half_life_s: float
+) -> dict[str, float]:
+    """`decayed_usage` of (interval, how many leases share it): a job's devices are leased together, so the
+    planner keeps its leases counted by interval, and a pass costs one exp per job, not per device."""
     usage: dict[str, float] = {}
-    for tenant, start, end in intervals:
+    k = LN2 / half_life_s if half_life_s > 0 else 0.0
+    for (tenant, start, end), count in intervals:
         stop = now if end is None else min(end, now)
         if stop <= start:
             usage.setdefault(tenant, 0.0)
             continue
-        if half_life_s > 0:
-            k = LN2 / half_life_s
-            amount = (math.exp(-k * (now - stop)) - math.exp(-k * (now - start))) / k
-        else:
-            amount = stop - start
-        usage[tenant] = usage.get(tenant, 0.0) + amount
+        amount = (math.exp(-k * (now - stop)) - math.exp(-k * (now - start))) / k if k else stop - start
+        usage[tenant] = usage.get(tenant, 0.0) + amount * count
     return usage
 
 
@@ -42,5 +47,5 @@ def share(tenant_id: str, usage: Mapping[str, float], policy: Policy) -> float:
 def admission_order(queue: Sequence[Demand], usage: Mapping[str, float], policy: Policy) -> list[Demand]:
     """Priority first (higher first), then fair share (lower first), then submission time, then job id,
     so the order is total and a pass is deterministic whatever order the queue arrives in."""
-    shares = {d.tenant_id: share(d.tenant_id, usage, policy) for d in queue}
+    shares = {tenant: share(tenant, usage, policy) for tenant in {d.tenant_id for d in queue}}
     return sorted(queue, key=lambda d: (-d.priority, shares[d.tenant_id], d.submitted_at, d.job_id))

@@ -56,14 +56,8 @@ class Profile:
 
     def fits_now(self, count: int, duration: float) -> bool:
         """Whether `count` devices are available from now for `duration` (backfilling's test)."""
-        times, avail = self.times, self.avail
-        end = times[0] + duration
-        for j in range(len(times)):
-            if times[j] >= end:
-                return True
-            if avail[j] < count:
-                return False
-        return True
+        steps = bisect_left(self.times, self.times[0] + duration)  # those starting before the window ends
+        return not steps or min(self.avail[:steps]) >= count
 
     def add(self, start: float, end: float, delta: int) -> None:
         """Add `delta` devices over [start, end) (negative to reserve); `end` may be infinite."""
@@ -72,9 +66,7 @@ class Profile:
             return
         lo = self._split(start)
         hi = len(self.times) if math.isinf(end) else self._split(end)
-        avail = self.avail
-        for i in range(lo, hi):
-            avail[i] += delta
+        self.avail[lo:hi] = [a + delta for a in self.avail[lo:hi]]
 
     def reserve(self, start: float, duration: float, count: int) -> None:
         self.add(start, start + duration, -count)

@@ -6,22 +6,29 @@ iterations left x predicted iteration time; iterations left count from its last 
 was preempted or lost a worker or host). A job that morphs after a loss may be re-planned for any device count
 up to its plan's (Varuna: P x D <= G at the same global batch). Running jobs are the live leases grouped by
 job. Fair share is each tenant's decayed device-seconds over the leases of the last few half-lives.
+
+Hosts, jobs and leases are kept in memory and re-read only where they changed (fleet_hosts.py, active.py), and
+a waiting job's demand is built once per change of the job, its history or the policy, so a pass costs about
+the same with 50 or 5,000 jobs queued.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 from google.protobuf import timestamp_pb2
 
-from ballast.v1 import fleet_pb2, job_pb2, plan_pb2, store_pb2
+from ballast.v1 import common_pb2, fleet_pb2, job_pb2, plan_pb2, store_pb2
 from services.planner import admission as adm
 from services.planner.jobs import morph
+from services.planner.jobs.active import WAITING, JobReader, LeaseBook, LeaseReader
 from services.planner.jobs.assign import pipeline_shape
+from services.planner.jobs.changes import Delta
 from services.planner.jobs.fleet_hosts import FleetHosts, HostReader
 from services.planner.plans.fleet import usable
 from services.runtime.errors import BallastError, FailedPrecondition
@@ -29,8 +36,8 @@ from services.runtime.store_api import Store, every_page
 from services.specs import policy as fleet_policy
 
 S = job_pb2.JobState
-WAITING = (S.JOB_STATE_SCHEDULED, S.JOB_STATE_QUEUED)
-HOLDING = (S.JOB_STATE_RUNNING, S.JOB_STATE_REPARTITIONING, S.JOB_STATE_MORPHING, S.JOB_STATE_CANCELLING)
+PLANS_PER_CALL, PLANS_PAGE = 1000, 100  # plans asked for by id per ListPlans call, and per reply page
+MAX_CLASSES = 1024  # priority classes resolved per policy version, kept; past it the cache starts again
 USAGE_HALF_LIVES = 4  # leases older than this many half-lives weigh < 7%: left out of fair share
 HOUR_S = 3600.0
 
@@ -88,12 +95,23 @@ class Reader:
     """Builds Snapshots; caches what never changes (plans) and what changes only through the scheduler
     (preemption times, morphs in progress), so a pass costs a few List calls however long the queue."""
 
-    def __init__(self, store: Store):
+    def __init__(self, store: Store, **timing: Any):
+        """`timing`: the readers' overlap_s, resync_s and clock (changes.py)."""
         self._store = store
-        self.fleet = HostReader(store)  # the hosts, re-read only where they changed
+        self.fleet = HostReader(store, **timing)  # the hosts, re-read only where they changed
+        self.jobs = JobReader(store, **timing)  # the jobs waiting or holding devices, likewise
+        self._horizon = 0.0  # epoch seconds: leases ended before it weigh nothing in fair share
+        self.leases = LeaseReader(store, lambda: self._horizon, **timing)
+        self.book = LeaseBook()  # the live leases by job and fair share's intervals, kept from the reader's deltas
         self._plans: dict[str, plan_pb2.Plan] = {}
+        self._shapes: dict[str, int | str] = {}  # plan id -> its world size, or why executors cannot run it
         self._history: dict[str, History] = {}  # job id -> its interruptions, from its events
         self._lock = threading.Lock()
+        self._pass = threading.Lock()  # one snapshot at a time keeps the queue below (the scheduler, ListQueue)
+        self._queue = _Queue()
+        self._dirty: set[str] = set()  # waiting jobs whose demand must be built again (their history moved)
+        self._held: dict[str, tuple[tuple[adm.Slot, ...], float]] = {}  # running job -> its slots and start
+        self._classes: dict[tuple[int, str], fleet_pb2.PriorityClass] = {}  # (policy version, name) -> class
 
     # --- caches the scheduler updates ---------------------------------------------------------------------
     def plan(self, plan_id: str) -> plan_pb2.Plan:
@@ -105,9 +123,26 @@ class Reader:
                 self._plans[plan_id] = plan
         return plan
 
-    def history(self, job_id: str) -> History:
+    def prefetch_plans(self, plan_ids: Iterable[str]) -> None:
+        """Hold the plans not held yet, fetched PLANS_PER_CALL at a time (a planner starting with thousands of
+        jobs queued makes a few calls, not one per job)."""
+        with self._lock:
+            missing = sorted({p for p in plan_ids if p and p not in self._plans})
+        for start in range(0, len(missing), PLANS_PER_CALL):
+            request = store_pb2.ListPlansRequest(ids=missing[start:start + PLANS_PER_CALL],
+                                                 page=common_pb2.PageRequest(page_size=PLANS_PAGE))
+            for page in every_page(self._store.list_plans, request):
+                with self._lock:
+                    self._plans.update((p.id, p) for p in page.plans)
+
+    def history(self, job_id: str, job: job_pb2.Job | None = None) -> History:
+        """The job's interruptions, from its events; one that never ran (`job` without started_at) has none,
+        and its events are not read."""
         with self._lock:
             known = self._history.get(job_id)
+        if known is None and job is not None and not job.HasField("started_at"):
+            with self._lock:
+                known = self._history.setdefault(job_id, History())
         if known is None:
             events = self.events(job_id)
             known = History([epoch_s(e.created_at) for e in events if e.type == "PREEMPTED"],
@@ -127,6 +162,7 @@ class Reader:
         history = self.history(job_id)
         with self._lock:
             history.preempted.append(at)
+            self._dirty.add(job_id)
 
     def pending_loss(self, job_id: str) -> morph.Loss | None:
         return self.history(job_id).loss
@@ -136,10 +172,27 @@ class Reader:
         history = self.history(job_id)
         with self._lock:
             history.loss = loss
+            self._dirty.add(job_id)
 
     def forget(self, job_id: str) -> None:
         with self._lock:
             self._history.pop(job_id, None)
+            self._dirty.add(job_id)
+
+    def world_size(self, plan: plan_pb2.Plan) -> int:
+        """The plan's device count (computed once per plan); FailedPrecondition when executors cannot run it."""
+        with self._lock:
+            shape = self._shapes.get(plan.id)
+        if shape is None:
+            try:
+                shape = pipeline_shape(plan).world_size
+            except FailedPrecondition as exc:
+                shape = str(exc)
+            with self._lock:
+                self._shapes[plan.id] = shape
+        if isinstance(shape, str):
+            raise FailedPrecondition(shape, field="plan_id", fix="plan the job again")
+        return shape
 
     def resume_point(self, job_id: str) -> Resume | None:
         """The job's last complete checkpoint (its directory is where its layer files lie), if any."""
@@ -152,7 +205,10 @@ class Reader:
         return Resume(last.iteration, path.rsplit("/", 1)[0])
 
     # --- a snapshot -----------------------------------------------------------------------------------
-    def snapshot(self, connected: set[str], draining: set[str], now: float | None = None) -> Snapshot:
+    def snapshot(self, connected: set[str], draining: set[str], now: float | None = None,
+                 progress: dict[str, int] | None = None) -> Snapshot:
+        """The pass's inputs. `progress`: running jobs' iterations as their workers report them (the stored
+        ones move only with a state change)."""
         now = time.time() if now is None else now
         store = self._store
         policy_pb = store.get_fleet_policy(store_pb2.GetFleetPolicyRequest())
@@ -162,91 +218,149 @@ class Reader:
         policy = adm.Policy(quotas={tid: r.device_quota for tid, r in rules.items() if r.device_quota},
                             weights={tid: r.weight for tid, r in rules.items()},
                             max_preemptions_per_hour=fleet_policy.max_preemptions(policy_pb))
-        fleet = self.fleet.read()
-        online = [h for h in fleet.hosts if usable(h) and h.id in connected]
-        live = [x for page in every_page(store.list_leases, store_pb2.ListLeasesRequest(live_only=True))
-                for x in page.leases]
-        leased = {(x.device.host_id, x.device.device_index) for x in live}
-        free = [s for h in online for s in fleet.slots[h.id] if (s.host_id, s.device_index) not in leased]
-        kinds = set().union(*(fleet.kinds[h.id] for h in online))
-        snap = Snapshot(now, [], free, [], policy, {}, kinds, {}, {}, fleet.by_id, policy_pb, tenants, {}, live=live,
-                        online=online)
-        snap.usage = self._usage(policy_pb, now)
-        for state in WAITING:
-            for page in every_page(store.list_jobs, store_pb2.ListJobsRequest(state=state)):
-                for job in page.jobs:
-                    self._demand(snap, job, fleet)
-        self._holdings(snap, live, draining)
+        half = fleet_policy.half_life_s(policy_pb)
+        with self._pass:
+            self._horizon = now - USAGE_HALF_LIVES * half
+            fleet = self.fleet.read()
+            jobs_delta = self.jobs.refresh()
+            book = self.book
+            book.apply(self.leases.refresh(), self.leases.rows)
+            if book.oldest_end() < self._horizon:
+                book.apply(self.leases.prune(self.leases.keep), self.leases.rows)
+            online = [h for h in fleet.hosts if usable(h) and h.id in connected]
+            live = [x for held in book.live.values() for x in held.values()]
+            free = [s for h in online if book.held_on[h.id] < len(fleet.slots[h.id])  # hosts with a device free
+                    for s in fleet.slots[h.id] if (s.host_id, s.device_index) not in book.leased]
+            kinds = set().union(*(fleet.kinds[h.id] for h in online))
+            snap = Snapshot(now, [], free, [], policy, {}, kinds, {}, {}, fleet.by_id, policy_pb, tenants, {},
+                            live=live, online=online)
+            snap.usage = adm.counted_usage(book.intervals.items(), now, half)
+            self._waiting(snap, jobs_delta, fleet)
+            self._holdings(snap, draining, progress or {})
         return snap
 
+    def _waiting(self, snap: Snapshot, delta: Delta[job_pb2.Job], fleet: FleetHosts) -> None:
+        """The waiting jobs' demands into `snap`, each built again only when the job, its history, the policy
+        or the devices the fleet offers changed: a pass costs the same with 50 or 5,000 jobs queued."""
+        queue, rows = self._queue, self.jobs.rows
+        basis = (snap.fleet_policy.version, dict(fleet.offered))
+        with self._lock:
+            dirty, self._dirty = self._dirty, set()
+        if basis != queue.basis:
+            queue.clear()
+            dirty = {job_id for job_id, job in rows.items() if job.state in WAITING}
+            queue.basis = basis
+        elif delta.whole:  # rows read anew: build again only those that differ from the kept ones
+            dirty.update(job_id for job_id in queue.jobs if job_id not in rows)
+            dirty.update(job_id for job_id, job in rows.items() if job.state in WAITING and (
+                job_id not in queue.jobs or not self.jobs.same(queue.jobs[job_id], job)))
+        else:
+            dirty.update(new.id for _, new in delta.put)
+            dirty.update(old.id for old in delta.gone)
+        self.prefetch_plans(rows[j].plan_id for j in dirty if j in rows and rows[j].state in WAITING)
+        for job_id in dirty:
+            queue.drop(job_id)
+            job = rows.get(job_id)
+            if job is not None and job.state in WAITING and job.plan_id:
+                self._demand(snap, job, fleet)
+        snap.queue = list(queue.demands.values())
+        snap.jobs, snap.plans, snap.classes = dict(queue.jobs), dict(queue.plans), dict(queue.classes)
+        snap.preemptions, snap.unrunnable = dict(queue.preemptions), dict(queue.unrunnable)
+
     def _class(self, snap: Snapshot, job: job_pb2.Job) -> fleet_pb2.PriorityClass:
-        try:
-            cls = fleet_policy.priority_class(snap.fleet_policy, job.spec.priority_class)
-        except BallastError:  # the class was removed from the policy since submit: the default applies
-            cls = fleet_policy.priority_class(snap.fleet_policy, "")
+        key = (snap.fleet_policy.version, job.spec.priority_class)
+        cls = self._classes.get(key)
+        if cls is None:
+            try:
+                cls = fleet_policy.priority_class(snap.fleet_policy, job.spec.priority_class)
+            except BallastError:  # the class was removed from the policy since submit: the default applies
+                cls = fleet_policy.priority_class(snap.fleet_policy, "")
+            if len(self._classes) > MAX_CLASSES:
+                self._classes.clear()
+            self._classes[key] = cls
         snap.classes[job.id] = cls.name
         return cls
 
     def _demand(self, snap: Snapshot, job: job_pb2.Job, fleet: FleetHosts) -> None:
-        if not job.plan_id:
-            return
+        """A waiting job's demand (or why it can never run here) into the kept queue."""
+        queue = self._queue
         plan = self.plan(job.plan_id)
-        snap.jobs[job.id], snap.plans[job.id] = job, plan
+        queue.jobs[job.id], queue.plans[job.id] = job, plan
         try:
-            need = pipeline_shape(plan).world_size
+            need = self.world_size(plan)
         except FailedPrecondition as exc:
-            snap.unrunnable[job.id] = str(exc)
+            queue.unrunnable[job.id] = str(exc)
             return
         kind = plan.fleet.device.kind
         offered = fleet.offered[kind]
         if fleet.hosts and offered < need:
-            snap.unrunnable[job.id] = (f"the plan needs {need} {kind} device(s); the fleet's registered executors "
-                                       f"offer {offered}")
+            queue.unrunnable[job.id] = (f"the plan needs {need} {kind} device(s); the fleet's registered executors "
+                                        f"offer {offered}")
             return
-        history = self.history(job.id)
-        snap.preemptions[job.id] = len(history.preempted)
+        history = self.history(job.id, job)
+        queue.preemptions[job.id] = len(history.preempted)
         resume = self.resume_point(job.id) if history.preempted or history.loss else None
         left = job.spec.iterations - (resume.iteration if resume else 0)
         cls = self._class(snap, job)
+        queue.classes[job.id] = cls.name
         # A job morphing after a loss may run on fewer devices (P x D <= G, the global batch kept)
         low, high = job.spec.min_devices, job.spec.max_devices
         if history.loss and not high:
             low, high = 1, need
-        snap.queue.append(adm.Demand(
+        queue.demands[job.id] = adm.Demand(
             job_id=job.id, tenant_id=job.tenant_id, priority=cls.priority, preempts=cls.preempts,
             submitted_at=epoch_s(job.created_at), devices=need, kind=kind,
             duration_s=left * plan.prediction.iteration_time_s,
             duration_high_s=left * plan.prediction.iteration_time_high_s, min_devices=low,
-            max_devices=high, preempted=bool(history.preempted)))
+            max_devices=high, preempted=bool(history.preempted))
 
-    def _holdings(self, snap: Snapshot, live: list[fleet_pb2.DeviceLease], draining: set[str]) -> None:
-        held: dict[str, list[fleet_pb2.DeviceLease]] = defaultdict(list)
-        for lease in live:
-            held[lease.job_id].append(lease)
-        for job_id, leases in sorted(held.items()):
-            job = self._store.get_job(store_pb2.GetRequest(id=job_id))
+    def _holdings(self, snap: Snapshot, draining: set[str], progress: dict[str, int]) -> None:
+        jobs, held = self.jobs.rows, self._held
+        for job_id in self.book.take_moved():
+            held.pop(job_id, None)
+        for job_id in [j for j in held if j not in self.book.live]:
+            del held[job_id]
+        for job_id, leases in sorted(self.book.live.items()):
+            job = jobs.get(job_id)
+            if job is None:  # it holds devices but is no longer active (the scheduler releases them): read it
+                job = self._store.get_job(store_pb2.GetRequest(id=job_id))
             snap.jobs[job_id] = job
             cls = self._class(snap, job)
-            start = min(epoch_s(x.started_at) for x in leases)
+            if job_id not in held:
+                hosts = snap.hosts
+                slots = tuple(sorted((adm.Slot(x.device.host_id, x.device.device_index, x.device_kind,
+                                               hosts[x.device.host_id].name if x.device.host_id in hosts else "")
+                                      for x in leases.values()), key=lambda s: s.sort_key))
+                held[job_id] = slots, min(epoch_s(x.started_at) for x in leases.values())
+            slots, start = held[job_id]
             predicted = 0.0
             if job.plan_id:
                 plan = self.plan(job.plan_id)
                 snap.plans[job_id] = plan
-                predicted = start + max(job.spec.iterations - job.iteration, 0) * plan.prediction.iteration_time_s
-            hour = [t for t in self.preemptions(job_id) if t > snap.now - HOUR_S]
-            hosts = snap.hosts
-            slots = tuple(sorted((adm.Slot(x.device.host_id, x.device.device_index, x.device_kind,
-                                           hosts[x.device.host_id].name if x.device.host_id in hosts else "")
-                                  for x in leases), key=lambda s: s.sort_key))
+                done = max(job.iteration, progress.get(job_id, 0))
+                predicted = start + max(job.spec.iterations - done, 0) * plan.prediction.iteration_time_s
+            hour = [t for t in self.history(job_id, job).preempted if t > snap.now - HOUR_S]
             snap.running.append(adm.Holding(job_id=job_id, tenant_id=job.tenant_id, priority=cls.priority,
                                             slots=slots, predicted_end=predicted or float("inf"),
                                             preemptions_last_hour=len(hour), draining=job_id in draining))
 
-    def _usage(self, policy_pb: fleet_pb2.FleetPolicy, now: float) -> dict[str, float]:
-        half = fleet_policy.half_life_s(policy_pb)
-        since = store_pb2.ListLeasesRequest()
-        since.since.FromMicroseconds(int((now - USAGE_HALF_LIVES * half) * 1e6))
-        intervals = [(x.tenant_id, epoch_s(x.started_at),
-                      epoch_s(x.ended_at) if x.HasField("ended_at") else None)
-                     for page in every_page(self._store.list_leases, since) for x in page.leases]
-        return adm.decayed_usage(intervals, now, half)
+
+@dataclass
+class _Queue:
+    """The waiting jobs as the last pass left them, kept from one pass to the next (Reader._waiting)."""
+
+    basis: tuple = ()  # (policy version, devices offered per kind) they were built on
+    jobs: dict[str, job_pb2.Job] = field(default_factory=dict)
+    plans: dict[str, plan_pb2.Plan] = field(default_factory=dict)
+    demands: dict[str, adm.Demand] = field(default_factory=dict)
+    classes: dict[str, str] = field(default_factory=dict)
+    preemptions: dict[str, int] = field(default_factory=dict)
+    unrunnable: dict[str, str] = field(default_factory=dict)
+
+    def drop(self, job_id: str) -> None:
+        for part in (self.jobs, self.plans, self.demands, self.classes, self.preemptions, self.unrunnable):
+            part.pop(job_id, None)
+
+    def clear(self) -> None:
+        for part in (self.jobs, self.plans, self.demands, self.classes, self.preemptions, self.unrunnable):
+            part.clear()

@@ -1,30 +1,21 @@
-"""The fleet's hosts as each admission pass sees them, kept current by reading only what changed.
-
-A pass used to read every host and its devices and rebuild every free slot from them: at 4,096 hosts and 32,768
-devices, every half second, that was most of an idle planner's CPU and of the store reader's. Now the first read
-is whole, and each later one asks only for hosts changed since the previous read began, by the store's own clock
-(`ListHosts changed_since` and `read_at`; a heartbeat is no change), less OVERLAP_S, so that a change stamped when
-its transaction began but committed after that read is still caught. Every RESYNC_S a whole read reconciles
-anything missed. A host's slots and device kinds are built
-once per change of the host, not once per pass.
+"""The fleet's hosts as each admission pass sees them, kept current by reading only what changed (changes.py;
+`ListHosts changed_since`: a heartbeat is no change). A host's slots and device kinds are built once per change
+of the host, not once per pass: at 4,096 hosts and 32,768 devices, every half second, rebuilding them was most of
+an idle planner's CPU.
 """
 
 from __future__ import annotations
 
-import threading
-import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from google.protobuf import timestamp_pb2
 
 from ballast.v1 import fleet_pb2, store_pb2
 from services.planner import admission as adm
+from services.planner.jobs.changes import ChangeReader, Read
 from services.runtime.store_api import Store, every_page
-
-OVERLAP_S = 5.0
-RESYNC_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -43,7 +34,8 @@ class FleetHosts:
         """The view of `hosts`, reusing `known`'s derived parts for hosts that did not change."""
         slots, kinds = {}, {}
         for host_id, host in hosts.items():
-            if known.by_id.get(host_id) is host:
+            held = known.by_id.get(host_id)
+            if held is not None and held.changed_at == host.changed_at:  # a re-read of an unchanged host
                 slots[host_id], kinds[host_id] = known.slots[host_id], known.kinds[host_id]
             else:
                 slots[host_id] = tuple(adm.Slot(host.id, d.index, d.spec.kind, host.name) for d in host.devices)
@@ -52,47 +44,31 @@ class FleetHosts:
         return cls(sorted(hosts.values(), key=lambda h: h.name), dict(hosts), slots, kinds, offered)
 
 
-class HostReader:
+class HostReader(ChangeReader[fleet_pb2.Host]):
     """Keeps a FleetHosts current with the store; `read()` is safe from several threads."""
 
-    def __init__(self, store: Store, *, overlap_s: float = OVERLAP_S, resync_s: float = RESYNC_S,
-                 clock: Callable[[], float] = time.monotonic):
-        self._store, self._overlap_s, self._resync_s, self._clock = store, overlap_s, resync_s, clock
+    def __init__(self, store: Store, **timing: Any):
+        super().__init__(**timing)
+        self._store = store
         self._view = FleetHosts()
-        self._cursor: timestamp_pb2.Timestamp | None = None  # when the last read began, by the store's clock
-        self._whole_at: float | None = None
-        self._lock = threading.Lock()
-        self.reads = Counter[str]()  # "whole" / "changed": how the view was kept (for tests and metrics)
+        self._built_from: dict[str, fleet_pb2.Host] | None = None
+
+    def read_whole(self) -> Read[fleet_pb2.Host]:
+        return self._pages(store_pb2.ListHostsRequest())
+
+    def read_changed(self, since: timestamp_pb2.Timestamp) -> Read[fleet_pb2.Host]:
+        return self._pages(store_pb2.ListHostsRequest(changed_since=since))
+
+    def _pages(self, request: store_pb2.ListHostsRequest) -> Read[fleet_pb2.Host]:
+        pages = list(every_page(self._store.list_hosts, request))
+        return [h for page in pages for h in page.hosts], pages[0].read_at
+
+    def same(self, held: fleet_pb2.Host, fresh: fleet_pb2.Host) -> bool:
+        return held.changed_at == fresh.changed_at
 
     def read(self) -> FleetHosts:
+        self.refresh()
         with self._lock:
-            if self._whole_at is None or self._clock() - self._whole_at >= self._resync_s:
-                self._read_whole()
-            else:
-                self._read_changed()
+            if self._built_from is not self.rows:  # the rows dict is replaced, never changed, on a change
+                self._view, self._built_from = FleetHosts.of(self.rows, self._view), self.rows
             return self._view
-
-    def _read_whole(self) -> None:
-        started = self._clock()
-        pages = list(every_page(self._store.list_hosts, store_pb2.ListHostsRequest()))
-        hosts = {h.id: h for page in pages for h in page.hosts}
-        self._view = FleetHosts.of(hosts, self._view)
-        self._cursor = pages[0].read_at
-        self._whole_at = started
-        self.reads["whole"] += 1
-
-    def _read_changed(self) -> None:
-        request = store_pb2.ListHostsRequest()
-        assert self._cursor is not None
-        request.changed_since.FromNanoseconds(self._cursor.ToNanoseconds() - int(self._overlap_s * 1e9))
-        pages = list(every_page(self._store.list_hosts, request))
-        changed = [h for page in pages for h in page.hosts]
-        self._cursor = pages[0].read_at
-        self.reads["changed"] += 1
-        known = self._view.by_id
-        fresh = [h for h in changed if h.id not in known or known[h.id].changed_at != h.changed_at]
-        if not fresh:
-            return
-        hosts = dict(self._view.by_id)
-        hosts.update((h.id, h) for h in fresh)
-        self._view = FleetHosts.of(hosts, self._view)

@@ -36,7 +36,8 @@ from pathlib import Path
 from ballast.v1 import executor_pb2, fleet_pb2, job_pb2, plan_pb2, store_pb2
 from services.planner import admission as adm
 from services.planner.jobs import morph, references, stutter
-from services.planner.jobs.admit import HOLDING, Reader, Snapshot, epoch_s
+from services.planner.jobs.active import HOLDING
+from services.planner.jobs.admit import Reader, Snapshot, epoch_s
 from services.planner.jobs.arrival import Arrival, Gate
 from services.planner.jobs.assign import placement, placement_of_assigned_event
 from services.planner.jobs.control import TRANSIENT
@@ -214,7 +215,8 @@ class Scheduler:
         """The admission engine's inputs now (also what `ballast queue` lists)."""
         with self._lock:
             draining = {job_id for job_id, r in self._running.items() if r.preempting}
-        self.latest = self.admission.snapshot(set(self._connected()), draining)
+            progress = {job_id: r.iteration for job_id, r in self._running.items()}
+        self.latest = self.admission.snapshot(set(self._connected()), draining, progress=progress)
         return self.latest
 
     def admit(self) -> tuple[Snapshot | None, bool]:

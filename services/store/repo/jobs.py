@@ -20,7 +20,15 @@ from services.specs import policy as fleet_policy
 from services.specs.model import validate_job_spec
 from services.store import job_states
 from services.store import models as m
-from services.store.convert import bounded, bounded_attributes, enum_name, from_json, shared_fields, to_json
+from services.store.convert import (
+    bounded,
+    bounded_attributes,
+    enum_name,
+    from_json,
+    shared_fields,
+    to_datetime,
+    to_json,
+)
 from services.store.repo.base import decode_token, encode_token, fit, int64, new_id, page_size, quote
 from services.store.repo.leases import LeaseStore
 from services.store.repo.profiles import ModelStore
@@ -207,9 +215,14 @@ class JobStore(ModelStore, LeaseStore, QueueStore):
             (JOBS.c.state, req.state and enum_name(job_pb2.JobState, req.state, "state")),
             (JOBS.c.model_id, req.model_id),
         )
+        if req.HasField("changed_since"):
+            stmt = stmt.where(JOBS.c.updated_at >= to_datetime(req.changed_since, "changed_since"))
+        read_at = self.now()
         with self._tx(write=False) as s:
             rows, token = self._page(s, stmt, req.page, core=True)
-            return store_pb2.ListJobsResponse(jobs=job_pbs(s, rows), next_page_token=token)
+            reply = store_pb2.ListJobsResponse(jobs=job_pbs(s, rows), next_page_token=token)
+        reply.read_at.FromDatetime(read_at)
+        return reply
 
     def transition_job(self, p: Principal, req: store_pb2.TransitionJobRequest) -> job_pb2.Job:
         target = enum_name(job_pb2.JobState, req.state, "state")
@@ -244,6 +257,8 @@ class JobStore(ModelStore, LeaseStore, QueueStore):
                 changes = {}
             changes.update(state=target, message=bounded(req.message), updated_at=self.now(),
                            last_event_seq=job.last_event_seq + 1)
+            if target == job_states.RUNNING and job.started_at is None:
+                changes["started_at"] = changes["updated_at"]
             # Core statements, not the unit of work (which cost more than the SQL on this hot path); the row
             # object takes the same values as committed ones, so nothing is flushed a second time.
             conn = s.connection()

@@ -17,6 +17,7 @@ PLAN_LOAD = (selectinload(m.Plan.layers), selectinload(m.Plan.candidates))
 CANDIDATE_PLAN_ID = {"plan_id": "candidate_plan_id"}  # PlanCandidate.plan_id is the owning plan
 PLAN_SET_BY_STORE = ("id", "tenant_id", "model_id", "version")
 VERSION_FIX = "leave version 0 to get the job's next version, or pick one the job has not used"
+MAX_PLAN_IDS = 1000  # ListPlans ids: one IN list, within every database's bound parameter limit
 
 
 def plan_pb(row: m.Plan) -> plan_pb2.Plan:
@@ -181,5 +182,10 @@ class PlanStore(RepositoryBase):
             (m.Plan.job_id, req.job_id),
             (m.Plan.engine, req.engine and enum_name(plan_pb2.PlanEngine, req.engine, "engine")),
         )
+        if req.ids:
+            if len(req.ids) > MAX_PLAN_IDS:
+                raise InvalidArgument(f"{len(req.ids)} ids; at most {MAX_PLAN_IDS}", field="ids",
+                                      fix=f"ask for at most {MAX_PLAN_IDS} plans per call")
+            stmt = stmt.where(m.Plan.id.in_(list(req.ids)))
         items, token = self._page_of(stmt, req.page, plan_pb)
         return store_pb2.ListPlansResponse(plans=items, next_page_token=token)

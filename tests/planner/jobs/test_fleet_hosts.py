@@ -24,7 +24,7 @@ def test_the_view_reads_whole_once_then_only_what_changed(store: Store) -> None:
     a = admin.register_host(store_pb2.RegisterHostRequest(host=host("a", ["cpu", "cpu"])))
     b = admin.register_host(store_pb2.RegisterHostRequest(host=host("b", ["nvidia-h100"])))
     ticks = Ticks()
-    reader = HostReader(admin, overlap_s=5.0, resync_s=60.0, clock=ticks)
+    reader = HostReader(admin, overlap_s=5.0, resync_s=60.0, clock=ticks, background=False)
 
     first = reader.read()
     assert [h.name for h in first.hosts] == ["a", "b"] and reader.reads == {"whole": 1}
@@ -61,8 +61,8 @@ def test_a_change_stamped_behind_the_newest_one_seen_is_still_caught_within_the_
     admin = store.as_(store.admin)
     admin.register_host(store_pb2.RegisterHostRequest(host=host("a", ["cpu"])))
     ticks = Ticks()
-    wide = HostReader(admin, overlap_s=5.0, resync_s=600.0, clock=ticks)
-    narrow = HostReader(admin, overlap_s=1.0, resync_s=600.0, clock=ticks)
+    wide = HostReader(admin, overlap_s=5.0, resync_s=600.0, clock=ticks, background=False)
+    narrow = HostReader(admin, overlap_s=1.0, resync_s=600.0, clock=ticks, background=False)
     store.clock.advance(10)
     admin.register_host(store_pb2.RegisterHostRequest(host=host("new", ["cpu"])))
     for reader in (wide, narrow):
