@@ -109,7 +109,8 @@ class Reader:
         self._lock = threading.Lock()
         self._pass = threading.Lock()  # one snapshot at a time keeps the queue below (the scheduler, ListQueue)
         self._queue = _Queue()
-        self._dirty: set[str] = set()  # waiting jobs whose demand must be built again (their history moved)
+        self._dirty: set[str] = set()  # jobs whose demand must be built again (the job or its history moved)
+        self._reread = False  # the jobs were read whole since the queue was last built
         self._held: dict[str, tuple[tuple[adm.Slot, ...], float]] = {}  # running job -> its slots and start
         self._classes: dict[tuple[int, str], fleet_pb2.PriorityClass] = {}  # (policy version, name) -> class
 
@@ -222,7 +223,7 @@ class Reader:
         with self._pass:
             self._horizon = now - USAGE_HALF_LIVES * half
             fleet = self.fleet.read()
-            jobs_delta = self.jobs.refresh()
+            self._note(self.jobs.refresh())
             book = self.book
             book.apply(self.leases.refresh(), self.leases.rows)
             if book.oldest_end() < self._horizon:
@@ -235,34 +236,47 @@ class Reader:
             snap = Snapshot(now, [], free, [], policy, {}, kinds, {}, {}, fleet.by_id, policy_pb, tenants, {},
                             live=live, online=online)
             snap.usage = adm.counted_usage(book.intervals.items(), now, half)
-            self._waiting(snap, jobs_delta, fleet)
+            self._waiting(snap, fleet)
             self._holdings(snap, draining, progress or {})
         return snap
 
-    def _waiting(self, snap: Snapshot, delta: Delta[job_pb2.Job], fleet: FleetHosts) -> None:
+    def _note(self, delta: Delta[job_pb2.Job]) -> None:
+        """Mark what a refresh of the jobs changed as due for rebuilding before anything else can fail: a pass
+        that fails later leaves it due for the next one, not forgotten until the next whole read."""
+        with self._lock:
+            self._reread = self._reread or delta.whole
+            self._dirty.update(new.id for _, new in delta.put)
+            self._dirty.update(old.id for old in delta.gone)
+
+    def _waiting(self, snap: Snapshot, fleet: FleetHosts) -> None:
         """The waiting jobs' demands into `snap`, each built again only when the job, its history, the policy
         or the devices the fleet offers changed: a pass costs the same with 50 or 5,000 jobs queued."""
         queue, rows = self._queue, self.jobs.rows
         basis = (snap.fleet_policy.version, dict(fleet.offered))
         with self._lock:
-            dirty, self._dirty = self._dirty, set()
+            dirty, self._dirty, reread, self._reread = self._dirty, set(), self._reread, False
         if basis != queue.basis:
             queue.clear()
             dirty = {job_id for job_id, job in rows.items() if job.state in WAITING}
             queue.basis = basis
-        elif delta.whole:  # rows read anew: build again only those that differ from the kept ones
+        elif reread:  # rows read anew: build again only those that differ from the kept ones
             dirty.update(job_id for job_id in queue.jobs if job_id not in rows)
             dirty.update(job_id for job_id, job in rows.items() if job.state in WAITING and (
                 job_id not in queue.jobs or not self.jobs.same(queue.jobs[job_id], job)))
-        else:
-            dirty.update(new.id for _, new in delta.put)
-            dirty.update(old.id for old in delta.gone)
-        self.prefetch_plans(rows[j].plan_id for j in dirty if j in rows and rows[j].state in WAITING)
-        for job_id in dirty:
-            queue.drop(job_id)
-            job = rows.get(job_id)
-            if job is not None and job.state in WAITING and job.plan_id:
-                self._demand(snap, job, fleet)
+        pending = list(dirty)
+        try:
+            self.prefetch_plans(rows[j].plan_id for j in pending if j in rows and rows[j].state in WAITING)
+            while pending:
+                job_id = pending[-1]
+                queue.drop(job_id)
+                job = rows.get(job_id)
+                if job is not None and job.state in WAITING and job.plan_id:
+                    self._demand(snap, job, fleet)
+                pending.pop()
+        finally:  # the store failed part way: what is left is built by the next pass
+            if pending:
+                with self._lock:
+                    self._dirty.update(pending)
         snap.queue = list(queue.demands.values())
         snap.jobs, snap.plans, snap.classes = dict(queue.jobs), dict(queue.plans), dict(queue.classes)
         snap.preemptions, snap.unrunnable = dict(queue.preemptions), dict(queue.unrunnable)

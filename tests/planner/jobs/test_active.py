@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from ballast.v1 import fleet_pb2, job_pb2, store_pb2
 from services.planner.jobs.admit import Reader, Snapshot
+from services.runtime.errors import Unavailable
 from tests.store_builders import host, plan_msg, profile_msg
 from tests.store_fixtures import Store, move, new_job
 
@@ -117,3 +120,37 @@ def test_the_lease_book_counts_what_a_whole_read_counts_and_ages_out_what_fair_s
         assert set(kept.leases.rows) == set(fresh.leases.rows)
         aged = max(aged, len(world.admin.list_leases(store_pb2.ListLeasesRequest()).leases) - len(kept.leases.rows))
     assert aged > 0  # some leases did age out of the book
+
+
+class FlakyPlans:
+    """The admin's store, whose ListPlans fails while `failing` (the store going away mid-pass)."""
+
+    def __init__(self, store):
+        self.store, self.failing = store, False
+
+    def list_plans(self, request):
+        if self.failing:
+            raise Unavailable("the store is away")
+        return self.store.list_plans(request)
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+
+def test_jobs_a_failed_pass_did_not_build_are_built_by_the_next(store: Store) -> None:
+    world = World(store, random.Random(4))
+    flaky = FlakyPlans(store.as_(store.admin))
+    kept = Reader(flaky, clock=lambda: 0.0)
+    connected = {h.id for h in world.hosts}
+    kept.snapshot(connected, set())
+    world.submit()
+    world.submit()
+    store.clock.advance(1)
+    flaky.failing = True
+    with pytest.raises(Unavailable):
+        kept.snapshot(connected, set())
+    flaky.failing = False
+    now = store.clock().timestamp()
+    mine = kept.snapshot(connected, set(), now=now)
+    assert {d.job_id for d in mine.queue} == set(world.waiting) and len(mine.queue) == 2
+    assert seen(mine) == seen(Reader(store.as_(store.admin)).snapshot(connected, set(), now=now))
