@@ -208,3 +208,20 @@ def test_jobs_changed_since_a_time_are_those_created_or_moved_since_and_not_thos
     move(store, fresh.id, JS.JOB_STATE_CANCELLED)
     assert changed() == ["fresh"]
     assert store.as_(store.b).list_jobs(store_pb2.ListJobsRequest(changed_since=since)).jobs == []  # scoped
+
+
+def test_paging_through_jobs_skips_none_when_some_leave_the_list_between_pages(store: Store):
+    """Keyset pages: the planner reads thousands of queued jobs whole while some are admitted."""
+    a = store.as_(store.a)
+    jobs = [new_job(store, name=f"j{i}") for i in range(5)]
+    request = store_pb2.ListJobsRequest(state=JS.JOB_STATE_SUBMITTED, page=page(2))
+    first = a.list_jobs(request)
+    assert [j.spec.name for j in first.jobs] == ["j4", "j3"]
+    move(store, jobs[4].id, JS.JOB_STATE_PROFILING)  # an earlier page's job leaves the list
+    move(store, jobs[1].id, JS.JOB_STATE_PROFILING)  # and a later page's
+    request.page.page_token = first.next_page_token
+    rest = a.list_jobs(request)
+    assert [j.spec.name for j in rest.jobs] == ["j2", "j0"] and rest.next_page_token == ""
+    with pytest.raises(InvalidArgument) as info:
+        a.list_jobs(store_pb2.ListJobsRequest(page=page(1, "bm90IGEgdG9rZW4=")))
+    assert info.value.field == "page.page_token"

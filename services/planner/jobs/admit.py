@@ -111,6 +111,7 @@ class Reader:
         self._queue = _Queue()
         self._dirty: set[str] = set()  # jobs whose demand must be built again (the job or its history moved)
         self._reread = False  # the jobs were read whole since the queue was last built
+        self._half_life_s = 0.0  # fair share's half-life the kept leases were read for
         self._held: dict[str, tuple[tuple[adm.Slot, ...], float]] = {}  # running job -> its slots and start
         self._classes: dict[tuple[int, str], fleet_pb2.PriorityClass] = {}  # (policy version, name) -> class
 
@@ -221,6 +222,9 @@ class Reader:
                             max_preemptions_per_hour=fleet_policy.max_preemptions(policy_pb))
         half = fleet_policy.half_life_s(policy_pb)
         with self._pass:
+            if half > self._half_life_s > 0:  # fair share now looks further back than the leases kept
+                self.leases.forget()
+            self._half_life_s = half
             self._horizon = now - USAGE_HALF_LIVES * half
             fleet = self.fleet.read()
             self._note(self.jobs.refresh())
@@ -259,10 +263,10 @@ class Reader:
             queue.clear()
             dirty = {job_id for job_id, job in rows.items() if job.state in WAITING}
             queue.basis = basis
-        elif reread:  # rows read anew: build again only those that differ from the kept ones
-            dirty.update(job_id for job_id in queue.jobs if job_id not in rows)
-            dirty.update(job_id for job_id, job in rows.items() if job.state in WAITING and (
-                job_id not in queue.jobs or not self.jobs.same(queue.jobs[job_id], job)))
+        elif reread:  # rows read anew: build again those that differ from the kept ones, either way
+            dirty.update(job_id for job_id, held in queue.jobs.items() if job_id not in rows
+                         or not self.jobs.same(held, rows[job_id]))
+            dirty.update(job_id for job_id, job in rows.items() if job.state in WAITING and job_id not in queue.jobs)
         pending = list(dirty)
         try:
             self.prefetch_plans(rows[j].plan_id for j in pending if j in rows and rows[j].state in WAITING)

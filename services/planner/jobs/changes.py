@@ -60,6 +60,7 @@ class ChangeReader(Generic[T]):
         self._cursor: timestamp_pb2.Timestamp | None = None  # when the last read began, by the store's clock
         self._whole_at: float | None = None
         self._resyncing = False
+        self._generation = 0  # bumped by forget(): a resync begun before it is not installed
         self._pending: tuple[dict[str, T], timestamp_pb2.Timestamp, float] | None = None  # a resync's read
         self._lock = threading.Lock()
         self.reads = Counter[str]()  # "whole" / "changed": how the rows were kept (for tests and metrics)
@@ -99,7 +100,7 @@ class ChangeReader(Generic[T]):
         return Delta(whole=True)
 
     def _resync(self) -> None:
-        started = self._clock()
+        started, generation = self._clock(), self._generation
         try:
             rows, cursor = self.read_whole()
             kept = {r.id: r for r in rows if self.keep(r)}
@@ -109,16 +110,34 @@ class ChangeReader(Generic[T]):
                 self._resyncing, self._whole_at = False, started
             return
         with self._lock:
-            self._pending = kept, cursor, started
+            if generation == self._generation:  # not forgotten meanwhile
+                self._pending = kept, cursor, started
+            self._resyncing = self._pending is not None
 
     def _install(self) -> Delta[T]:
-        """The background resync's rows in place of the kept ones, then what changed since it began."""
+        """The background resync's rows, with what changed since it began, in place of the kept ones. Nothing
+        is replaced unless both reads succeeded: a failure leaves the resync to install next time."""
         assert self._pending is not None
-        self.rows, self._cursor, self._whole_at = self._pending
+        rows, cursor, started = self._pending
+        since = timestamp_pb2.Timestamp()
+        since.FromNanoseconds(cursor.ToNanoseconds() - int(self._overlap_s * 1e9))
+        changed, cursor = self.read_changed(since)
+        rows = dict(rows)
+        for row in changed:
+            if self.keep(row):
+                rows[row.id] = row
+            else:
+                rows.pop(row.id, None)
+        self.rows, self._cursor, self._whole_at = rows, cursor, started
         self._pending, self._resyncing = None, False
         self.reads["whole"] += 1
-        self._changed()
         return Delta(whole=True)
+
+    def forget(self) -> None:
+        """Read whole at the next refresh, in it (what the reader keeps no longer covers what is asked)."""
+        with self._lock:
+            self._whole_at, self._pending = None, None
+            self._generation += 1
 
     def _changed(self) -> Delta[T]:
         assert self._cursor is not None

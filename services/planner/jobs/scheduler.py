@@ -302,6 +302,8 @@ class Scheduler:
                         if x.job_id in snap.jobs and snap.jobs[x.job_id].state not in HOLDING})
         released = 0
         for job_id in stale:  # a job that just ended has given its leases back itself: nothing to end
+            if self._store.get_job(store_pb2.GetRequest(id=job_id)).state in HOLDING:
+                continue  # the snapshot's row was behind the store: it runs, and keeps its devices
             ended = self._store.end_leases(store_pb2.EndLeasesRequest(
                 job_id=job_id, reason=fleet_pb2.LEASE_END_REASON_RELEASED)).ended
             if ended:

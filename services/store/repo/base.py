@@ -115,6 +115,29 @@ def decode_token(token: str) -> int:
     return value
 
 
+def encode_key(created_at: datetime, row_id: str) -> str:
+    """A keyset page token: the last row's (created_at, id). A page after it starts below that key whatever
+    rows left the list meanwhile, where an offset would skip as many rows as had left."""
+    return base64.urlsafe_b64encode(json.dumps({"k": [created_at.isoformat(), row_id]}).encode()).decode()
+
+
+def decode_key(token: str) -> tuple[datetime, str] | None:
+    if not token:
+        return None
+    try:
+        stamp, row_id = json.loads(base64.urlsafe_b64decode(token.encode()))["k"]
+        key = datetime.fromisoformat(stamp), row_id
+    except (ValueError, KeyError, TypeError, binascii.Error):
+        key = None
+    if key is None or not isinstance(key[1], str):
+        raise InvalidArgument(
+            "malformed page token",
+            field="page.page_token",
+            fix="pass next_page_token from the previous response unchanged, or empty for the first page",
+        )
+    return key
+
+
 class RepositoryBase:
     """The plumbing the per-entity parts build on; methods take the caller's Principal and the request."""
 

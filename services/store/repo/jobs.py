@@ -29,7 +29,17 @@ from services.store.convert import (
     to_datetime,
     to_json,
 )
-from services.store.repo.base import decode_token, encode_token, fit, int64, new_id, page_size, quote
+from services.store.repo.base import (
+    decode_key,
+    decode_token,
+    encode_key,
+    encode_token,
+    fit,
+    int64,
+    new_id,
+    page_size,
+    quote,
+)
 from services.store.repo.leases import LeaseStore
 from services.store.repo.profiles import ModelStore
 from services.store.repo.queue import QueueStore, request_pb
@@ -215,12 +225,23 @@ class JobStore(ModelStore, LeaseStore, QueueStore):
             (JOBS.c.state, req.state and enum_name(job_pb2.JobState, req.state, "state")),
             (JOBS.c.model_id, req.model_id),
         )
-        if req.HasField("changed_since"):
-            stmt = stmt.where(JOBS.c.updated_at >= to_datetime(req.changed_since, "changed_since"))
+        if req.HasField("changed_since"):  # by its index, not a walk of every job in creation order
+            since = to_datetime(req.changed_since, "changed_since")
+            stmt = stmt.where(JOBS.c.id.in_(sa.select(JOBS.c.id).where(JOBS.c.updated_at >= since)))
+        # Keyset pages, not offsets: a job that leaves the listed state while a reader pages through (the
+        # planner reads thousands of queued jobs whole) would otherwise make the next page skip one that stayed.
+        after = decode_key(req.page.page_token)
+        if after is not None:
+            created, job_id = after
+            stmt = stmt.where(sa.or_(JOBS.c.created_at < created,
+                                     sa.and_(JOBS.c.created_at == created, JOBS.c.id < job_id)))
+        size = page_size(req.page)
         read_at = self.now()
         with self._tx(write=False) as s:
-            rows, token = self._page(s, stmt, req.page, core=True)
-            reply = store_pb2.ListJobsResponse(jobs=job_pbs(s, rows), next_page_token=token)
+            rows = s.connection().execute(stmt.limit(size + 1)).all()
+            more, rows = len(rows) > size, rows[:size]
+            reply = store_pb2.ListJobsResponse(jobs=job_pbs(s, rows), next_page_token=encode_key(
+                rows[-1].created_at, rows[-1].id) if more else "")
         reply.read_at.FromDatetime(read_at)
         return reply
 

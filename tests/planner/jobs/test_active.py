@@ -84,9 +84,14 @@ def seen(snap: Snapshot) -> dict:
     }
 
 
-def test_a_kept_reader_sees_what_a_new_reader_reads_whole(store: Store) -> None:
+@pytest.mark.parametrize("resync", [False, True])
+def test_a_kept_reader_sees_what_a_new_reader_reads_whole(store: Store, resync: bool) -> None:
+    """Without a resync only what changed is read; with one every ~10 s of the store's clock, a whole re-read
+    now and then is installed over what the reader kept (jobs started meanwhile leave the queue)."""
     world = World(store, random.Random(1))
-    kept = Reader(store.as_(store.admin), clock=lambda: 0.0)  # no resync: only what changed is read
+    timing = dict(clock=lambda: store.clock().timestamp(), resync_s=10.0, background=False) if resync else \
+        dict(clock=lambda: 0.0)
+    kept = Reader(store.as_(store.admin), **timing)
     connected = {h.id for h in world.hosts}
     for _ in range(40):
         world.step()
@@ -95,8 +100,11 @@ def test_a_kept_reader_sees_what_a_new_reader_reads_whole(store: Store) -> None:
         mine = kept.snapshot(connected, set(), now=now)
         fresh = Reader(store.as_(store.admin)).snapshot(connected, set(), now=now)
         assert seen(mine) == seen(fresh)
-    assert kept.jobs.reads["whole"] == 1 and kept.leases.reads["whole"] == 1  # it kept them: no re-read
-    assert kept.jobs.reads["changed"] == 39
+    if resync:
+        assert kept.jobs.reads["whole"] > 3 and kept.jobs.reads["changed"] > 10
+    else:
+        assert kept.jobs.reads["whole"] == 1 and kept.leases.reads["whole"] == 1  # it kept them: no re-read
+        assert kept.jobs.reads["changed"] == 39
 
 
 def test_the_lease_book_counts_what_a_whole_read_counts_and_ages_out_what_fair_share_forgets(store: Store) -> None:
@@ -108,7 +116,11 @@ def test_the_lease_book_counts_what_a_whole_read_counts_and_ages_out_what_fair_s
     kept = Reader(store.as_(store.admin), clock=lambda: 0.0)
     connected = {h.id for h in world.hosts}
     aged = 0
-    for _ in range(30):
+    for step in range(30):
+        if step == 25:  # fair share looks back further: what aged out counts again
+            world.admin.set_fleet_policy(store_pb2.SetFleetPolicyRequest(policy=fleet_pb2.FleetPolicy(
+                priority_classes=[fleet_pb2.PriorityClass(name="normal", priority=10)],
+                default_priority_class="normal", fair_share_half_life_s=100.0)))
         world.step()
         store.clock.advance(0.7)
         now = store.clock().timestamp()
@@ -120,6 +132,7 @@ def test_the_lease_book_counts_what_a_whole_read_counts_and_ages_out_what_fair_s
         assert set(kept.leases.rows) == set(fresh.leases.rows)
         aged = max(aged, len(world.admin.list_leases(store_pb2.ListLeasesRequest()).leases) - len(kept.leases.rows))
     assert aged > 0  # some leases did age out of the book
+    assert kept.leases.reads["whole"] == 2  # and were read again when the horizon moved back
 
 
 class FlakyPlans:

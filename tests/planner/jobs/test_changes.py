@@ -76,3 +76,43 @@ def test_a_due_resync_reads_in_the_background_and_is_installed_by_the_next_refre
     delta = table.refresh()
     assert delta.whole and table.reads["whole"] == 2
     assert {r.id: r.version for r in table.rows.values()} == {"a": 2, "b": 1, "c": 1}  # whole, then since it began
+
+
+def test_a_resync_whose_catch_up_read_fails_replaces_nothing_and_installs_next_time() -> None:
+    clock = [0.0]
+    table = Table(resync_s=60.0, clock=lambda: clock[0])
+    table.put("a")
+    table.refresh()
+    clock[0] = 61.0
+    table.refresh()  # the resync starts in the background
+    deadline = time.monotonic() + 10
+    while table._pending is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    table.put("b")
+    reads = table.read_changed
+    table.read_changed = lambda since: (_ for _ in ()).throw(ConnectionError("the store is away"))
+    try:
+        table.refresh()
+        raise AssertionError("the refresh should have failed")
+    except ConnectionError:
+        pass
+    assert set(table.rows) == {"a"} and table.reads["whole"] == 1  # nothing half-replaced
+    table.read_changed = reads
+    assert table.refresh().whole and set(table.rows) == {"a", "b"} and table.reads["whole"] == 2
+
+
+def test_a_forgotten_reader_reads_whole_at_once_and_drops_a_resync_begun_before() -> None:
+    clock = [0.0]
+    table = Table(resync_s=60.0, clock=lambda: clock[0])
+    table.put("a")
+    table.refresh()
+    clock[0] = 61.0
+    table.hold.clear()
+    table.whole_began.clear()
+    table.refresh()
+    assert table.whole_began.wait(10)
+    table.forget()
+    table.hold.set()
+    assert table.refresh().whole and table.reads["whole"] == 2  # read whole in the refresh itself
+    time.sleep(0.2)
+    assert table._pending is None  # the older resync was not kept to install
