@@ -152,14 +152,23 @@ def test_pickled_message_is_refused_by_the_worker(plane, tmp_path: Path) -> None
 
 def test_request_whose_broker_message_was_lost_is_sent_again(plane_factory, tmp_path: Path) -> None:
     plane = plane_factory(requeue_unclaimed_s=3.0)
-    worker = spawn_cli(plane.settings, "worker", log=tmp_path / "worker.log")
+    log = tmp_path / "worker.log"
+    worker = spawn_cli(plane.settings, "worker", log=log)
+
+    def worker_log() -> str:
+        return "worker log:\n" + log.read_text(errors="replace")[-3000:] if log.exists() else "no worker log"
+
     try:
         with plane.client() as client:
+            # The worker up first: on a loaded machine its start alone took most of the wait below (CI, 2026-11-29)
+            wait_for(lambda: any(w.pid == worker.pid for w in client.store.ListWorkers(
+                store_pb2.ListWorkersRequest(seen_within_s=30)).workers), timeout=180, what="the worker to start",
+                story=worker_log)
             # Stored but never put on the broker: what a planner crash (or an emptied broker) leaves behind.
             stored = client.store.EnqueueRequest(store_pb2.EnqueueRequestRequest(
                 kind="diagnostic.echo", payload_json=json.dumps({"text": "lost"}))).request
             done = wait_for(lambda: (r := _request(plane, stored.id)).state == queue_pb2.REQUEST_STATE_SUCCEEDED and r,
-                            what="the sweeper to re-send the unclaimed request")
+                            what="the sweeper to re-send the unclaimed request", story=worker_log)
             assert done.attempts == 1 and done.requeues >= 1
             assert json.loads(done.result_json)["text"] == "lost"
     finally:
