@@ -119,9 +119,7 @@ class ChangeReader(Generic[T]):
         is replaced unless both reads succeeded: a failure leaves the resync to install next time."""
         assert self._pending is not None
         rows, cursor, started = self._pending
-        since = timestamp_pb2.Timestamp()
-        since.FromNanoseconds(cursor.ToNanoseconds() - int(self._overlap_s * 1e9))
-        changed, cursor = self.read_changed(since)
+        changed, cursor = self.read_changed(self._since(cursor))
         rows = dict(rows)
         for row in changed:
             if self.keep(row):
@@ -141,9 +139,7 @@ class ChangeReader(Generic[T]):
 
     def _changed(self) -> Delta[T]:
         assert self._cursor is not None
-        since = timestamp_pb2.Timestamp()
-        since.FromNanoseconds(self._cursor.ToNanoseconds() - int(self._overlap_s * 1e9))
-        rows, self._cursor = self.read_changed(since)
+        rows, self._cursor = self.read_changed(self._since(self._cursor))
         self.reads["changed"] += 1
         held = self.rows
         fresh = [r for r in rows if r.id not in held or not self.same(held[r.id], r)]
@@ -159,6 +155,12 @@ class ChangeReader(Generic[T]):
                 delta.gone.append(old)
         self.rows = kept  # a new dict: a reader holding the old one sees a consistent set
         return delta
+
+    def _since(self, cursor: timestamp_pb2.Timestamp) -> timestamp_pb2.Timestamp:
+        """Where a changed read starts: the last read's start, less the overlap for late commits."""
+        since = timestamp_pb2.Timestamp()
+        since.FromNanoseconds(cursor.ToNanoseconds() - int(self._overlap_s * 1e9))
+        return since
 
     def prune(self, keep: Callable[[T], bool]) -> Delta[T]:
         """Drop the rows `keep` refuses now (what ages out between reads)."""
