@@ -12,8 +12,8 @@ from typing import Any
 from google.protobuf import timestamp_pb2
 
 from ballast.v1 import fleet_pb2, job_pb2, store_pb2
-from services.planner.jobs.changes import ChangeReader, Delta, Read
-from services.runtime.store_api import Store, every_page
+from services.planner.jobs.changes import ChangeReader, Delta, Read, paged
+from services.runtime.store_api import Store
 
 S = job_pb2.JobState
 WAITING = (S.JOB_STATE_SCHEDULED, S.JOB_STATE_QUEUED)
@@ -33,15 +33,14 @@ class JobReader(ChangeReader[job_pb2.Job]):
         jobs: list[job_pb2.Job] = []
         began: timestamp_pb2.Timestamp | None = None
         for state in sorted(ACTIVE):
-            pages = list(every_page(self._store.list_jobs, store_pb2.ListJobsRequest(state=state)))
-            began = began or pages[0].read_at  # the earliest: a change after it is read next time
-            jobs.extend(j for page in pages for j in page.jobs)
+            rows, read_at = paged(self._store.list_jobs, store_pb2.ListJobsRequest(state=state), "jobs")
+            began = began or read_at  # the earliest: a change after it is read next time
+            jobs.extend(rows)
         assert began is not None
         return jobs, began
 
     def read_changed(self, since: timestamp_pb2.Timestamp) -> Read[job_pb2.Job]:
-        pages = list(every_page(self._store.list_jobs, store_pb2.ListJobsRequest(changed_since=since)))
-        return [j for page in pages for j in page.jobs], pages[0].read_at
+        return paged(self._store.list_jobs, store_pb2.ListJobsRequest(changed_since=since), "jobs")
 
     def same(self, held: job_pb2.Job, fresh: job_pb2.Job) -> bool:
         return held.updated_at == fresh.updated_at and held.state == fresh.state
@@ -60,14 +59,10 @@ class LeaseReader(ChangeReader[fleet_pb2.DeviceLease]):
     def read_whole(self) -> Read[fleet_pb2.DeviceLease]:
         request = store_pb2.ListLeasesRequest()
         request.since.FromMicroseconds(int(self._horizon() * 1e6))
-        return self._pages(request)
+        return paged(self._store.list_leases, request, "leases")
 
     def read_changed(self, since: timestamp_pb2.Timestamp) -> Read[fleet_pb2.DeviceLease]:
-        return self._pages(store_pb2.ListLeasesRequest(changed_since=since))
-
-    def _pages(self, request: store_pb2.ListLeasesRequest) -> Read[fleet_pb2.DeviceLease]:
-        pages = list(every_page(self._store.list_leases, request))
-        return [x for page in pages for x in page.leases], pages[0].read_at
+        return paged(self._store.list_leases, store_pb2.ListLeasesRequest(changed_since=since), "leases")
 
     def same(self, held: fleet_pb2.DeviceLease, fresh: fleet_pb2.DeviceLease) -> bool:
         return held.HasField("ended_at") == fresh.HasField("ended_at") and held.ended_at == fresh.ended_at

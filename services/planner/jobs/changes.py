@@ -17,9 +17,11 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from google.protobuf import timestamp_pb2
+
+from services.runtime.store_api import every_page
 
 log = logging.getLogger("ballast.scheduler")
 OVERLAP_S = 5.0
@@ -32,6 +34,13 @@ class Row(Protocol):
 
 T = TypeVar("T", bound=Row)
 Read = tuple[Iterable[T], timestamp_pb2.Timestamp]  # the rows and when the store began reading them
+
+
+def paged(list_method: Callable[[Any], Any], request: Any, rows: str) -> Read:
+    """Every page of a List call that answers `read_at`: its `rows` field's items, and when the first page was
+    read (a read that keeps rows asks for changes since then next)."""
+    pages = list(every_page(list_method, request))
+    return [row for page in pages for row in getattr(page, rows)], pages[0].read_at
 
 
 @dataclass(frozen=True)

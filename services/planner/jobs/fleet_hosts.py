@@ -14,8 +14,8 @@ from google.protobuf import timestamp_pb2
 
 from ballast.v1 import fleet_pb2, store_pb2
 from services.planner import admission as adm
-from services.planner.jobs.changes import ChangeReader, Read
-from services.runtime.store_api import Store, every_page
+from services.planner.jobs.changes import ChangeReader, Read, paged
+from services.runtime.store_api import Store
 
 
 @dataclass(frozen=True)
@@ -54,14 +54,10 @@ class HostReader(ChangeReader[fleet_pb2.Host]):
         self._built_from: dict[str, fleet_pb2.Host] | None = None
 
     def read_whole(self) -> Read[fleet_pb2.Host]:
-        return self._pages(store_pb2.ListHostsRequest())
+        return paged(self._store.list_hosts, store_pb2.ListHostsRequest(), "hosts")
 
     def read_changed(self, since: timestamp_pb2.Timestamp) -> Read[fleet_pb2.Host]:
-        return self._pages(store_pb2.ListHostsRequest(changed_since=since))
-
-    def _pages(self, request: store_pb2.ListHostsRequest) -> Read[fleet_pb2.Host]:
-        pages = list(every_page(self._store.list_hosts, request))
-        return [h for page in pages for h in page.hosts], pages[0].read_at
+        return paged(self._store.list_hosts, store_pb2.ListHostsRequest(changed_since=since), "hosts")
 
     def same(self, held: fleet_pb2.Host, fresh: fleet_pb2.Host) -> bool:
         return held.changed_at == fresh.changed_at
