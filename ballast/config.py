@@ -70,6 +70,10 @@ class Settings:
     # how often an idle executor agent says it is alive (the planner hands it out at registration); a lost stream,
     # not a missing heartbeat, is what loses a host, so at thousands of hosts a longer interval costs nothing else
     agent_heartbeat_s: float = 2.0
+    # each worker's per-iteration stats are summarised by its agent over windows of about this many seconds of its
+    # plan's predicted iterations (count, mean parts, median, p95, max) before they travel and are stored: rows per
+    # second are ranks / window, not ranks x iteration rate; 0 stores every iteration (as JobSpec.raw_metrics does)
+    metrics_window_s: float = 10.0
     # executor agents the planner holds a Connect stream for at once (a coroutine each on the agent port: a memory cap)
     planner_agent_streams: int = 16_384
     max_morphs_per_hour: int = 10  # per job, for lost workers and hosts; the model's own errors are never retried

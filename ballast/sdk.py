@@ -123,7 +123,7 @@ def job_spec(model: model_pb2.ModelSpec | str | os.PathLike[str], *, batch: int 
              max_devices: int | None = None, micro_batches: int = 0, checkpoint_every: int = 0,
              elastic: bool = False, data: job_pb2.DataSpec | str | os.PathLike[str] | None = None,
              eval_every: int = 0, eval_batches: int = 0, keep_checkpoints: int = 0, init_from: str = "",
-             resume_from: str = "") -> job_pb2.JobSpec:
+             resume_from: str = "", raw_metrics: bool = False) -> job_pb2.JobSpec:
     """The JobSpec `ballast submit` sends, from values (see its flags); InvalidInput before anything is sent.
     `data` is a DataSpec or the path of its YAML (docs/data.md); `token_data` makes one for a token file."""
     problem = device_range_problem(min_devices, max_devices)
@@ -146,7 +146,7 @@ def job_spec(model: model_pb2.ModelSpec | str | os.PathLike[str], *, batch: int 
                           priority_class=priority, min_devices=min_devices or 0, max_devices=max_devices or 0,
                           micro_batches=micro_batches, checkpoint_every=checkpoint_every, elastic=elastic,
                           eval_every=eval_every, eval_batches=eval_batches, keep_checkpoints=keep_checkpoints,
-                          init_from=weights_source(init_from), resume_from=resume_from)
+                          init_from=weights_source(init_from), resume_from=resume_from, raw_metrics=raw_metrics)
     if fleet is not None:
         job.fleet.CopyFrom(fleet)
     if data is not None:

@@ -59,8 +59,10 @@ def make_settings(data_dir: Path, **overrides: object) -> Settings:
     # metrics endpoints stay off unless a test asks (tests/plane/test_metrics.py): many planes share this process
     ports.update({f"{name}_metrics_port": 0 for name in ("store", "profiler", "planner", "worker", "executor")})
     env = {k: v for k, v in os.environ.items() if not k.startswith("BALLAST_")}
-    # a plane's first job is not held for a calibration on arrival unless the test is about it (test_arrival.py)
-    return load_settings(env, data_dir=data_dir, **{**ports, "calibrate_on_arrival": False, **overrides})
+    # a plane's first job is not held for a calibration on arrival unless the test is about it (test_arrival.py);
+    # its metrics are a row per iteration, which most tests read, unless the test is about windows (metrics_window_s)
+    return load_settings(env, data_dir=data_dir, **{**ports, "calibrate_on_arrival": False, "metrics_window_s": 0.0,
+                                                    **overrides})
 
 
 def in_process_cli(settings: Settings, monkeypatch, capsys) -> Callable[..., tuple[int, str, str]]:
@@ -223,6 +225,34 @@ def submit_to_success(plane: Plane, spec, timeout: float = 600.0):
     return done
 
 
+def covered(metrics) -> dict[tuple[int, int], list[int]]:
+    """Per (stage, replica): every iteration its metrics rows cover, in order, repeats kept (a row may be a window
+    of iterations, first_iteration .. iteration): each iteration exactly once reads as range(n)."""
+    out: dict[tuple[int, int], list[int]] = {}
+    for m in sorted(metrics, key=lambda m: (m.stage_index, m.replica_index, m.iteration)):
+        first = m.first_iteration if m.iterations else m.iteration
+        out.setdefault((m.stage_index, m.replica_index), []).extend(range(first, m.iteration + 1))
+    return out
+
+
+def lineage_problems(metrics, iterations: int) -> list[str]:
+    """What keeps a job's metrics from holding each of its `iterations` exactly once per (stage, replica) that ran
+    it, counting every iteration a row covers (a window's first_iteration .. iteration): none when it does."""
+    seen: dict[tuple[int, int, int], int] = {}
+    for m in metrics:
+        first = m.first_iteration if m.iterations else m.iteration
+        for i in range(first, m.iteration + 1):
+            key = (i, m.stage_index, m.replica_index)
+            seen[key] = seen.get(key, 0) + 1
+    problems = [f"iteration {i} of stage {s}, replica {r} stored {n} times" for (i, s, r), n in sorted(seen.items())
+                if n > 1]
+    found = {i for i, _, _ in seen}
+    if found != set(range(iterations)):
+        problems.append(f"iterations missing {sorted(set(range(iterations)) - found)[:10]}, "
+                        f"beyond the run {sorted(found - set(range(iterations)))[:10]}")
+    return problems
+
+
 def worker_pids(job_id: str) -> list[int]:
     out = subprocess.run(["pgrep", "-f", f"services.executor.train.worker .*{job_id}"], capture_output=True,
                          text=True).stdout
@@ -276,7 +306,8 @@ def executor_plane(data_dir: Path, queue: str, agents: int = 2, agent_env: dict[
 
     assert agents <= AGENT_PORTS, f"a test plane reserves ports for {AGENT_PORTS} agents"
     settings = make_settings(data_dir, queue=queue, **{"lease_seconds": 10.0, "sweep_interval_s": 0.5,
-                                                       "worker_heartbeat_s": 0.5, **QUIET_STRAGGLERS, **overrides})
+                                                       "worker_heartbeat_s": 0.5, **QUIET_STRAGGLERS,
+                                                       "metrics_window_s": Settings.metrics_window_s, **overrides})
     plane = start_plane(settings)
     procs = [spawn_cli(settings, "worker", log=settings.data_dir / "worker.log")]
     plane.agents = [spawn_cli(settings, "serve", "executor", "--index", str(i), extra_env=agent_env,
@@ -304,7 +335,8 @@ def emulated_plane(data_dir: Path, queue: str, hosts: int, devices_per_host: int
     from services.executor.emulated_hosts import EmulatedHosts
 
     settings = make_settings(data_dir, queue=queue, **{"lease_seconds": 10.0, "sweep_interval_s": 0.5,
-                                                       "worker_heartbeat_s": 0.5, **QUIET_STRAGGLERS, **overrides})
+                                                       "worker_heartbeat_s": 0.5, **QUIET_STRAGGLERS,
+                                                       "metrics_window_s": Settings.metrics_window_s, **overrides})
     plane = start_plane(settings)
     procs = [spawn_cli(settings, "worker", log=settings.data_dir / "worker.log")]
     fleet = EmulatedHosts(plane.settings, hosts, devices_per_host, device_kind, Behaviour(noise=noise, seed=1))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from ballast.cli.follow import follow
 from ballast.client import Client
 from ballast.config import Settings, load_settings
 from ballast.v1 import job_pb2, model_pb2, plan_pb2, services_pb2, store_pb2
+from ballast.windows import weight, weighted_median
 from services.planner.plans.calibrate import WARMUP, measured_iteration_s
 from services.planner.plans.make import CALIBRATED
 from services.specs.model import load_model_spec
@@ -97,12 +97,12 @@ def rebalance_live(client: Client, spec: model_pb2.ModelSpec, args: argparse.Nam
         console.print(f"  migration: layer {m.layer_index} stage {m.from_stage} -> {m.to_stage} after iteration "
                       f"{m.iteration} (plan v{m.plan_version}), {m.bytes / 2**20:.2f} MiB in "
                       f"{m.duration_s * 1e3:.0f} ms")
-    per_version: dict[int, list[float]] = {}
+    per_version: dict[int, list[tuple[float, int]]] = {}  # (time, iterations the row covers)
     for m in client.iteration_metrics(job.id):
-        per_version.setdefault(m.plan_version, []).append(m.iteration_time_s)
+        per_version.setdefault(m.plan_version, []).append((m.iteration_time_s, weight(m)))
     for version, times in sorted(per_version.items()):
-        console.print(f"  plan v{version}: median iteration {statistics.median(times) * 1e3:.1f} ms "
-                      f"over {len(times)} worker-iterations")
+        console.print(f"  plan v{version}: median iteration {weighted_median(times) * 1e3:.1f} ms "
+                      f"over {sum(n for _, n in times)} worker-iterations")
     console.print(f"  SQL: ballast sql \"SELECT * FROM layer_migrations WHERE job_id = '{job.id}'\"")
     if not rows:
         console.print("[yellow]  no layer was migrated: the planner judged no move worth it here[/yellow]")

@@ -4,6 +4,7 @@ store's typed List RPCs (a tenant sees its own jobs, as `ballast watch` does).""
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 
 import grpc
@@ -13,6 +14,7 @@ from rich.table import Table
 from ballast.client import Client
 from ballast.config import Settings
 from ballast.v1 import job_pb2
+from ballast.windows import first_iteration
 
 console = Console()
 
@@ -24,7 +26,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def rows(evaluations: list[job_pb2.Evaluation], metrics: list[job_pb2.IterationMetric]) -> list[dict]:
     """Each evaluation with the training loss of the iteration it followed (metrics number iterations from 0)."""
-    train = {m.iteration + 1: m.loss for m in metrics if m.has_loss}
+    ends = sorted((m.iteration, first_iteration(m), m.loss) for m in metrics if m.has_loss)
+    train = {}  # iterations done -> the loss of the row covering the last of them (a window's mean)
+    for e in evaluations:
+        at = bisect.bisect_left(ends, (e.iteration - 1, -1, float("-inf")))
+        if at < len(ends) and ends[at][1] <= e.iteration - 1:
+            train[e.iteration] = ends[at][2]
     return [{"iteration": e.iteration, "validation_loss": e.loss, "perplexity": e.perplexity or None,
              "training_loss": train.get(e.iteration), "eval_s": e.eval_s, "samples": e.samples} for e in evaluations]
 

@@ -45,6 +45,9 @@ def add_submit_arguments(p: argparse.ArgumentParser) -> None:
                         "sooner (default: exactly the devices its plan needs)")
     p.add_argument("--max-devices", type=device_count("--max-devices"), default=None, metavar="N",
                    help="upper end of the device range (see --min-devices); the first plan uses at most N devices")
+    p.add_argument("--raw-metrics", action="store_true",
+                   help="store a metrics row per iteration of every worker (default: each worker's iterations "
+                        "summarised over windows of about BALLAST_METRICS_WINDOW_S seconds)")
     p.add_argument("--elastic", action="store_true",
                    help="with --min-devices/--max-devices: the scheduler may resize the running job within the range "
                         "(by morphing it) when that lowers the fleet's predicted average completion time")
@@ -164,7 +167,8 @@ def job_spec(args: argparse.Namespace) -> job_pb2.JobSpec:
                         eval_every=getattr(args, "eval_every", 0) or 0, eval_batches=getattr(args, "eval_batches", 0)
                         or 0, keep_checkpoints=getattr(args, "keep_checkpoints", 0) or 0,
                         init_from=getattr(args, "init_from", "") or "",
-                        resume_from=getattr(args, "resume_from", "") or "")
+                        resume_from=getattr(args, "resume_from", "") or "",
+                        raw_metrics=getattr(args, "raw_metrics", False))
 
 
 def run_submit(settings: Settings, args: argparse.Namespace) -> int:

@@ -28,7 +28,7 @@ from ballast.v1 import job_pb2 as ballast_dot_v1_dot_job__pb2
 from ballast.v1 import plan_pb2 as ballast_dot_v1_dot_plan__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x62\x61llast/v1/executor.proto\x12\nballast.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16\x62\x61llast/v1/fleet.proto\x1a\x14\x62\x61llast/v1/job.proto\x1a\x15\x62\x61llast/v1/plan.proto\"\x84\x05\n\nStageStats\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0bstage_index\x18\x02 \x01(\r\x12\x15\n\rreplica_index\x18\x03 \x01(\r\x12\x11\n\titeration\x18\x04 \x01(\r\x12\x14\n\x0cplan_version\x18\x05 \x01(\r\x12\x11\n\tforward_s\x18\x06 \x01(\x01\x12\x12\n\nbackward_s\x18\x07 \x01(\x01\x12\x0e\n\x06\x63omm_s\x18\x08 \x01(\x01\x12\x0e\n\x06idle_s\x18\t \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\n \x01(\x04\x12\x19\n\x11peak_memory_bytes\x18\x0b \x01(\x04\x12\x0c\n\x04loss\x18\x0c \x01(\x01\x12\x10\n\x08has_loss\x18\r \x01(\x08\x12\x0e\n\x06layers\x18\x0e \x03(\r\x12\x18\n\x10iteration_time_s\x18\x0f \x01(\x01\x12\x13\n\x0brecompute_s\x18\x10 \x01(\x01\x12\x12\n\nbytes_sent\x18\x11 \x01(\x04\x12 \n\x18throughput_samples_per_s\x18\x12 \x01(\x01\x12\x0c\n\x04rank\x18\x13 \x01(\r\x12\x15\n\rswapped_bytes\x18\x14 \x01(\x04\x12\x15\n\ractive_layers\x18\x15 \x03(\r\x12\r\n\x05p2p_s\x18\x16 \x01(\x01\x12\x13\n\x0b\x61llreduce_s\x18\x17 \x01(\x01\x12\x13\n\x0boptimizer_s\x18\x18 \x01(\x01\x12\x12\n\noverhead_s\x18\x19 \x01(\x01\x12\x15\n\rswap_in_bytes\x18\x1a \x01(\x04\x12\x16\n\x0eswap_out_bytes\x18\x1b \x01(\x04\x12\x0e\n\x06swap_s\x18\x1c \x01(\x01\x12,\n\x08\x65nded_at\x18\x1d \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06\x64\x61ta_s\x18\x1e \x01(\x01\"\xb1\x01\n\rRegisterAgent\x12\x1e\n\x04host\x18\x01 \x01(\x0b\x32\x10.ballast.v1.Host\x12H\n\x10\x61pplied_versions\x18\x02 \x03(\x0b\x32..ballast.v1.RegisterAgent.AppliedVersionsEntry\x1a\x36\n\x14\x41ppliedVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"q\n\tHeartbeat\x12\x0f\n\x07host_id\x18\x01 \x01(\t\x12+\n\x07sent_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12&\n\x06stages\x18\x03 \x03(\x0b\x32\x16.ballast.v1.StageStats\"V\n\x0eInstructionAck\x12\x16\n\x0einstruction_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\x0f\n\x07message\x18\x04 \x01(\t\"\xdb\x01\n\nWorkerExit\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x13\n\x0bstage_index\x18\x03 \x01(\r\x12\x15\n\rreplica_index\x18\x04 \x01(\r\x12\x11\n\texit_code\x18\x05 \x01(\x05\x12\x10\n\x08\x66inished\x18\x06 \x01(\x08\x12\x0f\n\x07message\x18\x07 \x01(\t\x12\x11\n\titeration\x18\x08 \x01(\r\x12\x0f\n\x07\x64rained\x18\t \x01(\x08\x12\x16\n\x0einfrastructure\x18\n \x01(\x08\x12\x11\n\ttraceback\x18\x0b \x01(\t\"\x97\x01\n\x11\x43heckpointWritten\x12*\n\ncheckpoint\x18\x01 \x01(\x0b\x32\x16.ballast.v1.Checkpoint\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x14\n\x0c\x63heckpoint_s\x18\x03 \x01(\x01\x12\x0f\n\x07write_s\x18\x04 \x01(\x01\x12\x12\n\nbackground\x18\x05 \x01(\x08\x12\r\n\x05\x65rror\x18\x06 \x01(\t\"c\n\rLayerMigrated\x12-\n\tmigration\x18\x01 \x01(\x0b\x32\x1a.ballast.v1.LayerMigration\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x15\n\rreplica_index\x18\x03 \x01(\r\"\xea\x02\n\x0c\x41gentMessage\x12-\n\x08register\x18\x01 \x01(\x0b\x32\x19.ballast.v1.RegisterAgentH\x00\x12*\n\theartbeat\x18\x02 \x01(\x0b\x32\x15.ballast.v1.HeartbeatH\x00\x12)\n\x03\x61\x63k\x18\x03 \x01(\x0b\x32\x1a.ballast.v1.InstructionAckH\x00\x12-\n\x0bworker_exit\x18\x04 \x01(\x0b\x32\x16.ballast.v1.WorkerExitH\x00\x12;\n\x12\x63heckpoint_written\x18\x05 \x01(\x0b\x32\x1d.ballast.v1.CheckpointWrittenH\x00\x12\x33\n\x0elayer_migrated\x18\x06 \x01(\x0b\x32\x19.ballast.v1.LayerMigratedH\x00\x12+\n\tevaluated\x18\x07 \x01(\x0b\x32\x16.ballast.v1.EvaluationH\x00\x42\x06\n\x04\x62ody\"b\n\x10WorkerAssignment\x12\x14\n\x0c\x64\x65vice_index\x18\x01 \x01(\r\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x13\n\x0bstage_index\x18\x03 \x01(\r\x12\x15\n\rreplica_index\x18\x04 \x01(\r\"\xf9\x02\n\x11\x41ssignInstruction\x12\x1e\n\x04plan\x18\x01 \x01(\x0b\x32\x10.ballast.v1.Plan\x12-\n\x07workers\x18\x04 \x03(\x0b\x32\x1c.ballast.v1.WorkerAssignment\x12\x1f\n\x17process_group_timeout_s\x18\x06 \x01(\r\x12\x17\n\x0fstart_iteration\x18\x07 \x01(\r\x12\x15\n\rcheckpoint_id\x18\x08 \x01(\t\x12!\n\x04spec\x18\t \x01(\x0b\x32\x13.ballast.v1.JobSpec\x12\x16\n\x0e\x63heckpoint_uri\x18\n \x01(\t\x12\x16\n\x0e\x63heckpoint_dir\x18\x0b \x01(\t\x12\x11\n\tinit_from\x18\x0c \x01(\t\x12+\n\tplacement\x18\r \x01(\x0b\x32\x18.ballast.v1.JobPlacementJ\x04\x08\x02\x10\x03J\x04\x08\x03\x10\x04J\x04\x08\x05\x10\x06R\nrendezvousR\nworld_sizeR\x07\x62\x61\x63kend\"F\n\tLayerMove\x12\x13\n\x0blayer_index\x18\x01 \x01(\r\x12\x12\n\nfrom_stage\x18\x02 \x01(\r\x12\x10\n\x08to_stage\x18\x03 \x01(\r\"{\n\x16RepartitionInstruction\x12\x1e\n\x04plan\x18\x01 \x01(\x0b\x32\x10.ballast.v1.Plan\x12$\n\x05moves\x18\x02 \x03(\x0b\x32\x15.ballast.v1.LayerMove\x12\x1b\n\x13\x65\x66\x66\x65\x63tive_iteration\x18\x03 \x01(\r\"7\n\x15\x43heckpointInstruction\x12\x11\n\titeration\x18\x01 \x01(\r\x12\x0b\n\x03uri\x18\x02 \x01(\t\"5\n\x0fStopInstruction\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x12\n\ncheckpoint\x18\x02 \x01(\x08\"/\n\x0fHoldInstruction\x12\x0c\n\x04held\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\";\n\nRegistered\x12\x0f\n\x07host_id\x18\x01 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x02 \x01(\x01\"\xfe\x02\n\x0ePlannerMessage\x12\x16\n\x0einstruction_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12,\n\nregistered\x18\x04 \x01(\x0b\x32\x16.ballast.v1.RegisteredH\x00\x12/\n\x06\x61ssign\x18\x05 \x01(\x0b\x32\x1d.ballast.v1.AssignInstructionH\x00\x12\x39\n\x0brepartition\x18\x06 \x01(\x0b\x32\".ballast.v1.RepartitionInstructionH\x00\x12\x37\n\ncheckpoint\x18\x07 \x01(\x0b\x32!.ballast.v1.CheckpointInstructionH\x00\x12+\n\x04stop\x18\x08 \x01(\x0b\x32\x1b.ballast.v1.StopInstructionH\x00\x12+\n\x04hold\x18\t \x01(\x0b\x32\x1b.ballast.v1.HoldInstructionH\x00\x42\x06\n\x04\x62ody2V\n\x0f\x45xecutorControl\x12\x43\n\x07\x43onnect\x12\x18.ballast.v1.AgentMessage\x1a\x1a.ballast.v1.PlannerMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x62\x61llast/v1/executor.proto\x12\nballast.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16\x62\x61llast/v1/fleet.proto\x1a\x14\x62\x61llast/v1/job.proto\x1a\x15\x62\x61llast/v1/plan.proto\"\x8b\x06\n\nStageStats\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0bstage_index\x18\x02 \x01(\r\x12\x15\n\rreplica_index\x18\x03 \x01(\r\x12\x11\n\titeration\x18\x04 \x01(\r\x12\x14\n\x0cplan_version\x18\x05 \x01(\r\x12\x11\n\tforward_s\x18\x06 \x01(\x01\x12\x12\n\nbackward_s\x18\x07 \x01(\x01\x12\x0e\n\x06\x63omm_s\x18\x08 \x01(\x01\x12\x0e\n\x06idle_s\x18\t \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\n \x01(\x04\x12\x19\n\x11peak_memory_bytes\x18\x0b \x01(\x04\x12\x0c\n\x04loss\x18\x0c \x01(\x01\x12\x10\n\x08has_loss\x18\r \x01(\x08\x12\x0e\n\x06layers\x18\x0e \x03(\r\x12\x18\n\x10iteration_time_s\x18\x0f \x01(\x01\x12\x13\n\x0brecompute_s\x18\x10 \x01(\x01\x12\x12\n\nbytes_sent\x18\x11 \x01(\x04\x12 \n\x18throughput_samples_per_s\x18\x12 \x01(\x01\x12\x0c\n\x04rank\x18\x13 \x01(\r\x12\x15\n\rswapped_bytes\x18\x14 \x01(\x04\x12\x15\n\ractive_layers\x18\x15 \x03(\r\x12\r\n\x05p2p_s\x18\x16 \x01(\x01\x12\x13\n\x0b\x61llreduce_s\x18\x17 \x01(\x01\x12\x13\n\x0boptimizer_s\x18\x18 \x01(\x01\x12\x12\n\noverhead_s\x18\x19 \x01(\x01\x12\x15\n\rswap_in_bytes\x18\x1a \x01(\x04\x12\x16\n\x0eswap_out_bytes\x18\x1b \x01(\x04\x12\x0e\n\x06swap_s\x18\x1c \x01(\x01\x12,\n\x08\x65nded_at\x18\x1d \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06\x64\x61ta_s\x18\x1e \x01(\x01\x12\x17\n\x0f\x66irst_iteration\x18\x1f \x01(\r\x12\x12\n\niterations\x18  \x01(\r\x12\x1c\n\x14iteration_time_p50_s\x18! \x01(\x01\x12\x1c\n\x14iteration_time_p95_s\x18\" \x01(\x01\x12\x1c\n\x14iteration_time_max_s\x18# \x01(\x01\"\xb1\x01\n\rRegisterAgent\x12\x1e\n\x04host\x18\x01 \x01(\x0b\x32\x10.ballast.v1.Host\x12H\n\x10\x61pplied_versions\x18\x02 \x03(\x0b\x32..ballast.v1.RegisterAgent.AppliedVersionsEntry\x1a\x36\n\x14\x41ppliedVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"q\n\tHeartbeat\x12\x0f\n\x07host_id\x18\x01 \x01(\t\x12+\n\x07sent_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12&\n\x06stages\x18\x03 \x03(\x0b\x32\x16.ballast.v1.StageStats\"V\n\x0eInstructionAck\x12\x16\n\x0einstruction_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\x0f\n\x07message\x18\x04 \x01(\t\"\xdb\x01\n\nWorkerExit\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x13\n\x0bstage_index\x18\x03 \x01(\r\x12\x15\n\rreplica_index\x18\x04 \x01(\r\x12\x11\n\texit_code\x18\x05 \x01(\x05\x12\x10\n\x08\x66inished\x18\x06 \x01(\x08\x12\x0f\n\x07message\x18\x07 \x01(\t\x12\x11\n\titeration\x18\x08 \x01(\r\x12\x0f\n\x07\x64rained\x18\t \x01(\x08\x12\x16\n\x0einfrastructure\x18\n \x01(\x08\x12\x11\n\ttraceback\x18\x0b \x01(\t\"\x97\x01\n\x11\x43heckpointWritten\x12*\n\ncheckpoint\x18\x01 \x01(\x0b\x32\x16.ballast.v1.Checkpoint\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x14\n\x0c\x63heckpoint_s\x18\x03 \x01(\x01\x12\x0f\n\x07write_s\x18\x04 \x01(\x01\x12\x12\n\nbackground\x18\x05 \x01(\x08\x12\r\n\x05\x65rror\x18\x06 \x01(\t\"c\n\rLayerMigrated\x12-\n\tmigration\x18\x01 \x01(\x0b\x32\x1a.ballast.v1.LayerMigration\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x15\n\rreplica_index\x18\x03 \x01(\r\"\xea\x02\n\x0c\x41gentMessage\x12-\n\x08register\x18\x01 \x01(\x0b\x32\x19.ballast.v1.RegisterAgentH\x00\x12*\n\theartbeat\x18\x02 \x01(\x0b\x32\x15.ballast.v1.HeartbeatH\x00\x12)\n\x03\x61\x63k\x18\x03 \x01(\x0b\x32\x1a.ballast.v1.InstructionAckH\x00\x12-\n\x0bworker_exit\x18\x04 \x01(\x0b\x32\x16.ballast.v1.WorkerExitH\x00\x12;\n\x12\x63heckpoint_written\x18\x05 \x01(\x0b\x32\x1d.ballast.v1.CheckpointWrittenH\x00\x12\x33\n\x0elayer_migrated\x18\x06 \x01(\x0b\x32\x19.ballast.v1.LayerMigratedH\x00\x12+\n\tevaluated\x18\x07 \x01(\x0b\x32\x16.ballast.v1.EvaluationH\x00\x42\x06\n\x04\x62ody\"b\n\x10WorkerAssignment\x12\x14\n\x0c\x64\x65vice_index\x18\x01 \x01(\r\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x13\n\x0bstage_index\x18\x03 \x01(\r\x12\x15\n\rreplica_index\x18\x04 \x01(\r\"\x91\x03\n\x11\x41ssignInstruction\x12\x1e\n\x04plan\x18\x01 \x01(\x0b\x32\x10.ballast.v1.Plan\x12-\n\x07workers\x18\x04 \x03(\x0b\x32\x1c.ballast.v1.WorkerAssignment\x12\x1f\n\x17process_group_timeout_s\x18\x06 \x01(\r\x12\x17\n\x0fstart_iteration\x18\x07 \x01(\r\x12\x15\n\rcheckpoint_id\x18\x08 \x01(\t\x12!\n\x04spec\x18\t \x01(\x0b\x32\x13.ballast.v1.JobSpec\x12\x16\n\x0e\x63heckpoint_uri\x18\n \x01(\t\x12\x16\n\x0e\x63heckpoint_dir\x18\x0b \x01(\t\x12\x11\n\tinit_from\x18\x0c \x01(\t\x12+\n\tplacement\x18\r \x01(\x0b\x32\x18.ballast.v1.JobPlacement\x12\x16\n\x0emetrics_window\x18\x0e \x01(\rJ\x04\x08\x02\x10\x03J\x04\x08\x03\x10\x04J\x04\x08\x05\x10\x06R\nrendezvousR\nworld_sizeR\x07\x62\x61\x63kend\"F\n\tLayerMove\x12\x13\n\x0blayer_index\x18\x01 \x01(\r\x12\x12\n\nfrom_stage\x18\x02 \x01(\r\x12\x10\n\x08to_stage\x18\x03 \x01(\r\"{\n\x16RepartitionInstruction\x12\x1e\n\x04plan\x18\x01 \x01(\x0b\x32\x10.ballast.v1.Plan\x12$\n\x05moves\x18\x02 \x03(\x0b\x32\x15.ballast.v1.LayerMove\x12\x1b\n\x13\x65\x66\x66\x65\x63tive_iteration\x18\x03 \x01(\r\"7\n\x15\x43heckpointInstruction\x12\x11\n\titeration\x18\x01 \x01(\r\x12\x0b\n\x03uri\x18\x02 \x01(\t\"5\n\x0fStopInstruction\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x12\n\ncheckpoint\x18\x02 \x01(\x08\"/\n\x0fHoldInstruction\x12\x0c\n\x04held\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\";\n\nRegistered\x12\x0f\n\x07host_id\x18\x01 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x02 \x01(\x01\"\xfe\x02\n\x0ePlannerMessage\x12\x16\n\x0einstruction_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12,\n\nregistered\x18\x04 \x01(\x0b\x32\x16.ballast.v1.RegisteredH\x00\x12/\n\x06\x61ssign\x18\x05 \x01(\x0b\x32\x1d.ballast.v1.AssignInstructionH\x00\x12\x39\n\x0brepartition\x18\x06 \x01(\x0b\x32\".ballast.v1.RepartitionInstructionH\x00\x12\x37\n\ncheckpoint\x18\x07 \x01(\x0b\x32!.ballast.v1.CheckpointInstructionH\x00\x12+\n\x04stop\x18\x08 \x01(\x0b\x32\x1b.ballast.v1.StopInstructionH\x00\x12+\n\x04hold\x18\t \x01(\x0b\x32\x1b.ballast.v1.HoldInstructionH\x00\x42\x06\n\x04\x62ody2V\n\x0f\x45xecutorControl\x12\x43\n\x07\x43onnect\x12\x18.ballast.v1.AgentMessage\x1a\x1a.ballast.v1.PlannerMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,41 +38,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REGISTERAGENT_APPLIEDVERSIONSENTRY']._loaded_options = None
   _globals['_REGISTERAGENT_APPLIEDVERSIONSENTRY']._serialized_options = b'8\001'
   _globals['_STAGESTATS']._serialized_start=144
-  _globals['_STAGESTATS']._serialized_end=788
-  _globals['_REGISTERAGENT']._serialized_start=791
-  _globals['_REGISTERAGENT']._serialized_end=968
-  _globals['_REGISTERAGENT_APPLIEDVERSIONSENTRY']._serialized_start=914
-  _globals['_REGISTERAGENT_APPLIEDVERSIONSENTRY']._serialized_end=968
-  _globals['_HEARTBEAT']._serialized_start=970
-  _globals['_HEARTBEAT']._serialized_end=1083
-  _globals['_INSTRUCTIONACK']._serialized_start=1085
-  _globals['_INSTRUCTIONACK']._serialized_end=1171
-  _globals['_WORKEREXIT']._serialized_start=1174
-  _globals['_WORKEREXIT']._serialized_end=1393
-  _globals['_CHECKPOINTWRITTEN']._serialized_start=1396
-  _globals['_CHECKPOINTWRITTEN']._serialized_end=1547
-  _globals['_LAYERMIGRATED']._serialized_start=1549
-  _globals['_LAYERMIGRATED']._serialized_end=1648
-  _globals['_AGENTMESSAGE']._serialized_start=1651
-  _globals['_AGENTMESSAGE']._serialized_end=2013
-  _globals['_WORKERASSIGNMENT']._serialized_start=2015
-  _globals['_WORKERASSIGNMENT']._serialized_end=2113
-  _globals['_ASSIGNINSTRUCTION']._serialized_start=2116
-  _globals['_ASSIGNINSTRUCTION']._serialized_end=2493
-  _globals['_LAYERMOVE']._serialized_start=2495
-  _globals['_LAYERMOVE']._serialized_end=2565
-  _globals['_REPARTITIONINSTRUCTION']._serialized_start=2567
-  _globals['_REPARTITIONINSTRUCTION']._serialized_end=2690
-  _globals['_CHECKPOINTINSTRUCTION']._serialized_start=2692
-  _globals['_CHECKPOINTINSTRUCTION']._serialized_end=2747
-  _globals['_STOPINSTRUCTION']._serialized_start=2749
-  _globals['_STOPINSTRUCTION']._serialized_end=2802
-  _globals['_HOLDINSTRUCTION']._serialized_start=2804
-  _globals['_HOLDINSTRUCTION']._serialized_end=2851
-  _globals['_REGISTERED']._serialized_start=2853
-  _globals['_REGISTERED']._serialized_end=2912
-  _globals['_PLANNERMESSAGE']._serialized_start=2915
-  _globals['_PLANNERMESSAGE']._serialized_end=3297
-  _globals['_EXECUTORCONTROL']._serialized_start=3299
-  _globals['_EXECUTORCONTROL']._serialized_end=3385
+  _globals['_STAGESTATS']._serialized_end=923
+  _globals['_REGISTERAGENT']._serialized_start=926
+  _globals['_REGISTERAGENT']._serialized_end=1103
+  _globals['_REGISTERAGENT_APPLIEDVERSIONSENTRY']._serialized_start=1049
+  _globals['_REGISTERAGENT_APPLIEDVERSIONSENTRY']._serialized_end=1103
+  _globals['_HEARTBEAT']._serialized_start=1105
+  _globals['_HEARTBEAT']._serialized_end=1218
+  _globals['_INSTRUCTIONACK']._serialized_start=1220
+  _globals['_INSTRUCTIONACK']._serialized_end=1306
+  _globals['_WORKEREXIT']._serialized_start=1309
+  _globals['_WORKEREXIT']._serialized_end=1528
+  _globals['_CHECKPOINTWRITTEN']._serialized_start=1531
+  _globals['_CHECKPOINTWRITTEN']._serialized_end=1682
+  _globals['_LAYERMIGRATED']._serialized_start=1684
+  _globals['_LAYERMIGRATED']._serialized_end=1783
+  _globals['_AGENTMESSAGE']._serialized_start=1786
+  _globals['_AGENTMESSAGE']._serialized_end=2148
+  _globals['_WORKERASSIGNMENT']._serialized_start=2150
+  _globals['_WORKERASSIGNMENT']._serialized_end=2248
+  _globals['_ASSIGNINSTRUCTION']._serialized_start=2251
+  _globals['_ASSIGNINSTRUCTION']._serialized_end=2652
+  _globals['_LAYERMOVE']._serialized_start=2654
+  _globals['_LAYERMOVE']._serialized_end=2724
+  _globals['_REPARTITIONINSTRUCTION']._serialized_start=2726
+  _globals['_REPARTITIONINSTRUCTION']._serialized_end=2849
+  _globals['_CHECKPOINTINSTRUCTION']._serialized_start=2851
+  _globals['_CHECKPOINTINSTRUCTION']._serialized_end=2906
+  _globals['_STOPINSTRUCTION']._serialized_start=2908
+  _globals['_STOPINSTRUCTION']._serialized_end=2961
+  _globals['_HOLDINSTRUCTION']._serialized_start=2963
+  _globals['_HOLDINSTRUCTION']._serialized_end=3010
+  _globals['_REGISTERED']._serialized_start=3012
+  _globals['_REGISTERED']._serialized_end=3071
+  _globals['_PLANNERMESSAGE']._serialized_start=3074
+  _globals['_PLANNERMESSAGE']._serialized_end=3456
+  _globals['_EXECUTORCONTROL']._serialized_start=3458
+  _globals['_EXECUTORCONTROL']._serialized_end=3544
 # @@protoc_insertion_point(module_scope)

@@ -13,7 +13,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class StageStats(_message.Message):
-    __slots__ = ("job_id", "stage_index", "replica_index", "iteration", "plan_version", "forward_s", "backward_s", "comm_s", "idle_s", "memory_bytes", "peak_memory_bytes", "loss", "has_loss", "layers", "iteration_time_s", "recompute_s", "bytes_sent", "throughput_samples_per_s", "rank", "swapped_bytes", "active_layers", "p2p_s", "allreduce_s", "optimizer_s", "overhead_s", "swap_in_bytes", "swap_out_bytes", "swap_s", "ended_at", "data_s")
+    __slots__ = ("job_id", "stage_index", "replica_index", "iteration", "plan_version", "forward_s", "backward_s", "comm_s", "idle_s", "memory_bytes", "peak_memory_bytes", "loss", "has_loss", "layers", "iteration_time_s", "recompute_s", "bytes_sent", "throughput_samples_per_s", "rank", "swapped_bytes", "active_layers", "p2p_s", "allreduce_s", "optimizer_s", "overhead_s", "swap_in_bytes", "swap_out_bytes", "swap_s", "ended_at", "data_s", "first_iteration", "iterations", "iteration_time_p50_s", "iteration_time_p95_s", "iteration_time_max_s")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     REPLICA_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +44,11 @@ class StageStats(_message.Message):
     SWAP_S_FIELD_NUMBER: _ClassVar[int]
     ENDED_AT_FIELD_NUMBER: _ClassVar[int]
     DATA_S_FIELD_NUMBER: _ClassVar[int]
+    FIRST_ITERATION_FIELD_NUMBER: _ClassVar[int]
+    ITERATIONS_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_TIME_P50_S_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_TIME_P95_S_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_TIME_MAX_S_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     stage_index: int
     replica_index: int
@@ -74,7 +79,12 @@ class StageStats(_message.Message):
     swap_s: float
     ended_at: _timestamp_pb2.Timestamp
     data_s: float
-    def __init__(self, job_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., replica_index: _Optional[int] = ..., iteration: _Optional[int] = ..., plan_version: _Optional[int] = ..., forward_s: _Optional[float] = ..., backward_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., idle_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., peak_memory_bytes: _Optional[int] = ..., loss: _Optional[float] = ..., has_loss: _Optional[bool] = ..., layers: _Optional[_Iterable[int]] = ..., iteration_time_s: _Optional[float] = ..., recompute_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., throughput_samples_per_s: _Optional[float] = ..., rank: _Optional[int] = ..., swapped_bytes: _Optional[int] = ..., active_layers: _Optional[_Iterable[int]] = ..., p2p_s: _Optional[float] = ..., allreduce_s: _Optional[float] = ..., optimizer_s: _Optional[float] = ..., overhead_s: _Optional[float] = ..., swap_in_bytes: _Optional[int] = ..., swap_out_bytes: _Optional[int] = ..., swap_s: _Optional[float] = ..., ended_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., data_s: _Optional[float] = ...) -> None: ...
+    first_iteration: int
+    iterations: int
+    iteration_time_p50_s: float
+    iteration_time_p95_s: float
+    iteration_time_max_s: float
+    def __init__(self, job_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., replica_index: _Optional[int] = ..., iteration: _Optional[int] = ..., plan_version: _Optional[int] = ..., forward_s: _Optional[float] = ..., backward_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., idle_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., peak_memory_bytes: _Optional[int] = ..., loss: _Optional[float] = ..., has_loss: _Optional[bool] = ..., layers: _Optional[_Iterable[int]] = ..., iteration_time_s: _Optional[float] = ..., recompute_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., throughput_samples_per_s: _Optional[float] = ..., rank: _Optional[int] = ..., swapped_bytes: _Optional[int] = ..., active_layers: _Optional[_Iterable[int]] = ..., p2p_s: _Optional[float] = ..., allreduce_s: _Optional[float] = ..., optimizer_s: _Optional[float] = ..., overhead_s: _Optional[float] = ..., swap_in_bytes: _Optional[int] = ..., swap_out_bytes: _Optional[int] = ..., swap_s: _Optional[float] = ..., ended_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., data_s: _Optional[float] = ..., first_iteration: _Optional[int] = ..., iterations: _Optional[int] = ..., iteration_time_p50_s: _Optional[float] = ..., iteration_time_p95_s: _Optional[float] = ..., iteration_time_max_s: _Optional[float] = ...) -> None: ...
 
 class RegisterAgent(_message.Message):
     __slots__ = ("host", "applied_versions")
@@ -196,7 +206,7 @@ class WorkerAssignment(_message.Message):
     def __init__(self, device_index: _Optional[int] = ..., rank: _Optional[int] = ..., stage_index: _Optional[int] = ..., replica_index: _Optional[int] = ...) -> None: ...
 
 class AssignInstruction(_message.Message):
-    __slots__ = ("plan", "workers", "process_group_timeout_s", "start_iteration", "checkpoint_id", "spec", "checkpoint_uri", "checkpoint_dir", "init_from", "placement")
+    __slots__ = ("plan", "workers", "process_group_timeout_s", "start_iteration", "checkpoint_id", "spec", "checkpoint_uri", "checkpoint_dir", "init_from", "placement", "metrics_window")
     PLAN_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     PROCESS_GROUP_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
@@ -207,6 +217,7 @@ class AssignInstruction(_message.Message):
     CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
     INIT_FROM_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_FIELD_NUMBER: _ClassVar[int]
+    METRICS_WINDOW_FIELD_NUMBER: _ClassVar[int]
     plan: _plan_pb2.Plan
     workers: _containers.RepeatedCompositeFieldContainer[WorkerAssignment]
     process_group_timeout_s: int
@@ -217,7 +228,8 @@ class AssignInstruction(_message.Message):
     checkpoint_dir: str
     init_from: str
     placement: _fleet_pb2.JobPlacement
-    def __init__(self, plan: _Optional[_Union[_plan_pb2.Plan, _Mapping]] = ..., workers: _Optional[_Iterable[_Union[WorkerAssignment, _Mapping]]] = ..., process_group_timeout_s: _Optional[int] = ..., start_iteration: _Optional[int] = ..., checkpoint_id: _Optional[str] = ..., spec: _Optional[_Union[_job_pb2.JobSpec, _Mapping]] = ..., checkpoint_uri: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., init_from: _Optional[str] = ..., placement: _Optional[_Union[_fleet_pb2.JobPlacement, _Mapping]] = ...) -> None: ...
+    metrics_window: int
+    def __init__(self, plan: _Optional[_Union[_plan_pb2.Plan, _Mapping]] = ..., workers: _Optional[_Iterable[_Union[WorkerAssignment, _Mapping]]] = ..., process_group_timeout_s: _Optional[int] = ..., start_iteration: _Optional[int] = ..., checkpoint_id: _Optional[str] = ..., spec: _Optional[_Union[_job_pb2.JobSpec, _Mapping]] = ..., checkpoint_uri: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., init_from: _Optional[str] = ..., placement: _Optional[_Union[_fleet_pb2.JobPlacement, _Mapping]] = ..., metrics_window: _Optional[int] = ...) -> None: ...
 
 class LayerMove(_message.Message):
     __slots__ = ("layer_index", "from_stage", "to_stage")

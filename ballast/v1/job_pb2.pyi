@@ -107,7 +107,7 @@ class DataSpec(_message.Message):
     def __init__(self, tokens: _Optional[_Union[TokenFile, _Mapping]] = ..., hf_dataset: _Optional[_Union[HFDataset, _Mapping]] = ..., factory: _Optional[_Union[DataFactory, _Mapping]] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "model", "fleet", "global_batch_size", "iterations", "optimizer", "memory_budget_bytes", "engine", "schedule", "seed", "checkpoint_every", "online_repartition", "layer_toggles", "pipeline_stages", "priority_class", "min_devices", "max_devices", "micro_batches", "elastic", "data", "eval_every", "eval_batches", "keep_checkpoints", "init_from", "resume_from")
+    __slots__ = ("name", "model", "fleet", "global_batch_size", "iterations", "optimizer", "memory_budget_bytes", "engine", "schedule", "seed", "checkpoint_every", "online_repartition", "layer_toggles", "pipeline_stages", "priority_class", "min_devices", "max_devices", "micro_batches", "elastic", "data", "eval_every", "eval_batches", "keep_checkpoints", "init_from", "resume_from", "raw_metrics")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     FLEET_FIELD_NUMBER: _ClassVar[int]
@@ -133,6 +133,7 @@ class JobSpec(_message.Message):
     KEEP_CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
     INIT_FROM_FIELD_NUMBER: _ClassVar[int]
     RESUME_FROM_FIELD_NUMBER: _ClassVar[int]
+    RAW_METRICS_FIELD_NUMBER: _ClassVar[int]
     name: str
     model: _model_pb2.ModelSpec
     fleet: _fleet_pb2.Fleet
@@ -158,7 +159,8 @@ class JobSpec(_message.Message):
     keep_checkpoints: int
     init_from: str
     resume_from: str
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[_Union[_model_pb2.ModelSpec, _Mapping]] = ..., fleet: _Optional[_Union[_fleet_pb2.Fleet, _Mapping]] = ..., global_batch_size: _Optional[int] = ..., iterations: _Optional[int] = ..., optimizer: _Optional[_Union[OptimizerSpec, _Mapping]] = ..., memory_budget_bytes: _Optional[int] = ..., engine: _Optional[_Union[_plan_pb2.PlanEngine, str]] = ..., schedule: _Optional[_Union[_plan_pb2.Schedule, str]] = ..., seed: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., online_repartition: _Optional[bool] = ..., layer_toggles: _Optional[_Iterable[_Union[LayerToggle, _Mapping]]] = ..., pipeline_stages: _Optional[int] = ..., priority_class: _Optional[str] = ..., min_devices: _Optional[int] = ..., max_devices: _Optional[int] = ..., micro_batches: _Optional[int] = ..., elastic: _Optional[bool] = ..., data: _Optional[_Union[DataSpec, _Mapping]] = ..., eval_every: _Optional[int] = ..., eval_batches: _Optional[int] = ..., keep_checkpoints: _Optional[int] = ..., init_from: _Optional[str] = ..., resume_from: _Optional[str] = ...) -> None: ...
+    raw_metrics: bool
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[_Union[_model_pb2.ModelSpec, _Mapping]] = ..., fleet: _Optional[_Union[_fleet_pb2.Fleet, _Mapping]] = ..., global_batch_size: _Optional[int] = ..., iterations: _Optional[int] = ..., optimizer: _Optional[_Union[OptimizerSpec, _Mapping]] = ..., memory_budget_bytes: _Optional[int] = ..., engine: _Optional[_Union[_plan_pb2.PlanEngine, str]] = ..., schedule: _Optional[_Union[_plan_pb2.Schedule, str]] = ..., seed: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., online_repartition: _Optional[bool] = ..., layer_toggles: _Optional[_Iterable[_Union[LayerToggle, _Mapping]]] = ..., pipeline_stages: _Optional[int] = ..., priority_class: _Optional[str] = ..., min_devices: _Optional[int] = ..., max_devices: _Optional[int] = ..., micro_batches: _Optional[int] = ..., elastic: _Optional[bool] = ..., data: _Optional[_Union[DataSpec, _Mapping]] = ..., eval_every: _Optional[int] = ..., eval_batches: _Optional[int] = ..., keep_checkpoints: _Optional[int] = ..., init_from: _Optional[str] = ..., resume_from: _Optional[str] = ..., raw_metrics: _Optional[bool] = ...) -> None: ...
 
 class LayerToggle(_message.Message):
     __slots__ = ("layer_index", "iteration", "active")
@@ -224,7 +226,7 @@ class JobEvent(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., seq: _Optional[int] = ..., type: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., message: _Optional[str] = ..., attributes: _Optional[_Mapping[str, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class IterationMetric(_message.Message):
-    __slots__ = ("job_id", "iteration", "stage_index", "replica_index", "plan_version", "iteration_time_s", "forward_s", "backward_s", "comm_s", "idle_s", "peak_memory_bytes", "loss", "has_loss", "throughput_samples_per_s", "predicted_iteration_time_s", "recorded_at", "recompute_s", "p2p_s", "allreduce_s", "optimizer_s", "overhead_s", "predicted_peak_memory_bytes", "predicted_stage_compute_s", "swap_in_bytes", "swap_out_bytes", "swap_s", "predicted_swap_in_bytes", "predicted_swap_out_bytes", "data_s")
+    __slots__ = ("job_id", "iteration", "stage_index", "replica_index", "plan_version", "iteration_time_s", "forward_s", "backward_s", "comm_s", "idle_s", "peak_memory_bytes", "loss", "has_loss", "throughput_samples_per_s", "predicted_iteration_time_s", "recorded_at", "recompute_s", "p2p_s", "allreduce_s", "optimizer_s", "overhead_s", "predicted_peak_memory_bytes", "predicted_stage_compute_s", "swap_in_bytes", "swap_out_bytes", "swap_s", "predicted_swap_in_bytes", "predicted_swap_out_bytes", "data_s", "first_iteration", "iterations", "iteration_time_p50_s", "iteration_time_p95_s", "iteration_time_max_s")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -254,6 +256,11 @@ class IterationMetric(_message.Message):
     PREDICTED_SWAP_IN_BYTES_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_SWAP_OUT_BYTES_FIELD_NUMBER: _ClassVar[int]
     DATA_S_FIELD_NUMBER: _ClassVar[int]
+    FIRST_ITERATION_FIELD_NUMBER: _ClassVar[int]
+    ITERATIONS_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_TIME_P50_S_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_TIME_P95_S_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_TIME_MAX_S_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     iteration: int
     stage_index: int
@@ -283,7 +290,12 @@ class IterationMetric(_message.Message):
     predicted_swap_in_bytes: int
     predicted_swap_out_bytes: int
     data_s: float
-    def __init__(self, job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., stage_index: _Optional[int] = ..., replica_index: _Optional[int] = ..., plan_version: _Optional[int] = ..., iteration_time_s: _Optional[float] = ..., forward_s: _Optional[float] = ..., backward_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., idle_s: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., loss: _Optional[float] = ..., has_loss: _Optional[bool] = ..., throughput_samples_per_s: _Optional[float] = ..., predicted_iteration_time_s: _Optional[float] = ..., recorded_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., recompute_s: _Optional[float] = ..., p2p_s: _Optional[float] = ..., allreduce_s: _Optional[float] = ..., optimizer_s: _Optional[float] = ..., overhead_s: _Optional[float] = ..., predicted_peak_memory_bytes: _Optional[int] = ..., predicted_stage_compute_s: _Optional[float] = ..., swap_in_bytes: _Optional[int] = ..., swap_out_bytes: _Optional[int] = ..., swap_s: _Optional[float] = ..., predicted_swap_in_bytes: _Optional[int] = ..., predicted_swap_out_bytes: _Optional[int] = ..., data_s: _Optional[float] = ...) -> None: ...
+    first_iteration: int
+    iterations: int
+    iteration_time_p50_s: float
+    iteration_time_p95_s: float
+    iteration_time_max_s: float
+    def __init__(self, job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., stage_index: _Optional[int] = ..., replica_index: _Optional[int] = ..., plan_version: _Optional[int] = ..., iteration_time_s: _Optional[float] = ..., forward_s: _Optional[float] = ..., backward_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., idle_s: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., loss: _Optional[float] = ..., has_loss: _Optional[bool] = ..., throughput_samples_per_s: _Optional[float] = ..., predicted_iteration_time_s: _Optional[float] = ..., recorded_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., recompute_s: _Optional[float] = ..., p2p_s: _Optional[float] = ..., allreduce_s: _Optional[float] = ..., optimizer_s: _Optional[float] = ..., overhead_s: _Optional[float] = ..., predicted_peak_memory_bytes: _Optional[int] = ..., predicted_stage_compute_s: _Optional[float] = ..., swap_in_bytes: _Optional[int] = ..., swap_out_bytes: _Optional[int] = ..., swap_s: _Optional[float] = ..., predicted_swap_in_bytes: _Optional[int] = ..., predicted_swap_out_bytes: _Optional[int] = ..., data_s: _Optional[float] = ..., first_iteration: _Optional[int] = ..., iterations: _Optional[int] = ..., iteration_time_p50_s: _Optional[float] = ..., iteration_time_p95_s: _Optional[float] = ..., iteration_time_max_s: _Optional[float] = ...) -> None: ...
 
 class Evaluation(_message.Message):
     __slots__ = ("id", "job_id", "iteration", "plan_version", "loss", "perplexity", "eval_s", "samples", "created_at")

@@ -31,6 +31,7 @@ from typing import Any
 from google.protobuf.json_format import MessageToDict
 
 from ballast.v1 import common_pb2, executor_pb2, job_pb2, plan_pb2
+from services.executor.telemetry import StatsWindow
 from services.executor.train.config import WorkerConfig
 from services.executor.train.hold import hold_command
 from services.runtime.allocator import STEADY_ALLOCATOR
@@ -236,6 +237,7 @@ class Worker:
     plan_version: int = 0  # the plan version this worker runs under (bumped by applied repartitions)
     store_dir: str = ""  # Harmony's host store: removed once every worker of the job has exited
     reader: threading.Thread | None = field(default=None, repr=False)
+    window: StatsWindow = field(default_factory=lambda: StatsWindow(1), repr=False)  # its stats not sent yet
 
 
 def _heard(remembered: dict, job_id: str, new: Callable[[], Any]) -> Any:
@@ -307,7 +309,7 @@ class Workers:
             env["CUDA_VISIBLE_DEVICES"] = str(assignment.device_index)
         proc, stderr = self._start([*self._command, str(config)], env)
         return Worker(job_id, assignment, proc, stderr, plan_version=assign.plan.version,
-                      store_dir=settings.harmony.get("store_dir", ""))
+                      store_dir=settings.harmony.get("store_dir", ""), window=StatsWindow(assign.metrics_window))
 
     def repartition(self, message: executor_pb2.PlannerMessage) -> executor_pb2.InstructionAck | None:
         """Hand a new plan version to the job's workers (a JSON line on each one's stdin). The ack comes later,
@@ -406,6 +408,7 @@ class Workers:
                                         infrastructure=infrastructure, traceback=w.traceback)
         with self._lock:
             _heard(self._exits, w.job_id, list).append(exit_)
+        self._send_stats(w.window.flush())  # its last window goes before its exit: the planner counts on it
         self._emit(executor_pb2.AgentMessage(worker_exit=exit_))
         with self._lock:
             workers = self._jobs.get(w.job_id, [])
@@ -422,7 +425,7 @@ class Workers:
         if kind == "iteration":  # the worker counts iterations done; metrics number them from 0
             w.iteration = int(event.get("iteration", w.iteration))
             stats = stage_stats({**event, "iteration": w.iteration - 1, "rank": w.assignment.rank}, w.job_id)
-            self._emit(executor_pb2.AgentMessage(heartbeat=executor_pb2.Heartbeat(stages=[stats])))
+            self._send_stats(w.window.add(stats))
         elif kind == "checkpoint":  # rank 0's report lists every layer once the manifest vouches for them
             complete = bool(event.get("every_layer"))
             layers = [job_pb2.LayerCheckpoint(layer_index=int(x["layer_index"]), uri=str(x["uri"]),
@@ -471,6 +474,10 @@ class Workers:
             w.traceback = str(event.get("traceback", ""))[-4000:]
             if kind == "stopped" and event.get("drained") is True:
                 w.drained, w.iteration = True, int(event["iteration"])
+
+    def _send_stats(self, windows: list[executor_pb2.StageStats]) -> None:
+        if windows:
+            self._emit(executor_pb2.AgentMessage(heartbeat=executor_pb2.Heartbeat(stages=windows)))
 
     def applied_versions(self) -> dict[str, int]:
         """Plan version in force per running job (the lowest over its local workers)."""

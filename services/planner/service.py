@@ -85,7 +85,8 @@ def build_server(settings: Settings, address: str | None = None, send: durable.S
                                                 settings.straggler_shared_cpu_threshold),
                           elastic_interval_s=settings.elastic_interval_s,
                           elastic_min_resize_interval_s=settings.elastic_min_resize_interval_s,
-                          elastic_fairness_bound=settings.elastic_fairness_bound, arrival=arrival)
+                          elastic_fairness_bound=settings.elastic_fairness_bound, arrival=arrival,
+                          metrics_window_s=settings.metrics_window_s)
     registry = AgentRegistry(as_platform, settings.agent_heartbeat_s, listener=scheduler.on_message)
     sweeper = durable.Sweeper(as_platform, send, settings.sweep_interval_s, settings.requeue_unclaimed_s)
 

@@ -27,7 +27,8 @@ STORE_BACKGROUND_WAIT_SECONDS = Histogram("ballast_store_background_wait_seconds
                                           "served before it started (services/store/gate.py CallGate)",
                                           buckets=RPC_BUCKETS)
 ITERATION_SECONDS = Histogram("ballast_iteration_duration_seconds",
-                              "Measured training iteration time (each stage and replica's report)",
+                              "Measured training iteration time (each stage and replica's report: one iteration, or "
+                              "a window's mean)",
                               buckets=STEP_BUCKETS)
 JOB_ITERATION_SECONDS = Gauge("ballast_job_iteration_seconds",
                               "A running job's latest iteration time, measured or predicted by its plan",

@@ -310,6 +310,11 @@ class JobEvent(Base):
     created_at: Mapped[datetime] = mapped_column(index=True)
 
 
+def _param(ctx, name: str):
+    """A column's default taken from another value of the same INSERT (a row written as one iteration)."""
+    return ctx.get_current_parameters()[name]
+
+
 class IterationMetric(Base):
     __tablename__ = "iteration_metrics"
     __table_args__ = (
@@ -354,6 +359,13 @@ class IterationMetric(Base):
     predicted_swap_in_bytes: Mapped[int | None] = mapped_column(sa.BigInteger)
     predicted_swap_out_bytes: Mapped[int | None] = mapped_column(sa.BigInteger)
     data_s: Mapped[float | None]  # 0017: drawing the samples, seconds; NULL for earlier rows
+    # 0026: the row's window of the worker's iterations (first .. iteration, `iterations` of them) and its
+    # iteration times' median, p95 and max; rows stored before are windows of one iteration
+    first_iteration: Mapped[int] = mapped_column(default=lambda ctx: _param(ctx, "iteration"))
+    iterations: Mapped[int] = mapped_column(default=1)
+    iteration_time_p50_s: Mapped[float] = mapped_column(default=lambda ctx: _param(ctx, "iteration_time_s"))
+    iteration_time_p95_s: Mapped[float] = mapped_column(default=lambda ctx: _param(ctx, "iteration_time_s"))
+    iteration_time_max_s: Mapped[float] = mapped_column(default=lambda ctx: _param(ctx, "iteration_time_s"))
 
 
 class LayerMigration(Base):

@@ -89,6 +89,7 @@ def test_submit_flags_fill_the_job_spec() -> None:
     assert (exact.min_devices, exact.max_devices, exact.elastic) == (3, 3, False)
     elastic = job_spec(parse_args([*SUBMIT, "--elastic", "--min-devices", "1", "--max-devices", "4"]))
     assert (elastic.min_devices, elastic.max_devices, elastic.elastic) == (1, 4, True)
+    assert job_spec(parse_args([*SUBMIT, "--raw-metrics"])).raw_metrics and not plain.raw_metrics
 
 
 def test_policy_and_fleet_commands_parse() -> None:

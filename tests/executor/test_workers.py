@@ -8,6 +8,8 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+
 from ballast.v1 import executor_pb2, plan_pb2
 from services.executor.workers import REMEMBERED_CHECKPOINTS, Workers, plan_command, policies, worker_config
 from tests.executor.assigns import assign_on_one_host
@@ -53,6 +55,31 @@ def test_the_latest_checkpoint_reports_are_remembered_for_a_reconnect(tmp_path):
     assert [m.checkpoint_written.checkpoint.iteration for m in replayed] == [200, 300]
     assert all(m.checkpoint_written.checkpoint.complete for m in replayed)
     assert [m.worker_exit for m in workers.replay()] == exits
+
+
+def test_iteration_stats_leave_in_windows_and_the_last_one_before_the_exit(tmp_path):
+    """With a metrics window of 4, 10 iterations reach the planner as 0, 1, 2 alone, 3, 4-7, then 8-9 (the
+    partial last window, flushed as the worker exits), all before its exit."""
+    lines = [{"event": "iteration", "iteration": i + 1, "iteration_s": 0.1 * (i + 1), "stage": 0, "replica": 0}
+             for i in range(10)]
+    script = "".join(f"print({json.dumps(json.dumps(x))}); " for x in lines) + "print('{\"event\": \"done\"}')"
+    sent, done = [], threading.Event()
+
+    def emit(message: executor_pb2.AgentMessage) -> None:
+        sent.append(message)
+        if message.HasField("worker_exit"):
+            done.set()
+
+    workers = Workers(emit, tmp_path, command=(sys.executable, "-c", script))
+    message = assign_message("job-win")
+    message.assign.metrics_window = 4
+    assert workers.assign(message).ok
+    assert done.wait(30)
+    windows = [s for m in sent if m.HasField("heartbeat") for s in m.heartbeat.stages]
+    assert [(w.first_iteration, w.iteration, w.iterations) for w in windows] == [
+        (0, 0, 1), (1, 1, 1), (2, 2, 1), (3, 3, 1), (4, 7, 4), (8, 9, 2)]
+    assert windows[4].iteration_time_max_s == pytest.approx(0.8) and windows[4].iteration_time_s == pytest.approx(0.65)
+    assert sent[-1].HasField("worker_exit") and sent[-1].worker_exit.iteration == 10
 
 
 def test_a_worker_error_is_the_exit_message(tmp_path):

@@ -164,7 +164,8 @@ def test_a_high_priority_job_preempts_and_the_victim_resumes_to_the_same_losses(
         warm = high_client.jobs.Submit(services_pb2.SubmitJobRequest(spec=spec("warm", iterations=1))).id
         assert wait_ended(plane, high_client, [warm])[warm].state == S.JOB_STATE_SUCCEEDED
         low = low_client.jobs.Submit(services_pb2.SubmitJobRequest(
-            spec=spec("victim", iterations=VICTIM_ITERATIONS, priority_class="low"))).id
+            spec=spec("victim", iterations=VICTIM_ITERATIONS, priority_class="low",
+                                raw_metrics=True))).id  # its losses step by step, and its progress at once
         wait_for(lambda: any(m.iteration >= 5 for m in low_client.iteration_metrics(low)), timeout=180,
                  what="the low-priority job to train a few iterations",
                  story=lambda: job_story(plane.client(), low, plane.settings.data_dir))

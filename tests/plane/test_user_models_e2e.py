@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import statistics
 import subprocess
 
 import pytest
@@ -59,12 +60,14 @@ def spec_file(tmp_path, spec) -> str:
     return str(path)
 
 
-def losses(settings, job_id: str) -> list[float]:
-    """The global loss of every iteration, once (the last stage's first replica), as the store keeps them."""
-    rows = sql(settings, f"SELECT iteration, loss FROM iteration_metrics WHERE job_id = '{job_id}' AND "
-                         "stage_index = 1 AND replica_index = 0 ORDER BY iteration")
-    assert [r[0] for r in rows] == list(range(len(rows))), "each iteration stored once"
-    return [r[1] for r in rows]
+def losses(settings, job_id: str) -> list[tuple[int, int, float]]:
+    """(first iteration, last iteration, loss) of each stored row of the last stage's first replica: a row per
+    iteration or per window (its mean loss), each iteration covered once."""
+    rows = sql(settings, f"SELECT first_iteration, iteration, loss FROM iteration_metrics WHERE job_id = "
+                         f"'{job_id}' AND stage_index = 1 AND replica_index = 0 ORDER BY iteration")
+    covers = [i for first, last, _ in rows for i in range(int(first), int(last) + 1)]
+    assert covers == list(range(len(covers))), "each iteration stored once"
+    return [(int(first), int(last), loss) for first, last, loss in rows]
 
 
 def check_run(settings, job_id: str, spec, user_inputs=None, iterations: int = ITERATIONS) -> None:
@@ -74,7 +77,11 @@ def check_run(settings, job_id: str, spec, user_inputs=None, iterations: int = I
     with torch_threads(1):
         expected = train_single(spec, {}, 0, BATCH, iterations, ADAM,
                                 **({"user_inputs": user_inputs} if user_inputs else {}))
-    assert losses(settings, job_id) == pytest.approx(expected, rel=1e-5)
+    got = losses(settings, job_id)
+    assert got[-1][1] == iterations - 1
+    # a window's loss is the mean of its iterations' losses: each as a single process trains it
+    assert [loss for _, _, loss in got] == pytest.approx(
+        [statistics.fmean(expected[first:last + 1]) for first, last, _ in got], rel=1e-5)
 
 
 def submit(settings, path: str, *flags: str, wait: bool = True, iterations: int = ITERATIONS) -> str:

@@ -146,9 +146,10 @@ def test_resume_from_continues_a_job_as_if_it_never_stopped(plane):
     """N iterations, then N more with --resume-from (weights, optimizer state, the position in the data): the
     losses of an uninterrupted 2N-iteration run."""
     settings, data_root = plane
-    first = submit(settings, data_root, MORE)
-    resumed = submit(settings, data_root, 2 * MORE, "--resume-from", first)
-    uninterrupted = submit(settings, data_root, 2 * MORE)
+    # a row per iteration (--raw-metrics): the three runs' losses are compared step by step
+    first = submit(settings, data_root, MORE, "--raw-metrics")
+    resumed = submit(settings, data_root, 2 * MORE, "--resume-from", first, "--raw-metrics")
+    uninterrupted = submit(settings, data_root, 2 * MORE, "--raw-metrics")
     before, after, whole = losses(settings, first), losses(settings, resumed), losses(settings, uninterrupted)
     assert sorted(after) == list(range(MORE, 2 * MORE)) and sorted(whole) == list(range(2 * MORE))
     assert [before[i] for i in range(MORE)] == pytest.approx([whole[i] for i in range(MORE)], rel=1e-5)

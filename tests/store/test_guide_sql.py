@@ -188,7 +188,8 @@ def _fidelity_metrics(t0: datetime) -> Iterator[dict]:
     the breakdown's answer stays job-c's. Slowest rank per steady iteration, mean over them:
     job-g v1 (1 stage x 2): 1.2, 1.0, 1.1 -> 1.1 s (predicted 1.0); job-h v1 (1 x 2, calibrated): 0.7 s (1.0);
     job-g v2 after a morph (3 x 1, from iteration 6): 2.2, 2.4 -> 2.3 s (2.0); job-d (h100, 1 x 1): 0.5 s
-    (0.4); job-f (bert, 2 x 1, no peak predicted, no lease): 0.35, 0.3 -> 0.325 s (0.26).
+    (0.4); job-f (bert, 2 x 1, no peak predicted, no lease): 0.35, 0.3 -> 0.325 s (0.26). job-h's two steady
+    iterations are one window row per rank (13 to 14), which the SQL weights as the two iterations it covers.
     Steady peaks, predicted -> measured MiB: job-g v1 1024 -> 1280, job-h 1024 -> 512; job-g v2 512 each -> 600,
     640, 680; job-d 40960 -> 51200 (the warm-up's 4096 MiB are left out too)."""
     runs = {  # (job, version) -> predicted s, first iteration, {steady iteration: [(stage, replica, s)]}, peaks
@@ -201,16 +202,22 @@ def _fidelity_metrics(t0: datetime) -> Iterator[dict]:
         ("job-d", 1): (0.4, 0, {3: [(0, 0, 0.5)]}, {0: (40960, 51200)}),
         ("job-f", 1): (0.26, 0, {3: [(0, 0, 0.3), (1, 0, 0.35)], 4: [(0, 0, 0.3), (1, 0, 0.25)]}, {}),
     }
+    windows = {("job-h", 1): (13, 14)}  # job-h's steady iterations arrived as one window per rank (the same times)
     for (job, version), (predicted, first, steady, peaks) in runs.items():
         ranks = steady[min(steady)]
         warmup = {first + i: [(stage, replica, 5.0) for stage, replica, _ in ranks] for i in range(3)}
+        start, end = windows.get((job, version), (None, None))
         for iteration, rows in {**warmup, **steady}.items():
+            if start is not None and start <= iteration < end:
+                continue  # inside the window its last iteration's row stands for
+            span = ({"first_iteration": start, "iterations": end - start + 1} if iteration == end
+                    else {"first_iteration": iteration, "iterations": 1})  # every row names them: one executemany
             for stage, replica, seconds in rows:
                 predicted_peak, peak = peaks.get(stage, (None, 256))
                 # the largest peak in one steady iteration, smaller ones elsewhere; the warm-up's are left out
                 peak_mib = peak if iteration == max(steady) and replica == 0 else min(peak, 256)
                 peak_mib = 4096 if iteration in warmup else peak_mib
-                yield {"job_id": job, "plan_version": version, "iteration": iteration, "stage_index": stage,
+                yield {"job_id": job, "plan_version": version, "iteration": iteration, "stage_index": stage, **span,
                        "replica_index": replica, "iteration_time_s": seconds, "predicted_iteration_time_s": predicted,
                        "forward_s": 0.0, "backward_s": 0.0, "comm_s": 0.0, "idle_s": 0.0, "loss": None,
                        "throughput_samples_per_s": 8.0, "recorded_at": t0, "peak_memory_bytes": peak_mib << 20,

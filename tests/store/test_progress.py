@@ -65,6 +65,39 @@ def test_iteration_metrics_bulk_write_is_idempotent(store: Store):
     assert a.write_iteration_metrics(store_pb2.WriteIterationMetricsRequest()).written == 0
 
 
+def test_a_window_row_round_trips_and_a_row_without_one_reads_as_one_iteration(store: Store):
+    a = store.as_(store.a)
+    job = new_job(store)
+    window = job_pb2.IterationMetric(job_id=job.id, iteration=19, first_iteration=10, iterations=10, plan_version=1,
+                                     iteration_time_s=1.2, iteration_time_p50_s=1.1, iteration_time_p95_s=1.9,
+                                     iteration_time_max_s=2.5, loss=3.0, has_loss=True)
+    single = job_pb2.IterationMetric(job_id=job.id, iteration=20, plan_version=1, iteration_time_s=0.9)
+    assert a.write_iteration_metrics(store_pb2.WriteIterationMetricsRequest(metrics=[window, single])).written == 2
+    got = a.list_iteration_metrics(store_pb2.ListIterationMetricsRequest(job_id=job.id)).metrics
+    assert [(r.first_iteration, r.iteration, r.iterations) for r in got] == [(10, 19, 10), (20, 20, 1)]
+    assert (got[0].iteration_time_p50_s, got[0].iteration_time_p95_s, got[0].iteration_time_max_s) == (1.1, 1.9, 2.5)
+    assert (got[1].iteration_time_p50_s, got[1].iteration_time_max_s) == (0.9, 0.9)
+    assert a.get_job(store_pb2.GetRequest(id=job.id)).iteration == 20
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"iterations": 5}, "metrics[0].iterations"),  # 10..19 is ten iterations
+    ({"first_iteration": 20, "iterations": 1}, "metrics[0].iterations"),  # first after last
+    ({"iteration_time_p95_s": 3.0}, "metrics[0].iteration_time_p95_s"),  # p95 above max
+])
+def test_a_window_that_cannot_be_is_refused_naming_the_field(store: Store, change: dict, field: str):
+    a = store.as_(store.a)
+    job = new_job(store)
+    window = job_pb2.IterationMetric(job_id=job.id, iteration=19, first_iteration=10, iterations=10, plan_version=1,
+                                     iteration_time_s=1.2, iteration_time_p50_s=1.1, iteration_time_p95_s=1.9,
+                                     iteration_time_max_s=2.5)
+    for name, value in change.items():
+        setattr(window, name, value)
+    with pytest.raises(InvalidArgument) as err:
+        a.write_iteration_metrics(store_pb2.WriteIterationMetricsRequest(metrics=[window]))
+    assert err.value.field == field and store.count("iteration_metrics") == 0
+
+
 def test_layer_migrations_and_checkpoints(store: Store):
     a = store.as_(store.a)
     job = new_job(store)
@@ -170,10 +203,11 @@ def _metric_before_0009(engine: sa.Engine) -> None:
                      {"signature": "s" * 64, "now": now})  # as 0008 has it (no version yet)
         conn.execute(sa.insert(m.Job.__table__).values(id="job-1", tenant_id="t-1", model_id="m-1", state="S",
                                                        spec={}, created_at=now, updated_at=now))
-        conn.execute(sa.insert(m.IterationMetric.__table__).values(
-            job_id="job-1", iteration=0, stage_index=0, replica_index=0, plan_version=1, iteration_time_s=1.5,
-            forward_s=0.5, backward_s=0.75, comm_s=0.1, idle_s=0.15, peak_memory_bytes=2**33, loss=None,
-            throughput_samples_per_s=4.0, predicted_iteration_time_s=1.4, recorded_at=now))
+        old = {"job_id": "job-1", "iteration": 0, "stage_index": 0, "replica_index": 0, "plan_version": 1,
+               "iteration_time_s": 1.5, "forward_s": 0.5, "backward_s": 0.75, "comm_s": 0.1, "idle_s": 0.15,
+               "peak_memory_bytes": 2**33, "loss": None, "throughput_samples_per_s": 4.0,
+               "predicted_iteration_time_s": 1.4, "recorded_at": now}  # the columns 0008 has
+        conn.execute(sa.insert(sa.table("iteration_metrics", *(sa.column(k) for k in old))).values(**old))
 
 
 def test_migration_0009_adds_and_drops_the_iteration_breakdown(empty_database_url):
@@ -371,3 +405,25 @@ def test_migration_0025_indexes_what_changed_since_reads_filter_on_and_dates_eac
         schema.check_schema(engine)
         assert st.as_(st.a).get_job(store_pb2.GetRequest(id=ran.id)).started_at == first
         assert not st.as_(st.a).get_job(store_pb2.GetRequest(id=waits.id)).HasField("started_at")
+
+
+def test_migration_0026_makes_every_stored_row_a_window_of_one(empty_database_url):
+    url = empty_database_url
+    schema.upgrade(url, "0008_degraded_hosts")
+    engine = create_engine(url)
+    try:
+        _metric_before_0009(engine)
+        engine.dispose()
+        schema.upgrade(url)
+        with engine.connect() as conn:
+            row = conn.execute(sa.text("SELECT first_iteration, iterations, iteration_time_p50_s, "
+                                       "iteration_time_p95_s, iteration_time_max_s FROM iteration_metrics")).one()
+        assert tuple(row) == (0, 1, 1.5, 1.5, 1.5)
+        schema.downgrade(url, "0025_queue_reads")
+        engine.dispose()
+        columns = {c["name"] for c in sa.inspect(engine).get_columns("iteration_metrics")}
+        assert "first_iteration" not in columns and "iterations" not in columns
+        schema.upgrade(url)
+        schema.check_schema(engine)
+    finally:
+        engine.dispose()

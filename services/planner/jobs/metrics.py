@@ -6,6 +6,7 @@ not take yet. No store, no grpc: the writer is handed its sink."""
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -17,6 +18,20 @@ from services.runtime.metrics import DROPPED, ITERATION_SECONDS, JOB_ITERATION_S
 log = logging.getLogger("ballast.metrics")
 MAX_RETAINED = 200_000  # rows kept for a store that is away (a few minutes of a large job's reports)
 SEND_ROWS = 2_000  # rows per store call when a backlog is sent (about 0.3 MB)
+MAX_WINDOW = 100_000  # iterations; a longer window is a prediction gone wrong, not a summary
+
+
+def window_iterations(window_s: float, predicted_iteration_s: float, raw: bool, checkpoint_every: int = 0) -> int:
+    """Iterations each worker's stats are summarised over (AssignInstruction.metrics_window): about `window_s`
+    of the plan's predicted iterations; 1 (a row per iteration) when the job asked for raw rows, the operator
+    turned windows off (0), or the plan predicts no time. With a checkpoint cadence, the largest divisor of it
+    that is no longer: a morph deletes the rows from its checkpoint on, and no window then straddles one."""
+    if raw or window_s <= 0 or predicted_iteration_s <= 0:
+        return 1
+    size = max(1, min(MAX_WINDOW, math.floor(window_s / predicted_iteration_s)))
+    if checkpoint_every > 0:
+        size = max(d for d in range(1, min(size, checkpoint_every) + 1) if checkpoint_every % d == 0)
+    return size
 
 
 def plan_stage(plan: plan_pb2.Plan | None, stage_index: int) -> plan_pb2.Stage | None:
@@ -59,7 +74,11 @@ def iteration_metric(st: executor_pb2.StageStats, plan: plan_pb2.Plan | None) ->
         swap_in_bytes=st.swap_in_bytes, swap_out_bytes=st.swap_out_bytes, swap_s=st.swap_s, data_s=st.data_s,
         predicted_swap_in_bytes=predicted_swap(plan, st.replica_index)[0],
         predicted_swap_out_bytes=predicted_swap(plan, st.replica_index)[1],
-        recorded_at=st.ended_at if st.HasField("ended_at") else None)
+        recorded_at=st.ended_at if st.HasField("ended_at") else None,
+        first_iteration=st.first_iteration if st.iterations else st.iteration, iterations=st.iterations or 1,
+        iteration_time_p50_s=st.iteration_time_p50_s if st.iterations else st.iteration_time_s,
+        iteration_time_p95_s=st.iteration_time_p95_s if st.iterations else st.iteration_time_s,
+        iteration_time_max_s=st.iteration_time_max_s if st.iterations else st.iteration_time_s)
 
 
 def predicted_swap(plan: plan_pb2.Plan | None, replica: int) -> tuple[int, int]:
@@ -131,6 +150,18 @@ class RetainedRows:
 
     def flush(self) -> bool:
         return self.write([])
+
+    def add(self, rows: list) -> None:
+        """Keep `rows` for the next `flush()`: rows arriving from many hosts then reach the store in one call per
+        flush (the scheduler's tick), not one per heartbeat. Bounded as the rows a refusal keeps."""
+        with self._lock:
+            self._rows.extend(rows)
+            over = len(self._rows) - self._limit
+            for _ in range(max(0, over)):
+                self._rows.popleft()
+        if over > 0:
+            DROPPED.labels(self._what).inc(over)
+            log.error("rows dropped: more arrived than the store took", extra={"what": self._what, "dropped": over})
 
     def _retain(self, batch: list[job_pb2.IterationMetric]) -> None:
         if not batch:  # a last part refused for good leaves nothing to keep (and nothing to warn about)

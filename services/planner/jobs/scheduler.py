@@ -44,12 +44,13 @@ from services.planner.jobs.control import TRANSIENT
 from services.planner.jobs.elastic import ELASTIC_INTERVAL_S, FAIRNESS_BOUND, MIN_RESIZE_INTERVAL_S, ElasticPass
 from services.planner.jobs.hold import StoreHold
 from services.planner.jobs.lifecycle import TERMINAL
-from services.planner.jobs.metrics import RetainedRows, iteration_metric, observe_iteration
+from services.planner.jobs.metrics import RetainedRows, iteration_metric, observe_iteration, window_iterations
 from services.planner.jobs.rebalance import Rebalancer
 from services.planner.jobs.recovery import Cadence, Moves, Recovery
 from services.planner.jobs.retention import Retention
 from services.planner.jobs.running import (
     END_ATTEMPTS,
+    GROW_WINDOW,
     HOST_LOST_S,
     MAX_MORPHS_PER_HOUR,
     SYMPTOM_GRACE_S,
@@ -85,7 +86,8 @@ class Scheduler:
                  straggler_thresholds: tuple[float, float] = (stutter.THRESHOLD, stutter.SHARED_CPU_THRESHOLD),
                  elastic_interval_s: float = ELASTIC_INTERVAL_S,
                  elastic_min_resize_interval_s: float = MIN_RESIZE_INTERVAL_S,
-                 elastic_fairness_bound: float = FAIRNESS_BOUND, arrival: Arrival | None = None):
+                 elastic_fairness_bound: float = FAIRNESS_BOUND, arrival: Arrival | None = None,
+                 metrics_window_s: float = 0.0):
         # shared with the collaborators (state.py); the scheduler's code keeps its short names for those parts
         self.state = SchedulerState(store)
         self._store, self._lock, self._running = store, self.state.lock, self.state.running
@@ -100,6 +102,7 @@ class Scheduler:
         self._retention = Retention(store, checkpoint_root)
         self._retention_due: set[str] = set()  # jobs with a new complete checkpoint, or just ended
         self._interval, self._pg_timeout = interval_s, process_group_timeout_s
+        self._metrics_window_s = metrics_window_s  # seconds of iterations a worker's stats are summarised over
         self._rows = RetainedRows(lambda rows: store.write_iteration_metrics(
             store_pb2.WriteIterationMetricsRequest(metrics=rows)), TRANSIENT)
         self._checkpoints = RetainedRows(lambda checkpoints: [store.create_checkpoint(
@@ -374,13 +377,16 @@ class Scheduler:
         running.job = moved
         if loss is not None:
             self.admission.lost(job_id, None)
+            self._rows.flush()  # the lost incarnation's rows first: recording the morph trims them from its checkpoint
             running.morph_id = self.recovery.record_morph(moved, loss, stages, replicas, start_iteration)
         self.rebalancer.track(moved, plan, running.hosts)
+        window = window_iterations(self._metrics_window_s, plan.prediction.iteration_time_s, job.spec.raw_metrics,
+                                   spec.checkpoint_every)
         for host_id in running.hosts:
             assign = executor_pb2.AssignInstruction(
                 plan=plan, placement=placed, process_group_timeout_s=self._pg_timeout, spec=spec,
                 workers=workers_on(placed, host_id),
-                checkpoint_dir=str(self._root / job.id),
+                checkpoint_dir=str(self._root / job.id), metrics_window=window,
                 start_iteration=resume.iteration if resume else 0,
                 checkpoint_uri=resume.directory if resume else "",
                 init_from="" if resume else weights)
@@ -558,16 +564,23 @@ class Scheduler:
             if running:
                 running.iteration = max(running.iteration, st.iteration + 1)
                 if st.plan_version == running.plan.version:
-                    if st.iteration >= running.resume_iteration + stutter.WARMUP:  # first iterations are noisy
-                        running.watch.observe(st.stage_index, st.replica_index, st.forward_s + st.backward_s)
+                    # a window (executor/telemetry.py) stands for each of its iterations, as far as a bounded
+                    # history holds them: the straggler test and the grow check wait as many iterations as before
+                    first, times = (st.first_iteration, st.iterations) if st.iterations else (st.iteration, 1)
+                    if first >= running.resume_iteration + stutter.WARMUP:  # first iterations are noisy
+                        for _ in range(min(times, running.watch.window)):
+                            running.watch.observe(st.stage_index, st.replica_index, st.forward_s + st.backward_s)
                         watched[running.job.id] = running
                     if st.stage_index == 0 and st.replica_index == 0:
-                        running.recent.append(st.iteration_time_s)
+                        typical = st.iteration_time_p50_s if st.iterations else st.iteration_time_s
+                        running.recent.extend([typical] * min(times, GROW_WINDOW))
                 if running.morph_id and st.iteration >= running.resume_iteration:
                     self.recovery.morph_resumed(running)
             rows.append(iteration_metric(st, plan))
             observe_iteration(rows[-1])
-        self._rows.write(rows)  # a store that is away gets them later: the workers report each iteration once
+        # stored at the next tick, with every host's rows since in one call (a store that is away gets them later:
+        # the workers report each iteration once)
+        self._rows.add(rows)
         for running in watched.values():
             if running.iteration >= running.stutter_next and not running.stopping:
                 running.stutter_next = running.iteration + stutter.WINDOW  # judged again on a fresh window
@@ -614,8 +627,9 @@ class Scheduler:
             all_gone = len(running.exited) >= running.world
             all_finished = len(running.finished) == running.world
             stopping = running.stopping or ("drained" if running.drained else "")
+        if all_gone:  # its last rows (each rank's last window came before its exit) stored before it ends, goes
+            self._rows.flush()  # back to the queue or morphs: its calibration reads them, a morph trims them
         if all_finished:
-            self._rows.flush()  # the job's last rows stored before it ends (its calibration reads them)
             loss = f"; final loss {running.last_loss:.4f}" if running.last_loss is not None else ""
             done = self._transition(running.job, S.JOB_STATE_SUCCEEDED,
                                     f"trained {running.job.spec.iterations} iteration(s){loss}", "SUCCEEDED")

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from ballast.v1 import fleet_pb2, job_pb2, plan_pb2, profile_pb2
+from ballast.windows import first_iteration, weight, weighted_median
 from services.planner.cost.calibration import MIN_SPREAD, Calibration, HostClass, Observation, apply, fit
 from services.planner.cost.context import CostContext, CostOptions
 from services.planner.cost.pipeline import build_pipeline
@@ -71,12 +72,16 @@ def uncalibrated(profile: profile_pb2.Profile, plan: plan_pb2.Plan) -> tuple[Pip
 
 def steady_iteration_times(metrics: Iterable[job_pb2.IterationMetric], version: int, warmup: int = 0) -> list[float]:
     """Each iteration's time under plan `version` in iteration order (an iteration lasts as long as its slowest
-    rank), its first `warmup` iterations left out."""
+    rank), its first `warmup` iterations left out. A row summarising a window of iterations stands for each of
+    them at its mean (the agents send a run's first iterations one by one, so a warm-up of up to
+    telemetry.WARMUP leaves out exactly those)."""
     by_iteration: dict[int, float] = defaultdict(float)
+    weights: dict[int, int] = defaultdict(int)
     for m in metrics:
         if m.plan_version == version:
             by_iteration[m.iteration] = max(by_iteration[m.iteration], m.iteration_time_s)
-    return [t for _, t in sorted(by_iteration.items())[warmup:]]
+            weights[m.iteration] = max(weights[m.iteration], weight(m))
+    return [t for i, t in sorted(by_iteration.items()) for _ in range(weights[i])][warmup:]
 
 
 def measured_iteration_s(metrics: Iterable[job_pb2.IterationMetric], version: int, warmup: int = 0) -> float:
@@ -86,15 +91,16 @@ def measured_iteration_s(metrics: Iterable[job_pb2.IterationMetric], version: in
 
 
 def _median(rows: Sequence[job_pb2.IterationMetric], field: str) -> float:
-    return statistics.median(float(getattr(r, field)) for r in rows)
+    """The median over the iterations the rows cover (a window's row counts once per iteration)."""
+    return weighted_median((float(getattr(r, field)), weight(r)) for r in rows)
 
 
 def observations(run: Run) -> tuple[list[Observation], float]:
     """Per stage observations of one run, and its measured median iteration time (0: too few iterations)."""
     pipe, decoded = uncalibrated(run.profile, run.plan)
     steady = [m for m in run.metrics if m.plan_version == run.plan.version]
-    first = min((m.iteration for m in steady), default=0)
-    steady = [m for m in steady if m.iteration >= first + WARMUP]
+    first = min((first_iteration(m) for m in steady), default=0)
+    steady = [m for m in steady if first_iteration(m) >= first + WARMUP]
     if not steady:
         return [], 0.0
     # the simulator's peaks, as the plan predicted them (the static rule assumes Varuna's worst case, every
@@ -110,9 +116,9 @@ def observations(run: Run) -> tuple[list[Observation], float]:
             forward_s=_median(rows, "forward_s"), backward_s=_median(rows, "backward_s"),
             allreduce_s=_median(rows, "allreduce_s"), optimizer_s=_median(rows, "optimizer_s"),
             # drawing the samples is per-iteration time the cost model prices nowhere else, as the rest is
-            overhead_s=statistics.median(r.overhead_s + r.data_s for r in rows),
+            overhead_s=weighted_median((r.overhead_s + r.data_s, weight(r)) for r in rows),
             peak_memory_bytes=int(_median(rows, "peak_memory_bytes")),
-            predicted_peak_memory_bytes=peaks[s], iterations=len({m.iteration for m in rows})))
+            predicted_peak_memory_bytes=peaks[s], iterations=sum({m.iteration: weight(m) for m in rows}.values())))
     return out, measured_iteration_s(steady, run.plan.version)
 
 

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ballast.v1 import fleet_pb2, job_pb2, plan_pb2
+from ballast.windows import first_iteration, weight, weighted_mean
 from services.planner.plans.calibrate import WARMUP, host_class
 from services.planner.plans.make import CALIBRATED
 
@@ -88,24 +89,26 @@ def run_of(job_id: str, model: str, plan: plan_pb2.Plan, metrics: Sequence[job_p
     rows = [m for m in metrics if m.plan_version == plan.version]
     if not rows:
         return None
-    first = min(m.iteration for m in rows)
-    steady = [m for m in rows if m.iteration >= first + warmup]
+    first = min(first_iteration(m) for m in rows)
+    steady = [m for m in rows if first_iteration(m) >= first + warmup]
     slowest: dict[int, float] = defaultdict(float)
+    covers: dict[int, int] = defaultdict(int)  # iterations the rows ending at an iteration stand for
     peaks: dict[int, tuple[int, int]] = {}
     for m in steady:
         slowest[m.iteration] = max(slowest[m.iteration], m.iteration_time_s)
+        covers[m.iteration] = max(covers[m.iteration], weight(m))
         if m.predicted_peak_memory_bytes > 0:  # 0: recorded before per-stage predictions existed
             predicted, measured = peaks.get(m.stage_index, (0, 0))
             peaks[m.stage_index] = (max(predicted, m.predicted_peak_memory_bytes),
                                     max(measured, m.peak_memory_bytes))
-    measured_s = statistics.fmean(slowest.values()) if slowest else 0.0
+    measured_s = weighted_mean((t, covers[i]) for i, t in slowest.items())
     if measured_s <= 0:
         return None
     stages = max(m.stage_index for m in steady) + 1
     replicas = max(m.replica_index for m in steady) + 1
     return Run(job_id=job_id, plan_version=plan.version, model=model, stages=stages, replicas=replicas,
                micro_batches=plan.num_micro_batches, host_class=host_class(plan.fleet, hosts, stages * replicas).key,
-               calibrated=CALIBRATED in plan.explanation, iterations=len(slowest),
+               calibrated=CALIBRATED in plan.explanation, iterations=sum(covers.values()),
                predicted_s=statistics.fmean(m.predicted_iteration_time_s for m in steady), measured_s=measured_s,
                peaks=tuple(peaks[s] for s in sorted(peaks)))
 

@@ -25,6 +25,24 @@ def metric_pb(row: m.IterationMetric) -> job_pb2.IterationMetric:
     return job_pb2.IterationMetric(**shared_fields(row, job_pb2.IterationMetric), has_loss=row.loss is not None)
 
 
+def window_of(row: job_pb2.IterationMetric, field: str) -> dict[str, Any]:
+    """The window columns of a row: a row without `iterations` (a writer from before windows) is one iteration;
+    a window is consecutive iterations, first_iteration .. iteration, and its times are ordered."""
+    if not row.iterations:
+        t = row.iteration_time_s
+        return {"first_iteration": row.iteration, "iterations": 1, "iteration_time_p50_s": t,
+                "iteration_time_p95_s": t, "iteration_time_max_s": t}
+    if row.first_iteration > row.iteration or row.iterations != row.iteration - row.first_iteration + 1:
+        raise InvalidArgument(f"{field} covers iterations {row.first_iteration}..{row.iteration} but says "
+                              f"{row.iterations}", field=f"{field}.iterations",
+                              fix="a window is consecutive iterations: iterations = iteration - first_iteration + 1")
+    if not row.iteration_time_p50_s <= row.iteration_time_p95_s <= row.iteration_time_max_s:
+        raise InvalidArgument(f"{field}'s iteration times are not ordered (p50 {row.iteration_time_p50_s}, p95 "
+                              f"{row.iteration_time_p95_s}, max {row.iteration_time_max_s})",
+                              field=f"{field}.iteration_time_p95_s", fix="send p50 <= p95 <= max")
+    return {}
+
+
 def migration_pb(row: m.LayerMigration) -> job_pb2.LayerMigration:
     return job_pb2.LayerMigration(**shared_fields(row, job_pb2.LayerMigration))
 
@@ -67,6 +85,7 @@ class ProgressStore(RepositoryBase):
                 "recorded_at": to_datetime(row.recorded_at, f"metrics[{i}].recorded_at")
                 if row.HasField("recorded_at")
                 else now,
+                **window_of(row, f"metrics[{i}]"),
             }
             for i, row in enumerate(req.metrics)
         ]

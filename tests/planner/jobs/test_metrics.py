@@ -7,7 +7,7 @@ import pytest
 
 from ballast.v1 import executor_pb2, plan_pb2
 from services.executor.workers import stage_stats
-from services.planner.jobs.metrics import iteration_metric
+from services.planner.jobs.metrics import MAX_WINDOW, iteration_metric, window_iterations
 
 MEASURED = {"iteration_time_s": 1.0, "forward_s": 0.25, "backward_s": 0.375, "recompute_s": 0.125, "p2p_s": 0.25,
             "allreduce_s": 0.0625, "optimizer_s": 0.03125, "overhead_s": 0.03125, "comm_s": 0.3125,
@@ -144,3 +144,51 @@ def test_a_backlog_goes_in_parts_and_a_part_refused_for_good_costs_only_itself(m
     with pytest.raises(NotFound):
         writer.flush()  # the first part (5, 6) is refused for good
     assert writer.retained == 1 and writer.flush() is True and 7 in {i for i, _ in store.rows}
+
+
+@pytest.mark.parametrize(("window_s", "predicted_s", "raw", "checkpoint_every", "size"), [
+    (10.0, 0.5, False, 0, 20),  # about ten seconds of predicted iterations
+    (10.0, 0.5, True, 0, 1),  # the job asked for a row per iteration
+    (0.0, 0.5, False, 0, 1),  # the operator turned windows off
+    (10.0, 0.0, False, 0, 1),  # no prediction to size a window by
+    (10.0, 30.0, False, 0, 1),  # iterations longer than the window
+    (10.0, 1e-9, False, 0, MAX_WINDOW),
+    (10.0, 0.5, False, 50, 10),  # the largest divisor of the checkpoint cadence no longer than 20
+    (10.0, 0.5, False, 7, 7),  # a cadence shorter than the window: one window per checkpoint interval
+    (10.0, 0.5, False, 23, 1),  # a prime cadence above the window: nothing between 1 and 23 divides it
+])
+def test_a_window_is_about_its_seconds_of_predicted_iterations_and_never_straddles_a_checkpoint(
+        window_s: float, predicted_s: float, raw: bool, checkpoint_every: int, size: int):
+    got = window_iterations(window_s, predicted_s, raw, checkpoint_every)
+    assert got == size
+    if checkpoint_every:
+        assert checkpoint_every % got == 0
+
+
+def test_a_window_becomes_a_row_of_the_window_and_a_single_iteration_a_row_of_one():
+    window = executor_pb2.StageStats(job_id="j", iteration=19, first_iteration=10, iterations=10, plan_version=1,
+                                     iteration_time_s=1.2, iteration_time_p50_s=1.1, iteration_time_p95_s=1.9,
+                                     iteration_time_max_s=2.5)
+    row = iteration_metric(window, None)
+    assert (row.first_iteration, row.iteration, row.iterations) == (10, 19, 10)
+    assert (row.iteration_time_p50_s, row.iteration_time_p95_s, row.iteration_time_max_s) == (1.1, 1.9, 2.5)
+    old = iteration_metric(executor_pb2.StageStats(job_id="j", iteration=4, iteration_time_s=0.7), None)  # older agent
+    assert (old.first_iteration, old.iteration, old.iterations, old.iteration_time_p95_s) == (4, 4, 1, 0.7)
+
+
+def test_rows_added_from_many_heartbeats_reach_the_store_in_one_call_at_the_flush():
+    from services.planner.jobs.metrics import RetainedRows
+    from services.runtime.errors import Unavailable
+    from services.runtime.metrics import DROPPED
+
+    store = FlakyStore()
+    writer = RetainedRows(store, (Unavailable,), limit=4)
+    for i in range(3):
+        writer.add(rows(i))
+    assert store.calls == 0 and writer.retained == 3
+    assert writer.flush() is True and store.calls == 1 and sorted(i for i, _ in store.rows) == [0, 1, 2]
+    before = DROPPED.labels("iteration_metrics")._value.get()
+    writer.add(rows(3, 4, 5, 6, 7))  # past the bound: the oldest go, counted
+    assert writer.retained == 4 and DROPPED.labels("iteration_metrics")._value.get() - before == 1
+    writer.flush()
+    assert sorted(i for i, _ in store.rows) == [0, 1, 2, 4, 5, 6, 7]

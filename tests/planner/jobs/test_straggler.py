@@ -37,7 +37,10 @@ def test_a_straggler_is_left_out_and_its_host_marked_degraded(plane):
                                                                         vocab_size=512, seq_length=64))
     job_id = client.jobs.Submit(services_pb2.SubmitJobRequest(spec=job_pb2.JobSpec(
         name="stutter", model=model, global_batch_size=48, iterations=160, seed=2, checkpoint_every=50,
-        pipeline_stages=1))).id  # data parallel: replicas of one stage to compare
+        pipeline_stages=1,  # data parallel: replicas of one stage to compare
+        # a row per iteration: with 10 s windows (50 iterations here) the verdict would come at iteration 50 or
+        # later, too late in a 160-iteration run for the morph to pay (windows in the watch: test_scheduler_windows)
+        raw_metrics=True))).id
 
     def story() -> str:
         return job_story(client, job_id, plane.settings.data_dir)

@@ -204,3 +204,20 @@ def test_noise_is_the_half_range_of_a_stage_without_one_straggler() -> None:
     steady = TrainingMonitor(MonitorOptions(window=5, warmup=0))
     feed(steady, range(5))
     assert steady.observation("job").noise == 0.0
+
+
+def test_windows_from_the_agents_line_up_across_stages_and_give_the_same_imbalance() -> None:
+    """The agents summarise each worker's iterations over the same blocks of iteration numbers
+    (services/executor/telemetry.py): every stage's window ends at the same iteration, so a window is complete
+    once every stage sent it, and the imbalance is the per-iteration one."""
+    from services.executor.telemetry import StatsWindow
+
+    mon = TrainingMonitor(MonitorOptions(warmup=0, window=3))
+    agents = [StatsWindow(10), StatsWindow(10)]
+    for it in range(60):
+        for s, compute in enumerate((1.0, 3.0)):
+            for window in agents[s].add(stats(it, s, compute=compute * (1 + 0.01 * (it % 3)))):
+                mon.observe(window)
+    obs = mon.observation("job")
+    assert obs.iterations == (39, 49, 59) and obs.complete_iterations == 3 + 6  # three alone, six windows
+    assert obs.bottleneck_stage == 1 and obs.imbalance == pytest.approx(3.0 / 2.0 - 1, rel=1e-3)

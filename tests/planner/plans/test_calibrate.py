@@ -162,3 +162,28 @@ def test_a_stored_calibration_round_trips():
     stored = to_proto(cal, HostClass("cpu", 2, 2), ["job-b", "job-a"], 0.3, 0.02)
     assert stored.residual_before == 0.3 and stored.residual == 0.02 and list(stored.job_ids) == ["job-b", "job-a"]
     assert replace(from_proto(stored), residual=cal.residual) == cal
+
+
+def windowed(rows: list[job_pb2.IterationMetric], size: int) -> list[job_pb2.IterationMetric]:
+    """The rows as the agents send them: each rank's first WARMUP iterations alone, then blocks of `size`
+    iterations, each a row of the block's means (`measured` reports the same values every iteration)."""
+    out = []
+    for m in rows:
+        block_end = (m.iteration // size + 1) * size - 1
+        if m.iteration < WARMUP or m.iteration == block_end or m.iteration == max(r.iteration for r in rows):
+            first = m.iteration if m.iteration < WARMUP else max(WARMUP, m.iteration // size * size)
+            row = job_pb2.IterationMetric()
+            row.CopyFrom(m)
+            row.first_iteration, row.iterations = first, m.iteration - first + 1
+            out.append(row)
+    return out
+
+
+def test_windows_of_iterations_calibrate_as_the_iterations_they_cover(case, shallow):
+    """Rows that summarise windows weigh as the iterations they cover: the same fit, the same iteration count."""
+    raw = [Run(f"job-{n}", p, plan, measured(p, plan)) for n, (p, plan) in enumerate((case, shallow))]
+    summed = [replace(r, metrics=windowed(list(r.metrics), 8)) for r in raw]
+    assert sum(len(r.metrics) for r in summed) < sum(len(r.metrics) for r in raw) / 2
+    cls = HostClass("nvidia-titan-rtx-24gb", 16, 4)
+    got, want = calibrate(summed, cls), calibrate(raw, cls)
+    assert got[0] == want[0] and got[1:] == pytest.approx(want[1:]) and got[0].iterations == 20 - WARMUP

@@ -113,3 +113,12 @@ def test_a_plan_is_calibrated_when_its_explanation_says_so() -> None:
     note = f"Predicted 1 s.\n{CALIBRATED} cal-1 (version 2 for cpu/4c/1w, fitted on 40 iterations of 2 run(s))"
     assert run_of("job-1", "gpt", plan(explanation=note), rows, []).calibrated
     assert not run_of("job-1", "gpt", plan(explanation="Not calibrated: ..."), rows, []).calibrated
+
+
+def test_a_window_of_steady_iterations_weighs_as_the_iterations_it_covers() -> None:
+    """Iterations 3..9 in one row (their mean, 1.2 s) count as seven steady iterations beside 10 (2.0 s)."""
+    rows = [metric(i, 5.0) for i in range(3)] + [metric(10, 2.0)]
+    window = metric(9, 1.2)
+    window.first_iteration, window.iterations = 3, 7
+    got = run_of("job-1", "gpt", plan(), [*rows, window], [])
+    assert got.iterations == 8 and got.measured_s == pytest.approx((7 * 1.2 + 2.0) / 8)
