@@ -16,6 +16,7 @@ fidelity, the straggler test: at most 3) leaves out exactly those. Pure: no cloc
 from __future__ import annotations
 
 import math
+from array import array
 
 from ballast.v1 import executor_pb2
 
@@ -30,28 +31,52 @@ def nearest_rank(ordered: list[float], q: float) -> float:
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
+class Summary:
+    """A window being summed: running sums of its means, its largest peak, its losses' sum and its iteration
+    times (8 bytes each: a window of thousands of iterations on thousands of emulated ranks stays small)."""
+
+    def __init__(self, first: executor_pb2.StageStats):
+        self.first = first.iteration
+        self.last = first
+        self.sums = dict.fromkeys(MEANS + BYTE_MEANS, 0.0)
+        self.peak, self.loss_sum, self.losses = 0, 0.0, 0
+        self.times = array("d")
+
+    def add(self, stats: executor_pb2.StageStats) -> None:
+        for name in self.sums:
+            self.sums[name] += getattr(stats, name)
+        self.peak = max(self.peak, stats.peak_memory_bytes)
+        if stats.has_loss:
+            self.loss_sum, self.losses = self.loss_sum + stats.loss, self.losses + 1
+        self.times.append(stats.iteration_time_s)
+        self.last = stats
+
+    def stats(self) -> executor_pb2.StageStats:
+        out = executor_pb2.StageStats()
+        out.CopyFrom(self.last)  # identity, the layer lists, memory now and ended_at are the last iteration's
+        n = len(self.times)
+        times = sorted(self.times)
+        out.first_iteration, out.iterations = self.first, n
+        out.iteration_time_p50_s, out.iteration_time_p95_s = nearest_rank(times, 0.5), nearest_rank(times, 0.95)
+        out.iteration_time_max_s = times[-1]
+        if n == 1:
+            return out
+        for name in MEANS:
+            setattr(out, name, self.sums[name] / n)
+        for name in BYTE_MEANS:
+            setattr(out, name, round(self.sums[name] / n))
+        out.peak_memory_bytes = self.peak
+        out.has_loss = self.losses > 0
+        out.loss = self.loss_sum / self.losses if self.losses else 0.0
+        return out
+
+
 def summarise(samples: list[executor_pb2.StageStats]) -> executor_pb2.StageStats:
     """One worker's consecutive iterations (oldest first, one plan version) as one StageStats."""
-    last = samples[-1]
-    out = executor_pb2.StageStats()
-    out.CopyFrom(last)  # identity, the layer lists and ended_at are the last iteration's
-    n = len(samples)
-    times = sorted(s.iteration_time_s for s in samples)
-    out.first_iteration, out.iterations = samples[0].iteration, n
-    out.iteration_time_p50_s, out.iteration_time_p95_s = nearest_rank(times, 0.5), nearest_rank(times, 0.95)
-    out.iteration_time_max_s = times[-1]
-    if n == 1:
-        return out
-    for name in MEANS:
-        setattr(out, name, sum(getattr(s, name) for s in samples) / n)
-    for name in BYTE_MEANS:
-        setattr(out, name, round(sum(getattr(s, name) for s in samples) / n))
-    out.peak_memory_bytes = max(s.peak_memory_bytes for s in samples)
-    out.memory_bytes = last.memory_bytes
-    losses = [s.loss for s in samples if s.has_loss]
-    out.has_loss = bool(losses)
-    out.loss = sum(losses) / len(losses) if losses else 0.0
-    return out
+    summary = Summary(samples[0])
+    for s in samples:
+        summary.add(s)
+    return summary.stats()
 
 
 class StatsWindow:
@@ -59,7 +84,7 @@ class StatsWindow:
 
     def __init__(self, size: int, warmup: int = WARMUP):
         self.size, self.warmup = max(1, size), warmup
-        self._open: list[executor_pb2.StageStats] = []
+        self._open: Summary | None = None
         self._version: int | None = None
         self._alone = 0  # iterations still to send one by one
 
@@ -67,20 +92,22 @@ class StatsWindow:
         closed = []
         if stats.plan_version != self._version:  # a start, or a new partition: its warm-up goes one by one
             self._version, self._alone = stats.plan_version, self.warmup
-        if self._open and (stats.plan_version != self._open[-1].plan_version
-                           or stats.iteration // self.size != self._open[-1].iteration // self.size
-                           or stats.iteration <= self._open[-1].iteration):
-            closed.append(summarise(self._open))  # a new block, a new plan version, or the worker went back
-            self._open = []
-        self._open.append(stats)
+        last = self._open.last if self._open else None
+        if last is not None and (stats.plan_version != last.plan_version or stats.iteration != last.iteration + 1
+                                 or stats.iteration // self.size != last.iteration // self.size):
+            closed.append(self._open.stats())  # a new block or plan version, or a report missing in between
+            self._open = None
+        if self._open is None:
+            self._open = Summary(stats)
+        self._open.add(stats)
         if self._alone > 0 or self.size == 1 or stats.iteration % self.size == self.size - 1:
             self._alone -= 1
-            closed.append(summarise(self._open))
-            self._open = []
+            closed.append(self._open.stats())
+            self._open = None
         return closed
 
     def flush(self) -> list[executor_pb2.StageStats]:
         """The open window, if any (the worker exited, or the job is stopping)."""
-        closed = [summarise(self._open)] if self._open else []
-        self._open = []
+        closed = [self._open.stats()] if self._open else []
+        self._open = None
         return closed

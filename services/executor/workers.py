@@ -406,9 +406,9 @@ class Workers:
                                         replica_index=a.replica_index, exit_code=code, finished=finished,
                                         message=why, iteration=w.iteration, drained=w.drained,
                                         infrastructure=infrastructure, traceback=w.traceback)
-        with self._lock:
+        self._send_stats(w.window.flush())  # its last window goes before its exit (and its replay): the planner
+        with self._lock:  # stores a job's rows before it settles the job
             _heard(self._exits, w.job_id, list).append(exit_)
-        self._send_stats(w.window.flush())  # its last window goes before its exit: the planner counts on it
         self._emit(executor_pb2.AgentMessage(worker_exit=exit_))
         with self._lock:
             workers = self._jobs.get(w.job_id, [])

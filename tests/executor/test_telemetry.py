@@ -89,3 +89,14 @@ def test_the_warm_up_matches_the_readers_that_leave_it_out():
     from services.planner.jobs.stutter import WARMUP as STUTTER_WARMUP
     from services.planner.plans.calibrate import WARMUP as CALIBRATION_WARMUP
     assert max(CALIBRATION_WARMUP, GROW_WARMUP, STUTTER_WARMUP) <= WARMUP
+
+
+def test_a_report_missing_in_between_closes_the_window_so_a_window_is_always_consecutive_iterations():
+    """A report the agent could not read (a garbled line) leaves a gap: the windows on each side of it are
+    consecutive iterations, so the store takes them (iterations = last - first + 1)."""
+    window, sent = StatsWindow(10), []
+    for i in (*range(0, 5), *range(6, 12)):
+        sent += window.add(stats(i))
+    sent += window.flush()
+    assert spans(sent) == [(0, 0, 1), (1, 1, 1), (2, 2, 1), (3, 4, 2), (6, 9, 4), (10, 11, 2)]
+    assert all(last - first + 1 == n for first, last, n in spans(sent))

@@ -42,10 +42,10 @@ def resumed(store: Store, id_: str, seconds: float) -> job_pb2.Morph:
     return store.as_(store.admin).morph_resumed(req)
 
 
-def write_metrics(store: Store, job_id: str, iterations: range) -> None:
-    rows = [job_pb2.IterationMetric(job_id=job_id, iteration=i, stage_index=s, plan_version=1, iteration_time_s=1.0)
-            for i in iterations for s in range(2)]
-    store.as_(store.a).write_iteration_metrics(store_pb2.WriteIterationMetricsRequest(metrics=rows))
+def write_metrics(store: Store, job_id: str, iterations: range, version: int = 1) -> int:
+    rows = [job_pb2.IterationMetric(job_id=job_id, iteration=i, stage_index=s, plan_version=version,
+                                    iteration_time_s=1.0) for i in iterations for s in range(2)]
+    return store.as_(store.a).write_iteration_metrics(store_pb2.WriteIterationMetricsRequest(metrics=rows)).written
 
 
 def iterations(store: Store, job_id: str) -> list[int]:
@@ -73,7 +73,12 @@ def test_a_morph_drops_the_metrics_it_trains_again(store: Store):
     row = sql_row(store, made.id)
     assert row["tenant_id"] == store.a.tenant_id and row["lost_iterations"] == 3
     assert row["first_iteration_at"] is None and row["recovery_s"] is None
-    write_metrics(store, job.id, range(5, 7))  # the resumed run reports its own iterations 5 and 6
+    write_metrics(store, job.id, range(5, 7), version=2)  # the resumed run reports its own iterations 5 and 6
+    assert iterations(store, job.id) == list(range(7)) and store.count("iteration_metrics") == 2 * 7 + 2 * 8
+    # a window of the replaced incarnation arriving late (a survivor's last, a lost host's agent back) is not
+    # stored: those iterations were trained again; the replaced run's rows before the checkpoint still are
+    assert write_metrics(store, job.id, range(6, 8), version=1) == 0
+    assert write_metrics(store, job.id, range(4, 5), version=1) == 0  # already held
     assert iterations(store, job.id) == list(range(7)) and store.count("iteration_metrics") == 2 * 7 + 2 * 8
 
 

@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from ballast.v1 import plan_pb2, store_pb2
+from ballast.windows import weight
 from services.planner.cost.calibration import Calibration, HostClass
 from services.planner.jobs.arrival import is_workload
 from services.planner.plans.calibrate import (
@@ -51,7 +52,10 @@ def run_of(store: Store, job_id: str) -> Run | None:
     metrics = [m for page in every_page(store.list_iteration_metrics, request) for m in page.metrics]
     if not metrics:
         return None
-    version = Counter(m.plan_version for m in metrics).most_common(1)[0][0]
+    trained: Counter[int] = Counter()  # iterations per plan version (a row may be a window of them)
+    for m in metrics:
+        trained[m.plan_version] += weight(m)
+    version = trained.most_common(1)[0][0]
     plans = [p for page in every_page(store.list_plans, store_pb2.ListPlansRequest(job_id=job_id))
              for p in page.plans if p.version == version]
     if not plans:

@@ -112,14 +112,18 @@ class RetainedRows:
     version, iteration, stage and replica) and answers a repeated checkpoint with its row, so a batch whose
     answer was lost is not stored twice. Bounded: past `limit` the oldest rows are dropped and counted
     (ballast_dropped_total{what}). A backlog goes in parts of `part` rows; a refusal that is not passing (a job
-    deleted meanwhile) drops its part, counted, keeps the rest and is raised."""
+    deleted meanwhile) drops its part, counted, keeps the rest and is raised. With `isolate` (rows of many jobs
+    in one call) a refused part is halved until the rows the store refuses are alone: those are dropped, counted
+    and logged, the others stored, and nothing is raised. One write at a time: a `flush()` that returns True has
+    sent every row added before it."""
 
     def __init__(self, sink: Callable[[list], object], transient: tuple[type[BallastError], ...],
-                 limit: int = MAX_RETAINED, *, what: str = "iteration_metrics", part: int = 0):
+                 limit: int = MAX_RETAINED, *, what: str = "iteration_metrics", part: int = 0, isolate: bool = False):
         self._sink, self._transient, self._limit = sink, transient, limit
-        self._what, self._part_size = what, part
+        self._what, self._part_size, self._isolate = what, part, isolate
         self._rows: deque = deque()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the kept rows
+        self._sending = threading.Lock()  # one write at a time, held while the store answers
         self.refusal: BallastError | None = None  # why the store refused the rows still kept, if it did
 
     @property
@@ -128,25 +132,34 @@ class RetainedRows:
             return len(self._rows)
 
     def write(self, rows: list[job_pb2.IterationMetric]) -> bool:
-        """Send the retained rows and `rows`; True when the store took them all."""
-        with self._lock:
-            batch = [*self._rows, *rows]
-            self._rows.clear()
-        size = self._part_size or SEND_ROWS  # rows per store call (0: SEND_ROWS, read when sent)
-        for start in range(0, len(batch), size):  # a long outage's backlog goes in messages of bounded size
-            part = batch[start:start + size]
-            try:
-                self._sink(part)
-            except self._transient as exc:
-                self.refusal = exc
-                self._retain(batch[start:])
-                return False
-            except BallastError:
-                self._retain(batch[start + size:])
-                DROPPED.labels(self._what).inc(len(part))
-                raise
-        self.refusal = None
-        return True
+        """Send the retained rows and `rows`; True when the store took them all (or, with `isolate`, all but the
+        rows it refused for good)."""
+        with self._sending:
+            with self._lock:
+                batch = [*self._rows, *rows]
+                self._rows.clear()
+            size = self._part_size or SEND_ROWS  # rows per store call (0: SEND_ROWS, read when sent)
+            # a long outage's backlog goes in messages of bounded size
+            parts = [batch[start:start + size] for start in range(0, len(batch), size)]
+            while parts:
+                part = parts.pop(0)
+                try:
+                    self._sink(part)
+                except self._transient as exc:
+                    self.refusal = exc
+                    self._retain([row for p in (part, *parts) for row in p])
+                    return False
+                except BallastError as exc:
+                    if self._isolate and len(part) > 1:  # find the rows refused: the rest are good
+                        parts[:0] = [part[:len(part) // 2], part[len(part) // 2:]]
+                        continue
+                    DROPPED.labels(self._what).inc(len(part))
+                    if not self._isolate:
+                        self._retain([row for p in parts for row in p])
+                        raise
+                    log.error("a row the store refused was dropped", extra={"what": self._what, "why": str(exc)})
+            self.refusal = None
+            return True
 
     def flush(self) -> bool:
         return self.write([])

@@ -103,8 +103,8 @@ class Scheduler:
         self._retention_due: set[str] = set()  # jobs with a new complete checkpoint, or just ended
         self._interval, self._pg_timeout = interval_s, process_group_timeout_s
         self._metrics_window_s = metrics_window_s  # seconds of iterations a worker's stats are summarised over
-        self._rows = RetainedRows(lambda rows: store.write_iteration_metrics(
-            store_pb2.WriteIterationMetricsRequest(metrics=rows)), TRANSIENT)
+        self._rows = RetainedRows(lambda rows: store.write_iteration_metrics(  # every job's rows in one call
+            store_pb2.WriteIterationMetricsRequest(metrics=rows)), TRANSIENT, isolate=True)
         self._checkpoints = RetainedRows(lambda checkpoints: [store.create_checkpoint(
             store_pb2.CreateCheckpointRequest(checkpoint=c)) for c in checkpoints], TRANSIENT,
             MAX_OWED_CHECKPOINTS, what="checkpoints", part=1)
@@ -140,6 +140,7 @@ class Scheduler:
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
+        self._rows.flush()  # the rows kept for the next tick; a store that is away loses them with this process
 
     def _loop(self) -> None:
         """A full tick every interval; in between, woken by the stats that make an online job's window full,
@@ -569,7 +570,8 @@ class Scheduler:
                     first, times = (st.first_iteration, st.iterations) if st.iterations else (st.iteration, 1)
                     if first >= running.resume_iteration + stutter.WARMUP:  # first iterations are noisy
                         for _ in range(min(times, running.watch.window)):
-                            running.watch.observe(st.stage_index, st.replica_index, st.forward_s + st.backward_s)
+                            running.watch.observe(st.stage_index, st.replica_index, st.forward_s + st.backward_s,
+                                                  st.iteration)
                         watched[running.job.id] = running
                     if st.stage_index == 0 and st.replica_index == 0:
                         typical = st.iteration_time_p50_s if st.iterations else st.iteration_time_s

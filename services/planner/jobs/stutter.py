@@ -41,9 +41,12 @@ class StutterWatch:
     def __init__(self, window: int = WINDOW, threshold: float = THRESHOLD):
         self.window, self.threshold = window, threshold
         self._samples: dict[tuple[int, int], deque[float]] = {}
+        self._through: dict[tuple[int, int], int] = {}  # the last iteration each replica's samples reach
 
-    def observe(self, stage: int, replica: int, compute_s: float) -> None:
+    def observe(self, stage: int, replica: int, compute_s: float, iteration: int | None = None) -> None:
         self._samples.setdefault((stage, replica), deque(maxlen=self.window)).append(compute_s)
+        if iteration is not None:
+            self._through[(stage, replica)] = iteration
 
     def straggler(self) -> Finding | None:
         """The slowest replica past the threshold, once every replica of its stage has a full window."""
@@ -53,6 +56,8 @@ class StutterWatch:
             replicas = {r: q for (s, r), q in self._samples.items() if s == stage}
             if len(replicas) < 2 or any(len(q) < self.window for q in replicas.values()):
                 continue
+            if len({self._through.get((stage, r)) for r in replicas}) > 1:
+                continue  # one replica's newest window is in, a peer's not yet: judge the same iterations
             medians = {r: statistics.median(q) for r, q in replicas.items()}
             for r, own in medians.items():
                 peers = statistics.median(m for other, m in medians.items() if other != r)

@@ -43,6 +43,21 @@ def window_of(row: job_pb2.IterationMetric, field: str) -> dict[str, Any]:
     return {}
 
 
+def _after_morphs(s: Session, rows: list[dict[str, Any]], jobs: set[str]) -> list[dict[str, Any]]:
+    """The rows a recorded morph has not superseded: a row of a plan version before the morph's, at or after its
+    checkpoint, is from the incarnation the morph replaced (trained again since), arriving late (a survivor's
+    last window, a lost host's agent back); storing it would give those iterations two lineages."""
+    t = m.JobMorph
+    morphs = s.execute(sa.select(t.job_id, t.to_plan_version, t.checkpoint_iteration).where(t.job_id.in_(jobs))).all()
+    if not morphs:
+        return rows
+    by_job: dict[str, list[tuple[int, int]]] = {}
+    for job_id, version, checkpoint in morphs:
+        by_job.setdefault(job_id, []).append((version, checkpoint))
+    return [r for r in rows if not any(r["plan_version"] < version and r["iteration"] >= checkpoint
+                                       for version, checkpoint in by_job.get(r["job_id"], ()))]
+
+
 def migration_pb(row: m.LayerMigration) -> job_pb2.LayerMigration:
     return job_pb2.LayerMigration(**shared_fields(row, job_pb2.LayerMigration))
 
@@ -96,11 +111,12 @@ class ProgressStore(RepositoryBase):
             for i, r in enumerate(rows):
                 if r["job_id"] not in owned:
                     raise NotFound(f"job {quote(r['job_id'] or '')} not found", field=f"metrics[{i}].job_id")
+            rows = _after_morphs(s, rows, owned)
             for start in range(0, len(rows), METRICS_CHUNK):
                 stmt = self._insert(m.IterationMetric).values(rows[start : start + METRICS_CHUNK])
                 # RETURNING yields only rows actually inserted (rowcount is unreliable for multi-row inserts).
                 written += len(s.execute(stmt.on_conflict_do_nothing().returning(m.IterationMetric.id)).all())
-            for job_id in owned:  # Job.iteration: last iteration reported
+            for job_id in {r["job_id"] for r in rows}:  # Job.iteration: last iteration reported
                 top = max(r["iteration"] for r in rows if r["job_id"] == job_id)
                 s.execute(sa.update(m.Job).where(m.Job.id == job_id, m.Job.iteration < top).values(iteration=top))
         return store_pb2.WriteIterationMetricsResponse(written=written)

@@ -192,3 +192,54 @@ def test_rows_added_from_many_heartbeats_reach_the_store_in_one_call_at_the_flus
     assert writer.retained == 4 and DROPPED.labels("iteration_metrics")._value.get() - before == 1
     writer.flush()
     assert sorted(i for i, _ in store.rows) == [0, 1, 2, 4, 5, 6, 7]
+
+
+def test_a_row_the_store_refuses_for_good_costs_only_itself_when_every_jobs_rows_go_together():
+    """One bad row (a diverged job's NaN loss, say) among every job's rows: the part is halved until it is alone,
+    it is dropped and counted, the others are stored, and the tick that flushed goes on."""
+    from services.planner.jobs.metrics import RetainedRows
+    from services.runtime.errors import InvalidArgument, Unavailable
+    from services.runtime.metrics import DROPPED
+
+    stored: list[int] = []
+
+    def sink(batch) -> None:
+        if any(r.iteration == 5 for r in batch):
+            raise InvalidArgument("metrics[0].loss: not a finite number", field="metrics[0].loss")
+        stored.extend(r.iteration for r in batch)
+
+    before = DROPPED.labels("iteration_metrics")._value.get()
+    writer = RetainedRows(sink, (Unavailable,), isolate=True)
+    writer.add(rows(*range(10)))
+    assert writer.flush() is True and writer.retained == 0
+    assert sorted(stored) == [0, 1, 2, 3, 4, 6, 7, 8, 9]
+    assert DROPPED.labels("iteration_metrics")._value.get() - before == 1
+
+
+def test_a_flush_waits_for_a_write_in_flight_on_another_thread():
+    """Rows taken by one thread's write are not yet stored; a flush on another thread returns only after that
+    write has answered, so what it vouches for (a job ended, a morph recorded) follows the rows."""
+    import threading
+
+    from services.planner.jobs.metrics import RetainedRows
+    from services.runtime.errors import Unavailable
+
+    entered, release, stored = threading.Event(), threading.Event(), []
+
+    def sink(batch) -> None:
+        entered.set()
+        release.wait(10)
+        stored.extend(r.iteration for r in batch)
+
+    writer = RetainedRows(sink, (Unavailable,))
+    first = threading.Thread(target=writer.write, args=(rows(0, 1),))
+    first.start()
+    assert entered.wait(10)
+    second_done = threading.Event()
+    second = threading.Thread(target=lambda: (writer.flush(), second_done.set()))
+    second.start()
+    assert not second_done.wait(0.2)  # held while the first write is in flight
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert second_done.is_set() and stored == [0, 1]

@@ -125,3 +125,22 @@ def test_cpu_workers_sharing_a_machine_are_judged_with_the_wider_threshold():
     for watch, skew, found in ((shared, 0.14, False), (shared, 0.20, True), (apart, 0.14, True)):
         fill(watch, {(0, 0): 0.10, (0, 1): skew}, watch.window)
         assert (watch.straggler() is not None) is found, (watch.threshold, skew)
+
+
+def test_replicas_are_judged_on_the_same_iterations():
+    """Windows of iterations arrive from each host in its own time: a replica whose newest window is in is not
+    compared with a peer still at the window before (a workload that changed between them is no straggler)."""
+    watch = StutterWatch(window=3, threshold=0.2)
+    for _ in range(3):
+        watch.observe(0, 0, 0.1, iteration=19)
+        watch.observe(0, 1, 0.1, iteration=19)
+    for _ in range(3):
+        watch.observe(0, 1, 0.5, iteration=39)  # the next window, a heavier one, from replica 1 only so far
+    assert watch.straggler() is None
+    for _ in range(3):
+        watch.observe(0, 0, 0.5, iteration=39)  # replica 0's arrives: as heavy, so nobody straggles
+    assert watch.straggler() is None
+    for _ in range(3):
+        watch.observe(0, 1, 1.5, iteration=59)
+        watch.observe(0, 0, 0.5, iteration=59)
+    assert watch.straggler().replica == 1
