@@ -45,6 +45,9 @@ def test_the_planner_rebalances_a_running_job_by_migrating_layers_live(plane):
                     story=lambda: job_story(client, job.id, plane.settings.data_dir))
     events = client.store.ListJobEvents(store_pb2.ListJobEventsRequest(job_id=job.id)).events
     assert done.state == S.JOB_STATE_SUCCEEDED, (done.message, [(e.type, e.message) for e in events])
+    # its monitor judged it iteration by iteration: an online job's rows stay one per iteration on a plane with
+    # the product's telemetry windows
+    assert all(m.iterations == 1 for m in client.iteration_metrics(job.id))
     kinds = [e.type for e in events]
     first = client.planner.GetPlan(store_pb2.GetRequest(id=events[kinds.index("PLAN_CHOSEN")].attributes["plan_id"]))
     assert len(first.stages) == 2

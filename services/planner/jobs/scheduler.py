@@ -381,8 +381,9 @@ class Scheduler:
             self._rows.flush()  # the lost incarnation's rows first: recording the morph trims them from its checkpoint
             running.morph_id = self.recovery.record_morph(moved, loss, stages, replicas, start_iteration)
         self.rebalancer.track(moved, plan, running.hosts)
-        window = window_iterations(self._metrics_window_s, plan.prediction.iteration_time_s, job.spec.raw_metrics,
-                                   spec.checkpoint_every)
+        # an online job's training monitor (vPipe) judges its stages iteration by iteration: its rows stay per iteration
+        window = window_iterations(self._metrics_window_s, plan.prediction.iteration_time_s,
+                                   job.spec.raw_metrics or job.spec.online_repartition, spec.checkpoint_every)
         for host_id in running.hosts:
             assign = executor_pb2.AssignInstruction(
                 plan=plan, placement=placed, process_group_timeout_s=self._pg_timeout, spec=spec,
