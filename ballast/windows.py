@@ -20,6 +20,13 @@ def first_iteration(row: Any) -> int:
     return row.first_iteration if row.iterations else row.iteration
 
 
+def time_quantiles(row: Any) -> tuple[float, float, float]:
+    """The row's median, p95 and longest iteration time (a row of one iteration: its own time, thrice)."""
+    if row.iterations:
+        return row.iteration_time_p50_s, row.iteration_time_p95_s, row.iteration_time_max_s
+    return (row.iteration_time_s,) * 3
+
+
 def weighted_median(pairs: Iterable[tuple[float, int]]) -> float:
     """The median of values each repeated `weight` times (on an even total, the mean of the two middle values,
     as statistics.median); 0 for none."""

@@ -12,6 +12,7 @@ from collections import deque
 from collections.abc import Callable
 
 from ballast.v1 import executor_pb2, job_pb2, plan_pb2
+from ballast.windows import first_iteration, time_quantiles, weight
 from services.runtime.errors import BallastError
 from services.runtime.metrics import DROPPED, ITERATION_SECONDS, JOB_ITERATION_SECONDS
 
@@ -75,10 +76,9 @@ def iteration_metric(st: executor_pb2.StageStats, plan: plan_pb2.Plan | None) ->
         predicted_swap_in_bytes=predicted_swap(plan, st.replica_index)[0],
         predicted_swap_out_bytes=predicted_swap(plan, st.replica_index)[1],
         recorded_at=st.ended_at if st.HasField("ended_at") else None,
-        first_iteration=st.first_iteration if st.iterations else st.iteration, iterations=st.iterations or 1,
-        iteration_time_p50_s=st.iteration_time_p50_s if st.iterations else st.iteration_time_s,
-        iteration_time_p95_s=st.iteration_time_p95_s if st.iterations else st.iteration_time_s,
-        iteration_time_max_s=st.iteration_time_max_s if st.iterations else st.iteration_time_s)
+        first_iteration=first_iteration(st), iterations=weight(st),
+        **dict(zip(("iteration_time_p50_s", "iteration_time_p95_s", "iteration_time_max_s"), time_quantiles(st),
+                   strict=True)))
 
 
 def predicted_swap(plan: plan_pb2.Plan | None, replica: int) -> tuple[int, int]:

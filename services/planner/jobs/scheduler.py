@@ -34,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ballast.v1 import executor_pb2, fleet_pb2, job_pb2, plan_pb2, store_pb2
+from ballast.windows import first_iteration, time_quantiles, weight
 from services.planner import admission as adm
 from services.planner.jobs import morph, references, stutter
 from services.planner.jobs.active import HOLDING
@@ -568,15 +569,12 @@ class Scheduler:
                 if st.plan_version == running.plan.version:
                     # a window (executor/telemetry.py) stands for each of its iterations, as far as a bounded
                     # history holds them: the straggler test and the grow check wait as many iterations as before
-                    first, times = (st.first_iteration, st.iterations) if st.iterations else (st.iteration, 1)
-                    if first >= running.resume_iteration + stutter.WARMUP:  # first iterations are noisy
-                        for _ in range(min(times, running.watch.window)):
-                            running.watch.observe(st.stage_index, st.replica_index, st.forward_s + st.backward_s,
-                                                  st.iteration)
+                    if first_iteration(st) >= running.resume_iteration + stutter.WARMUP:  # first ones are noisy
+                        running.watch.observe(st.stage_index, st.replica_index, st.forward_s + st.backward_s,
+                                              st.iteration, times=weight(st))
                         watched[running.job.id] = running
                     if st.stage_index == 0 and st.replica_index == 0:
-                        typical = st.iteration_time_p50_s if st.iterations else st.iteration_time_s
-                        running.recent.extend([typical] * min(times, GROW_WINDOW))
+                        running.recent.extend([time_quantiles(st)[0]] * min(weight(st), GROW_WINDOW))
                 if running.morph_id and st.iteration >= running.resume_iteration:
                     self.recovery.morph_resumed(running)
             rows.append(iteration_metric(st, plan))

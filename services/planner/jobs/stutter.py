@@ -43,8 +43,11 @@ class StutterWatch:
         self._samples: dict[tuple[int, int], deque[float]] = {}
         self._through: dict[tuple[int, int], int] = {}  # the last iteration each replica's samples reach
 
-    def observe(self, stage: int, replica: int, compute_s: float, iteration: int | None = None) -> None:
-        self._samples.setdefault((stage, replica), deque(maxlen=self.window)).append(compute_s)
+    def observe(self, stage: int, replica: int, compute_s: float, iteration: int | None = None,
+                times: int = 1) -> None:
+        """A compute time, `times` over (a window of iterations reported as one, through `iteration`)."""
+        samples = self._samples.setdefault((stage, replica), deque(maxlen=self.window))
+        samples.extend([compute_s] * min(times, self.window))
         if iteration is not None:
             self._through[(stage, replica)] = iteration
 

@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session, selectinload
 
 from ballast.v1 import job_pb2, store_pb2
+from ballast.windows import time_quantiles
 from services.runtime.auth import Principal
 from services.runtime.errors import InvalidArgument, NotFound
 from services.store import models as m
@@ -29,9 +30,9 @@ def window_of(row: job_pb2.IterationMetric, field: str) -> dict[str, Any]:
     """The window columns of a row: a row without `iterations` (a writer from before windows) is one iteration;
     a window is consecutive iterations, first_iteration .. iteration, and its times are ordered."""
     if not row.iterations:
-        t = row.iteration_time_s
-        return {"first_iteration": row.iteration, "iterations": 1, "iteration_time_p50_s": t,
-                "iteration_time_p95_s": t, "iteration_time_max_s": t}
+        p50, p95, longest = time_quantiles(row)
+        return {"first_iteration": row.iteration, "iterations": 1, "iteration_time_p50_s": p50,
+                "iteration_time_p95_s": p95, "iteration_time_max_s": longest}
     if row.first_iteration > row.iteration or row.iterations != row.iteration - row.first_iteration + 1:
         raise InvalidArgument(f"{field} covers iterations {row.first_iteration}..{row.iteration} but says "
                               f"{row.iterations}", field=f"{field}.iterations",
