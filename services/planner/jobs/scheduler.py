@@ -583,7 +583,7 @@ class Scheduler:
         # the workers report each iteration once)
         self._rows.add(rows)
         for running in watched.values():
-            if running.iteration >= running.stutter_next and not running.stopping:
+            if running.iteration >= running.stutter_next and not running.stopping and running.watch.ready():
                 running.stutter_next = running.iteration + stutter.WINDOW  # judged again on a fresh window
                 self.stragglers.check(running)
 

@@ -51,16 +51,28 @@ class StutterWatch:
         if iteration is not None:
             self._through[(stage, replica)] = iteration
 
+    def ready(self) -> bool:
+        """Whether some stage can be judged now: two or more replicas, each with a full window, all through the
+        same iteration. Hosts report in their own time, so a verdict taken as the first replica's report arrives
+        would find its peers one report behind and judge nothing; the caller waits for this instead."""
+        return any(self._judged(stage) is not None for stage in {s for s, _ in self._samples})
+
+    def _judged(self, stage: int) -> dict[int, deque[float]] | None:
+        replicas = {r: q for (s, r), q in self._samples.items() if s == stage}
+        if len(replicas) < 2 or any(len(q) < self.window for q in replicas.values()):
+            return None
+        if len({self._through.get((stage, r)) for r in replicas}) > 1:
+            return None  # one replica's newest window is in, a peer's not yet: judge the same iterations
+        return replicas
+
     def straggler(self) -> Finding | None:
         """The slowest replica past the threshold, once every replica of its stage has a full window."""
         worst: Finding | None = None
         stages = sorted({s for s, _ in self._samples})
         for stage in stages:
-            replicas = {r: q for (s, r), q in self._samples.items() if s == stage}
-            if len(replicas) < 2 or any(len(q) < self.window for q in replicas.values()):
+            replicas = self._judged(stage)
+            if replicas is None:
                 continue
-            if len({self._through.get((stage, r)) for r in replicas}) > 1:
-                continue  # one replica's newest window is in, a peer's not yet: judge the same iterations
             medians = {r: statistics.median(q) for r, q in replicas.items()}
             for r, own in medians.items():
                 peers = statistics.median(m for other, m in medians.items() if other != r)

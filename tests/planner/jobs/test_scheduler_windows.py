@@ -55,3 +55,21 @@ def test_windows_feed_the_straggler_watch_and_the_grow_check_and_reach_the_store
     assert platform.writes == 1
     rows = store.as_(store.a).list_iteration_metrics(store_pb2.ListIterationMetricsRequest(job_id=job.id)).metrics
     assert len(rows) == 2 * 5 and all(its == list(range(40)) for its in covered(rows).values())
+
+
+def test_a_verdict_waits_for_every_replica_of_the_iteration(store: Store, tmp_path, monkeypatch):
+    """Rows of one iteration (raw metrics) come from each host in its own heartbeat: the watch is judged once the
+    last replica's row is in, not as the first arrives (then it would find its peers one row behind, judge
+    nothing, and wait a whole window for the next try: a straggler was never left out)."""
+    job = running_job(store)
+    scheduler = scheduler_for(Counting(store.as_(store.admin)), tmp_path, job)
+    running = scheduler._running[job.id]
+    verdicts = []
+    monkeypatch.setattr(scheduler.stragglers, "check", lambda r: verdicts.append(r.watch.straggler()))
+    for iteration in range(20):
+        for replica, compute in ((0, 0.1), (1, 0.3)):
+            scheduler.on_message(f"host-{replica}", executor_pb2.AgentMessage(heartbeat=executor_pb2.Heartbeat(
+                stages=[executor_pb2.StageStats(job_id=job.id, iteration=iteration, replica_index=replica,
+                                                plan_version=running.plan.version, forward_s=compute,
+                                                iteration_time_s=compute)])))
+    assert len(verdicts) >= 2 and all(v is not None and v.replica == 1 for v in verdicts)
