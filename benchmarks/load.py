@@ -38,6 +38,7 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict
+from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -167,6 +168,21 @@ def ballast(env: dict[str, str], *args: str) -> None:
     done = subprocess.run([sys.executable, "-m", "ballast", *args], env=env, cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"ballast {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
+
+
+def store_calls(logs: Path, since: float, until: float) -> dict[str, int]:
+    """Calls each store process served between two wall-clock times, from its call log (one line per call)."""
+    counts = {}
+    for name in ("store", "store-read"):
+        path = logs / f"{name}.log"
+        lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+        counts[name] = 0
+        for line in lines:
+            if '"msg": "rpc"' not in line:
+                continue
+            at = datetime.strptime(json.loads(line)["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+            counts[name] += since <= at.timestamp() <= until
+    return counts
 
 
 def cpu_seconds(settings) -> dict[str, float]:
@@ -347,7 +363,7 @@ def main() -> None:
                                     "think_ms": args.think_ms, "seconds": args.seconds,
                                     "start": time.time() + 5 + args.clients / 20}))
         outs = [settings.data_dir / f"load-{i}.json" for i in range(procs)]
-        cpu_before = cpu_seconds(settings)
+        cpu_before, cpu_since = cpu_seconds(settings), time.time()
         clients_before = resource.getrusage(resource.RUSAGE_CHILDREN)
         machine = MachineLoad()
         machine.start()
@@ -356,6 +372,7 @@ def main() -> None:
         if any(c.wait() for c in children):
             raise SystemExit("a client process failed")
         cpu = {name: used - cpu_before.get(name, 0.0) for name, used in cpu_seconds(settings).items()}
+        calls = store_calls(settings.data_dir / "logs", cpu_since, time.time())
         clients_after = resource.getrusage(resource.RUSAGE_CHILDREN)
         start_at = json.loads(plan.read_text())["start"]
         busy = machine.stop(start_at, start_at + args.seconds)
@@ -372,6 +389,11 @@ def main() -> None:
     met = report(args, sessions, throttled)
     print(f"  CPU seconds over the run: {', '.join(f'{n} {s:.1f}' for n, s in cpu.items())}; the worker prepared "
           f"{prepared} job(s) (profiled from its cache, planned) by the end")
+    store_cpu = cpu.get("store", 0.0) + cpu.get("store-read", 0.0)
+    served = sum(calls.values())
+    print(f"  store calls over the same span: {served} ({', '.join(f'{n} {k}' for k, n in calls.items())}); the "
+          f"store's CPU per call, its two processes: {1e3 * store_cpu / max(1, served):.2f} ms "
+          f"(target <= 2 ms: {'met' if store_cpu <= 2e-3 * served else 'missed'})")
     print(f"  machine CPU busy while the clients ran (all processes, 1-s samples): mean "
           f"{100 * sum(busy) / max(1, len(busy)):.0f}%, max {100 * max(busy, default=0):.0f}% of {os.cpu_count()} "
           f"cores")

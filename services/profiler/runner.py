@@ -19,6 +19,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 from google.protobuf.json_format import MessageToDict, ParseDict
 from google.protobuf.message import Message
@@ -28,7 +29,8 @@ from services.profiler import projection
 from services.profiler.bounded import check_budget
 from services.profiler.versions import code_version, software
 from services.runtime.allocator import STEADY_ALLOCATOR
-from services.runtime.auth import Principal
+from services.runtime.auth import Principal, hash_token
+from services.runtime.context import caller_token
 from services.runtime.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -50,6 +52,8 @@ LOCAL_DEVICES = ("", "cpu")
 WORKER_COMMAND = (sys.executable, "-m", "services.profiler.worker")
 USER_FAMILIES = (model_pb2.MODEL_FAMILY_CUSTOM, model_pb2.MODEL_FAMILY_HF)  # their code runs in a worker process
 INSPECTIONS_KEPT = 1024  # inspections a profiler keeps, by signature and code version (at most 8 MiB of them)
+T = TypeVar("T", bound=Message)
+LOOKUPS_KEPT = 4096  # stored models and analytical profiles a profiler remembers per caller (at most 64 MiB)
 
 
 def resolve_model(store: Store, request: services_pb2.ProfileRequest,
@@ -101,6 +105,9 @@ class Runner:
         self._worker_command = worker_command
         self._turn = threading.Semaphore(1)
         self._inspections = BytesLRU(INSPECTIONS_KEPT, 8 << 20)
+        # Stored models and analytical profiles are never changed or deleted, so a caller who read one reads the
+        # same again: a worker preparing jobs of one model asked the store twice per job (GetModel, ListProfiles)
+        self._lookups = BytesLRU(LOOKUPS_KEPT, 64 << 20)
         self._lock = threading.Lock()
         self._checks: dict[str, list] = {}  # model key -> [its lock, callers holding or waiting]
 
@@ -158,18 +165,20 @@ class Runner:
             raise InvalidArgument("an analytical profile is computed for device_kind directly", field="project_to",
                                   fix="leave project_to empty and set device_kind")
         kind = catalog.device(request.device_kind).kind
-        model = resolve_model(self._store, request, self._user_inputs)
+        model = self._model(request)
         sizes = analytical_sizes(request)
         code = code_version(model.spec, self._user_inputs)  # an edited model file is priced again
         formula = projection.analytical_software() + (f"; {code}" if code else "")
         dtype = request.dtype or model.spec.dtype or catalog.device(kind).default_dtype
         lookup = store_pb2.ListProfilesRequest(model_id=model.id, model_signature=model.signature, device_kind=kind,
                                                dtype=dtype, software=formula, projected=True)
-        hit = None
-        for reply in () if request.refresh else every_page(self._store.list_profiles, lookup):
+        key = self._caller_key("analytical", lookup.SerializeToString(deterministic=True), *sizes)
+        hit = None if request.refresh else self._remembered(key, profile_pb2.Profile)
+        for reply in () if request.refresh or hit is not None else every_page(self._store.list_profiles, lookup):
             hit = next((p for p in reversed(reply.profiles) if not p.source_profile_id and p.layers
                         and [smp.micro_batch_size for smp in p.layers[0].samples] == sizes), hit)
         if hit is not None:
+            self._lookups.put(key, hit.SerializeToString())
             return services_pb2.ProfileProgress(phase="done", fraction=1.0, profile=hit, cached=True,
                                                 message=f"analytical profile {hit.id} (cached)")
         if model.spec.family in USER_FAMILIES:  # a user's code: priced in a worker process
@@ -182,8 +191,29 @@ class Runner:
                                                     model_signature=model.signature)
         profile.software = formula
         stored = self._store.create_profile(store_pb2.CreateProfileRequest(profile=profile))
+        self._lookups.put(key, stored.SerializeToString())
         return services_pb2.ProfileProgress(phase="done", fraction=1.0, profile=stored,
                                             message=f"analytical profile {stored.id} for {kind}")
+
+    @staticmethod
+    def _caller_key(*parts: object) -> tuple[object, ...]:
+        """A lookup's key for this caller: what one token may read, another may not (tenant isolation)."""
+        return (hash_token(caller_token()), *parts)
+
+    def _remembered(self, key: tuple[object, ...], kind: type[T]) -> T | None:
+        found = self._lookups.get(key)
+        return None if found is None else kind.FromString(found)
+
+    def _model(self, request: services_pb2.ProfileRequest) -> model_pb2.Model:
+        """resolve_model, remembered by id for this caller (a stored model never changes)."""
+        if not request.model_id:
+            return resolve_model(self._store, request, self._user_inputs)
+        key = self._caller_key("model", request.model_id)
+        model = self._remembered(key, model_pb2.Model)
+        if model is None:
+            model = resolve_model(self._store, request, self._user_inputs)
+            self._lookups.put(key, model.SerializeToString())
+        return model
 
     def inspect(self, request: services_pb2.InspectRequest) -> services_pb2.Inspection:
         """The model checked against Ballast's rules with its layers (zoo.contract), and its data against the model

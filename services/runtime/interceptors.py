@@ -221,13 +221,15 @@ class CallInterceptor(grpc.ServerInterceptor):
         def wrap(behavior: Behavior, streaming: bool, streaming_in: bool) -> Behavior:
             def begin(ctx: grpc.ServicerContext, called: list[Principal],
                       request: Any = None) -> tuple[Principal, float | None, str, bool, context.Cancellation]:
-                trace_scope(ctx, request)
-                token, principal = self.authenticated(method, ctx.peer() or "", ctx.invocation_metadata())
+                metadata = ctx.invocation_metadata()  # read once: each read builds a new tuple
+                headers = dict(metadata or ())
+                trace_scope(headers.get(trace.HEADER, ""), request)
+                token, principal = self.authenticated(method, ctx.peer() or "", metadata)
                 called.append(principal)  # who, for the audit log, even if refused below
-                self.admit(method, principal, ctx.invocation_metadata())
+                self.admit(method, principal, metadata)
                 remaining = ctx.time_remaining()
                 deadline = time.monotonic() + remaining if remaining is not None and remaining < 1e9 else None
-                background = dict(ctx.invocation_metadata()).get(context.LANE_HEADER) == context.BACKGROUND
+                background = headers.get(context.LANE_HEADER) == context.BACKGROUND
                 cancellation = context.Cancellation()
                 ctx.add_callback(cancellation.fire)  # grpc calls it when the RPC ends: done, cancelled or expired
                 context.set_call(principal, deadline, token, background, cancellation)
@@ -280,9 +282,8 @@ class CallInterceptor(grpc.ServerInterceptor):
         return _wrap(handler, wrap)
 
 
-def trace_scope(ctx: grpc.ServicerContext, request: Any) -> None:
-    """This call's log scope: the caller's trace id (or a new one) and the job and plan its request names."""
-    given = dict(ctx.invocation_metadata()).get(trace.HEADER, "")
+def trace_scope(given: str, request: Any) -> None:
+    """This call's log scope: the caller's trace id `given` (or a new one) and the job and plan its request names."""
     trace.set_current(given if trace.valid(given) else trace.new())
     ids: dict[str, str] = {}
     if isinstance(request, Message):
