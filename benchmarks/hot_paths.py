@@ -6,7 +6,8 @@ figures say what a change to one path saves, and are the ones BENCHMARKS.md quot
 No target: it reports. Run from the repository root: `.venv/bin/python benchmarks/hot_paths.py [--calls 400]`.
 
 Measured, on a fresh SQLite store of its own with an admin and two tenants (tests/store_fixtures.py):
-CreateQueuedJob (JobService.Submit's one write), CreatePlan (a worker's plan for one of those jobs: the load
+CreateQueuedJob (JobService.Submit's one write), ClaimRequest and CompleteRequest (a worker's lease on the job's
+preparation), CreatePlan (a worker's plan for one of those jobs: the load
 model's, 2 devices, its alternatives and baselines), TransitionJob (to CANCELLED), ListJobs (a page of 20, with
 the specs cached and with none cached, as the read-only store finds new jobs), GetJob, ListJobEvents; and
 `send_task` of one request id on the embedded broker (kombu's SQLAlchemy transport over SQLite, WAL), as the
@@ -51,16 +52,21 @@ def per_call_ms(calls: int, fn: Callable[[int], object], before: Callable[[], No
     return spent * 1e3 / calls
 
 
-def submit_ms(repo: Repository, who: Principal, calls: int, jobs: list[job_pb2.Job]) -> float:
+def submit_ms(repo: Repository, who: Principal, calls: int, jobs: list[job_pb2.Job],
+              requests: list[str] | None = None) -> float:
     """CPU ms per CreateQueuedJob of the load model (its model already stored, as after a tenant's first job);
-    the jobs it made are appended to `jobs`."""
+    the jobs it made are appended to `jobs`, their requests' ids to `requests`."""
 
-    def submit(i: int) -> job_pb2.Job:
+    def submit(i: int) -> None:
         request = store_pb2.CreateQueuedJobRequest(spec=spec(f"hot-{i}"), kind="jobs.prepare")
-        return repo.create_queued_job(who, request).job
+        made = repo.create_queued_job(who, request)
+        if i >= 0:
+            jobs.append(made.job)
+            if requests is not None:
+                requests.append(made.request.id)
 
     submit(-1)
-    return per_call_ms(calls, lambda i: jobs.append(submit(i)))
+    return per_call_ms(calls, submit)
 
 
 def machine_speed(calls: int = 200) -> float:
@@ -77,7 +83,13 @@ def store_calls(calls: int, root: Path) -> dict[str, float]:
         page = store_pb2.ListJobsRequest(page=common_pb2.PageRequest(page_size=20))
 
         jobs: list[job_pb2.Job] = []
-        out = {"CreateQueuedJob": submit_ms(repo, who, calls, jobs)}
+        requests: list[str] = []
+        out = {"CreateQueuedJob": submit_ms(repo, who, calls, jobs, requests)}
+        leases: list[str] = []
+        out["ClaimRequest"] = per_call_ms(calls, lambda i: leases.append(repo.claim_request(st.admin, (
+            store_pb2.ClaimRequestRequest(id=requests[i], worker="hot", lease_seconds=60))).request.lease_token))
+        out["CompleteRequest"] = per_call_ms(calls, lambda i: repo.complete_request(
+            st.admin, store_pb2.CompleteRequestRequest(id=requests[i], lease_token=leases[i], result_json="{}")))
         out["GetJob"] = per_call_ms(calls, lambda i: repo.get_job(who, store_pb2.GetRequest(id=jobs[i].id)))
         out["ListJobEvents"] = per_call_ms(calls, lambda i: repo.list_job_events(
             who, store_pb2.ListJobEventsRequest(job_id=jobs[i].id)))

@@ -194,3 +194,19 @@ def test_offload_and_harmony_plans_read_back_exactly(store: Store):
         assert back.offload == sent.offload and back.harmony == sent.harmony
         assert back.HasField("offload") == sent.HasField("offload")
         assert back.HasField("harmony") == sent.HasField("harmony")
+
+
+def test_a_searched_plan_reads_back_as_create_plan_answered(store: Store):
+    """CreatePlan answers without reading its rows again: what it answers is what GetPlan and ListPlans read, for
+    a plan the planner searched (alternatives whose predictions keep only their headline numbers, stages, fleet)."""
+    from benchmarks.hot_paths import job_plan
+    from benchmarks.workload import spec
+
+    a = store.as_(store.a)
+    job = a.create_queued_job(store_pb2.CreateQueuedJobRequest(spec=spec("searched"), kind="jobs.prepare")).job
+    sent = job_plan(job)
+    assert any(alt.prediction.bubble_fraction for alt in sent.alternatives)  # not a headline number
+    answered = a.create_plan(store_pb2.CreatePlanRequest(plan=sent, request_id="searched-1"))
+    assert answered == a.get_plan(store_pb2.GetRequest(id=answered.id))
+    assert answered == a.list_plans(store_pb2.ListPlansRequest(job_id=job.id)).plans[0]
+    assert answered == a.create_plan(store_pb2.CreatePlanRequest(plan=sent, request_id="searched-1"))  # idempotent

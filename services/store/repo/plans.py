@@ -10,10 +10,14 @@ from ballast.v1 import fleet_pb2, plan_pb2, store_pb2
 from services.runtime.auth import Principal
 from services.runtime.errors import AlreadyExists, FailedPrecondition, InvalidArgument
 from services.store import models as m
-from services.store.convert import enum_name, from_json, shared_fields, to_json
+from services.store.convert import enum_name, from_json, shared_fields, to_json, ts
 from services.store.repo.base import RepositoryBase, fit, new_id
 
 PLAN_LOAD = (selectinload(m.Plan.layers), selectinload(m.Plan.candidates))
+PLANS, PLAN_LAYERS, PLAN_CANDIDATES = m.Plan.__table__, m.PlanLayer.__table__, m.PlanCandidate.__table__
+# what an alternative's prediction keeps: the plain fields that are columns of plan_candidates
+HEADLINE = tuple(f.name for f in plan_pb2.Prediction.DESCRIPTOR.fields
+                 if f.name in PLAN_CANDIDATES.c and f.type != f.TYPE_MESSAGE)
 CANDIDATE_PLAN_ID = {"plan_id": "candidate_plan_id"}  # PlanCandidate.plan_id is the owning plan
 PLAN_SET_BY_STORE = ("id", "tenant_id", "model_id", "version")
 VERSION_FIX = "leave version 0 to get the job's next version, or pick one the job has not used"
@@ -42,12 +46,10 @@ def plan_pb(row: m.Plan) -> plan_pb2.Plan:
     return out
 
 
-def candidate_row(alt: plan_pb2.PlanAlternative, pos: int) -> m.PlanCandidate:
-    return m.PlanCandidate(
-        **shared_fields(alt, m.PlanCandidate, rename=CANDIDATE_PLAN_ID, field=f"plan.alternatives[{pos}]"),
-        **shared_fields(alt.prediction, m.PlanCandidate, field=f"plan.alternatives[{pos}].prediction"),
-        position=pos,
-    )
+def candidate_row(alt: plan_pb2.PlanAlternative, pos: int) -> dict[str, object]:
+    return {**shared_fields(alt, m.PlanCandidate, rename=CANDIDATE_PLAN_ID, field=f"plan.alternatives[{pos}]"),
+            **shared_fields(alt.prediction, m.PlanCandidate, field=f"plan.alternatives[{pos}].prediction"),
+            "position": pos}
 
 
 def check_plan_layer(layer: plan_pb2.LayerStrategy, i: int, seen: set[int], num_stages: int) -> None:
@@ -106,7 +108,7 @@ class PlanStore(RepositoryBase):
         layers = []
         for i, layer in enumerate(pl.layers):
             check_plan_layer(layer, i, seen, len(pl.stages))
-            layers.append(m.PlanLayer(**shared_fields(layer, m.PlanLayer, field=f"plan.layers[{i}]")))
+            layers.append(shared_fields(layer, m.PlanLayer, field=f"plan.layers[{i}]"))
         candidates = [candidate_row(alt, pos) for pos, alt in enumerate(pl.alternatives)]
         fields = {**shared_fields(pl, m.Plan, skip=PLAN_SET_BY_STORE, field="plan"),
                   **shared_fields(pl.prediction, m.Plan, field="plan.prediction"),
@@ -138,17 +140,28 @@ class PlanStore(RepositoryBase):
                     raise AlreadyExists(
                         f"job {job.id} already has plan version {version}", field="plan.version", fix=VERSION_FIX
                     )
-            # Built whole, so its collections are never lazy-loaded (a new plan has none) and one flush writes all:
-            # the plan row first, so a clash fires before any layer or candidate is written.
-            row = m.Plan(**fields, id=new_id("pln"), tenant_id=model.tenant_id, model_id=model.id,
-                         version=version or 1, pipeline_degree=pipeline_degree, created_at=self.now(), request_id=key,
-                         layers=layers, candidates=candidates)
-            s.add(row)
+            # Core statements, not ORM objects (a worker stores a plan per prepared job: the unit of work was most of
+            # this call's CPU); the plan row first, so a clash fires before any layer or candidate is written.
+            row = {**fields, "id": new_id("pln"), "tenant_id": model.tenant_id, "model_id": model.id,
+                   "version": version or 1, "pipeline_degree": pipeline_degree, "created_at": self.now(),
+                   "request_id": key}
+            conn = s.connection()
             try:
-                s.flush()
+                conn.execute(sa.insert(PLANS), row)
             except sa_exc.IntegrityError:  # a concurrent writer took the version or the key (rare: the job lock,
-                raise _Clash(row.version) from None  # SQLite's single writer)
-            return plan_pb(row)
+                raise _Clash(row["version"]) from None  # SQLite's single writer)
+            for table, children in ((PLAN_LAYERS, layers), (PLAN_CANDIDATES, candidates)):
+                if children:
+                    conn.execute(sa.insert(table), [{**child, "plan_id": row["id"]} for child in children])
+        # A plan reads back exactly as sent (tests/store/test_plans.py), so the reply is the request with what the
+        # store set, not the rows read again
+        out = plan_pb2.Plan()
+        out.CopyFrom(pl)
+        out.id, out.tenant_id, out.model_id, out.version = row["id"], row["tenant_id"], row["model_id"], row["version"]
+        out.created_at.CopyFrom(ts(row["created_at"]))
+        for alt in out.alternatives:  # an alternative keeps its prediction's headline numbers (plan_pb)
+            alt.prediction.CopyFrom(plan_pb2.Prediction(**{n: getattr(alt.prediction, n) for n in HEADLINE}))
+        return out
 
     @staticmethod
     def _by_request(s: Session, tenant_id: str, key: str, pl: plan_pb2.Plan) -> plan_pb2.Plan | None:
