@@ -5,10 +5,12 @@ second through the planner and the store. The agent keeps each worker's stats an
 window instead: the mean of every time and byte count (so the parts still sum to the iteration time), the
 largest peak memory, the mean loss, and the iteration time's count, median, p95 and max.
 
-Windows are blocks of iteration numbers, [k*W, (k+1)*W), the same for every rank of a job, so the stages' windows
-line up for the training monitor and a replica's windows for the straggler test; a plan-version change closes a
-window (its timings say nothing about the new partition). A worker's first WARMUP iterations, at its start and
-after a plan-version change, go one by one: the planner learns at once that the worker trains (a morph's resumed
+Windows are blocks of iteration numbers, [k*W, (k+1)*W), restarted at each checkpoint (with a cadence C, block k of
+period c is [c*C + k*W, min(c*C + (k+1)*W, (c+1)*C)): a morph trims the rows from its checkpoint on, and no window
+straddles one, whatever W and C are). They are the same for every rank of a job, so the stages' windows line up
+for the training monitor and a replica's windows for the straggler test; a plan-version change closes a window
+(its timings say nothing about the new partition). A worker's first WARMUP iterations, at its start and after a
+plan-version change, go one by one: the planner learns at once that the worker trains (a morph's resumed
 iteration is timed from it), and every reader that leaves a run's first iterations out as warm-up (calibration,
 fidelity, the straggler test: at most 3) leaves out exactly those. Pure: no clocks, no I/O.
 """
@@ -82,8 +84,8 @@ def summarise(samples: list[executor_pb2.StageStats]) -> executor_pb2.StageStats
 class StatsWindow:
     """One worker's open window: `add` an iteration's stats, get back the windows it closed (oldest first)."""
 
-    def __init__(self, size: int, warmup: int = WARMUP):
-        self.size, self.warmup = max(1, size), warmup
+    def __init__(self, size: int, warmup: int = WARMUP, period: int = 0):
+        self.size, self.warmup, self.period = max(1, size), warmup, max(0, period)
         self._open: Summary | None = None
         self._version: int | None = None
         self._alone = 0  # iterations still to send one by one
@@ -94,17 +96,23 @@ class StatsWindow:
             self._version, self._alone = stats.plan_version, self.warmup
         last = self._open.last if self._open else None
         if last is not None and (stats.plan_version != last.plan_version or stats.iteration != last.iteration + 1
-                                 or stats.iteration // self.size != last.iteration // self.size):
+                                 or self._block(stats.iteration) != self._block(last.iteration)):
             closed.append(self._open.stats())  # a new block or plan version, or a report missing in between
             self._open = None
         if self._open is None:
             self._open = Summary(stats)
         self._open.add(stats)
-        if self._alone > 0 or self.size == 1 or stats.iteration % self.size == self.size - 1:
+        if self._alone > 0 or self.size == 1 or self._block(stats.iteration + 1) != self._block(stats.iteration):
             self._alone -= 1
             closed.append(self._open.stats())
             self._open = None
         return closed
+
+    def _block(self, iteration: int) -> tuple[int, int]:
+        """(checkpoint period, block within it) of an iteration: every rank of the job agrees on it."""
+        if not self.period:
+            return 0, iteration // self.size
+        return iteration // self.period, iteration % self.period // self.size
 
     def flush(self) -> list[executor_pb2.StageStats]:
         """The open window, if any (the worker exited, or the job is stopping)."""

@@ -309,7 +309,8 @@ class Workers:
             env["CUDA_VISIBLE_DEVICES"] = str(assignment.device_index)
         proc, stderr = self._start([*self._command, str(config)], env)
         return Worker(job_id, assignment, proc, stderr, plan_version=assign.plan.version,
-                      store_dir=settings.harmony.get("store_dir", ""), window=StatsWindow(assign.metrics_window))
+                      store_dir=settings.harmony.get("store_dir", ""),
+                      window=StatsWindow(assign.metrics_window, period=assign.spec.checkpoint_every))
 
     def repartition(self, message: executor_pb2.PlannerMessage) -> executor_pb2.InstructionAck | None:
         """Hand a new plan version to the job's workers (a JSON line on each one's stdin). The ack comes later,

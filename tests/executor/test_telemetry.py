@@ -42,6 +42,23 @@ def test_a_resumed_worker_keeps_the_same_blocks_as_its_peers():
     assert spans(sent) == [(10, 10, 1), (11, 11, 1), (12, 12, 1), (13, 15, 3)]
 
 
+def test_windows_restart_at_each_checkpoint_so_none_straddles_one():
+    """A cadence that is not a multiple of the window (a prime one, 23): each period's last window is shorter, and
+    a rank resumed from a checkpoint finds the same blocks as the ranks that never stopped."""
+    window, sent = StatsWindow(10, period=23), []
+    for i in range(50):
+        sent += window.add(stats(i))
+    sent += window.flush()
+    assert spans(sent) == [(0, 0, 1), (1, 1, 1), (2, 2, 1), (3, 9, 7), (10, 19, 10), (20, 22, 3), (23, 32, 10),
+                           (33, 42, 10), (43, 45, 3), (46, 49, 4)]
+    assert not any(w.first_iteration < c <= w.iteration for w in sent for c in (23, 46))  # none straddles one
+    resumed, again = StatsWindow(10, period=23), []
+    for i in range(23, 50):
+        again += resumed.add(stats(i))
+    again += resumed.flush()
+    assert spans(again)[3:] == [(26, 32, 7), *spans(sent)[7:]]  # its warm-up alone, then the same blocks
+
+
 def test_a_new_plan_version_closes_the_window_and_its_warm_up_goes_one_by_one():
     window, sent = StatsWindow(10), []
     for i in range(8):

@@ -25,7 +25,11 @@ S = job_pb2.JobState
 ENDED = (S.JOB_STATE_SUCCEEDED, S.JOB_STATE_FAILED, S.JOB_STATE_CANCELLED)
 BOOM = "boom-gpt"  # the fault hook makes this model raise in its forward pass at iteration 3
 GROW = "grow-gpt"  # trained alone, each of its iterations takes 0.5 s more: growing onto two devices surely pays
-FAULTS = [{"model": BOOM, "raise_at": 3}, {"model": GROW, "alone_s": 0.5}]
+# paced: each iteration ~20x its few milliseconds, so a job is still training when the test has seen iteration 7 in
+# the store (rows reach it at the planner's next tick) and kills something; unpaced, 40 iterations could all be
+# done by then, leaving nothing to morph
+PACED = "paced-gpt"
+FAULTS = [{"model": BOOM, "raise_at": 3}, {"model": GROW, "alone_s": 0.5}, {"model": PACED, "slow": 20.0}]
 EVERY = 3  # checkpoint interval
 
 
@@ -90,7 +94,7 @@ def assert_one_lineage(plane, job_id: str, iterations: int) -> None:
 
 
 def test_a_killed_worker_morphs_the_job_and_it_resumes_from_its_checkpoint(plane):
-    job_id = submit(plane, spec("kill-a-worker", iterations=40))
+    job_id = submit(plane, spec("kill-a-worker", iterations=40, model=model(PACED)))
     trained(plane, job_id, 2 * EVERY + 1)
     [pid] = rank_pids(job_id, 1)
     os.kill(pid, signal.SIGKILL)
@@ -130,7 +134,8 @@ def test_a_lost_host_morphs_the_job_onto_the_device_left_to_the_same_losses(plan
     """Last in the module: it kills an agent for good."""
     # Keeps every checkpoint: the morph's own is read back below, after the job has gone 30 iterations past it.
     # a row per iteration: its losses are compared step by step with an uninterrupted run's
-    job_id = submit(plane, spec("lose-a-host", iterations=40, keep_checkpoints=16, raw_metrics=True))
+    job_id = submit(plane, spec("lose-a-host", iterations=40, keep_checkpoints=16, raw_metrics=True,
+                                model=model(PACED)))
     trained(plane, job_id, 2 * EVERY + 1)
     hosts = {h.id: h for h in plane.client().store.ListHosts(store_pb2.ListHostsRequest()).hosts}
     assigned = next(e for e in events(plane, job_id) if e.type == "ASSIGNED")

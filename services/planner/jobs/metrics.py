@@ -25,14 +25,13 @@ MAX_WINDOW = 100_000  # iterations; a longer window is a prediction gone wrong, 
 def window_iterations(window_s: float, predicted_iteration_s: float, raw: bool, checkpoint_every: int = 0) -> int:
     """Iterations each worker's stats are summarised over (AssignInstruction.metrics_window): about `window_s`
     of the plan's predicted iterations; 1 (a row per iteration) when the job asked for raw rows, the operator
-    turned windows off (0), or the plan predicts no time. With a checkpoint cadence, the largest divisor of it
-    that is no longer: a morph deletes the rows from its checkpoint on, and no window then straddles one."""
+    turned windows off (0), or the plan predicts no time. No longer than the checkpoint cadence: the agents'
+    windows restart at each checkpoint (executor/telemetry.py), as a morph deletes the rows from its checkpoint on,
+    so a longer one would only be cut there."""
     if raw or window_s <= 0 or predicted_iteration_s <= 0:
         return 1
     size = max(1, min(MAX_WINDOW, math.floor(window_s / predicted_iteration_s)))
-    if checkpoint_every > 0:
-        size = max(d for d in range(1, min(size, checkpoint_every) + 1) if checkpoint_every % d == 0)
-    return size
+    return min(size, checkpoint_every) if checkpoint_every > 0 else size
 
 
 def plan_stage(plan: plan_pb2.Plan | None, stage_index: int) -> plan_pb2.Stage | None:
