@@ -210,3 +210,9 @@ def test_a_searched_plan_reads_back_as_create_plan_answered(store: Store):
     assert answered == a.get_plan(store_pb2.GetRequest(id=answered.id))
     assert answered == a.list_plans(store_pb2.ListPlansRequest(job_id=job.id)).plans[0]
     assert answered == a.create_plan(store_pb2.CreatePlanRequest(plan=sent, request_id="searched-1"))  # idempotent
+    shuffled = plan_pb2.Plan()
+    shuffled.CopyFrom(sent)
+    del shuffled.layers[:]
+    shuffled.layers.extend(reversed(sent.layers))  # layers sent out of order are answered in order, as read back
+    again = a.create_plan(store_pb2.CreatePlanRequest(plan=shuffled, request_id="searched-2"))
+    assert again == a.get_plan(store_pb2.GetRequest(id=again.id)) and list(again.layers) == list(answered.layers)

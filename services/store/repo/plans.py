@@ -159,6 +159,10 @@ class PlanStore(RepositoryBase):
         out.CopyFrom(pl)
         out.id, out.tenant_id, out.model_id, out.version = row["id"], row["tenant_id"], row["model_id"], row["version"]
         out.created_at.CopyFrom(ts(row["created_at"]))
+        if any(a.layer_index > b.layer_index for a, b in zip(out.layers, out.layers[1:], strict=False)):
+            ordered = sorted(out.layers, key=lambda layer: layer.layer_index)  # as GetPlan reads them back
+            del out.layers[:]
+            out.layers.extend(ordered)
         for alt in out.alternatives:  # an alternative keeps its prediction's headline numbers (plan_pb)
             alt.prediction.CopyFrom(plan_pb2.Prediction(**{n: getattr(alt.prediction, n) for n in HEADLINE}))
         return out
