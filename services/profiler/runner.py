@@ -173,12 +173,13 @@ class Runner:
         lookup = store_pb2.ListProfilesRequest(model_id=model.id, model_signature=model.signature, device_kind=kind,
                                                dtype=dtype, software=formula, projected=True)
         key = self._caller_key("analytical", lookup.SerializeToString(deterministic=True), *sizes)
-        hit = None if request.refresh else self._remembered(key, profile_pb2.Profile)
+        hit = remembered = None if request.refresh else self._remembered(key, profile_pb2.Profile)
         for reply in () if request.refresh or hit is not None else every_page(self._store.list_profiles, lookup):
             hit = next((p for p in reversed(reply.profiles) if not p.source_profile_id and p.layers
                         and [smp.micro_batch_size for smp in p.layers[0].samples] == sizes), hit)
         if hit is not None:
-            self._lookups.put(key, hit.SerializeToString())
+            if remembered is None:  # found in the store: kept for next time (a remembered one is kept already)
+                self._lookups.put(key, hit.SerializeToString())
             return services_pb2.ProfileProgress(phase="done", fraction=1.0, profile=hit, cached=True,
                                                 message=f"analytical profile {hit.id} (cached)")
         if model.spec.family in USER_FAMILIES:  # a user's code: priced in a worker process
