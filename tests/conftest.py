@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import time
 import uuid
 from collections.abc import Iterator
 from urllib.parse import urlparse
@@ -150,8 +151,6 @@ _slowdown = [1.0]
 
 
 def _workload() -> float:
-    import time
-
     start = time.perf_counter()
     sum(i * i for i in range(2_000_000))
     return time.perf_counter() - start
@@ -160,6 +159,22 @@ def _workload() -> float:
 def pytest_sessionstart(session) -> None:
     if not hasattr(session.config, "workerinput"):  # the controller (or a run without xdist)
         _slowdown[0] = max(1.0, min(_workload() for _ in range(5)) / REFERENCE_S)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Tell `wait_for` when pytest-timeout will kill this test, so a wait gives up first and prints its story
+    (a wait longer than the test's limit died with thread stacks only, saying nothing of the job)."""
+    import tests.harness as harness
+
+    marker = item.get_closest_marker("timeout")
+    limit = marker.args[0] if marker and marker.args else (
+        item.config.getoption("timeout", None) or item.config.getini("timeout"))
+    harness.test_deadline[0] = time.monotonic() + float(limit) if limit and float(limit) > 0 else None
+    try:
+        yield
+    finally:
+        harness.test_deadline[0] = None
 
 
 def pytest_runtest_logreport(report) -> None:

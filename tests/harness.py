@@ -189,11 +189,18 @@ def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
     proc.wait(timeout=30)
 
 
+test_deadline: list[float | None] = [None]  # when pytest-timeout kills the running test (set by conftest)
+STORY_MARGIN_S = 30.0  # a wait gives up this long before that, leaving time to tell its story
+
+
 def wait_for(predicate: Callable[[], object], timeout: float = 60.0, interval: float = 0.2, what: str = "",
              story: Callable[[], str] | None = None) -> object:
     """Poll until `predicate` is truthy; on timeout the error says what was awaited and, with `story`,
-    what the system looked like then."""
-    deadline = time.monotonic() + timeout
+    what the system looked like then. Inside a test, the wait ends before the test's own time limit."""
+    start = time.monotonic()
+    deadline = start + timeout
+    if test_deadline[0] is not None:
+        deadline = min(deadline, test_deadline[0] - STORY_MARGIN_S)
     while True:
         value = predicate()
         if value:
@@ -205,7 +212,8 @@ def wait_for(predicate: Callable[[], object], timeout: float = 60.0, interval: f
                     told = "\n" + story()
                 except Exception as exc:  # noqa: BLE001 - the timeout is the failure to report
                     told = f"\n(no story: {exc!r})"
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}{told}")
+            waited = time.monotonic() - start
+            raise AssertionError(f"timed out after {waited:.0f}s waiting for {what or predicate}{told}")
         time.sleep(interval)
 
 

@@ -110,6 +110,7 @@ def test_a_hugging_face_llama_trains_as_2_stages_x_2_replicas(plane, tmp_path):
     check_run(settings, submit(settings, spec_file(tmp_path, spec)), spec)
 
 
+@pytest.mark.timeout(600)  # its waits add up past the suite's 300 s default
 def test_a_hugging_face_gpt2_loses_a_worker_morphs_and_keeps_the_losses(plane, tmp_path):
     settings, _, _ = plane
     spec = hf_spec("gpt2", name="e2e-gpt2")

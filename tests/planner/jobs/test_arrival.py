@@ -152,6 +152,7 @@ def test_a_restarted_planner_adopts_the_workload_already_submitted(store: Store)
     assert restarted.submitted == []
 
 
+@pytest.mark.timeout(600)  # two measured profiles, a calibrating workload and the job: minutes under load
 @pytest.mark.slow
 def test_the_first_user_job_on_a_new_class_is_planned_with_its_arrival_calibration(tmp_path: Path) -> None:
     from services.specs.model import load_model_spec

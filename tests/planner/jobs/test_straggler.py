@@ -30,6 +30,7 @@ def plane(tmp_path_factory):
         yield plane
 
 
+@pytest.mark.timeout(600)  # its waits add up past the suite's 300 s default
 def test_a_straggler_is_left_out_and_its_host_marked_degraded(plane):
     client = plane.client()
     model = model_pb2.ModelSpec(name=SLOW, family=model_pb2.MODEL_FAMILY_GPT,
