@@ -9,81 +9,35 @@ host is ONLINE, then samples again over `--seconds`. It prints, per service, CPU
 before and with the fleet; the planner's RSS and CPU per connected host; the heartbeat lag (the store's
 `last_heartbeat_at` behind the clock, read every 5 s: the planner writes it for the whole fleet once per
 interval, so it runs up to one heartbeat interval plus one write interval); and the hosts not ONLINE at the end
-(must be 0: nothing marked lost that was not). The job replay (item 6's trace) is the next phase of this script.
+(must be 0: nothing marked lost that was not).
+
+`replay` (benchmarks/fleet_replay.py) runs a seeded, time-compressed job trace through the plane on emulated hosts,
+losing hosts as it goes, beside the simulator's replay of the same trace:
+
+    .venv/bin/python benchmarks/fleet_scale.py replay --jobs 2000 --hosts 1024 --losses 100 --database-url ...
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import sqlalchemy as sa  # noqa: E402
 
+from benchmarks import fleet_replay  # noqa: E402
+from benchmarks.fleet_probe import Sample, hosts_by_state, per_minute, plane_pids, usage  # noqa: E402
 from benchmarks.load import ballast, pct  # noqa: E402
 from tests.harness import ROOT, make_settings, settings_env  # noqa: E402
 
 HOSTS_PER_PROCESS = 1024
-SERVICES = ("planner", "store", "store-read")
 LAG_EVERY_S = 5.0
 IDLE_TARGET = 0.25  # the planner's share of one core with 1,024 idle hosts (issue 43's acceptance)
-
-
-@dataclass(frozen=True)
-class Sample:
-    at: float
-    cpu_s: dict[str, float]
-    rss_mb: dict[str, float]
-
-
-def usage(pids: dict[str, int]) -> Sample:
-    tick, page = os.sysconf("SC_CLK_TCK"), os.sysconf("SC_PAGE_SIZE")
-    cpu, rss = {}, {}
-    for name, pid in pids.items():
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
-        except OSError:
-            continue
-        cpu[name] = (int(fields[11]) + int(fields[12])) / tick
-        rss[name] = pages * page / 2**20
-    return Sample(time.monotonic(), cpu, rss)
-
-
-def per_minute(before: Sample, after: Sample, name: str) -> float:
-    return (after.cpu_s.get(name, 0.0) - before.cpu_s.get(name, 0.0)) * 60.0 / (after.at - before.at)
-
-
-def plane_pids(data_dir: Path) -> dict[str, int]:
-    state = json.loads((data_dir / "run" / "state.json").read_text())
-    return {c["name"]: c["pid"] for c in state["children"] if c["name"] in SERVICES}
-
-
-def hosts_by_state(engine: sa.Engine) -> tuple[dict[str, int], list[float]]:
-    """(hosts per state, each ONLINE host's heartbeat lag in seconds by the database's clock)."""
-    with engine.connect() as conn:
-        states = dict(conn.execute(sa.text("SELECT state, count(*) FROM hosts GROUP BY state")).all())
-        beats = conn.execute(sa.text("SELECT last_heartbeat_at FROM hosts WHERE state = 'HOST_STATE_ONLINE'"))
-        now = time.time()
-        lags = [max(0.0, now - _epoch(at)) for (at,) in beats if at is not None]
-    return {k.removeprefix("HOST_STATE_"): v for k, v in states.items()}, lags
-
-
-def _epoch(value) -> float:
-    if isinstance(value, str):  # SQLite hands the text back
-        from datetime import UTC, datetime
-
-        parsed = datetime.fromisoformat(value)
-        return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
-    return value.timestamp()
 
 
 def connect(args: argparse.Namespace) -> bool:
@@ -165,7 +119,10 @@ def main() -> int:
     p.add_argument("--settle", type=float, default=20.0, help="seconds before each idle sample")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds for every host to come ONLINE")
     p.add_argument("--database-url", default="", help="the store's database (default: SQLite in the data dir)")
+    fleet_replay.add_arguments(sub)
     args = parser.parse_args()
+    if args.phase == "replay":
+        return 0 if fleet_replay.run(args) else 1
     if args.hosts < 1 or args.seconds <= 0 or args.heartbeat_s <= 0:
         parser.error("--hosts must be >= 1, --seconds and --heartbeat-s > 0")
     return 0 if connect(args) else 1

@@ -47,6 +47,7 @@ from services.specs import catalog
 err = Console(stderr=True)
 DEFAULT_KIND = "nvidia-a100-80gb"  # the catalog's A100, as in examples/fleet-2x8xA100.yaml
 DEVICES_PER_NODE = 8  # the planner's fleets: one node up to 8 devices, whole 8-device nodes beyond
+DEFAULT_INTER_NODE = "ib-hdr-200"  # catalog.fleet's default: a training cluster's fabric
 CURVES = ("planner", "synthetic")
 SPAWN_FROM = 4  # curves; fewer are priced in this process (starting workers costs about a second)
 TABLE_COLUMNS = (
@@ -97,6 +98,13 @@ def add_arguments(actions: argparse._SubParsersAction) -> None:
         default="planner",
         help="planner: the planner prices each device count (analytical profile on --device-kind); "
         "synthetic: Amdahl curves per model, as benchmarks/fleet_sim.py (fast)",
+    )
+    sim.add_argument(
+        "--inter-node",
+        default=DEFAULT_INTER_NODE,
+        metavar="LINK",
+        help=f"catalog link between nodes (default {DEFAULT_INTER_NODE}; a live plane's distinct hosts are priced on "
+        "eth-10)",
     )
     sim.add_argument(
         "--morph-cost",
@@ -170,10 +178,11 @@ def _profile(spec_path: Path, kind: str):
     return spec, analytical_profile(spec, kind, spec.dtype or None)
 
 
-def _price(spec_path: Path, kind: str, model: str, global_batch_size: int, counts: tuple[int, ...]) -> ScalingCurve:
+def _price(spec_path: Path, kind: str, model: str, global_batch_size: int, counts: tuple[int, ...],
+           inter_node: str = DEFAULT_INTER_NODE) -> ScalingCurve:
     """One planner curve (a worker process's task; the profile is built once per model and process)."""
     spec, profile = _profile(spec_path, kind)
-    template = catalog.fleet(kind, DEVICES_PER_NODE, 1, dtype=spec.dtype or None)
+    template = catalog.fleet(kind, DEVICES_PER_NODE, 1, inter_node, dtype=spec.dtype or None)
     return planner_curve(profile, template, global_batch_size, counts, model=model)
 
 
@@ -187,9 +196,15 @@ def counts_for(jobs: Sequence[TraceJob]) -> tuple[int, ...]:
 
 
 def build_curves(
-    trace: Sequence[TraceJob], devices: int, kind: str, source: str, models: Mapping[str, Path], workers: int = 0
+    trace: Sequence[TraceJob],
+    devices: int,
+    kind: str,
+    source: str,
+    models: Mapping[str, Path],
+    workers: int = 0,
+    inter_node: str = DEFAULT_INTER_NODE,
 ) -> dict[CurveKey, ScalingCurve]:
-    """One curve per (model, global batch) of the trace."""
+    """One curve per (model, global batch) of the trace, nodes of DEVICES_PER_NODE joined by `inter_node`."""
     keys: dict[CurveKey, list[TraceJob]] = {}
     for j in trace:
         keys.setdefault((j.model, j.global_batch_size), []).append(j)
@@ -202,7 +217,7 @@ def build_curves(
     err.print(
         f"pricing {len(tasks)} scaling curve(s) with the planner on {kind} ({workers} process(es))...", soft_wrap=True
     )
-    args = [(models[m], kind, m, b, counts_for(keys[(m, b)])) for m, b in tasks]
+    args = [(models[m], kind, m, b, counts_for(keys[(m, b)]), inter_node) for m, b in tasks]
     if workers <= 1:
         return {k: _price(*a) for k, a in zip(tasks, args, strict=True)}
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -361,7 +376,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         text = _read(args.trace)
         models = example_models()
         trace = [replace(j, model=_canonical(models[j.model])) for j in parse_trace(text, models, args.devices)]
-        curves = build_curves(trace, args.devices, kind, args.curves, models, args.workers)
+        curves = build_curves(trace, args.devices, kind, args.curves, models, args.workers, args.inter_node)
         check_requests(trace, text, curves)
         results = simulate(trace, args.devices, args.policies, curves, morph_cost_s=args.morph_cost)
     except BallastError as exc:

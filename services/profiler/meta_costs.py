@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -60,6 +61,10 @@ from services.specs.user_inputs import NO_USER_INPUTS, UserInputs
 from services.zoo import Decomposition, Layer, build_model, example_input
 
 TRACE_ELEMENT_BYTES = 4  # the zoo builds in fp32
+# FlopCounterMode tracks modules with torch's global module hooks, which fire on every thread: two traces at once
+# (a profiler serving several analytical profiles) saw each other's modules and failed in autograd.grad
+# ("A leaf node was passed to _will_engine_execute_node"). One trace at a time per process.
+_TRACING = threading.Lock()
 TRACE_SIZES = (2, 4)  # micro-batch sizes traced: slope = per sample, intercept = per micro-batch
 aten = torch.ops.aten
 
@@ -150,16 +155,17 @@ def trace_layer(module: nn.Module, args: Sequence[object], n_activations: int, f
     meter = TrafficMeter()
     saved = SavedElems(exclude=[*params, *(a for a in args if isinstance(a, Tensor))])
     attention = FusedAttentionMode(meter) if fused_attention else contextlib.nullcontext()
-    with FlopCounterMode(display=False) as fwd_flops, meter, attention, saved.hooks():
-        out = module(*args)
-    traffic_fwd, meter.elems = meter.elems, 0.0
-    leaves = [t for t in tree_leaves(out) if isinstance(t, Tensor)]
-    differentiable = [t for t in leaves if t.requires_grad]
-    wrt = [a for a in activations if a.requires_grad] + [p for p in params if p.requires_grad]
-    cotangents = [torch.ones_like(t) for t in differentiable]
-    with FlopCounterMode(display=False) as bwd_flops, meter:
-        if differentiable and wrt:
-            torch.autograd.grad(differentiable, wrt, cotangents, allow_unused=True)
+    with _TRACING:
+        with FlopCounterMode(display=False) as fwd_flops, meter, attention, saved.hooks():
+            out = module(*args)
+        traffic_fwd, meter.elems = meter.elems, 0.0
+        leaves = [t for t in tree_leaves(out) if isinstance(t, Tensor)]
+        differentiable = [t for t in leaves if t.requires_grad]
+        wrt = [a for a in activations if a.requires_grad] + [p for p in params if p.requires_grad]
+        cotangents = [torch.ones_like(t) for t in differentiable]
+        with FlopCounterMode(display=False) as bwd_flops, meter:
+            if differentiable and wrt:
+                torch.autograd.grad(differentiable, wrt, cotangents, allow_unused=True)
     return LayerTrace(
         flops_fwd=fwd_flops.get_total_flops(), flops_bwd=bwd_flops.get_total_flops(),
         traffic_fwd=traffic_fwd, traffic_bwd=meter.elems, stashed=saved.total,

@@ -238,3 +238,22 @@ def test_a_layer_meta_cannot_run_is_an_invalid_argument(monkeypatch: pytest.Monk
     with pytest.raises(InvalidArgument) as err:
         layer_costs_from_meta(tiny("swin"))
     assert err.value.field == "spec" and "'embed'" in str(err.value)
+
+
+def test_traces_on_several_threads_at_once_match_one_alone() -> None:
+    """A profiler serves analytical profiles on several threads; FlopCounterMode's module hooks are global, so
+    two traces at once used to fail in autograd.grad (seen with three planner workers preparing jobs)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    spec = tiny("gpt")
+
+    def trace() -> dict:
+        decomposition = build_model(spec, device="meta").decompose()
+        batches = {m: example_input(spec, m, device="meta") for m in meta_costs.TRACE_SIZES}
+        return {i: {m: (t.flops_fwd, t.flops_bwd, t.stashed) for m, t in by.items()}
+                for i, by in trace_layers(decomposition, batches).items()}
+
+    alone = trace()
+    with ThreadPoolExecutor(3) as pool:  # an error in any trace is raised here
+        found = list(pool.map(lambda _: trace(), range(9)))
+    assert all(f == alone for f in found)

@@ -96,9 +96,12 @@ def fleet_of_hosts(hosts: list[fleet_pb2.Host], dtype: int = 0) -> fleet_pb2.Fle
                                  fix="set spec.fleet to a catalog device") from None
 
 
-def shrink(fleet: fleet_pb2.Fleet, devices: int) -> fleet_pb2.Fleet:
+def shrink(fleet: fleet_pb2.Fleet, devices: int, online: bool = False) -> fleet_pb2.Fleet:
     """The fleet cut to `devices` (a re-plan for the devices free now, --min-devices/--max-devices): whole
-    nodes where the count allows, else one node of that many devices; 0 leaves it as it is."""
+    nodes where the count allows, else one node of that many devices; 0 leaves it as it is. A cut of the
+    `online` fleet is named for what it holds, not for how many hosts are online: a plan for 16 devices is the
+    same whether 1,024 hosts are up or 1,023, so a host lost or joining does not make every later job's search
+    miss the planner's memo (plans/memo.py keys on the whole fleet)."""
     if not devices or devices >= fleet.nodes * fleet.devices_per_node:
         return fleet
     out = fleet_pb2.Fleet()
@@ -107,7 +110,8 @@ def shrink(fleet: fleet_pb2.Fleet, devices: int) -> fleet_pb2.Fleet:
         out.nodes = devices // fleet.devices_per_node
     else:
         out.nodes, out.devices_per_node = 1, devices
-    out.name = f"{fleet.name}-{out.nodes * out.devices_per_node}"
+    out.name = (f"online-{out.nodes}x{out.devices_per_node}-{fleet.device.kind}" if online
+                else f"{fleet.name}-{out.nodes * out.devices_per_node}")
     return out
 
 
@@ -251,7 +255,7 @@ def prepare_job(payload: dict[str, Any], task: durable.Task) -> dict[str, Any]:
         spec = job.job.spec
         fleet = spec.fleet if spec.HasField("fleet") else fleet_of_hosts(online_hosts(task.store),
                                                                           spec.model.dtype)
-        fleet = shrink(fleet, int(payload.get("devices") or 0) or spec.max_devices)
+        fleet = shrink(fleet, int(payload.get("devices") or 0) or spec.max_devices, online=not spec.HasField("fleet"))
         request = profile_request(job.job, fleet)
         how = "analytical" if request.analytical else "measured"
         step = "profiling"

@@ -63,7 +63,7 @@ from services.planner.jobs.stragglers import Stragglers
 from services.planner.online import OnlineOptions
 from services.planner.plans.make import CALIBRATED
 from services.runtime.errors import BallastError, FailedPrecondition, NotFound
-from services.runtime.metrics import forget_job
+from services.runtime.metrics import ADMISSION_PASS_SECONDS, forget_job
 from services.runtime.ports import free_port
 from services.runtime.store_api import Store, every_page
 from services.specs.placement import workers_on
@@ -177,7 +177,9 @@ class Scheduler:
         self._adopt()
         self.recovery.watch_hosts()
         self.stragglers.parole()
+        started = time.perf_counter()
         snap, idle = self.admit()
+        ADMISSION_PASS_SECONDS.observe(time.perf_counter() - started)
         if snap is not None:
             if idle:  # devices free and nobody waiting for them
                 self.recovery.grow(snap)

@@ -7,9 +7,20 @@ neither reaches into the other for it.
 
 from __future__ import annotations
 
-from ballast.v1 import common_pb2, fleet_pb2, store_pb2
+import threading
+import weakref
+
+from ballast.v1 import common_pb2, fleet_pb2
+from services.planner.jobs.fleet_hosts import HostReader
 from services.planner.plans.make import HARMONY, OFFLOAD, offload_runnable, runnable_dims
-from services.runtime.store_api import Store, every_page
+from services.runtime.store_api import Store
+
+# One host reader per store (a worker or planner process holds one or two): preparing a job read every host
+# three times, whole; at 1,024 hosts that was 33 ListHosts pages and most of a prepare that found its plan in
+# the memo. A reader re-reads only the hosts changed since its last read (ListHosts changed_since: a state,
+# a degradation or a registration; a heartbeat is no change), so each call is one small read.
+_readers: weakref.WeakKeyDictionary[Store, HostReader] = weakref.WeakKeyDictionary()
+_readers_lock = threading.Lock()
 
 
 def usable(host: fleet_pb2.Host) -> bool:
@@ -19,9 +30,12 @@ def usable(host: fleet_pb2.Host) -> bool:
 
 
 def online_hosts(store: Store) -> list[fleet_pb2.Host]:
-    """Every executor host the store has `usable` (all pages)."""
-    request = store_pb2.ListHostsRequest(state=fleet_pb2.HOST_STATE_ONLINE)
-    return [h for page in every_page(store.list_hosts, request) for h in page.hosts if usable(h)]
+    """Every executor host the store has `usable`, by name, as of now (a read of what changed since the last)."""
+    with _readers_lock:
+        reader = _readers.get(store)
+        if reader is None:
+            reader = _readers[store] = HostReader(store)
+    return [h for h in reader.read().hosts if usable(h)]
 
 
 def executor_dims(store: Store) -> tuple[str, ...]:

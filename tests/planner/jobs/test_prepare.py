@@ -10,7 +10,7 @@ import pytest
 
 from ballast.v1 import fleet_pb2, job_pb2, model_pb2, queue_pb2, services_pb2, store_pb2
 from services.planner.jobs import lifecycle as jobs
-from services.planner.jobs.prepare import check_toggles, fleet_of_hosts, prepare_job, profile_request
+from services.planner.jobs.prepare import check_toggles, fleet_of_hosts, prepare_job, profile_request, shrink
 from services.planner.queue import durable as queue
 from services.profiler.projection import analytical_profile
 from services.runtime.errors import FailedPrecondition, InvalidArgument, Unavailable
@@ -197,6 +197,24 @@ def test_the_online_hosts_form_one_node_per_machine():
     assert (apart.nodes, apart.devices_per_node) == (2, 1)  # the smaller machine's count
     assert apart.inter_node.kind == fleet_pb2.LINK_KIND_ETHERNET
     assert fleet_of_hosts([host("a", "h", 2)]).nodes == 1
+
+
+def test_a_cut_of_the_online_fleet_does_not_change_as_hosts_come_and_go():
+    """The planner's memo keys on the whole fleet: a 16-device plan must look the same with 1,024 or 1,023 hosts."""
+    kind = "nvidia-h100-sxm-80gb"
+
+    def online(count: int) -> fleet_pb2.Fleet:
+        return fleet_of_hosts([host(f"h{i}", f"10.0.{i // 250}.{i % 250}", 8, kind=kind, memory=80 << 30)
+                               for i in range(count)])
+
+    assert online(1024).name != online(1023).name
+    cut = shrink(online(1024), 16, online=True)
+    assert cut == shrink(online(1023), 16, online=True)
+    assert (cut.nodes, cut.devices_per_node, cut.name) == (2, 8, f"online-2x8-{kind}")
+    assert shrink(online(3), 4, online=True).name == f"online-1x4-{kind}"
+    given = shrink(online(4), 16)  # a fleet the user named keeps its name, with the count it was cut to
+    assert given.name == f"{online(4).name}-16"
+    assert shrink(online(2), 16, online=True) == online(2)  # nothing to cut
 
 
 def test_devices_sharing_a_node_get_a_calibrated_profile():
