@@ -70,6 +70,7 @@ from services.specs.placement import workers_on
 
 log = logging.getLogger("ballast.scheduler")
 S = job_pb2.JobState
+STOPPED_EXIT = 143  # 128 + SIGTERM: a worker stopped at a boundary (executor/train/worker.py)
 LOCAL_ADDRESSES = {"127.0.0.1", "localhost", "::1", ""}
 MAX_OWED_CALIBRATIONS = 1000  # past it (a store away for hours) a success is left out of the calibrations
 MAX_OWED_CHECKPOINTS = 1000  # complete checkpoints the store did not take yet; past it the oldest goes unrecorded
@@ -618,7 +619,9 @@ class Scheduler:
                 timer = threading.Timer(SYMPTOM_GRACE_S, self.recovery.lose_after_symptom, args=(running,))
                 timer.daemon = True
                 timer.start()
-        elif exit_.infrastructure or exit_.exit_code < 0:  # a signal is never the model's doing
+        elif exit_.infrastructure or exit_.exit_code < 0 or exit_.exit_code == STOPPED_EXIT:
+            # a signal is never the model's doing, nor is a stop this planner did not ask for: the worker's host
+            # or its agent is going away (an agent shutting down stops its workers, which exit 143)
             self.recovery.lose(running, morph.WORKER_LOST, reason)
         else:  # the model raised: never retried; the traceback is what the user needs
             tail = exit_.traceback[-max(0, 1990 - len(reason)):] if exit_.traceback else ""
