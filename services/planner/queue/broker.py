@@ -18,12 +18,33 @@ import sqlalchemy as sa
 from kombu.transport import sqlalchemy as kombu_sqla
 from kombu.utils.json import dumps
 
+RACES = 3  # tries at kombu's table creation: the tables exist after another process's first
 ALIAS = "sqla"  # the broker URL's prefix (`sqla+sqlite:///…`) names this transport in every Ballast process
 
 
 class Channel(kombu_sqla.Channel):
     _queue_ids: dict[tuple[str, str], int] = {}  # (database URL, queue name) -> kombu_queue.id
     _ids_lock = threading.Lock()
+
+    # kombu guards its table creation and queue row with a lock of its process only. The planner and a worker
+    # starting together on a fresh broker file both create: one CREATE TABLE fails "already exists", and one
+    # queue INSERT fails the name's UNIQUE constraint, which a Celery worker takes as unrecoverable and exits
+    # (CI saw a dashboard test's worker die so, leaving its job SUBMITTED). The loser reads what the winner made.
+    def _open(self):  # noqa: ANN202 - kombu's signature
+        for attempt in range(RACES):
+            try:
+                return super()._open()
+            except sa.exc.OperationalError as exc:
+                if "already exists" not in str(exc) or attempt == RACES - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _get_or_create(self, queue: str):  # noqa: ANN202 - kombu's signature
+        try:
+            return super()._get_or_create(queue)
+        except sa.exc.IntegrityError:
+            self.session.rollback()
+            return self.session.query(self.queue_cls).filter(self.queue_cls.name == queue).one()
 
     def _queue_id(self, queue: str) -> int:
         key = (str(self.connection.client.hostname), queue)

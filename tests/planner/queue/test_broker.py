@@ -75,3 +75,34 @@ def test_a_publish_that_cannot_be_stored_raises_and_stores_nothing(tmp_path: Pat
         app.send_task(TASK, args=["second"], queue=settings.queue, retry=False)
     with sqlite3.connect(path) as db:
         assert db.execute("SELECT COUNT(*) FROM kombu_message").fetchone()[0] == 1
+
+
+def _declare(url: str, queue: str, at: float) -> int:
+    """In a process of its own, as a planner or a worker starting: declare `queue` on the broker at `at`."""
+    import time
+
+    from kombu import Connection
+
+    broker.install()
+    time.sleep(max(0.0, at - time.time()))
+    with Connection(url) as connection:
+        connection.default_channel.queue_declare(queue)
+        return connection.default_channel._get_or_create(queue).id
+
+
+def test_processes_starting_together_on_a_fresh_broker_all_declare_its_queue(tmp_path: Path) -> None:
+    """kombu guards its tables and queue row with a lock of its own process: the loser of a race between a
+    planner and a worker on a fresh broker file failed ("already exists", a UNIQUE name) and the worker exited."""
+    import multiprocessing
+    import time
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(4, mp_context=multiprocessing.get_context("spawn")) as pool:
+        list(pool.map(_declare, [f"sqla+sqlite:///{tmp_path}/warm.db"] * 4, ["q"] * 4, [0.0] * 4))  # imports done
+        for round_ in range(8):
+            path = tmp_path / f"broker-{round_}.db"
+            at = time.time() + 0.3
+            ids = list(pool.map(_declare, [f"sqla+sqlite:///{path}"] * 4, ["q"] * 4, [at] * 4))
+            assert len(set(ids)) == 1  # every process found the one row, whoever made it
+            with sqlite3.connect(path) as db:
+                assert db.execute("SELECT count(*) FROM kombu_queue WHERE name = 'q'").fetchone() == (1,)
