@@ -1,6 +1,6 @@
 """How the scheduler reads a worker that ended before its job: a stop it did not ask for (an agent shutting down
 stops its workers, which exit 143) is the infrastructure going away and morphs the job; an error in the model's
-code fails it."""
+code fails it. And each admission pass is timed for the planner's metrics."""
 
 from __future__ import annotations
 
@@ -30,3 +30,14 @@ def test_a_worker_that_ends_unasked_morphs_the_job_unless_the_model_raised(store
     scheduler._exited("host-1", executor_pb2.WorkerExit(job_id=job.id, rank=1, exit_code=code, iteration=4,
                                                         message=message))
     assert store.as_(store.a).get_job(store_pb2.GetRequest(id=job.id)).state == state
+
+
+def test_every_admission_pass_is_timed_for_the_metrics(store: Store, tmp_path) -> None:
+    """benchmarks/fleet_scale.py replay reads the pass's p50/p99 off the planner's histogram."""
+    from prometheus_client import REGISTRY
+
+    scheduler = Scheduler(store.as_(store.admin), lambda host, m: None, lambda: [], tmp_path)
+    before = REGISTRY.get_sample_value("ballast_admission_pass_seconds_count") or 0.0
+    scheduler.tick()
+    scheduler.tick()
+    assert REGISTRY.get_sample_value("ballast_admission_pass_seconds_count") == before + 2
