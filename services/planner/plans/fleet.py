@@ -34,7 +34,9 @@ def online_hosts(store: Store) -> list[fleet_pb2.Host]:
     with _readers_lock:
         reader = _readers.get(store)
         if reader is None:
-            reader = _readers[store] = HostReader(store)
+            # through a proxy: a reader holding its store would keep its own key alive, and a store made per
+            # call (a plan request's, acting as its caller) would leave a reader behind on every call
+            reader = _readers[store] = HostReader(weakref.proxy(store))
     return [h for h in reader.read().hosts if usable(h)]
 
 

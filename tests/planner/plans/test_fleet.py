@@ -44,3 +44,18 @@ def test_the_online_hosts_are_read_whole_once_then_only_as_they_change(store: St
     assert sum(not r.HasField("changed_since") for r in seen.requests) == 1
     fresh = Counting(admin)  # another store object has a reader of its own
     assert [h.name for h in online_hosts(fresh)] == ["b"] and not fresh.requests[0].HasField("changed_since")
+
+
+def test_a_store_made_per_call_leaves_no_reader_behind(store: Store) -> None:
+    import gc
+
+    from services.planner.plans import fleet
+
+    admin = store.as_(store.admin)
+    admin.register_host(store_pb2.RegisterHostRequest(host=host("a", ["cpu"])))
+    gc.collect()
+    before = len(fleet._readers)
+    for _ in range(5):
+        assert [h.name for h in online_hosts(Counting(admin))] == ["a"]
+    gc.collect()
+    assert len(fleet._readers) == before
