@@ -36,6 +36,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -55,17 +56,13 @@ from services.planner.elastic.trace import generate_trace, write_trace
 from services.runtime.metrics_http import metrics_url
 from services.specs.model import load_model_spec
 from tests.harness import ROOT, Plane, lineage_problems
+from tests.store_fixtures import OVERLAPS
 
 KIND = "nvidia-h100-sxm-80gb"
 DEVICES_PER_HOST = 8
 INTER_NODE = "eth-10"  # what the live planner prices between distinct hosts (jobs/prepare.py fleet_of_hosts)
 MODELS = ("bert-huge-32", "vit-huge-32", "t5-large-32")
 BATCHES = (64, 128, 256)
-OVERLAPS = """
-SELECT count(*) FROM device_leases a JOIN device_leases b
-  ON a.host_id = b.host_id AND a.device_index = b.device_index AND a.id < b.id
-WHERE (b.ended_at IS NULL OR a.started_at < b.ended_at) AND (a.ended_at IS NULL OR b.started_at < a.ended_at)
-"""
 JCT_TARGET = 0.10  # the live average JCT within 10% of the simulator's (issue 43's acceptance)
 
 
@@ -354,7 +351,7 @@ def shared(trace: list[TraceJob], curves: Curves, predicted_s: dict[str, float])
 def report(args, trace, live: Live, result: Outcome, sim_jct, data_dir: Path, replay_s: float, before, after,
            rows: int, passes: dict[float, float], overlaps: int, ended: int) -> bool:
     print(f"  replayed in {replay_s:.0f} s: {len(live.ids)} submitted ({len(live.submit_errors)} refused), {ended} "
-          f"ended; states {dict(sorted(_count(result.states.values()).items()))}")
+          f"ended; states {dict(sorted(Counter(result.states.values()).items()))}")
     print(f"  heartbeat lag p50 {pct(live.lags, 0.5):.1f} s, p99 {pct(live.lags, 0.99):.1f} s")
     print(f"  admission passes {passes.get(float('inf'), 0):.0f}: p50 <= {bucket_quantile(passes, 0.5) * 1e3:.0f} ms, "
           f"p99 <= {bucket_quantile(passes, 0.99) * 1e3:.0f} ms (histogram bucket bounds)")
@@ -377,13 +374,6 @@ def report(args, trace, live: Live, result: Outcome, sim_jct, data_dir: Path, re
     diff = report_jct(result.jct_s, sim_jct, data_dir / "replay.csv", result.morphed)
     succeeded = all(result.states.get(j.name) == "SUCCEEDED" for j in trace)
     return succeeded and not overlaps and not result.problems and abs(diff) <= JCT_TARGET
-
-
-def _count(values) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for v in values:
-        out[v] = out.get(v, 0) + 1
-    return out
 
 
 def add_arguments(sub) -> None:

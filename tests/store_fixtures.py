@@ -61,6 +61,14 @@ class FakeClock:
             self.t += timedelta(seconds=seconds)
 
 
+# Pairs of leases on one device whose [started_at, ended_at) intervals overlap (an open end is "still live"): a
+# device leased to two jobs at once. Store, plane and fleet-scale checks all count them this way.
+OVERLAPS = """
+SELECT count(*) FROM device_leases a JOIN device_leases b
+  ON a.host_id = b.host_id AND a.device_index = b.device_index AND a.id < b.id
+WHERE (b.ended_at IS NULL OR a.started_at < b.ended_at) AND (a.ended_at IS NULL OR b.started_at < a.ended_at)
+"""
+
 @dataclass
 class Store:
     """One backend's store plus its internals; `as_(who)` is the `store_api.Store` a test calls as `who`."""

@@ -14,17 +14,12 @@ from ballast.v1 import job_pb2, services_pb2, store_pb2
 from services.store.db import create_engine
 from tests.harness import emulated_plane, online_hosts, wait_for
 from tests.plane.test_emulated import ended, spec
+from tests.store_fixtures import OVERLAPS
 
 pytestmark = pytest.mark.slow
 
 S = job_pb2.JobState
 HOSTS, DEVICES, JOBS, JOB_DEVICES = 256, 8, 6, 32
-# pairs of leases on one device whose [started_at, ended_at) overlap (an open end is "still live")
-OVERLAPS = """
-SELECT count(*) FROM device_leases a JOIN device_leases b
-  ON a.host_id = b.host_id AND a.device_index = b.device_index AND a.id < b.id
-WHERE (b.ended_at IS NULL OR a.started_at < b.ended_at) AND (a.ended_at IS NULL OR b.started_at < a.ended_at)
-"""
 
 
 def test_a_256_host_fleet_runs_jobs_side_by_side_and_morphs_one_off_a_lost_host(tmp_path):

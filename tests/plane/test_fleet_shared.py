@@ -16,16 +16,12 @@ from services.executor.train.reference import train_single
 from services.planner.service import build_server as planner_server
 from services.specs.policy import default_policy
 from tests.harness import executor_plane, job_story, wait_for
+from tests.store_fixtures import OVERLAPS
 
 pytestmark = pytest.mark.slow
 
 S = job_pb2.JobState
 ENDED = (S.JOB_STATE_SUCCEEDED, S.JOB_STATE_FAILED, S.JOB_STATE_CANCELLED)
-OVERLAPS = """
-SELECT count(*) FROM device_leases a JOIN device_leases b
-  ON a.host_id = b.host_id AND a.device_index = b.device_index AND a.id < b.id
-WHERE (b.ended_at IS NULL OR a.started_at < b.ended_at) AND (a.ended_at IS NULL OR b.started_at < a.ended_at)
-"""
 MODEL = model_pb2.ModelSpec(
     name="fleet-gpt", family=model_pb2.MODEL_FAMILY_GPT,
     transformer=model_pb2.TransformerConfig(num_layers=2, hidden_size=32, num_heads=2, vocab_size=128, seq_length=16))

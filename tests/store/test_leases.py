@@ -12,14 +12,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from ballast.v1 import fleet_pb2, store_pb2
 from services.runtime.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
 from tests.store_builders import host
-from tests.store_fixtures import JS, Store, move, new_job
+from tests.store_fixtures import JS, OVERLAPS, Store, move, new_job
 
-# Pairs of leases on one device whose [started_at, ended_at) intervals overlap (an open end is "still live").
-OVERLAPS = """
-SELECT count(*) FROM device_leases a JOIN device_leases b
-  ON a.host_id = b.host_id AND a.device_index = b.device_index AND a.id < b.id
-WHERE (b.ended_at IS NULL OR a.started_at < b.ended_at) AND (a.ended_at IS NULL OR b.started_at < a.ended_at)
-"""
 R = fleet_pb2.LeaseEndReason
 
 
