@@ -58,8 +58,12 @@ the stage's link, forward for the activation and the reverse layout change for i
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from services.planner.cost.comm import Scope
 from services.planner.cost.context import CostContext
@@ -292,18 +296,19 @@ class Transform:
 NO_TRANSFORM = Transform()
 
 
-def _sample_chunk(st: LayerStrategy, device: int) -> int:
-    """Which of the st.batch_split sample chunks `device` (rank inside the block) holds."""
+def _sample_chunks(st: LayerStrategy) -> np.ndarray:
+    """Which of the st.batch_split sample chunks each device (rank inside the block) holds."""
+    devices = np.arange(st.devices)
     strides: dict[Dim, int] = {}
     stride = 1
     for dim in reversed(st.order):
         strides[dim] = stride
         stride *= st.degree(dim)
-    chunk = 0
+    chunk = np.zeros(st.devices, dtype=np.int64)
     for dim in st.order:
         if dim is not Dim.TP:
             n = st.degree(dim)
-            chunk = chunk * n + (device // strides[dim]) % n
+            chunk = chunk * n + (devices // strides[dim]) % n
     return chunk
 
 
@@ -311,12 +316,18 @@ def missing_fraction(held: LayerStrategy, needed: LayerStrategy) -> float:
     """Largest fraction of a micro-batch's tensor that a device lacks after a layout change."""
     if held.devices != needed.devices:
         raise ValueError(f"layouts on different device counts: {held.devices} vs {needed.devices}")
+    return _missing(held.layout, needed.layout)
+
+
+@functools.lru_cache(maxsize=8192)
+def _missing(held_layout: tuple, needed_layout: tuple) -> float:
+    """missing_fraction per pair of layouts (all it reads), vectorised over the devices: a 1,024-device search
+    asks for thousands of pairs, and every later search on the same device count asks again."""
+    held, needed = LayerStrategy(*held_layout), LayerStrategy(*needed_layout)
     bh, bn = held.batch_split, needed.batch_split
-    worst = 0.0
-    for d in range(held.devices):
-        ch, cn = _sample_chunk(held, d), _sample_chunk(needed, d)
-        overlap = max(0.0, min((ch + 1) / bh, (cn + 1) / bn) - max(ch / bh, cn / bn))
-        worst = max(worst, 1.0 / bn - overlap)
+    ch, cn = _sample_chunks(held), _sample_chunks(needed)
+    overlap = np.maximum(0.0, np.minimum((ch + 1) / bh, (cn + 1) / bn) - np.maximum(ch / bh, cn / bn))
+    worst = max(0.0, float((1.0 / bn - overlap).max()))
     return 0.0 if worst < 1e-12 else worst
 
 
@@ -355,6 +366,37 @@ def transform_cost(
         )
     ctx.transform_cache[key] = result
     return result
+
+
+def transform_matrix(
+    ctx: CostContext, index: int, layouts: Sequence[LayerStrategy], micro_batch_size: int,
+    offsets: tuple[int, ...] = (0,),
+) -> np.ndarray:
+    """transform_cost's forward + backward seconds into layer `index` for every (previous, next) pair of
+    `layouts` (one device count), priced at once: a search over 1,024 devices asks for thousands of pairs."""
+    if index < 1:
+        return np.zeros((len(layouts), len(layouts)))
+    frac = _fractions(tuple(st.layout for st in layouts))
+    line = ctx.comm.line("p2p", 2, block_scope(layouts[0].devices, ctx.node_offsets(offsets),
+                                               ctx.fleet.devices_per_node))
+    nbytes = frac * ctx.view.point(index - 1, micro_batch_size).output_bytes
+    seconds = np.where(nbytes > 0, line.latency_s + line.seconds_per_byte * nbytes, 0.0)
+    return seconds + seconds.T
+
+
+@functools.lru_cache(maxsize=256)
+def _fractions(layouts: tuple[tuple, ...]) -> np.ndarray:
+    """missing_fraction of every (held, needed) pair of layouts (rows held), all pairs at once: _missing's
+    arithmetic, broadcast over (held, needed, device)."""
+    sts = [LayerStrategy(*layout) for layout in layouts]
+    chunks = np.stack([_sample_chunks(st) for st in sts])
+    splits = np.array([st.batch_split for st in sts])[:, None]
+    low, high = chunks / splits, (chunks + 1) / splits
+    overlap = np.maximum(0.0, np.minimum(high[:, None], high[None]) - np.maximum(low[:, None], low[None]))
+    worst = np.maximum(0.0, (1.0 / splits[None] - overlap).max(axis=2))
+    out = np.where(worst < 1e-12, 0.0, worst)
+    out.flags.writeable = False
+    return out
 
 
 def ceil_bytes(x: float) -> int:

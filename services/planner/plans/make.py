@@ -144,10 +144,7 @@ def make_plan(profile: profile_pb2.Profile, fleet: fleet_pb2.Fleet, inputs: Plan
     # Baselines are priced whatever they need (the table compares them); only runnable ones may be chosen, and
     # only when no engine was asked for: a job that names Varuna gets Varuna's P x D, never a pure-SDP baseline.
     def runs(p: PricedPlan) -> bool:
-        return (not p.out_of_memory and _runs_on(p, options.dims)
-                and (not options.executable_only or plan_runs_on_workers(ctx, p))
-                and options.pipeline_stages in (0, len(p.stage_bounds))
-                and options.micro_batches in (0, p.num_micro_batches))
+        return _runnable(ctx, options, p)
 
     choosable = [*engines, *base] if inputs.engine == plan_pb2.PLAN_ENGINE_UNSPECIFIED else engines
     feasible = sorted(filter(runs, choosable), key=lambda p: -p.throughput)
@@ -226,6 +223,15 @@ def profile_note(profile: profile_pb2.Profile) -> str:
                 if profile.measure_passes > 1 else "")
         parts.append(f"a fixed workload moved {profile.host_noise:.0%} over its measurement{busy}")
     return ("Profile: " + "; ".join(parts) + ".") if parts else ""
+
+
+def _runnable(ctx: CostContext, options: SearchOptions, p: PricedPlan) -> bool:
+    """Whether make_plan may choose `p`: it fits, the executors run its dims and layers, and it keeps a pinned
+    depth or micro-batch count."""
+    return (not p.out_of_memory and _runs_on(p, options.dims)
+            and (not options.executable_only or plan_runs_on_workers(ctx, p))
+            and options.pipeline_stages in (0, len(p.stage_bounds))
+            and options.micro_batches in (0, p.num_micro_batches))
 
 
 def _runs_on(plan: PricedPlan, dims: Sequence[str]) -> bool:
@@ -329,8 +335,11 @@ def _run_engines(ctx: CostContext, devices: int, options: SearchOptions, inputs:
         batch = options.global_batch_size or next((p.global_batch_size for p in plans if not p.out_of_memory), 0)
         if batch:
             schedule = Schedule.VARUNA if not inputs.schedule else SCHEDULE_FROM_PROTO[inputs.schedule]
+            # Varuna's plans below the hybrid search's k-th best runnable one would never be shown: not priced.
+            ahead = sorted((p.throughput for p in plans if _runnable(ctx, options, p)), reverse=True)
+            floor = ahead[options.top_k - 1] if len(ahead) >= max(1, options.top_k) else 0.0
             try:
-                plans += varuna.configure(ctx, devices, batch, options, schedule=schedule)
+                plans += varuna.configure(ctx, devices, batch, options, schedule=schedule, floor=floor)
             except InvalidArgument:
                 # Varuna needs D to divide the batch; the hybrid search may still have split it.
                 if want == plan_pb2.PLAN_ENGINE_VARUNA or not any(not p.out_of_memory for p in plans):

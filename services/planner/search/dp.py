@@ -62,8 +62,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from services.planner.cost import CostContext, LayerStrategy, dim_scopes, layer_cost, transform_cost
-from services.planner.cost.layer import block_scope
+from services.planner.cost import CostContext, LayerStrategy, dim_scopes, layer_cost
+from services.planner.cost.layer import block_scope, transform_matrix
 from services.planner.cost.profile_view import LayerView
 from services.planner.search.bounds import CostBound, PeakBound
 from services.planner.search.problem import PricedPlan, to_strategy
@@ -257,7 +257,7 @@ def layer_tables(
     ctx: CostContext, candidates: Sequence[Candidate], micro_batch_size: int, offsets: tuple[int, ...] = (0,),
     *, executable_only: bool = False,
 ) -> LayerTables:
-    """Price every layer under every candidate on the shared cost model (layer_cost, transform_cost).
+    """Price every layer under every candidate on the shared cost model (layer_cost, transform_matrix).
 
     `executable_only` leaves a layer's TP strategies infeasible unless its profile says the workers can split
     it, its TP and SDP strategies infeasible when it holds a tied weight (the workers keep those DP), and every
@@ -299,10 +299,7 @@ def layer_tables(
         if rep != i and rep < i:
             trans[i] = trans[rep]
             continue
-        for a, prev in enumerate(per_layout):
-            for b in range(a + 1, nl):  # forward + backward is symmetric: A->B's gradient goes back B->A
-                t = transform_cost(ctx, i, prev, per_layout[b], micro_batch_size, offsets)
-                trans[i, a, b] = trans[i, b, a] = t.forward_s + t.backward_s
+        trans[i] = transform_matrix(ctx, i, per_layout, micro_batch_size, offsets)
     return LayerTables(
         strategies=tuple(sts), num_layouts=nl, layout=np.arange(len(sts)) % nl, **cols,
         transform_s=trans, layer_rep=tuple(layer_rep),
@@ -373,6 +370,7 @@ class _Pass:
         self.back: list[np.ndarray | None] = []  # (S,) the previous slot of each slot's memory-free optimum
         self.steps: list[_Step | None] = []  # the re-layout into processed layer j (None: free)
         self.tables: list[np.ndarray] = []  # (S, E) per processed layer, built on demand
+        self.bands: list[tuple[int, int]] = []  # per processed layer: (fewest, most) units of the layers so far
 
     def extend_free(self, count: int) -> None:
         s = self.s
@@ -415,17 +413,42 @@ class _Pass:
                 s.shifted(y, None, table)
                 table += s.cost32[y][:, None]
             else:
-                prev = self.tables[-1]  # (layouts, E) below: the cheapest CKPT flag per layout
+                lo, hi = self._band(j)
+                if lo >= size:  # no assignment of these layers fits any budget of the grid
+                    table.fill(INF)
+                    self.tables.append(table)
+                    continue
+                # Only budgets in [lo, hi] differ: below lo nothing fits, from hi up everything does. The
+                # product reads the previous layer at those budgets less this layer's units.
+                units = s.units[y][np.isfinite(s.cost[y])]
+                a, b = max(0, lo - int(units.max())), min(size, hi - int(units.min()) + 1)
+                prev = self.tables[-1][:, a:b]  # (layouts, E) below: the cheapest CKPT flag per layout
                 best = np.minimum(prev[:nl], prev[nl:]) if prev.shape[0] == 2 * nl else \
-                    prev.reshape(-1, nl, size).min(axis=0)
+                    prev.reshape(-1, nl, b - a).min(axis=0)
                 classes = best[step.reps]
-                for c, a in step.extra:
-                    np.minimum(classes[c], best[a], out=classes[c])
-                np.add(classes[:, None, :], step.reduced[:, :, None], out=step.cube)
-                np.min(step.cube, axis=0, out=s.reach[: step.reduced.shape[0]])
+                for c, x in step.extra:
+                    np.minimum(classes[c], best[x], out=classes[c])
+                k = step.reduced.shape[0]
+                cube = step.cube.ravel()[: k * k * (b - a)].reshape(k, k, b - a)  # contiguous: a slice would stride
+                np.add(classes[:, None, :], step.reduced[:, :, None], out=cube)
+                np.min(cube, axis=0, out=s.reach[:k, a:b])
                 s.shifted(y, step, table)
                 table += s.cost32[y][:, None]
+                table[:, :lo] = INF
+                table[:, hi + 1:] = table[:, hi: hi + 1]
             self.tables.append(table)
+
+    def _band(self, j: int) -> tuple[int, int]:
+        """Budgets where processed layer j's table can change: from the fewest units the first j+1 layers'
+        feasible strategies take to the most (capped at the grid's top)."""
+        while len(self.bands) <= j:
+            y = self.layers[len(self.bands)]
+            units = self.s.units[y][np.isfinite(self.s.cost[y])]
+            lo0, hi0 = self.bands[-1] if self.bands else (0, 0)
+            low, high = (int(units.min()), int(units.max())) if units.size else (self.s.top + 1, 0)
+            self.bands.append((lo0 + low, hi0 + high))
+        lo, hi = self.bands[j]
+        return lo, min(hi, self.s.budgets.size - 1)
 
     def lower_bound(self, count: int, memory: bool) -> float:
         """No assignment of the range that fits costs less: the memory-free optimum, or with `memory` the DP

@@ -29,6 +29,8 @@ Pure and deterministic: same inputs, same plans.
 from __future__ import annotations
 
 import bisect
+import functools
+import heapq
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -46,7 +48,7 @@ from services.planner.search.dp import (
     layer_tables,
     scope_key,
 )
-from services.planner.search.problem import PricedPlan, SearchOptions, price
+from services.planner.search.problem import PricedPlan, SearchOptions, fill_fits, price, time_floor
 from services.planner.search.space import Candidate, executable, layer_candidates, pipeline_degrees
 from services.planner.sim import Schedule
 
@@ -103,6 +105,8 @@ class Planner:
     _candidates: dict[int, list[Candidate]] = field(default_factory=dict)
     _tables: dict[tuple, LayerTables] = field(default_factory=dict)
     _scopes: dict[tuple[int, int], tuple] = field(default_factory=dict)
+    _prefix: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    _quick: dict[tuple[int, int], float] = field(default_factory=dict)
     _arena: Arena = field(default_factory=Arena)
 
     def __post_init__(self) -> None:
@@ -203,7 +207,7 @@ class Planner:
         result = self.optimize(pp, micro_batch_size, num_micro_batches, schedule)
         if not result.feasible:
             return None
-        slowest = max(stage.cost_s - num_micro_batches * stage.recompute_s for stage in result.stages)
+        slowest = max(stage.cost_s - num_micro_batches * stage.recompute_s for stage in result.stages) * self.time_floor
         if floor > 0 and micro_batch_size * num_micro_batches <= floor * slowest:
             self.stats.skipped_pricing += 1
             return None
@@ -226,10 +230,73 @@ class Planner:
         least such maximum makes every term equal: t_b = X q^b / nm with q = 1 - 1/nm, so
         X = T / (1 - q^P) (nm T for P = 1; the pipeline bubble for P > 1).
         """
-        tables = [self.tables(pp, micro_batch_size, s) for s in self._distinct_stages(pp)]
-        fastest = float(np.min([(t.per_micro_batch_s - t.recompute_s).min(axis=1) for t in tables], axis=0).sum())
+        fastest = float(self._fastest(pp, micro_batch_size)[0][-1]) * self.time_floor
         iteration = fastest / (1.0 - (1.0 - 1.0 / num_micro_batches) ** pp)
         return math.inf if iteration <= 0 else global_batch_size / iteration
+
+    def quick_bound(self, global_batch_size: int, pp: int, micro_batch_size: int, num_micro_batches: int) -> float:
+        """An upper bound of `throughput_bound` without the layer tables: each layer's compute alone (no
+        communication, no recompute) at the fastest split of its group's devices into dp x sdp sharing the
+        micro-batch and tp dividing the work, over every split (a superset of the strategies)."""
+        key = (pp, micro_batch_size)
+        if key not in self._quick:
+            group, m = self.num_devices // pp, micro_batch_size
+            splits = [d for d in range(1, group + 1) if group % d == 0 and m % d == 0]
+            view, scale, total = self.ctx.view, self.ctx.compute_scale, 0.0
+            for index, count in self._layer_kinds.items():
+                total += count * min((view.point(index, m // d).forward_s + view.point(index, m // d).backward_s)
+                                     * scale / (group // d) for d in splits)
+            self._quick[key] = total * (1 - 1e-9)  # slack: stay below the tables' sums, rounding included
+        fastest = self._quick[key] * self.time_floor
+        iteration = fastest / (1.0 - (1.0 - 1.0 / num_micro_batches) ** pp)
+        return math.inf if iteration <= 0 else global_batch_size / iteration
+
+    @functools.cached_property
+    def _layer_kinds(self) -> dict[int, int]:
+        """One layer index per distinct time table, with how many layers share it."""
+        first: dict[object, int] = {}
+        counts: dict[int, int] = {}
+        for index, layer in enumerate(self.ctx.view.layers):
+            rep = first.setdefault(layer.table, index)
+            counts[rep] = counts.get(rep, 0) + 1
+        return counts
+
+    def may_beat(self, floor: float, global_batch_size: int, pp: int, micro_batch_size: int,
+                 num_micro_batches: int) -> bool:
+        """False when no split of the layers into `pp` stages brings the pipeline bound of `throughput_bound`
+        under B / floor: that bound splits T continuously, so it overstates a deep pipeline over few layers.
+        Each stage's device also syncs its gradients and runs its layers' optimizer steps and parameter
+        all-gathers after its last backward (the simulator's allreduce_s + update_s; the exposed sync is at
+        least w x the layers' sync when it overlaps the backward, dp.py's module docstring), so a stage from
+        layer i to layer j ends no earlier than W(i) + G(j) - G(i) (W: prefix sums of each layer's fastest
+        time t; G: of its least nm t + tail, over every strategy), and problem.fill_fits finds whether some
+        split keeps them all under X."""
+        if floor <= 0:
+            return True
+        prefix, ends = self._fastest(pp, micro_batch_size, num_micro_batches)
+        # slack: never skip on a rounding difference
+        return fill_fits(prefix, ends, pp, global_batch_size / floor / self.time_floor * (1 + 1e-9))
+
+    @property
+    def time_floor(self) -> float:
+        return time_floor(self.ctx)
+
+    def _fastest(self, pp: int, micro_batch_size: int, num_micro_batches: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """Prefix sums (0 first) of each layer's fastest forward + backward per micro-batch t, recomputes left
+        out (a schedule may skip them), and of its least nm t + what follows its stage's last backward (w x
+        its gradient sync where that overlaps the backward, its optimizer step and parameter all-gather), over
+        every strategy and stage position."""
+        key = (pp, micro_batch_size)
+        if key not in self._prefix:
+            tables = [self.tables(pp, micro_batch_size, s) for s in self._distinct_stages(pp)]
+            self._prefix[key] = (
+                np.min([t.per_micro_batch_s - t.recompute_s for t in tables], axis=0),
+                np.min([(t.sync_weight if t.overlap_grad_sync else 0.0) * t.grad_sync_s + t.post_sync_s
+                        for t in tables], axis=0))
+        per, tail = self._prefix[key]
+        fastest = per.min(axis=1)
+        stage = (num_micro_batches * per + tail).min(axis=1)
+        return np.concatenate(([0.0], np.cumsum(fastest))), np.concatenate(([0.0], np.cumsum(stage)))
 
     def may_fit(self, pp: int, micro_batch_size: int, num_micro_batches: int, schedule: Schedule) -> bool:
         """False when even each layer's smallest Oms + n x Of cannot be split into P stages under the budget."""
@@ -237,6 +304,10 @@ class Planner:
         in_flight = [in_flight_micro_batches(schedule, pp, s, num_micro_batches) for s in range(pp)]
         states = t.memory(num_micro_batches)[0]
         least = np.stack([(states + n * t.forward_activation_bytes).min(axis=1) for n in in_flight])
+        if not np.isfinite(least).all():
+            return False  # a layer no strategy can run (e.g. no dp x sdp divides the micro-batch)
+        if least.sum(axis=1).max() + t.baseline_bytes <= self.options.memory_budget_bytes:
+            return True  # the whole model fits on any stage, so every split does
         bounds = part.balanced(least) if pp > 1 else ((0, self.num_layers),)
         worst = max(least[s, b:e].sum() for s, (b, e) in enumerate(bounds))
         return worst + t.baseline_bytes <= self.options.memory_budget_bytes
@@ -256,25 +327,41 @@ class Planner:
 
     def run(self) -> list[PricedPlan]:
         """Every configuration of the ladder, most promising first; stop once no remaining one can enter the
-        top_k (its throughput bound is no better than the k-th best plan's simulated throughput)."""
+        top_k (its throughput bound is no better than the k-th best plan's simulated throughput).
+
+        The order is by `throughput_bound`, which needs a configuration's layer tables; most configurations of
+        a large fleet's ladder never come up, so each enters the queue under `quick_bound` (never below its
+        throughput bound) and is re-queued under its throughput bound (and checked by `may_fit`) when it first
+        comes to the front: the order is the one sorting every configuration by its throughput bound gives."""
         if self.ctx.view.unfit_layers:
             return []
-        queue = []
+        queue: list[tuple[float, int, bool, tuple[int, int, int, Schedule]]] = []
         for batch in batch_sizes(self.options):
             for pp, m, nm, schedule in self.configurations(batch):
-                if not self.may_fit(pp, m, nm, schedule):
-                    self.stats.skipped_memory += 1
-                    continue
-                bound = self.throughput_bound(batch, pp, m, nm)
-                queue.append((-bound, len(queue), (pp, m, nm, schedule)))
-        queue.sort()
+                queue.append((-self.quick_bound(batch, pp, m, nm), len(queue), False, (pp, m, nm, schedule)))
+        heapq.heapify(queue)
         found: list[PricedPlan] = []
         best: list[float] = []  # the top_k throughputs so far, ascending
         k = max(1, self.options.top_k)
-        for done, (neg_bound, _, cfg) in enumerate(queue):
+        while queue:
+            neg_bound, order, exact, cfg = heapq.heappop(queue)
             if len(best) >= k and -neg_bound <= best[0]:
-                self.stats.skipped_bound += len(queue) - done
+                self.stats.skipped_bound += 1 + len(queue)
                 break
+            if not exact:
+                if not self.may_fit(*cfg):
+                    self.stats.skipped_memory += 1
+                else:
+                    pp, m, nm, _ = cfg
+                    bound = self.throughput_bound(m * nm, pp, m, nm)
+                    if bound > 0:  # 0: some layer has no strategy at all, so no plan
+                        heapq.heappush(queue, (-bound, order, True, cfg))
+                    else:
+                        self.stats.skipped_memory += 1
+                continue
+            if len(best) >= k and not self.may_beat(best[0], cfg[1] * cfg[2], *cfg[:3]):
+                self.stats.skipped_bound += 1
+                continue
             plan = self.plan(*cfg, floor=best[0] if len(best) >= k else 0.0)
             if plan is not None:
                 found.append(plan)

@@ -7,8 +7,11 @@ Galvatron-BMW's hybrid search, Varuna's P x D configurator and the baselines all
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from services.planner.cost import CostContext, CostOptions, DpSharding, LayerStrategy, build_pipeline
 from services.planner.search.space import Candidate
@@ -84,12 +87,47 @@ class PricedPlan:
         return sum(per_stage) * self.replicas
 
 
+@functools.lru_cache(maxsize=4096)
 def to_strategy(candidate: Candidate) -> LayerStrategy:
-    """The cost model's LayerStrategy for a strategy-space Candidate (its PP degree lives in the stages)."""
+    """The cost model's LayerStrategy for a strategy-space Candidate (its PP degree lives in the stages); both
+    are frozen, and a search asks for the same few thousand again and again."""
     return LayerStrategy(
         dp=candidate.dp, sdp=candidate.sdp, tp=candidate.tp, order=candidate.order, checkpoint=candidate.checkpoint,
         dp_sharding=DpSharding(candidate.dp_sharding),
     )
+
+
+def time_floor(ctx: CostContext) -> float:
+    """What a search's lower bounds on time, taken from uncalibrated layer costs, are multiplied by: the
+    simulator prices a calibrated plan, and a calibration's scales below 1 make it faster than the layer costs
+    say (its fixed terms only add)."""
+    cal = ctx.calibration
+    if cal is None:
+        return 1.0
+    return min(1.0, cal.forward_scale, cal.backward_scale, cal.allreduce_scale, cal.update_scale)
+
+
+def fill_fits(fill: np.ndarray, own: np.ndarray, stages: int, limit: float) -> bool:
+    """Whether some split of the layers into at most `stages` contiguous stages keeps every stage's pipeline
+    bound within `limit`: stage b from layer i to layer j ends no earlier than W(i) + E(j) - E(i), W (`fill`)
+    and E (`own`) prefix sums (0 first) of each layer's least forward + backward per micro-batch, and of its
+    least time as the stage's own (nm of them plus what follows the stage's last backward). The first
+    micro-batch's forward must cross the stages before b and its last gradient cross them back
+    (Planner.throughput_bound's inequality, checked against the simulator for every schedule).
+
+    Greedy is exact: stage b may end at the last j with E(j) <= limit - W(i) + E(i), an allowance that grows
+    with i (E - W does: a layer's own time is at least its share of the fill), so ending every stage as late
+    as it can reaches furthest; splitting a stage only loosens the bound, so fewer stages suffice."""
+    layers = len(fill) - 1
+    end = 0
+    for _ in range(stages):
+        reach = int(np.searchsorted(own, limit - fill[end] + own[end], side="right")) - 1
+        if reach <= end:
+            return False
+        end = reach
+        if end >= layers:
+            return True
+    return False
 
 
 def price(
@@ -138,4 +176,4 @@ def price(
     )
 
 
-__all__ = ["MiB", "PricedPlan", "SearchOptions", "price", "to_strategy"]
+__all__ = ["MiB", "PricedPlan", "SearchOptions", "fill_fits", "price", "time_floor", "to_strategy"]

@@ -26,14 +26,16 @@ Pure: no I/O, deterministic.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import numpy as np
 
-from services.planner.cost import CostContext, LayerStrategy, ModelView, layer_cost
+from services.planner.cost import CostContext, LayerStrategy, ModelView, build_pipeline, layer_cost
 from services.planner.search import partition as part
 from services.planner.search.problem import PricedPlan, SearchOptions, price
 from services.planner.sim import Schedule
+from services.planner.sim.bound import iteration_floor
 from services.runtime.errors import InvalidArgument
 
 KNEE_TOLERANCE = 0.05  # "stops improving": doubling m gains less than 5% per sample
@@ -91,21 +93,37 @@ def _positive(value: object, field: str) -> int:
     return value
 
 
-def _price_depth(
-    ctx: CostContext, p: int, d: int, m: int, batch: int, options: SearchOptions, schedule: Schedule,
-    ckpt: tuple[bool, bool], note: str,
-) -> PricedPlan:
+def _layout(ctx: CostContext, p: int, m: int, ckpt: tuple[bool, bool]) -> tuple[tuple[tuple[int, int], ...],
+                                                                                  list[LayerStrategy]]:
+    """Depth p's balanced cut points at micro-batch size m, and every layer's strategy (one device each)."""
     n = len(ctx.view)
     inner, outer = LayerStrategy(checkpoint=ckpt[0]), LayerStrategy(checkpoint=ckpt[1])
     weights = [layer_cost(ctx, i, inner, m).per_micro_batch_s for i in range(n)]
     last = [layer_cost(ctx, i, outer, m).per_micro_batch_s for i in range(n)]
     bounds = balanced_bounds(weights, p, last)
-    strategies = [inner] * bounds[-1][0] + [outer] * (n - bounds[-1][0])
+    return bounds, [inner] * bounds[-1][0] + [outer] * (n - bounds[-1][0])
+
+
+def _price_depth(
+    ctx: CostContext, p: int, d: int, m: int, batch: int, options: SearchOptions, schedule: Schedule,
+    ckpt: tuple[bool, bool], note: str,
+) -> PricedPlan:
+    bounds, strategies = _layout(ctx, p, m, ckpt)
     nm = batch // (m * d)
     plan = price(ctx, bounds, strategies, m, nm, schedule, options.memory_budget_bytes,
                  replicas=d, engine="varuna", name="Varuna")
     text = f"P={p} x D={d} on {p * d} devices, m={m} ({note}), Nm={nm}"
     return dataclasses.replace(plan, reason=f"{text}; {plan.reason}" if plan.reason else text)
+
+
+def _pipeline_bound(ctx: CostContext, p: int, d: int, m: int, batch: int, ckpt: tuple[bool, bool],
+                    schedule: Schedule) -> float:
+    """No plan of depth p at micro-batch size m simulates more samples/s (sim.bound.iteration_floor on the
+    pipeline _price_depth would price)."""
+    bounds, strategies = _layout(ctx, p, m, ckpt)
+    pipe = build_pipeline(ctx.view, None, bounds, strategies, m, batch // (m * d), replicas=d, context=ctx)
+    iteration = iteration_floor(pipe, schedule) * (1 - 1e-9)  # slack: never skip on a rounding difference
+    return math.inf if iteration <= 0 else batch / iteration
 
 
 def _configure_depth(
@@ -142,6 +160,19 @@ def _configure_depth(
     return best, oom
 
 
+def _depth_bound(ctx: CostContext, p: int, d: int, batch: int, options: SearchOptions,
+                 ckpt: tuple[bool, bool], schedule: Schedule) -> float:
+    """No plan of depth p simulates more samples/s: _pipeline_bound at every micro-batch size _configure_depth
+    may choose."""
+    per_replica = batch // d
+    if options.micro_batches:
+        sizes = [per_replica // options.micro_batches] if per_replica % options.micro_batches == 0 else []
+    else:
+        knee = knee_micro_batch_size(ctx.view, per_replica)
+        sizes = [m for m in _divisors(per_replica) if m <= knee]
+    return max((_pipeline_bound(ctx, p, d, m, batch, ckpt, schedule) for m in sizes), default=0.0)
+
+
 def configure(
     ctx: CostContext,
     num_devices: int,
@@ -149,12 +180,16 @@ def configure(
     options: SearchOptions,
     *,
     schedule: Schedule = Schedule.VARUNA,
+    floor: float = 0.0,
 ) -> list[PricedPlan]:
     """Varuna's P x D configurations for `num_devices` and a fixed global batch, best throughput first.
 
-    Only configurations that fit options.memory_budget_bytes are returned; when none does, the result is the
-    single least-memory configuration, out_of_memory=True, with the reason. Raises InvalidArgument when no
-    replica count D divides the global batch (the message names the nearest sizes that work).
+    Only configurations that fit options.memory_budget_bytes are returned, the options.top_k best (depths are
+    priced in decreasing order of a throughput bound, and those that cannot enter the top k are not priced);
+    when none fits, the result is the single least-memory configuration, out_of_memory=True, with the reason.
+    Raises InvalidArgument when no replica count D divides the global batch (the message names the nearest
+    sizes that work). `floor`: samples/s a plan must reach to be wanted (another engine's k-th best); depths
+    whose bound is below it are not priced, and the result is [] when none can reach it.
     """
     g = _positive(num_devices, "num_devices")
     batch = _positive(global_batch_size, "global_batch_size")
@@ -172,19 +207,23 @@ def configure(
         )
     # (non-last stages, last stage): Varuna recomputes everywhere but the last stage (§3.1).
     ckpt = (True in options.checkpoint, False not in options.checkpoint)
+    k = max(1, options.top_k)
     fitting: list[PricedPlan] = []
     least: PricedPlan | None = None
-    for p in depths:
-        d = g // p
-        if batch % d:
-            continue
-        best, oom = _configure_depth(ctx, p, d, batch, options, schedule, ckpt)
+    bounds = [(_depth_bound(ctx, p, g // p, batch, options, ckpt, schedule), p) for p in depths
+              if batch % (g // p) == 0]
+    for bound, p in sorted(bounds, key=lambda x: (-x[0], x[1])):
+        if bound < floor or (len(fitting) >= k and bound < sorted(plan.throughput for plan in fitting)[-k]):
+            break  # neither this depth nor any after it can enter the top k
+        best, oom = _configure_depth(ctx, p, g // p, batch, options, schedule, ckpt)
         if best is not None:
             fitting.append(best)
         elif oom is not None and (least is None or max(oom.peak_memory_bytes) < max(least.peak_memory_bytes)):
             least = oom
     if fitting:
-        return sorted(fitting, key=lambda plan: (-plan.throughput, len(plan.stage_bounds)))
+        return sorted(fitting, key=lambda plan: (-plan.throughput, len(plan.stage_bounds)))[:k]
+    if least is None and floor > 0:
+        return []  # nothing fitting was priced: no depth could reach the floor
     if least is None:  # only a pinned Nm leaves every width without a micro-batch size
         raise InvalidArgument(
             f"{options.micro_batches} micro-batches split no replica's share of the global batch {batch} (P x D "

@@ -17,6 +17,9 @@ from services.planner.cost import (
     overlap_time,
     transform_cost,
 )
+from services.planner.cost.layer import transform_matrix
+from services.planner.search.problem import to_strategy
+from services.planner.search.space import layer_candidates
 from tests.cost_support import GB, fleet, model
 
 P = 1000  # parameters per layer; fp32 Adam: 16 * P bytes of model states
@@ -253,3 +256,21 @@ def test_measured_optimizer_steps_and_composition_are_priced() -> None:
     cost = layer_cost(CostContext(stepped, fleet(), CostOptions()), 1, LayerStrategy(sdp=2), M)
     assert plain.update_s == 0.0 and cost.update_s == pytest.approx(1.1 * 4e-3 / 2)
     assert cost.forward_compute_s == pytest.approx(1.1 * plain.forward_compute_s)
+
+
+
+@pytest.mark.parametrize(("devices_per_node", "nodes", "offsets"), [(8, 1, (0,)), (4, 2, (0,)), (4, 4, (4,))])
+def test_the_transform_matrix_prices_every_pair_as_transform_cost_does(devices_per_node, nodes, offsets) -> None:
+    """layer_tables prices re-layouts all pairs at once (transform_matrix: the fractions broadcast over
+    held x needed x device); each entry is transform_cost's forward + backward for that pair, bit for bit."""
+    devices = 8
+    c = CostContext(model(4, params=P), fleet(devices_per_node=devices_per_node, nodes=nodes, inter_lat=1e-5))
+    layouts = list({st.layout: st for st in (to_strategy(x) for x in layer_candidates(devices))}.values())
+    assert len(layouts) > 4
+    got = transform_matrix(c, 2, layouts, M, offsets)
+    for a, held in enumerate(layouts):
+        for b, needed in enumerate(layouts):
+            t = transform_cost(c, 2, held, needed, M, offsets)
+            assert got[a, b] == t.forward_s + t.backward_s
+    assert (got > 0).sum() > len(layouts)
+    assert not transform_matrix(c, 0, layouts, M, offsets).any()  # nothing re-lays the first layer's input

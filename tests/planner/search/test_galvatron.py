@@ -10,7 +10,8 @@ import pytest
 from google.protobuf.json_format import ParseDict
 
 from ballast.v1 import model_pb2
-from services.planner.cost import CostContext, LayerStrategy, build_pipeline, from_profile
+from services.planner.cost import CostContext, CostOptions, LayerStrategy, build_pipeline, from_profile
+from services.planner.cost.calibration import Calibration
 from services.planner.search import galvatron, layer_candidates
 from services.planner.search.galvatron import Planner, batch_sizes, micro_batch_counts, search
 from services.planner.search.problem import SearchOptions, price, to_strategy
@@ -171,3 +172,31 @@ def test_the_pipeline_bound_behind_the_sweep_holds_in_the_simulator(setting, sch
         t = [st.forward_s + st.backward_s for st in pipe.stages]
         bound = max(sum(t[:b]) + nm * t[b] for b in range(pp))
         assert result.iteration_s >= bound * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("calibrated", [False, True])
+def test_the_sweeps_bounds_never_undercut_a_plan(setting, calibrated):
+    """The sweep orders configurations by quick_bound >= throughput_bound and skips on them and on may_beat, so
+    for every configuration: quick >= throughput bound >= its plan's simulated throughput, and may_beat never
+    refuses a floor the plan beats. A calibration whose scales are below 1 makes the simulated plan faster than
+    the tables say: the bounds must allow for it (without time_floor the calibrated case fails)."""
+    view, fleet = setting
+    cal = Calibration(host_class=fleet.device.kind, forward_scale=0.6, backward_scale=0.7, allreduce_scale=0.5,
+                      update_scale=0.8) if calibrated else None
+    ctx = CostContext(view, fleet, CostOptions(calibration=cal))
+    assert (ctx.calibration is not None) == calibrated
+    opts = options(memory_budget_bytes=3 * GiB, global_batch_size=None, max_global_batch_size=64)
+    planner = Planner(ctx, 8, opts)
+    checked = 0
+    for batch in batch_sizes(opts):
+        for pp, m, nm, schedule in planner.configurations(batch):
+            bound = planner.throughput_bound(batch, pp, m, nm)
+            assert planner.quick_bound(batch, pp, m, nm) >= bound
+            plan = planner.plan(pp, m, nm, schedule)
+            if plan is None:
+                continue
+            checked += 1
+            assert plan.throughput <= bound * (1 + 1e-9)
+            assert planner.may_beat(plan.throughput * (1 - 1e-6), batch, pp, m, nm)
+            assert not planner.may_beat(plan.throughput * 50, batch, pp, m, nm)
+    assert checked > 10

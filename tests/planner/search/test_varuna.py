@@ -10,9 +10,16 @@ import pytest
 from google.protobuf.json_format import ParseDict
 
 from ballast.v1 import model_pb2
-from services.planner.cost import CostContext, LayerTable, LayerView, ModelView, from_profile
+from services.planner.cost import CostContext, CostOptions, LayerTable, LayerView, ModelView, from_profile
+from services.planner.cost.calibration import Calibration
 from services.planner.search.problem import SearchOptions
-from services.planner.search.varuna import balanced_bounds, configure, knee_micro_batch_size
+from services.planner.search.varuna import (
+    _pipeline_bound,
+    _price_depth,
+    balanced_bounds,
+    configure,
+    knee_micro_batch_size,
+)
 from services.planner.sim import Schedule
 from services.profiler.projection import analytical_profile
 from services.runtime.errors import InvalidArgument
@@ -134,7 +141,7 @@ def test_what_crosses_the_slow_link_decides_the_depth():
     """Varuna Obs. 2: on slow links a big gradient allreduce (large D) favours deep pipelines; heavy
     activations between stages favour shallow ones. Single-GPU VMs: every link is the network."""
     slow, fast = fleet(1, 8, inter_bw=1 * GB), fleet(1, 8, inter_bw=1000 * GB)
-    options = SearchOptions(memory_budget_bytes=BIG)
+    options = SearchOptions(memory_budget_bytes=BIG, top_k=8)  # every depth, the worst included
     heavy_grads = model(8, params=50_000_000)
     heavy_acts = model(8, params=1000, boundary=50e6, output=50e6)
     assert stages(configure(CostContext(heavy_grads, slow), 8, 64, options)[0]) == 8
@@ -193,3 +200,30 @@ def test_balanced_bounds_is_the_exact_min_max_partition():
         assert got == pytest.approx(_brute_max(weights, last, k), abs=1e-12)
     with pytest.raises(ValueError):
         balanced_bounds([1.0, 2.0], 3)
+
+
+@pytest.mark.parametrize("schedule", [Schedule.VARUNA, Schedule.ONE_F_ONE_B, Schedule.GPIPE])
+@pytest.mark.parametrize(("links", "calibrated"), [("titan", False), ("titan", True), ("slow", False)])
+def test_no_depth_simulates_faster_than_its_bound(gpt_view, titan, schedule, links, calibrated):
+    """configure stops pricing depths once their bound cannot enter the top k, so the bound must hold for every
+    depth, micro-batch size and checkpointing choice, on the schedule asked for, with a calibration (whose
+    scales below 1 make the simulated stages faster than the layer costs) and on slow links (one device per
+    node on 1 GB/s: the sends between stages dominate)."""
+    cal = Calibration(host_class=titan.device.kind, forward_scale=0.6, backward_scale=0.7, allreduce_scale=0.5,
+                      update_scale=0.8, forward_fixed_s=1e-4) if calibrated else None
+    ctx = CostContext(gpt_view, titan if links == "titan" else fleet(1, 8, inter_bw=1 * GB, inter_lat=1e-4),
+                      CostOptions(calibration=cal))
+    options = SearchOptions(memory_budget_bytes=BIG)
+    tight = 0
+    for ckpt in ((True, False), (True, True), (False, False)):
+        for p in range(1, min(8, len(gpt_view)) + 1):
+            d = 8 // p
+            for batch in (16, 48):
+                if batch % d:
+                    continue
+                for m in (1, 2, batch // d):
+                    plan = _price_depth(ctx, p, d, m, batch, options, schedule, ckpt, "")
+                    bound = _pipeline_bound(ctx, p, d, m, batch, ckpt, schedule)
+                    assert plan.throughput <= bound
+                    tight += plan.throughput >= 0.9 * bound
+    assert tight > 20  # a bound far above every plan would skip nothing
