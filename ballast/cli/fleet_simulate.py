@@ -132,7 +132,7 @@ def add_arguments(actions: argparse._SubParsersAction) -> None:
     gen.add_argument("out", type=Path, metavar="OUT.csv")
     gen.add_argument("--jobs", type=int, required=True)
     gen.add_argument("--seed", type=int, required=True)
-    gen.add_argument("--devices", type=int, required=True, help="fleet size: requests are powers of two up to half")
+    gen.add_argument("--devices", type=int, required=True, help="fleet size (requests are at most half of it)")
     gen.add_argument(
         "--models",
         default=",".join(SYNTHETIC_SHAPES),
@@ -145,6 +145,14 @@ def add_arguments(actions: argparse._SubParsersAction) -> None:
         metavar="S",
         help="mean seconds between submissions (default 180: 160 jobs in about eight hours)",
     )
+    gen.add_argument("--median-samples", type=float, default=None, metavar="S",
+                     help="draw each job's length in samples (log-normal, this median) and divide it by its batch "
+                          "(default: 2,000 iterations median, whatever the batch)")
+    gen.add_argument("--batches", default="64,128,256", metavar="B[,B...]",
+                     help="global batch sizes to draw from (default %(default)s)")
+    gen.add_argument("--sizes", default="", metavar="N[,N...]",
+                     help="device requests to draw from, smaller likelier (default: powers of two up to half the "
+                          "fleet); any count, whole nodes or not")
 
 
 # --- models and curves ----------------------------------------------------------------------------------
@@ -416,7 +424,9 @@ def run_trace(args: argparse.Namespace) -> int:
                 fix=f"name models under examples/: {known}",
             )
         jobs = generate_trace(
-            args.jobs, args.seed, names, fleet_devices=args.devices, mean_interarrival_s=args.mean_interarrival
+            args.jobs, args.seed, names, fleet_devices=args.devices, mean_interarrival_s=args.mean_interarrival,
+            global_batches=_counts(args.batches, "batches"), sizes=_counts(args.sizes, "sizes") or None,
+            median_samples=args.median_samples,
         )
         args.out.parent.mkdir(parents=True, exist_ok=True)
         write_trace(jobs, args.out)
@@ -427,6 +437,18 @@ def run_trace(args: argparse.Namespace) -> int:
         return 1
     print(f"wrote {len(jobs)} jobs ({','.join(COLUMNS)}) to {args.out}")
     return 0
+
+
+def _counts(text: str, field: str) -> tuple[int, ...]:
+    """A comma list of positive integers ("" is none); InvalidArgument naming the flag otherwise."""
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        values = (0,)
+    if any(v < 1 for v in values):
+        raise InvalidArgument(f"--{field} {text!r} is not a comma list of positive integers", field=field,
+                              fix=f"e.g. --{field} 64,256,1024")
+    return values
 
 
 def _read(path: Path) -> str:

@@ -180,6 +180,14 @@ def test_fleet_trace_writes_the_seeded_trace_the_benchmark_commits(tmp_path, cap
     )
     assert main(["fleet", "trace", "--jobs", "5", "--seed", "3", "--devices", "8", "--models", "llama", str(out)]) == 2
     assert "models: unknown model 'llama'" in capsys.readouterr().err
+    args = ["fleet", "trace", "--jobs", "5", "--seed", "3", "--devices", "8", "--models", "gpt-tiny", "--batches",
+            "64,6400", "--sizes", "3,6", "--median-samples", "1e5", str(out)]
+    assert main(args) == 0
+    assert parse_trace(out.read_text(), {"gpt-tiny"}, 8) == generate_trace(
+        5, 3, ["gpt-tiny"], fleet_devices=8, mean_interarrival_s=180.0, global_batches=(64, 6400), sizes=(3, 6),
+        median_samples=1e5)
+    assert main([*args[:-1], "--sizes", "3,x", str(out)]) == 2
+    assert "sizes: --sizes '3,x' is not a comma list of positive integers" in capsys.readouterr().err
 
 
 def test_utilisation_is_averaged_over_time_bins():

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from ballast.v1 import fleet_pb2, profile_pb2
 from services.planner.plans.make import PlanInputs, make_plan
 from services.runtime.errors import FailedPrecondition, InvalidArgument
+from services.specs.fleet import cut_shape
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class ScalingCurve:
 
     def rate_on(self, devices: int) -> float:
         """Samples/s of the plan for exactly `devices` devices; the best below for a count the curve did not
-        price (one that is not whole nodes runs on the nodes it fills)."""
+        price or no plan fits (the job runs a smaller plan)."""
         exact = self.throughput.get(devices, 0.0) if devices > 0 else 0.0
         return exact if exact > 0 else self.rate(devices)
 
@@ -111,16 +112,12 @@ def synthetic_curve(model: str, global_batch_size: int, max_devices: int) -> Sca
     return amdahl_curve(model, global_batch_size, max_devices, rate, min(1.0, serial * scale), comm * scale)
 
 
-def fleet_of(template: fleet_pb2.Fleet, devices: int) -> fleet_pb2.Fleet | None:
-    """`template`'s device, links and precision with `devices` devices: one node when they fit in one,
-    else whole nodes; None for a count that is not a whole number of nodes (the planner's fleets are
-    uniform)."""
-    per_node = max(1, template.devices_per_node)
-    if devices > per_node and devices % per_node:
-        return None
+def fleet_of(template: fleet_pb2.Fleet, devices: int) -> fleet_pb2.Fleet:
+    """`template`'s device, links and precision with `devices` devices: one node when they fit in one, else
+    the uniform fleet specs.fleet.cut_shape gives (whole nodes, or 12 of 8-device nodes as 3 x 4)."""
     fleet = fleet_pb2.Fleet()
     fleet.CopyFrom(template)
-    fleet.nodes, fleet.devices_per_node = (1, devices) if devices <= per_node else (devices // per_node, per_node)
+    fleet.nodes, fleet.devices_per_node = cut_shape(devices, max(1, template.devices_per_node))
     return fleet
 
 
@@ -134,19 +131,18 @@ def planner_curve(
     inputs: PlanInputs | None = None,
 ) -> ScalingCurve:
     """The curve the planner predicts: make_plan's best throughput for each count in `devices` (with
-    the calibration in `inputs`), the global batch pinned. Counts no plan fits, or that are not whole
-    nodes of the template, are left out. Costs one plan search per count: tens of ms for small GPTs,
+    the calibration in `inputs`), the global batch pinned, every count priced (fleet_of); counts no plan fits
+    are left out. Costs one plan search per count: tens of ms for small GPTs,
     seconds for a 15B model on tens of devices, so callers cache curves and ask for few counts."""
     base = inputs or PlanInputs()
     pinned = replace(base, global_batch_size=global_batch_size,
                      max_global_batch_size=max(global_batch_size, base.max_global_batch_size), top_k=1)
     rates: dict[int, float] = {}
     for n in sorted(set(devices)):
-        fleet = fleet_of(fleet_template, n) if n >= 1 else None
-        if fleet is None:
+        if n < 1:
             continue
         try:
-            plan = make_plan(profile, fleet, pinned)
+            plan = make_plan(profile, fleet_of(fleet_template, n), pinned)
         except (FailedPrecondition, InvalidArgument):
             continue  # nothing fits this count, or the batch does not split over it
         rates[n] = plan.prediction.throughput_samples_per_s

@@ -160,17 +160,26 @@ def generate_trace(
     priorities: Sequence[int] = (0, 0, 0, 10),
     start_s: float = 0.0,
     max_request: int | None = None,
+    sizes: Sequence[int] | None = None,
+    median_samples: float | None = None,
 ) -> list[TraceJob]:
     """A synthetic trace: Poisson arrivals, log-normal (heavy-tailed) iteration counts, and device
-    requests that are powers of two up to `max_request` (default half the fleet, so no request alone
-    blocks the whole fleet), small ones likelier (as in production traces), with min/max a power-of-two
-    factor below/above (max capped at the fleet). The same arguments give the same trace."""
+    requests drawn from `sizes` (default the powers of two up to `max_request`, itself half the fleet by
+    default, so no request alone blocks the whole fleet), small ones likelier (as in production traces), with
+    min/max a power-of-two factor below/above (max capped at the fleet). With `median_samples` a job's length
+    is drawn in samples (log-normal) and divided by its batch, so large batches run fewer iterations, as in
+    traces of jobs training to a target. The same arguments give the same trace."""
     if jobs < 1 or not models or fleet_devices < 1:
         raise InvalidArgument("needs at least one job, one model and one device", field="jobs",
                               fix="pass jobs >= 1, a model name and fleet_devices >= 1")
+    if sizes is not None and (not sizes or any(n < 1 or n > fleet_devices for n in sizes)):
+        raise InvalidArgument(f"request sizes {list(sizes)} outside 1..{fleet_devices}", field="sizes",
+                              fix=f"draw requests between 1 and the fleet's {fleet_devices} devices")
     rng = random.Random(seed)
     top = max_request or max(1, fleet_devices // 2)
-    sizes = [1 << i for i in range(fleet_devices.bit_length()) if 1 << i <= min(fleet_devices, top)]
+    if sizes is None:
+        sizes = [1 << i for i in range(fleet_devices.bit_length()) if 1 << i <= min(fleet_devices, top)]
+    sizes = sorted(set(sizes))
     weights = [1.0 / (i + 1) for i in range(len(sizes))]
     width = len(str(jobs - 1))
     t = start_s
@@ -180,8 +189,9 @@ def generate_trace(
         want = rng.choices(sizes, weights)[0]
         lo = max(1, want >> rng.choice((0, 1, 2)))
         hi = min(fleet_devices, want << rng.choice((0, 1, 2, 2)))
-        iterations = max(1, round(rng.lognormvariate(math.log(median_iterations), iterations_sigma)))
+        length = rng.lognormvariate(math.log(median_samples or median_iterations), iterations_sigma)
         model, batch = rng.choice(list(models)), rng.choice(list(global_batches))
+        iterations = max(1, round(length / batch if median_samples else length))
         out.append(TraceJob(f"job-{i:0{width}d}", round(t, 3), model, batch, iterations, want, lo, hi,
                             rng.choice(list(tenants)), rng.choice(list(priorities))))
     return out

@@ -176,8 +176,6 @@ class ElasticPass:
         rates: dict[int, float] = {}
         for n in range(max(1, job.spec.min_devices), min(job.spec.max_devices, pool) + 1):
             fleet = fleet_of(template, n)
-            if fleet is None:
-                continue
             inputs = with_calibration(self._state.store, plan_inputs(job, dims, n, plan_pb2.PLAN_ENGINE_VARUNA), fleet,
                                       analytical)
             point = self._curves.get(profile, template, job.spec.global_batch_size, (n,), model=job.id,

@@ -33,7 +33,7 @@ from services.planner.queue import durable
 from services.runtime.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from services.runtime.remote import call
 from services.runtime.store_api import Store
-from services.specs.fleet import FleetFileError, fleet_from_dict
+from services.specs.fleet import FleetFileError, cut_shape, fleet_from_dict
 
 KIND = "jobs.prepare"
 
@@ -97,8 +97,9 @@ def fleet_of_hosts(hosts: list[fleet_pb2.Host], dtype: int = 0) -> fleet_pb2.Fle
 
 
 def shrink(fleet: fleet_pb2.Fleet, devices: int, online: bool = False) -> fleet_pb2.Fleet:
-    """The fleet cut to `devices` (a re-plan for the devices free now, --min-devices/--max-devices): whole
-    nodes where the count allows, else one node of that many devices; 0 leaves it as it is. A cut of the
+    """The fleet cut to `devices` (a re-plan for the devices free now, --min-devices/--max-devices): one node
+    when they fit in one, else nodes of as many devices as the count shares with a node (specs.fleet.cut_shape:
+    12 of 8-device hosts are planned as 3 x 4, not as the 8 of one host); 0 leaves it as it is. A cut of the
     `online` fleet is named for what it holds, not for how many hosts are online: a plan for 16 devices is the
     same whether 1,024 hosts are up or 1,023, so a host lost or joining does not make every later job's search
     miss the planner's memo (plans/memo.py keys on the whole fleet)."""
@@ -106,10 +107,7 @@ def shrink(fleet: fleet_pb2.Fleet, devices: int, online: bool = False) -> fleet_
         return fleet
     out = fleet_pb2.Fleet()
     out.CopyFrom(fleet)
-    if devices >= fleet.devices_per_node:
-        out.nodes = devices // fleet.devices_per_node
-    else:
-        out.nodes, out.devices_per_node = 1, devices
+    out.nodes, out.devices_per_node = cut_shape(devices, fleet.devices_per_node)
     out.name = (f"online-{out.nodes}x{out.devices_per_node}-{fleet.device.kind}" if online
                 else f"{fleet.name}-{out.nodes * out.devices_per_node}")
     return out

@@ -25,12 +25,14 @@ from services.planner.elastic import (
     TraceJob,
     allocate,
     amdahl_curve,
+    fleet_of,
     generate_trace,
     parse_trace,
     planner_curve,
     simulate,
     write_trace,
 )
+from services.planner.jobs.prepare import shrink
 from services.planner.plans.make import PlanInputs
 from services.runtime.errors import FailedPrecondition, InvalidArgument
 
@@ -68,6 +70,21 @@ def test_the_generator_is_seeded_and_draws_sensible_jobs():
         assert j.iterations >= 1 and j.model in MODELS
     iterations = sorted(j.iterations for j in one)
     assert iterations[-1] > 5 * iterations[len(iterations) // 2]  # heavy-tailed
+
+
+def test_the_generator_draws_any_request_size_and_lengths_in_samples():
+    """A Pollux-like trace: requests that are not whole nodes, batches to 6,400, a job's length in samples (so a
+    larger batch runs fewer iterations)."""
+    sizes, batches = (1, 2, 4, 8, 12, 16, 24, 32), (256, 1024, 6400)
+    jobs = generate_trace(300, 5, MODELS, fleet_devices=64, sizes=sizes, global_batches=batches,
+                          median_samples=200_000)
+    assert {j.requested_devices for j in jobs} == set(sizes)
+    assert {j.global_batch_size for j in jobs} == set(batches)
+    per_batch = {b: sorted(j.iterations for j in jobs if j.global_batch_size == b) for b in batches}
+    medians = [per_batch[b][len(per_batch[b]) // 2] for b in batches]
+    assert medians[0] > 2 * medians[1] > 8 * medians[2] >= 8  # about 200,000 / B iterations (781, 195, 31)
+    with pytest.raises(InvalidArgument, match="sizes"):
+        generate_trace(3, 1, MODELS, fleet_devices=8, sizes=(4, 16))
 
 
 @pytest.mark.parametrize("text, line, field", [
@@ -131,13 +148,29 @@ def tiny_on_a100():
     return profile, load_fleet(ROOT / "examples" / "fleet-2x8xA100.yaml", dtype="fp32")
 
 
-def test_the_planner_prices_a_zoo_model_on_every_whole_fleet(tiny_on_a100):
+def test_the_planner_prices_a_zoo_model_on_every_count_whole_nodes_or_not(tiny_on_a100):
+    """12 of 8-device nodes is priced (as 3 x 4: issue 44 found 26 of 160 jobs charged 12 devices at the
+    8-device speed). gpt-tiny's 12 over three groups on InfiniBand is slower than its 8 on one NVLink node: a
+    job holding 12 runs at 12's plan, an allocator sees the 8's."""
     profile, template = tiny_on_a100
-    curve = planner_curve(profile, template, 64, (1, 2, 4, 12, 16), model="gpt-tiny")
-    assert sorted(curve.throughput) == [1, 2, 4, 16]  # 12 is not a whole number of 8-device nodes
-    rates = [curve.throughput[n] for n in (1, 2, 4, 16)]
+    curve = planner_curve(profile, template, 64, (1, 2, 4, 8, 12, 16), model="gpt-tiny")
+    assert sorted(curve.throughput) == [1, 2, 4, 8, 12, 16]
+    rates = [curve.throughput[n] for n in (1, 2, 4, 8, 16)]
     assert rates == sorted(rates) and rates[-1] > 2 * rates[0]
+    assert curve.rate_on(12) == curve.throughput[12] > curve.throughput[4]
+    assert curve.rate(12) == max(curve.throughput[8], curve.throughput[12])
     assert curve.model == "gpt-tiny" and curve.global_batch_size == 64
+
+
+@pytest.mark.parametrize(("devices", "per_node", "shape"), [
+    (6, 8, (1, 6)), (8, 8, (1, 8)), (16, 8, (2, 8)), (12, 8, (3, 4)), (20, 8, (5, 4)), (13, 8, (13, 1)),
+    (24, 16, (3, 8)),
+])
+def test_a_cut_of_a_fleet_is_priced_on_groups_every_placement_keeps_in_a_node(devices, per_node, shape):
+    template = fleet_pb2.Fleet(nodes=4, devices_per_node=per_node)
+    cut = fleet_of(template, devices)
+    assert (cut.nodes, cut.devices_per_node) == shape and cut.nodes * cut.devices_per_node == devices
+    assert (shrink(template, devices).nodes, shrink(template, devices).devices_per_node) == shape
 
 
 def test_cached_curves_are_rebuilt_when_the_fleet_or_the_calibration_changes(tiny_on_a100):
