@@ -38,6 +38,7 @@ from services.planner.admission.model import (
 from services.planner.admission.order import admission_order
 from services.planner.admission.preempt import choose_victims
 from services.planner.admission.profile import Profile
+from services.specs.fleet import cut_shape
 
 DEFAULT_RESERVE_DEPTH = 64
 # A running job past its predicted end still holds its devices: count them as coming back just after
@@ -79,15 +80,22 @@ class _Pool:
         if not keys:
             del self.by_free[free]
 
-    def take(self, n: int) -> tuple[Slot, ...]:
-        """n slots: one host that fits best (fewest free slots that suffice, then the first by name), else the
-        fullest hosts."""
+    def fits(self, n: int, group: int = 1) -> bool:
+        """Whether `n` slots can be taken in groups of `group`, each group on one host."""
+        if group <= 1 or n % group:
+            return n <= self.count
+        return sum(len(keys) * (free // group) for free, keys in self.by_free.items()) >= n // group
+
+    def take(self, n: int, group: int = 1) -> tuple[Slot, ...]:
+        """n slots in groups of `group` (each on one host; `fits` first): one host that fits best (fewest free
+        slots that suffice, then the first by name), else the fullest hosts, whole groups from each."""
+        group = group if group > 1 and n % group == 0 else 1
         taken: list[Slot] = []
         while n > 0:
             fitting = [free for free in self.by_free if free >= n]
             key = self.by_free[min(fitting) if fitting else max(self.by_free)][0]
             self._unfile(key)
-            part = self.hosts[key][:n]
+            part = self.hosts[key][:n - n % group if fitting else len(self.hosts[key]) // group * group]
             taken.extend(part)
             rest = self.hosts[key][len(part):]
             if rest:
@@ -151,11 +159,12 @@ class _Pass:
         quota = self.policy.quotas.get(tenant_id, 0)
         return quota - self.leased.get(tenant_id, 0) if quota > 0 else math.inf
 
-    def start(self, d: Demand, count: int, duration: float) -> tuple[Slot, ...]:
-        """Take `count` free slots for `d` now: out of the pool, the profile and the tenant's room."""
+    def start(self, d: Demand, count: int, duration: float, group: int = 1) -> tuple[Slot, ...]:
+        """Take `count` free slots for `d` now, in groups of `group` per host: out of the pool, the profile and
+        the tenant's room."""
         self.profile(d.kind).reserve(self.now, duration, count)
         self.leased[d.tenant_id] = self.leased.get(d.tenant_id, 0) + count
-        return self.pool(d.kind).take(count)
+        return self.pool(d.kind).take(count, group)
 
     def consider(self, d: Demand) -> Wait | None:
         """Admit, re-plan or make `d` wait; None when it was admitted."""
@@ -177,8 +186,9 @@ class _Pass:
                 detail += f"; never fits: only {self.profile(d.kind).avail[-1]} {d.kind} devices ever free up"
             return Wait(DEVICES_BUSY, detail, start)
         profile = self.profile(d.kind)
-        if count <= room and count <= pool.count and profile.fits_now(count, _duration_high(d)):
-            self.out.admit.append((d.job_id, self.start(d, count, _duration_high(d))))
+        placed = pool.fits(count, d.group)
+        if count <= room and placed and profile.fits_now(count, _duration_high(d)):
+            self.out.admit.append((d.job_id, self.start(d, count, _duration_high(d), d.group)))
             return None
         if d.replannable and pool.count:
             wait = self.replan(d, count, duration, room)
@@ -188,10 +198,12 @@ class _Pass:
             quota = self.policy.quota(d.tenant_id)
             return Wait(QUOTA, f"tenant {d.tenant_id} leases {self.leased.get(d.tenant_id, 0)} of its {quota} "
                                f"devices; this job needs {count}")
-        fits_free = count <= pool.count
+        fits_free = placed
         reason = JOB_AHEAD if fits_free else DEVICES_BUSY
         detail = (f"{pool.count} {d.kind} free, but starting now would delay a job ahead" if fits_free
-                  else f"needs {count} {d.kind}, {pool.count} free")
+                  else f"needs {count} {d.kind}, {pool.count} free" if count > pool.count
+                  else f"needs {count} {d.kind} as {count // d.group} host(s) with {d.group} free each (its plan's "
+                       f"nodes); {pool.count} free on fewer")
         victims = self.victims(d, count, duration) if d.preempts and self.preemptor is None else None
         if victims:
             self.preemptor = d.job_id
@@ -211,8 +223,9 @@ class _Pass:
         top = int(min(self.pool(d.kind).count, d.max_devices, room))
         for f in range(top, d.min_devices - 1, -1):
             scaled = duration * count / f  # same work on fewer devices: linear scaling, a safe guess
-            if f != count and profile.fits_now(f, scaled):
-                self.start(d, f, scaled)
+            group = cut_shape(f, d.per_node)[1] if d.per_node else 1
+            if f != count and self.pool(d.kind).fits(f, group) and profile.fits_now(f, scaled):
+                self.start(d, f, scaled, group)
                 self.out.replan.append((d.job_id, f))
                 return Wait(REPLANNING, f"re-planning from {count} to {f} {d.kind} devices", self.now)
         return None

@@ -58,6 +58,11 @@ class Demand:
     # ahead of a reservation only if it ends in time at this bound: a backfill that overran would delay the job
     # the devices were reserved for.
     duration_high_s: float = 0.0
+    # Consecutive ranks that must share a host: the plan was priced with that many devices per node, so a group
+    # split over two hosts would run its fastest links over the network. 1: anywhere.
+    group: int = 1
+    # Devices per node of the fleet a re-plan cuts (prepare.shrink), for the group of a re-planned count; 0: 1.
+    per_node: int = 0
 
     @property
     def replannable(self) -> bool:

@@ -14,6 +14,7 @@ the same with 50 or 5,000 jobs queued.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Iterable
@@ -45,6 +46,18 @@ HOUR_S = 3600.0
 def epoch_s(ts: timestamp_pb2.Timestamp) -> float:
     """A proto Timestamp as the engine's epoch seconds (never via naive datetimes and the local zone)."""
     return ts.ToMicroseconds() / 1e6
+
+
+def node_groups(plan: plan_pb2.Plan, job: job_pb2.Job, need: int, widest: int) -> tuple[int, int]:
+    """(group, per_node) of a job's demand: its plan priced `devices_per_node` devices per node, so each such
+    group of its ranks must share a host (as many of them as divide its world, and fit the widest host: hosts
+    sharing a machine, as in tests, are one node to the planner but separate hosts to admission); and the
+    devices per node a re-plan cuts (the job's fleet's, or the widest host's)."""
+    if widest < 1:
+        return 1, 0
+    group = math.gcd(math.gcd(max(1, plan.fleet.devices_per_node), need), widest)
+    per_node = job.spec.fleet.devices_per_node if job.spec.HasField("fleet") else widest
+    return group, min(max(1, per_node), widest)
 
 
 @dataclass(frozen=True)
@@ -325,12 +338,13 @@ class Reader:
         low, high = job.spec.min_devices, job.spec.max_devices
         if history.loss and not high:
             low, high = 1, need
+        group, per_node = node_groups(plan, job, need, fleet.widest.get(kind, 0))
         queue.demands[job.id] = adm.Demand(
             job_id=job.id, tenant_id=job.tenant_id, priority=cls.priority, preempts=cls.preempts,
             submitted_at=epoch_s(job.created_at), devices=need, kind=kind,
             duration_s=left * plan.prediction.iteration_time_s,
             duration_high_s=left * plan.prediction.iteration_time_high_s, min_devices=low,
-            max_devices=high, preempted=bool(history.preempted))
+            max_devices=high, preempted=bool(history.preempted), group=group, per_node=per_node)
 
     def _holdings(self, snap: Snapshot, draining: set[str], progress: dict[str, int]) -> None:
         jobs, held = self.jobs.rows, self._held

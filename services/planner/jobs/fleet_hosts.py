@@ -28,6 +28,7 @@ class FleetHosts:
     slots: dict[str, tuple[adm.Slot, ...]] = field(default_factory=dict)  # host id -> one per device
     kinds: dict[str, frozenset[str]] = field(default_factory=dict)  # host id -> its device kinds
     offered: Counter[str] = field(default_factory=Counter)  # device kind -> devices registered
+    widest: dict[str, int] = field(default_factory=dict)  # device kind -> most of it on one host
 
     @classmethod
     def of(cls, hosts: dict[str, fleet_pb2.Host], known: FleetHosts) -> FleetHosts:
@@ -41,7 +42,11 @@ class FleetHosts:
                 slots[host_id] = tuple(adm.Slot(host.id, d.index, d.spec.kind, host.name) for d in host.devices)
                 kinds[host_id] = frozenset(d.spec.kind for d in host.devices)
         offered = Counter(s.kind for host_slots in slots.values() for s in host_slots)
-        return cls(sorted(hosts.values(), key=lambda h: h.name), dict(hosts), slots, kinds, offered)
+        widest: dict[str, int] = {}
+        for host_slots in slots.values():
+            for kind, n in Counter(s.kind for s in host_slots).items():
+                widest[kind] = max(widest.get(kind, 0), n)
+        return cls(sorted(hosts.values(), key=lambda h: h.name), dict(hosts), slots, kinds, offered, widest)
 
 
 class HostReader(ChangeReader[fleet_pb2.Host]):

@@ -73,6 +73,34 @@ def test_a_gang_spans_as_few_hosts_as_it_can_and_fits_the_tightest_host():
     assert sorted(s.host_name for s in placed["ten"]) == ["a", "a"] + ["b"] * 8
 
 
+def test_a_plan_priced_on_nodes_keeps_each_nodes_ranks_on_one_host():
+    """A 2-device plan priced on one node must not be split over two hosts with one free each (the fleet-scale
+    replay found it), and a 3 x 4 plan takes whole groups of 4 from each host, in rank order."""
+    fragmented = host("a", 1) + host("b", 1) + host("c", 1)
+    d = run([job("pair", 2, group=2)], fragmented)
+    assert d.admit == [] and d.waiting["pair"].reason == DEVICES_BUSY
+    assert "as 1 host(s) with 2 free each" in d.waiting["pair"].detail
+    assert len(admitted(run([job("pair", 2)], fragmented))["pair"]) == 2  # no group: any two devices
+    d = run([job("pair", 2, group=2)], fragmented + host("d", 2, first=4))
+    assert {s.host_name for s in admitted(d)["pair"]} == {"d"}
+    free = host("a", 6) + host("b", 3) + host("c", 4) + host("e", 5)
+    placed = admitted(run([job("twelve", 12, group=4)], free))["twelve"]
+    per_host = {h: sum(s.host_name == h for s in placed) for h in "abce"}
+    assert sum(per_host.values()) == 12 and all(n % 4 == 0 for n in per_host.values()), per_host
+    names = [s.host_name for s in placed]  # rank r runs on slot r: a host's ranks are whole groups
+    assert all(len(set(names[i:i + 4])) == 1 for i in range(0, 12, 4))
+
+
+def test_a_replan_keeps_the_cut_fleets_groups_on_one_host():
+    """A re-plan for f devices is priced on cut_shape(f, 4): 6 as three nodes of 2, which the free hosts
+    (3, 1, 3) cannot hold (a pair each on a and c); 5 as five nodes of 1, which they can."""
+    free = host("a", 3) + host("b", 1) + host("c", 3)
+    d = run([job("flex", 8, min_devices=2, max_devices=6, per_node=4)], free)
+    assert d.replan == [("flex", 5)]
+    d = run([job("flex", 8, min_devices=2, max_devices=6)], free)
+    assert d.replan == [("flex", 6)]  # without a node shape: any six devices
+
+
 def test_higher_priority_goes_first_whatever_the_submission_order():
     d = run([job("low", 4, submitted=0), job("high", 4, priority=5, submitted=9)], host("a", 4))
     assert d.order == ["high", "low"]
@@ -414,3 +442,23 @@ def test_jobs_further_back_never_delay_the_predicted_start_of_a_job_ahead():
                 continue
             alone = run([jobs[j] for j in full.order[: k + 1]], free, running, policy, usage, reserve_depth=None)
             assert alone.waiting[job_id] == full.waiting[job_id]
+
+
+@pytest.mark.parametrize(("plan_nodes", "per_node", "need", "widest", "spec_per_node", "expected"), [
+    (1, 2, 2, 8, 0, (2, 8)),  # a one-node plan of 2 on 8-device hosts: one host
+    (3, 4, 12, 8, 0, (4, 8)),  # 12 planned as 3 x 4
+    (2, 8, 10, 8, 0, (2, 8)),  # Varuna's 10 of 16: groups of gcd(8, 10)
+    (1, 4, 4, 2, 0, (2, 2)),  # a machine of two 2-device agents (tests, the demo) is one node to the planner
+    (2, 8, 16, 8, 4, (8, 4)),  # the job's own fleet has 4 per node: re-plans cut it
+    (1, 2, 2, 0, 0, (1, 0)),  # no host registered yet
+])
+def test_a_demands_groups_follow_its_plans_nodes_and_the_hosts(plan_nodes, per_node, need, widest, spec_per_node,
+                                                              expected):
+    from ballast.v1 import fleet_pb2, job_pb2, plan_pb2
+    from services.planner.jobs.admit import node_groups
+
+    plan = plan_pb2.Plan(fleet=fleet_pb2.Fleet(nodes=plan_nodes, devices_per_node=per_node))
+    job_ = job_pb2.Job()
+    if spec_per_node:
+        job_.spec.fleet.devices_per_node = spec_per_node
+    assert node_groups(plan, job_, need, widest) == expected
