@@ -2,7 +2,7 @@
 
 A curve is what the elastic policy and `ballast fleet simulate --curves planner` price per (model, global
 batch): one plan search per device count, each on the fleet `ballast fleet simulate` prices (A100 80 GB,
-8 per node, NVLink 3 inside, InfiniBand HDR between nodes; specs.fleet.cut_shape for counts that are not whole
+8 per node, NVLink 3 inside, InfiniBand HDR between nodes; cost.fleet_cut.cut_shape for counts that are not whole
 nodes). Analytical profiles of the example zoo models, one process, CPU seconds, the planner's module caches
 emptied before each curve.
 

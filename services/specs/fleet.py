@@ -67,19 +67,6 @@ class FleetFileError(InvalidArgument, ValueError):
     """A fleet file that cannot be loaded; `field` is the offending key (dotted inside a link)."""
 
 
-def cut_shape(devices: int, devices_per_node: int) -> tuple[int, int]:
-    """(nodes, devices per node) of the uniform fleet that prices `devices` of a fleet with `devices_per_node`
-    per node: one node when they fit in one; else groups of g = gcd(devices, devices_per_node), every one of
-    which sits inside a node of any placement of whole nodes plus a remainder (12 of 8-device nodes: 3 x 4,
-    the 8 + 4 the devices come as), so the plan's links are never faster than the placement's."""
-    if devices < 1 or devices_per_node < 1:
-        raise ValueError(f"need devices >= 1 and devices_per_node >= 1, got {devices}, {devices_per_node}")
-    if devices <= devices_per_node:
-        return 1, devices
-    group = math.gcd(devices, devices_per_node)
-    return devices // group, group
-
-
 def load_fleet(source: str | os.PathLike[str], *, dtype: str | int | None = None) -> fleet_pb2.Fleet:
     """Fleet from a YAML file path, or from YAML text (a str holding a newline or a ':').
 

@@ -38,7 +38,7 @@ from services.planner.admission.model import (
 from services.planner.admission.order import admission_order
 from services.planner.admission.preempt import choose_victims
 from services.planner.admission.profile import Profile
-from services.specs.fleet import cut_shape
+from services.planner.cost.fleet_cut import cut_shape
 
 DEFAULT_RESERVE_DEPTH = 64
 # A running job past its predicted end still holds its devices: count them as coming back just after

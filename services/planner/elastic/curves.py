@@ -17,9 +17,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from ballast.v1 import fleet_pb2, profile_pb2
+from services.planner.cost.fleet_cut import cut_shape
 from services.planner.plans.make import PlanInputs, make_plan
 from services.runtime.errors import FailedPrecondition, InvalidArgument
-from services.specs.fleet import cut_shape
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ def synthetic_curve(model: str, global_batch_size: int, max_devices: int) -> Sca
 
 def fleet_of(template: fleet_pb2.Fleet, devices: int) -> fleet_pb2.Fleet:
     """`template`'s device, links and precision with `devices` devices: one node when they fit in one, else
-    the uniform fleet specs.fleet.cut_shape gives (whole nodes, or 12 of 8-device nodes as 3 x 4)."""
+    the uniform fleet cost.fleet_cut.cut_shape gives (whole nodes, or 12 of 8-device nodes as 3 x 4)."""
     fleet = fleet_pb2.Fleet()
     fleet.CopyFrom(template)
     fleet.nodes, fleet.devices_per_node = cut_shape(devices, max(1, template.devices_per_node))

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ballast.v1 import fleet_pb2, job_pb2, plan_pb2, services_pb2, store_pb2
+from services.planner.cost.fleet_cut import cut_shape
 from services.planner.plans.calibrate import from_proto, host_class
 from services.planner.plans.fleet import executor_dims, online_hosts
 from services.planner.plans.make import PlanInputs, search_dims
@@ -33,7 +34,7 @@ from services.planner.queue import durable
 from services.runtime.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from services.runtime.remote import call
 from services.runtime.store_api import Store
-from services.specs.fleet import FleetFileError, cut_shape, fleet_from_dict
+from services.specs.fleet import FleetFileError, fleet_from_dict
 
 KIND = "jobs.prepare"
 
@@ -98,7 +99,7 @@ def fleet_of_hosts(hosts: list[fleet_pb2.Host], dtype: int = 0) -> fleet_pb2.Fle
 
 def shrink(fleet: fleet_pb2.Fleet, devices: int, online: bool = False) -> fleet_pb2.Fleet:
     """The fleet cut to `devices` (a re-plan for the devices free now, --min-devices/--max-devices): one node
-    when they fit in one, else nodes of as many devices as the count shares with a node (specs.fleet.cut_shape:
+    when they fit in one, else nodes of as many devices as the count shares with a node (cost.fleet_cut.cut_shape:
     12 of 8-device hosts are planned as 3 x 4, not as the 8 of one host); 0 leaves it as it is. A cut of the
     `online` fleet is named for what it holds, not for how many hosts are online: a plan for 16 devices is the
     same whether 1,024 hosts are up or 1,023, so a host lost or joining does not make every later job's search
