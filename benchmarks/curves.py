@@ -44,7 +44,7 @@ def main() -> int:
     for model in args.models.split(","):
         spec, profile = _profile(ROOT / "examples" / f"{model}.yaml", KIND)
         template = catalog.fleet(KIND, 8, 1, DEFAULT_INTER_NODE, dtype=spec.dtype or None)
-        for cache in (cost_layer._missing, cost_layer._fractions, problem.to_strategy):
+        for cache in (cost_layer._fractions, problem.to_strategy):
             cache.cache_clear()
         start = time.process_time()
         curve = planner_curve(profile, template, args.batch, counts, model=model)

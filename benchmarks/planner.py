@@ -46,7 +46,6 @@ view, fleet = cases.view, cases.fleet
 
 def cold() -> None:
     """Empty the module-level caches a planner process keeps between searches."""
-    cost_layer._missing.cache_clear()
     cost_layer._fractions.cache_clear()
 
 

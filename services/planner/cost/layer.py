@@ -316,19 +316,7 @@ def missing_fraction(held: LayerStrategy, needed: LayerStrategy) -> float:
     """Largest fraction of a micro-batch's tensor that a device lacks after a layout change."""
     if held.devices != needed.devices:
         raise ValueError(f"layouts on different device counts: {held.devices} vs {needed.devices}")
-    return _missing(held.layout, needed.layout)
-
-
-@functools.lru_cache(maxsize=8192)
-def _missing(held_layout: tuple, needed_layout: tuple) -> float:
-    """missing_fraction per pair of layouts (all it reads), vectorised over the devices: a 1,024-device search
-    asks for thousands of pairs, and every later search on the same device count asks again."""
-    held, needed = LayerStrategy(*held_layout), LayerStrategy(*needed_layout)
-    bh, bn = held.batch_split, needed.batch_split
-    ch, cn = _sample_chunks(held), _sample_chunks(needed)
-    overlap = np.maximum(0.0, np.minimum((ch + 1) / bh, (cn + 1) / bn) - np.maximum(ch / bh, cn / bn))
-    worst = max(0.0, float((1.0 / bn - overlap).max()))
-    return 0.0 if worst < 1e-12 else worst
+    return float(_fractions((held.layout, needed.layout))[0, 1])
 
 
 def transform_cost(
@@ -384,10 +372,12 @@ def transform_matrix(
     return seconds + seconds.T
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=4096)
 def _fractions(layouts: tuple[tuple, ...]) -> np.ndarray:
-    """missing_fraction of every (held, needed) pair of layouts (rows held), all pairs at once: _missing's
-    arithmetic, broadcast over (held, needed, device)."""
+    """missing_fraction of every (held, needed) pair of layouts (rows held), all pairs at once, broadcast over
+    (held, needed, device): a 1,024-device search asks for thousands of pairs, and every later search on the
+    same device count asks again. A device's chunk overlaps the one it needs by the shared part of their
+    sample intervals; what it lacks is the rest of the needed chunk."""
     sts = [LayerStrategy(*layout) for layout in layouts]
     chunks = np.stack([_sample_chunks(st) for st in sts])
     splits = np.array([st.batch_split for st in sts])[:, None]
