@@ -4,6 +4,8 @@ compares them.
 
 Galvatron cases: the benchmark's model (an analytical GPT: L blocks, hidden 4096, 32 heads, sequence 2048)
 on its fleets, the default search options, top_k 5. Varuna cases: the same models at a fixed global batch.
+The plans were recorded before sequence parallelism existed, so the cases search Galvatron-BMW's own space
+(`GALVATRON_DIMS`, the default without "sp"); `sequence=True` searches the default space.
 """
 
 from __future__ import annotations
@@ -45,13 +47,18 @@ def fleet(devices: int) -> fleet_pb2.Fleet:
                             "inter_node": "ib-hdr-200"})
 
 
-def options(devices: int, **extra: object) -> SearchOptions:
-    return SearchOptions(memory_budget_bytes=fleet(devices).device.memory_bytes, **extra)  # type: ignore[arg-type]
+GALVATRON_DIMS = ("dp", "sdp", "tp")
 
 
-def galvatron_plans(layers: int, devices: int) -> list[PricedPlan]:
+def options(devices: int, sequence: bool = False, **extra: object) -> SearchOptions:
+    dims = SearchOptions.dims if sequence else GALVATRON_DIMS
+    return SearchOptions(memory_budget_bytes=fleet(devices).device.memory_bytes, dims=dims,  # type: ignore[arg-type]
+                         **extra)
+
+
+def galvatron_plans(layers: int, devices: int, sequence: bool = False) -> list[PricedPlan]:
     f = fleet(devices)
-    return galvatron.Planner(CostContext(view(layers), f), devices, options(devices)).run()
+    return galvatron.Planner(CostContext(view(layers), f), devices, options(devices, sequence)).run()
 
 
 def varuna_plans(layers: int, devices: int, batch: int) -> list[PricedPlan]:

@@ -151,6 +151,7 @@ def detailed_profile_msg(model_id: str, kind: str = "cpu") -> profile_pb2.Profil
     pr.layers[1].measured_as = 1
     pr.layers[1].max_micro_batch_size = 2**31 - 1
     pr.layers[1].tensor_parallel = 4  # a block the executors can split 2 or 4 ways
+    pr.layers[1].sequence_parallel = 2  # ... its sequence 2 ways
     pr.layers[2].measured_as = 1  # reused layer 1's rows
     pr.layers[2].batch_input_bytes = (1 << 63) - 1
     del pr.layers[2].samples[:]

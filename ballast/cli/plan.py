@@ -228,13 +228,15 @@ _FLAVOURS = {common_pb2.DP_SHARDING_ZERO1: "zero1", common_pb2.DP_SHARDING_ZERO2
 
 
 def strategy(layer: plan_pb2.LayerStrategy) -> str:
-    """E.g. "dp8 +zero2 +ckpt": the dims outermost first, the DP flavour (ZeRO-1/2 over the dp replicas), the flags."""
+    """E.g. "dp8 +zero2 +ckpt", "dp2xtp4 +sp": the dims outermost first, sequence parallelism, the DP flavour (ZeRO-1/2
+    over the dp replicas), the flags."""
     dims = "x".join(f"{name}{getattr(layer, name)}" for name in
                     (common_pb2.ParallelDim.Name(d).removeprefix("PARALLEL_DIM_").lower() for d in layer.order)
                     if name in ("dp", "sdp", "tp")) or "single"
     zero = _FLAVOURS.get(layer.dp_sharding, f"dp_sharding={layer.dp_sharding}") \
         if layer.dp_sharding and layer.dp > 1 else ""
-    return (dims + (f" +{zero}" if zero else "") + (" +ckpt" if layer.checkpoint else "")
+    return (dims + (" +sp" if layer.sequence_parallel and layer.tp > 1 else "") + (f" +{zero}" if zero else "")
+            + (" +ckpt" if layer.checkpoint else "")
             + (" +swap" if layer.swap_activations else ""))
 
 

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x62\x61llast/v1/common.proto\x12\nballast.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"4\n\x0bPageRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\"\x87\x01\n\x06Tenant\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05\x61\x64min\x18\x03 \x01(\x08\x12.\n\ncreated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12$\n\x04role\x18\x05 \x01(\x0e\x32\x16.ballast.v1.TenantRole\"h\n\tPrincipal\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x13\n\x0btenant_name\x18\x02 \x01(\t\x12\r\n\x05\x61\x64min\x18\x03 \x01(\x08\x12$\n\x04role\x18\x04 \x01(\x0e\x32\x16.ballast.v1.TenantRole*N\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x0e\n\nDTYPE_FP32\x10\x01\x12\x0e\n\nDTYPE_FP16\x10\x02\x12\x0e\n\nDTYPE_BF16\x10\x03*p\n\nTenantRole\x12\x1b\n\x17TENANT_ROLE_UNSPECIFIED\x10\x00\x12\x16\n\x12TENANT_ROLE_MEMBER\x10\x01\x12\x16\n\x12TENANT_ROLE_VIEWER\x10\x02\x12\x15\n\x11TENANT_ROLE_ADMIN\x10\x03*\xe3\x01\n\x0bParallelDim\x12\x1c\n\x18PARALLEL_DIM_UNSPECIFIED\x10\x00\x12\x13\n\x0fPARALLEL_DIM_DP\x10\x01\x12\x14\n\x10PARALLEL_DIM_SDP\x10\x02\x12\x13\n\x0fPARALLEL_DIM_TP\x10\x03\x12\x13\n\x0fPARALLEL_DIM_PP\x10\x04\x12\x16\n\x12PARALLEL_DIM_ZERO1\x10\x05\x12\x16\n\x12PARALLEL_DIM_ZERO2\x10\x06\x12\x17\n\x13PARALLEL_DIM_CHUNKS\x10\x07\x12\x18\n\x14PARALLEL_DIM_HARMONY\x10\x08*W\n\nDpSharding\x12\x1b\n\x17\x44P_SHARDING_UNSPECIFIED\x10\x00\x12\x15\n\x11\x44P_SHARDING_ZERO1\x10\x01\x12\x15\n\x11\x44P_SHARDING_ZERO2\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x62\x61llast/v1/common.proto\x12\nballast.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"4\n\x0bPageRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\"\x87\x01\n\x06Tenant\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05\x61\x64min\x18\x03 \x01(\x08\x12.\n\ncreated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12$\n\x04role\x18\x05 \x01(\x0e\x32\x16.ballast.v1.TenantRole\"h\n\tPrincipal\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x13\n\x0btenant_name\x18\x02 \x01(\t\x12\r\n\x05\x61\x64min\x18\x03 \x01(\x08\x12$\n\x04role\x18\x04 \x01(\x0e\x32\x16.ballast.v1.TenantRole*N\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x0e\n\nDTYPE_FP32\x10\x01\x12\x0e\n\nDTYPE_FP16\x10\x02\x12\x0e\n\nDTYPE_BF16\x10\x03*p\n\nTenantRole\x12\x1b\n\x17TENANT_ROLE_UNSPECIFIED\x10\x00\x12\x16\n\x12TENANT_ROLE_MEMBER\x10\x01\x12\x16\n\x12TENANT_ROLE_VIEWER\x10\x02\x12\x15\n\x11TENANT_ROLE_ADMIN\x10\x03*\xf8\x01\n\x0bParallelDim\x12\x1c\n\x18PARALLEL_DIM_UNSPECIFIED\x10\x00\x12\x13\n\x0fPARALLEL_DIM_DP\x10\x01\x12\x14\n\x10PARALLEL_DIM_SDP\x10\x02\x12\x13\n\x0fPARALLEL_DIM_TP\x10\x03\x12\x13\n\x0fPARALLEL_DIM_PP\x10\x04\x12\x16\n\x12PARALLEL_DIM_ZERO1\x10\x05\x12\x16\n\x12PARALLEL_DIM_ZERO2\x10\x06\x12\x17\n\x13PARALLEL_DIM_CHUNKS\x10\x07\x12\x18\n\x14PARALLEL_DIM_HARMONY\x10\x08\x12\x13\n\x0fPARALLEL_DIM_SP\x10\t*W\n\nDpSharding\x12\x1b\n\x17\x44P_SHARDING_UNSPECIFIED\x10\x00\x12\x15\n\x11\x44P_SHARDING_ZERO1\x10\x01\x12\x15\n\x11\x44P_SHARDING_ZERO2\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,9 +37,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TENANTROLE']._serialized_start=450
   _globals['_TENANTROLE']._serialized_end=562
   _globals['_PARALLELDIM']._serialized_start=565
-  _globals['_PARALLELDIM']._serialized_end=792
-  _globals['_DPSHARDING']._serialized_start=794
-  _globals['_DPSHARDING']._serialized_end=881
+  _globals['_PARALLELDIM']._serialized_end=813
+  _globals['_DPSHARDING']._serialized_start=815
+  _globals['_DPSHARDING']._serialized_end=902
   _globals['_PAGEREQUEST']._serialized_start=72
   _globals['_PAGEREQUEST']._serialized_end=124
   _globals['_TENANT']._serialized_start=127

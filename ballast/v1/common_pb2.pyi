@@ -34,6 +34,7 @@ class ParallelDim(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PARALLEL_DIM_ZERO2: _ClassVar[ParallelDim]
     PARALLEL_DIM_CHUNKS: _ClassVar[ParallelDim]
     PARALLEL_DIM_HARMONY: _ClassVar[ParallelDim]
+    PARALLEL_DIM_SP: _ClassVar[ParallelDim]
 
 class DpSharding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -57,6 +58,7 @@ PARALLEL_DIM_ZERO1: ParallelDim
 PARALLEL_DIM_ZERO2: ParallelDim
 PARALLEL_DIM_CHUNKS: ParallelDim
 PARALLEL_DIM_HARMONY: ParallelDim
+PARALLEL_DIM_SP: ParallelDim
 DP_SHARDING_UNSPECIFIED: DpSharding
 DP_SHARDING_ZERO1: DpSharding
 DP_SHARDING_ZERO2: DpSharding

@@ -155,7 +155,7 @@ class Model(_message.Message):
     def __init__(self, id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., spec: _Optional[_Union[ModelSpec, _Mapping]] = ..., signature: _Optional[str] = ..., parameter_count: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., version: _Optional[int] = ...) -> None: ...
 
 class ModelLayer(_message.Message):
-    __slots__ = ("index", "name", "kind", "parameter_count", "tensor_parallel", "tied_with", "inputs", "batch_keys", "output_shape")
+    __slots__ = ("index", "name", "kind", "parameter_count", "tensor_parallel", "tied_with", "inputs", "batch_keys", "output_shape", "sequence_parallel")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -165,6 +165,7 @@ class ModelLayer(_message.Message):
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     BATCH_KEYS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_SHAPE_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_PARALLEL_FIELD_NUMBER: _ClassVar[int]
     index: int
     name: str
     kind: str
@@ -174,7 +175,8 @@ class ModelLayer(_message.Message):
     inputs: _containers.RepeatedScalarFieldContainer[int]
     batch_keys: _containers.RepeatedScalarFieldContainer[str]
     output_shape: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, index: _Optional[int] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., parameter_count: _Optional[int] = ..., tensor_parallel: _Optional[int] = ..., tied_with: _Optional[_Iterable[int]] = ..., inputs: _Optional[_Iterable[int]] = ..., batch_keys: _Optional[_Iterable[str]] = ..., output_shape: _Optional[_Iterable[int]] = ...) -> None: ...
+    sequence_parallel: int
+    def __init__(self, index: _Optional[int] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., parameter_count: _Optional[int] = ..., tensor_parallel: _Optional[int] = ..., tied_with: _Optional[_Iterable[int]] = ..., inputs: _Optional[_Iterable[int]] = ..., batch_keys: _Optional[_Iterable[str]] = ..., output_shape: _Optional[_Iterable[int]] = ..., sequence_parallel: _Optional[int] = ...) -> None: ...
 
 class ModelInspection(_message.Message):
     __slots__ = ("signature", "parameter_count", "layers", "code_version")

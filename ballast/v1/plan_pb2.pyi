@@ -45,7 +45,7 @@ SCHEDULE_VARUNA: Schedule
 SCHEDULE_HARMONY_WRAP: Schedule
 
 class LayerStrategy(_message.Message):
-    __slots__ = ("layer_index", "stage_index", "dp", "sdp", "tp", "order", "checkpoint", "swap_activations", "dp_sharding")
+    __slots__ = ("layer_index", "stage_index", "dp", "sdp", "tp", "order", "checkpoint", "swap_activations", "dp_sharding", "sequence_parallel")
     LAYER_INDEX_FIELD_NUMBER: _ClassVar[int]
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     DP_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,7 @@ class LayerStrategy(_message.Message):
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     SWAP_ACTIVATIONS_FIELD_NUMBER: _ClassVar[int]
     DP_SHARDING_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_PARALLEL_FIELD_NUMBER: _ClassVar[int]
     layer_index: int
     stage_index: int
     dp: int
@@ -64,7 +65,8 @@ class LayerStrategy(_message.Message):
     checkpoint: bool
     swap_activations: bool
     dp_sharding: _common_pb2.DpSharding
-    def __init__(self, layer_index: _Optional[int] = ..., stage_index: _Optional[int] = ..., dp: _Optional[int] = ..., sdp: _Optional[int] = ..., tp: _Optional[int] = ..., order: _Optional[_Iterable[_Union[_common_pb2.ParallelDim, str]]] = ..., checkpoint: _Optional[bool] = ..., swap_activations: _Optional[bool] = ..., dp_sharding: _Optional[_Union[_common_pb2.DpSharding, str]] = ...) -> None: ...
+    sequence_parallel: bool
+    def __init__(self, layer_index: _Optional[int] = ..., stage_index: _Optional[int] = ..., dp: _Optional[int] = ..., sdp: _Optional[int] = ..., tp: _Optional[int] = ..., order: _Optional[_Iterable[_Union[_common_pb2.ParallelDim, str]]] = ..., checkpoint: _Optional[bool] = ..., swap_activations: _Optional[bool] = ..., dp_sharding: _Optional[_Union[_common_pb2.DpSharding, str]] = ..., sequence_parallel: _Optional[bool] = ...) -> None: ...
 
 class Stage(_message.Message):
     __slots__ = ("index", "layer_begin", "layer_end", "devices", "predicted_time_s", "predicted_peak_memory_bytes")

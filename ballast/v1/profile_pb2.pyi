@@ -52,7 +52,7 @@ class LayerSample(_message.Message):
     def __init__(self, micro_batch_size: _Optional[int] = ..., measured: _Optional[bool] = ..., forward_s: _Optional[float] = ..., backward_s: _Optional[float] = ..., recompute_s: _Optional[float] = ..., boundary_activation_bytes: _Optional[int] = ..., stashed_activation_bytes: _Optional[int] = ..., output_bytes: _Optional[int] = ..., peak_memory_bytes: _Optional[int] = ..., forward_spread: _Optional[float] = ..., backward_spread: _Optional[float] = ..., off_line: _Optional[float] = ...) -> None: ...
 
 class LayerProfile(_message.Message):
-    __slots__ = ("index", "name", "kind", "parameter_count", "parameter_bytes", "gradient_bytes", "optimizer_state_bytes", "extra_inputs", "tied_with", "samples", "note", "measured_as", "batch_input_bytes", "max_micro_batch_size", "optimizer_step_s", "tensor_parallel", "parameter_numels", "parameter_tensors")
+    __slots__ = ("index", "name", "kind", "parameter_count", "parameter_bytes", "gradient_bytes", "optimizer_state_bytes", "extra_inputs", "tied_with", "samples", "note", "measured_as", "batch_input_bytes", "max_micro_batch_size", "optimizer_step_s", "tensor_parallel", "parameter_numels", "parameter_tensors", "sequence_parallel")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +71,7 @@ class LayerProfile(_message.Message):
     TENSOR_PARALLEL_FIELD_NUMBER: _ClassVar[int]
     PARAMETER_NUMELS_FIELD_NUMBER: _ClassVar[int]
     PARAMETER_TENSORS_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_PARALLEL_FIELD_NUMBER: _ClassVar[int]
     index: int
     name: str
     kind: str
@@ -89,7 +90,8 @@ class LayerProfile(_message.Message):
     tensor_parallel: int
     parameter_numels: _containers.RepeatedScalarFieldContainer[int]
     parameter_tensors: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, index: _Optional[int] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., parameter_count: _Optional[int] = ..., parameter_bytes: _Optional[int] = ..., gradient_bytes: _Optional[int] = ..., optimizer_state_bytes: _Optional[int] = ..., extra_inputs: _Optional[_Iterable[int]] = ..., tied_with: _Optional[_Iterable[int]] = ..., samples: _Optional[_Iterable[_Union[LayerSample, _Mapping]]] = ..., note: _Optional[str] = ..., measured_as: _Optional[int] = ..., batch_input_bytes: _Optional[int] = ..., max_micro_batch_size: _Optional[int] = ..., optimizer_step_s: _Optional[float] = ..., tensor_parallel: _Optional[int] = ..., parameter_numels: _Optional[_Iterable[int]] = ..., parameter_tensors: _Optional[_Iterable[int]] = ...) -> None: ...
+    sequence_parallel: int
+    def __init__(self, index: _Optional[int] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., parameter_count: _Optional[int] = ..., parameter_bytes: _Optional[int] = ..., gradient_bytes: _Optional[int] = ..., optimizer_state_bytes: _Optional[int] = ..., extra_inputs: _Optional[_Iterable[int]] = ..., tied_with: _Optional[_Iterable[int]] = ..., samples: _Optional[_Iterable[_Union[LayerSample, _Mapping]]] = ..., note: _Optional[str] = ..., measured_as: _Optional[int] = ..., batch_input_bytes: _Optional[int] = ..., max_micro_batch_size: _Optional[int] = ..., optimizer_step_s: _Optional[float] = ..., tensor_parallel: _Optional[int] = ..., parameter_numels: _Optional[_Iterable[int]] = ..., parameter_tensors: _Optional[_Iterable[int]] = ..., sequence_parallel: _Optional[int] = ...) -> None: ...
 
 class MemoryTracePoint(_message.Message):
     __slots__ = ("op_index", "op", "layer", "phase", "non_model_bytes")

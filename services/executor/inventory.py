@@ -58,10 +58,11 @@ def devices(cpu_slots: int = 1) -> list[fleet_pb2.Device]:
 # FSDP2 sharding), in the shapes the planner's executable_only search keeps. Gloo and NCCL alike. CHUNKS is a
 # capability, not a mesh dim: the workers run a Plan.offload (PatrickStar chunks, train/worker.py chunk mode), so
 # the planner may fall back to it for a model that fits no plan in device memory. HARMONY likewise: the workers
-# run a Plan.harmony (the wrap-around swap schedule over one host's devices, train/worker.py Harmony mode).
+# run a Plan.harmony (the wrap-around swap schedule over one host's devices, train/worker.py Harmony mode). SP:
+# sequence parallelism on the TP layers whose module declares its TP regions (train/hybrid.py).
 SUPPORTED = [common_pb2.PARALLEL_DIM_DP, common_pb2.PARALLEL_DIM_PP, common_pb2.PARALLEL_DIM_ZERO1,
              common_pb2.PARALLEL_DIM_ZERO2, common_pb2.PARALLEL_DIM_TP, common_pb2.PARALLEL_DIM_SDP,
-             common_pb2.PARALLEL_DIM_CHUNKS, common_pb2.PARALLEL_DIM_HARMONY]
+             common_pb2.PARALLEL_DIM_CHUNKS, common_pb2.PARALLEL_DIM_HARMONY, common_pb2.PARALLEL_DIM_SP]
 
 
 def host_labels() -> dict[str, str]:

@@ -168,7 +168,8 @@ def policies(plan: plan_pb2.Plan) -> dict[str, list[int]]:
 
 def hybrid_layers(plan: plan_pb2.Plan) -> dict[str, list]:
     """The plan's tensor-parallel and sharded-data-parallel layers as the worker runs them (train/hybrid.py): TP t
-    innermost with plain DP over the rest of the stage's devices, or SDP over all of them. A strategy the workers
+    innermost with plain DP over the rest of the stage's devices (its sequence split too where the plan says), or
+    SDP over all of them. A strategy the workers
     cannot run (TP outside DP, TP with SDP, SDP beside DP) is refused, naming the layer."""
     out: dict[str, list] = {}
     for x in plan.layers:
@@ -179,6 +180,8 @@ def hybrid_layers(plan: plan_pb2.Plan) -> dict[str, list]:
                                              common_pb2.PARALLEL_DIM_TP)]
         if tp > 1 and sdp == 1 and (dp == 1 or inner[-1:] == [common_pb2.PARALLEL_DIM_TP]):
             out.setdefault("tp_layers", []).append([x.layer_index, tp])
+            if x.sequence_parallel:
+                out.setdefault("sp_layers", []).append(x.layer_index)
         elif sdp > 1 and tp == 1 and dp == 1:
             out.setdefault("sdp_layers", []).append(x.layer_index)
         else:

@@ -693,6 +693,7 @@ def _layer_profile(session: _Session, index: int, top: int, dtype: torch.dtype) 
         extra_inputs=layer.extra_inputs,
         tied_with=layer.tied_with,
         tensor_parallel=layer.tensor_parallel,
+        sequence_parallel=layer.sequence_parallel,
         measured_as=g.rep,
         batch_input_bytes=tensor_bytes(session.per_sample[k] for k in layer.batch_keys),  # per sample: scale by m
         max_micro_batch_size=g.fit_max,

@@ -33,6 +33,7 @@ class LayerCost:
     extra_inputs: tuple[int, ...] = ()
     tied_with: tuple[int, ...] = ()
     tensor_parallel: int = 0  # TP degrees dividing it are runnable (zoo.graph.Layer.tensor_parallel)
+    sequence_parallel: int = 0  # ... and with the sequence split too (zoo.graph.Layer.sequence_parallel)
 
     def flops(self, phase: str, micro_batch: int) -> float:
         per_sample = self.flops_fwd_per_sample

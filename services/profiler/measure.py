@@ -94,6 +94,7 @@ class LayerMeasurement:
     device: str
     dtype: str
     tensor_parallel: int = 0  # TP degrees dividing it are runnable (zoo.graph.Layer.tensor_parallel)
+    sequence_parallel: int = 0  # ... and with the sequence split too (zoo.graph.Layer.sequence_parallel)
 
     @property
     def forward_s(self) -> float:
@@ -256,6 +257,7 @@ def measure_layer(
         device=str(dev),
         dtype=str(dt).removeprefix("torch."),
         tensor_parallel=layer.tensor_parallel,
+        sequence_parallel=layer.sequence_parallel,
     )
 
 
@@ -375,6 +377,7 @@ def layer_profile(measurements: Iterable[LayerMeasurement]) -> profile_pb2.Layer
         extra_inputs=list(m.extra_inputs),
         tied_with=list(m.tied_with),
         tensor_parallel=m.tensor_parallel,
+        sequence_parallel=m.sequence_parallel,
         samples=[r.sample() for r in rows],
     )
 

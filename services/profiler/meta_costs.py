@@ -210,6 +210,7 @@ def _layer_cost(layer: Layer, traces: Mapping[int, LayerTrace]) -> LayerCost:
         output_elems_per_sample=round(slope("output")),
         extra_inputs=tuple(layer.extra_inputs), tied_with=tuple(layer.tied_with),
         tensor_parallel=layer.tensor_parallel,
+        sequence_parallel=layer.sequence_parallel,
     )
 
 

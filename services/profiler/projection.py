@@ -247,6 +247,7 @@ def analytical_profile(
             parameter_bytes=cost.parameter_count * el, gradient_bytes=cost.parameter_count * el,
             optimizer_state_bytes=cost.parameter_count * (12 if mixed else 8),
             extra_inputs=cost.extra_inputs, tied_with=cost.tied_with, tensor_parallel=cost.tensor_parallel,
+            sequence_parallel=cost.sequence_parallel,
         )
         for mb in sorted(set(micro_batch_sizes)):
             fwd = roofline_s(cost.flops("forward", mb), cost.bytes_moved("forward", mb, el), spec) / efficiency
@@ -289,6 +290,7 @@ def block_cost(
         traffic_elems_fwd_per_sample=(22 * h + 4 * f + 4 * scores) * s,
         boundary_elems_per_sample=h * s, stashed_elems_per_sample=(8 * h + 2 * f + scores) * s,
         output_elems_per_sample=h * s, tensor_parallel=math.gcd(heads, f),  # the zoo's Block, dropout 0
+        sequence_parallel=math.gcd(heads, f, s),
     )
 
 

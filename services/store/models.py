@@ -133,6 +133,8 @@ class ProfileLayer(Base):
     max_micro_batch_size: Mapped[int] = mapped_column(default=0, server_default="0")
     # Added by 0013: TP degrees dividing it are runnable, 0 none (rows stored before read 0).
     tensor_parallel: Mapped[int] = mapped_column(default=0, server_default="0")
+    # Added by 0027: TP degrees at which the sequence splits too, 0 none (rows stored before read 0).
+    sequence_parallel: Mapped[int] = mapped_column(default=0, server_default="0")
     # Added by 0014: the parameter tensors the layer owns (elements) and uses (model-wide indices).
     parameter_numels: Mapped[list[Any]] = mapped_column(default=list, server_default="[]")
     parameter_tensors: Mapped[list[Any]] = mapped_column(default=list, server_default="[]")
@@ -256,6 +258,8 @@ class PlanLayer(Base):
     swap_activations: Mapped[bool]
     dp_sharding: Mapped[str] = mapped_column(EnumName, default="DP_SHARDING_UNSPECIFIED",
                                              server_default="DP_SHARDING_UNSPECIFIED")
+    # Added by 0027 (LayerStrategy.sequence_parallel); rows stored before read false.
+    sequence_parallel: Mapped[bool] = mapped_column(default=False, server_default=sa.false())
 
 
 class PlanCandidate(Base):

@@ -161,6 +161,15 @@ class Block(nn.Module):
     def tensor_parallel_plan(self) -> dict[str, str]:
         return {"attn.qkv": "colwise", "attn.proj": "rowwise", "mlp.0": "colwise", "mlp.2": "rowwise"}
 
+    def sequence_parallel_ways(self) -> int:
+        """TP degrees dividing this can also split the block's sequence (its tokens; 0 when not known)."""
+        return math.gcd(self.tensor_parallel_ways(), self.tokens) if self.tokens else 0
+
+    def sequence_parallel_regions(self) -> list[str]:
+        """The TP regions: submodules whose input is gathered along the sequence under sequence parallelism (what
+        reads the sequence's length runs on the whole of it); their row-parallel outputs are reduce-scattered."""
+        return ["attn", "mlp"]
+
     def prepare_tensor_parallel(self) -> None:
         to_head_major(self.attn)
 
@@ -178,9 +187,10 @@ class Block(nn.Module):
         causal: bool = False,
         eps: float = 1e-5,
         approximate: str = "none",
+        tokens: int = 0,
     ) -> None:
         super().__init__()
-        self.pre_norm = pre_norm
+        self.pre_norm, self.tokens = pre_norm, tokens  # tokens: sequence length (sequence parallelism needs it)
         self.ln1, self.ln2 = nn.LayerNorm(dim, eps=eps), nn.LayerNorm(dim, eps=eps)
         self.attn = SelfAttention(dim, heads, dropout, causal=causal)
         self.drop = nn.Dropout(dropout)

@@ -53,6 +53,7 @@ def inspect_model(spec: model_pb2.ModelSpec, user_inputs: UserInputs) -> model_p
         parameter_count=sum(p.numel() for p in model.parameters()),
         layers=[model_pb2.ModelLayer(index=layer.index, name=layer.name, kind=layer.kind,
                                      parameter_count=counts[layer.index], tensor_parallel=layer.tensor_parallel,
+                                     sequence_parallel=layer.sequence_parallel,
                                      tied_with=layer.tied_with, inputs=list(layer.inputs),
                                      batch_keys=list(layer.batch_keys),
                                      output_shape=list(outputs[layer.index].shape)

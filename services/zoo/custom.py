@@ -83,6 +83,14 @@ class Segment(nn.Module):
         ways = self._declared("tensor_parallel_ways")
         return int(ways()) if ways and self.tensor_parallel_plan() else 0
 
+    def sequence_parallel_ways(self) -> int:
+        ways = self._declared("sequence_parallel_ways")
+        return int(ways()) if ways and self.tensor_parallel_plan() else 0
+
+    def sequence_parallel_regions(self) -> list[str]:
+        regions = self._declared("sequence_parallel_regions")
+        return [f"parts.0.{path}" for path in regions()] if regions else []
+
     def prepare_tensor_parallel(self) -> None:
         prepare = self._declared("prepare_tensor_parallel")
         if prepare:

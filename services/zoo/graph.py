@@ -10,6 +10,7 @@ their gradients can be synchronised (Varuna §5.1) instead of silently diverging
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -38,6 +39,16 @@ class Layer:
         `tensor_parallel_ways`, as zoo.base.Block does)."""
         ways = getattr(self.module, "tensor_parallel_ways", None)
         return int(ways()) if callable(ways) else 0
+
+    @property
+    def sequence_parallel(self) -> int:
+        """TP degrees dividing this can also split the layer along the sequence (sequence parallelism); 0 none. A
+        module declares it through `sequence_parallel_ways` and its TP regions (`sequence_parallel_regions`)."""
+        ways = getattr(self.module, "sequence_parallel_ways", None)
+        regions = getattr(self.module, "sequence_parallel_regions", None)
+        if not (callable(ways) and callable(regions) and regions()):
+            return 0
+        return math.gcd(int(ways()), self.tensor_parallel)
 
     @property
     def extra_inputs(self) -> list[int]:

@@ -50,7 +50,8 @@ class GPT(ZooModel):
         cfg, p = spec.transformer, spec.dropout
         self.embed = GPTEmbed(cfg, p)
         self.blocks = nn.ModuleList(
-            Block(cfg.hidden_size, cfg.num_heads, ffn_width(cfg), p, pre_norm=True, causal=True, approximate="tanh")
+            Block(cfg.hidden_size, cfg.num_heads, ffn_width(cfg), p, pre_norm=True, causal=True, approximate="tanh",
+                  tokens=cfg.seq_length)
             for _ in range(cfg.num_layers)
         )
         init_weights(self)
@@ -116,7 +117,7 @@ class Bert(ZooModel):
         cfg, p = spec.transformer, spec.dropout
         self.embed = BertEmbed(cfg, p)
         self.blocks = nn.ModuleList(
-            Block(cfg.hidden_size, cfg.num_heads, ffn_width(cfg), p, pre_norm=False, eps=1e-12)
+            Block(cfg.hidden_size, cfg.num_heads, ffn_width(cfg), p, pre_norm=False, eps=1e-12, tokens=cfg.seq_length)
             for _ in range(cfg.num_layers)
         )
         self.head = BertHead(cfg, self.embed.words if cfg.tie_embeddings else None)

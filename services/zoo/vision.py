@@ -55,7 +55,8 @@ class ViT(ZooModel):
         d = cfg.hidden_size
         self.embed = ViTEmbed(cfg, p)
         self.blocks = nn.ModuleList(
-            Block(d, cfg.num_heads, mlp_width(cfg, d), p, pre_norm=True, eps=1e-6) for _ in range(cfg.num_layers)
+            Block(d, cfg.num_heads, mlp_width(cfg, d), p, pre_norm=True, eps=1e-6,
+                  tokens=(cfg.image_size // cfg.patch_size) ** 2 + 1) for _ in range(cfg.num_layers)
         )
         self.head = ClassifierHead(d, cfg.num_classes, cls_token=True, eps=1e-6)
         init_weights(self)

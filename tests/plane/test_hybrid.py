@@ -90,12 +90,14 @@ def test_a_hybrid_plan_runs_through_submit_with_its_predictions_beside_what_it_m
     # Unconstrained, DP is usually cheaper on CPU, but the measured profile decides (noise can tip it to SDP).
     profile = client.store.GetProfile(store_pb2.GetRequest(id=first_plan.profile_id))
     assert [layer.tensor_parallel for layer in profile.layers] == [0, 4, 4, 0]  # gcd(4 heads, MLP 1024)
+    assert [layer.sequence_parallel for layer in profile.layers] == [0, 4, 4, 0]  # and of its 16 tokens
     budget = hybrid_budget(first, profile, first_plan.fleet)
 
     done = run(plane, spec("hybrid", iterations=4, budget=budget))
     plan = client.planner.GetPlan(store_pb2.GetRequest(id=done.plan_id))
     hybrid = [x for x in plan.layers if x.tp > 1 or x.sdp > 1]
     assert hybrid and plan.profile_id == first_plan.profile_id
+    assert all(x.sequence_parallel for x in hybrid if x.tp > 1)  # the default search splits TP layers' sequence
     assert len(plan.stages) == 1 and plan.stages[0].devices == 2
     rows = client.iteration_metrics(done.id)
     assert sorted({m.iteration for m in rows}) == list(range(4)) and len(rows) == 4 * 2

@@ -77,6 +77,7 @@ def test_explicit_sizes_one_row_set_per_layer(explicit):
     assert prof.layers[2].batch_input_bytes == 0
     # the blocks are the zoo's attention + MLP block: the executors can split them tensor-parallel 2 or 4 ways
     assert [layer.tensor_parallel for layer in prof.layers] == [0, 4, 4, 4, 0]  # gcd(4 heads, MLP 128)
+    assert [layer.sequence_parallel for layer in prof.layers] == [0, 4, 4, 4, 0]  # and their 16 tokens
 
 
 def test_identical_blocks_reuse_the_first_blocks_rows(explicit):

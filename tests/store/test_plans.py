@@ -75,6 +75,18 @@ def test_a_layer_keeps_its_dp_flavour(store: Store):
     assert err.value.field == "plan.layers[2].dp_sharding"
 
 
+def test_a_layer_keeps_its_sequence_parallelism(store: Store):
+    a, job = store.as_(store.a), new_job(store)
+    sent = plan_msg(job.model_id, job_id=job.id, layers=2)
+    sent.layers[1].tp, sent.layers[1].sequence_parallel = 2, True
+    stored = a.get_plan(store_pb2.GetRequest(id=a.create_plan(store_pb2.CreatePlanRequest(plan=sent)).id))
+    assert [x.sequence_parallel for x in stored.layers] == [False, True]
+    with store.engine.connect() as conn:
+        flags = conn.execute(sa.text(f"SELECT sequence_parallel FROM plan_layers WHERE plan_id = '{stored.id}' "
+                                     "ORDER BY layer_index")).scalars().all()
+    assert [bool(f) for f in flags] == [False, True]
+
+
 def test_create_plan_with_invalid_layer_writes_nothing(store: Store):
     job = new_job(store)
     for mutate, field in [

@@ -126,6 +126,7 @@ def test_profile_details_round_trip(store: Store):
         ("reused block.1", 1, (1 << 63) - 1, 0),
     ]
     assert [ly.tensor_parallel for ly in got.layers] == [0, 4, 0]
+    assert [ly.sequence_parallel for ly in got.layers] == [0, 2, 0]
     with store.engine.connect() as conn:  # an empty note is stored as NULL, like other optional text
         notes = conn.execute(
             sa.text(f"SELECT layer_index, note FROM profile_layers WHERE profile_id = '{prof.id}' ORDER BY 1")

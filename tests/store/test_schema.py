@@ -198,7 +198,7 @@ def test_migration_0004_keeps_existing_profiles_and_downgrades_fully(empty_datab
         bare.memory_cap_bytes, bare.profiling_time_s = 0, 0.0
         for ly in bare.layers:
             ly.note, ly.measured_as, ly.batch_input_bytes, ly.max_micro_batch_size = "", 0, 0, 0
-            ly.tensor_parallel = 0  # 0013's column, dropped with everything above 0003
+            ly.tensor_parallel = ly.sequence_parallel = 0  # 0013's and 0027's columns, dropped with all above 0003
             for sample in ly.samples:  # 0020's columns too
                 sample.forward_spread = sample.backward_spread = 0.0
         bare.composition_factor, bare.host_noise, bare.noisy, bare.measure_passes = 0.0, 0.0, False, 0
@@ -223,6 +223,25 @@ def test_models_match_the_migrations(empty_database_url):
         with engine.connect() as conn:
             context = MigrationContext.configure(conn, opts={"compare_type": True, "compare_server_default": True})
             assert compare_metadata(context, Base.metadata) == []
+    finally:
+        engine.dispose()
+
+
+def test_migration_0027_adds_and_drops_sequence_parallel(empty_database_url):
+    """Profile and plan layers stored before 0027 (or through a downgrade) read sequence_parallel 0 / false."""
+    url = empty_database_url
+    engine, repo, admin, stored = stored_detailed_profile(url)
+    assert [ly.sequence_parallel for ly in stored.layers] == [0, 2, 0]
+    try:
+        schema.downgrade(url, "0026_metric_windows")
+        for table in ("profile_layers", "plan_layers"):
+            assert "sequence_parallel" not in {c["name"] for c in sa.inspect(engine).get_columns(table)}
+        engine.dispose()
+        schema.upgrade(url)
+        schema.check_schema(engine)
+        got = repo.get_profile(admin, store_pb2.GetRequest(id=stored.id))
+        assert [ly.tensor_parallel for ly in got.layers] == [0, 4, 0] and not any(ly.sequence_parallel
+                                                                                  for ly in got.layers)
     finally:
         engine.dispose()
 

@@ -77,6 +77,9 @@ def test_tied_weights_and_tensor_parallel_splits_are_declared():
     assert [s.layers for s in tied.shared] == [(0, 3)]
     assert layers(hf_spec("llama", dropout=0.1))[1] == [0, 0, 0, 0]  # tp ranks would draw different masks
     assert layers(hf_spec("bert"))[1] == [0, 4, 4, 0] and layers(hf_spec("vit"))[1] == [0, 4, 4, 0]
+    # their blocks call attention with keyword arguments and build masks and rotary tables from the hidden
+    # states' length: they declare no sequence-parallel regions, so the planner never asks for it
+    assert [layer.sequence_parallel for layer in llama.layers] == [0, 0, 0, 0]
 
 
 def test_the_specs_dropout_is_every_dropout_of_the_config():

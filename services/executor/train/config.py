@@ -62,6 +62,9 @@ class WorkerConfig:
     # cannot change them.
     tp_layers: list[list[int]] = field(default_factory=list)
     sdp_layers: list[int] = field(default_factory=list)
+    # TP layers that also split the sequence over their tp ranks (sequence parallelism, hybrid.py); a subset of
+    # tp_layers' layers.
+    sp_layers: list[int] = field(default_factory=list)
     # [layer_index, iteration, active (0 | 1)]: from 0-based iteration `iteration` on, the layer computes (1) or
     # is the identity on its first input (0; its parameters get no gradient). Only layers whose output has the
     # shape and dtype of their first input may be toggled (checked when the stage is built).
@@ -204,6 +207,10 @@ class WorkerConfig:
         need(all(isinstance(t, list | tuple) and len(t) == 2 and all(is_int(v) for v in t) for t in self.tp_layers),
              "tp_layers", "each entry is [layer_index, tp degree]")
         need(all(is_int(i) for i in self.sdp_layers), "sdp_layers", "give layer indices (integers)")
+        need(all(is_int(i) for i in self.sp_layers), "sp_layers", "give layer indices (integers)")
+        loose = sorted(set(self.sp_layers) - {t[0] for t in self.tp_layers if isinstance(t, list | tuple) and t})
+        need(not loose, "sp_layers", f"layers {loose} are not TP layers; sequence parallelism splits a tensor-parallel "
+             "layer's sequence over its tp ranks: add them to tp_layers or drop them")
         hybrid = {int(t[0]) for t in self.tp_layers} | set(self.sdp_layers)
         for name, other in (("zero1_layers", self.zero1_layers), ("zero2_layers", self.zero2_layers),
                             ("swap_layers", self.swap_layers)):
@@ -250,7 +257,8 @@ class WorkerConfig:
         need(self.device == "cpu", "device", "the Harmony worker computes on the CPU under its budgeted device pool "
              "(train/harmony.py has no CUDA path yet): set device 'cpu'")
         need(not self.layer_toggles, "layer_toggles", "Harmony runs every layer every iteration: leave it empty")
-        for name in ("checkpoint_layers", "swap_layers", "zero1_layers", "zero2_layers", "tp_layers", "sdp_layers"):
+        for name in ("checkpoint_layers", "swap_layers", "zero1_layers", "zero2_layers", "tp_layers", "sdp_layers",
+                     "sp_layers"):
             need(not getattr(self, name), name, "Harmony's schedule decides what moves and what is recomputed: "
                  "leave it empty")
 
@@ -266,7 +274,8 @@ class WorkerConfig:
         need(self.num_stages == 1, "stage_bounds",
              f"chunk offload runs one stage holding every layer, got {self.num_stages} stages")
         need(not self.layer_toggles, "layer_toggles", "chunk offload runs every layer every iteration: leave it empty")
-        for name in ("checkpoint_layers", "swap_layers", "zero1_layers", "zero2_layers", "tp_layers", "sdp_layers"):
+        for name in ("checkpoint_layers", "swap_layers", "zero1_layers", "zero2_layers", "tp_layers", "sdp_layers",
+                     "sp_layers"):
             need(not getattr(self, name), name, "chunk offload runs every layer as plain data parallel with its "
                  "model data in chunks: leave it empty")
 

@@ -21,6 +21,18 @@ so the data, the p2p peers and the loss are unchanged). Per layer:
   norms') are summed over its W/t data-parallel ranks, the ranks with the same tp index, not over the whole
   stage.
 
+Sequence parallelism (Megatron-style, per TP layer, `sp_layers`): outside its TP regions the layer's activations
+are split along the sequence (dim 1) over the tp ranks as well: the layer's input arrives as (its dp group's
+samples) x (this rank's part of the sequence) instead of the whole gathered micro-batch, its norms and residuals
+run on that part, each TP region's input is all-gathered along the sequence (`PrepareModuleInput`: Shard(1) to
+Replicate, whose backward reduce-scatters the region's partial input gradients), and each row-parallel linear
+reduce-scatters its output along the sequence (Shard(1)) instead of all-reducing it. The norms' parameters stay
+plain, so their gradients (partial: each rank saw its part of the tokens) are summed over the tp group too
+(`reduce`). A layer's module declares its regions (`sequence_parallel_regions()`, submodules called with the
+hidden states as their one positional argument) and the degrees that split its sequence
+(`sequence_parallel_ways()`: the zoo's Block gives gcd(its TP ways, its tokens)). Gloo has no all-to-all, so the
+re-layout between a sequence-parallel layer and its plain neighbours is an all-gather and a local slice there.
+
 The TP protocol a layer's module keeps to (the zoo's Block, the Hugging Face blocks of zoo/hf/adapters.py, or a
 user's own module): `tensor_parallel_plan()` -> {submodule path: "colwise" | "rowwise"} over nn.Linear
 submodules; `tensor_parallel_ways()` -> the degrees it splits at divide this (its heads, key-value heads and MLP
@@ -57,7 +69,7 @@ from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, parallelize_module
 
 from services.executor.train.stage import ModelInfo, Stage, make_optimizer
 from services.zoo.graph import Layer
@@ -69,16 +81,24 @@ TP, SDP = "tp", "sdp"
 class Strategy:
     kind: str  # TP or SDP
     degree: int  # TP: ranks per tp group; SDP: the stage's width (every rank of the stage holds a shard)
+    sequence: bool = False  # TP only: sequence parallelism over the tp ranks
 
 
-def strategies(tp_layers: Iterable[Sequence[int]], sdp_layers: Iterable[int], width: int) -> dict[int, Strategy]:
-    """Layer index -> its TP or SDP strategy (`WorkerConfig.tp_layers` as [layer, degree] pairs, `sdp_layers`)."""
+def strategies(tp_layers: Iterable[Sequence[int]], sdp_layers: Iterable[int], width: int,
+               sp_layers: Iterable[int] = ()) -> dict[int, Strategy]:
+    """Layer index -> its TP or SDP strategy (`WorkerConfig.tp_layers` as [layer, degree] pairs, `sdp_layers`;
+    `sp_layers`: TP layers whose sequence splits too)."""
     out: dict[int, Strategy] = {}
+    sequence = {int(i) for i in sp_layers}
     for layer, degree in tp_layers:
         if degree < 2 or width % degree:
             raise ValueError(f"WorkerConfig.tp_layers: layer {layer} has tp degree {degree}; it must be >= 2 and "
                              f"divide the stage's {width} ranks (num_replicas)")
-        out[int(layer)] = Strategy(TP, int(degree))
+        out[int(layer)] = Strategy(TP, int(degree), int(layer) in sequence)
+    loose = sorted(sequence - set(out))
+    if loose:
+        raise ValueError(f"WorkerConfig.sp_layers: layers {loose} are not in tp_layers; sequence parallelism splits a "
+                         "tensor-parallel layer's sequence: add them to tp_layers or drop them")
     both = sorted(set(out) & {int(i) for i in sdp_layers})
     if both:
         raise ValueError(f"WorkerConfig.sdp_layers: layers {both} are also in tp_layers; give each layer one strategy")
@@ -97,14 +117,24 @@ def tp_degrees(tp_layers: Iterable[Sequence[int]]) -> list[int]:
 STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
 
 
-def tensor_parallel_block(module: nn.Module, mesh: DeviceMesh) -> None:
+SEQUENCE_DIM = 1  # hidden states are (batch, sequence, hidden)
+
+
+def tensor_parallel_block(module: nn.Module, mesh: DeviceMesh, sequence: bool = False) -> None:
     """Megatron-style TP of a block over `mesh["tp"]`, as its `tensor_parallel_plan` says (the batch gather and
-    slice around it are `layout_hooks`)."""
+    slice around it are `layout_hooks`); with `sequence`, its regions gather the sequence and its row-parallel
+    linears reduce-scatter it (the module docstring)."""
     prepare = getattr(module, "prepare_tensor_parallel", None)  # check_model vetted the block and the degree
     if callable(prepare):
         prepare()
-    parallelize_module(module, mesh["tp"], {path: STYLES[style]() for path, style in
-                                            module.tensor_parallel_plan().items()})
+    split = Shard(SEQUENCE_DIM)
+    plan: dict[str, Any] = {
+        path: RowwiseParallel(output_layouts=split) if sequence and style == "rowwise" else STYLES[style]()
+        for path, style in module.tensor_parallel_plan().items()}
+    if sequence:  # a region's input, split by sequence, is gathered whole (a DTensor: its backward reduce-scatters)
+        plan.update({path: PrepareModuleInput(input_layouts=(split,), desired_input_layouts=(Replicate(),))
+                     for path in module.sequence_parallel_regions()})
+    parallelize_module(module, mesh["tp"], plan)
 
 
 def rows(module: nn.Module, name: str, value: Tensor, sharded: bool) -> Tensor:
@@ -114,10 +144,13 @@ def rows(module: nn.Module, name: str, value: Tensor, sharded: bool) -> Tensor:
     return reorder(name, value, sharded) if callable(reorder) else value
 
 
-def layout_hooks(module: nn.Module, mesh: DeviceMesh, gather_input: bool, slice_output: bool) -> list[Any]:
+def layout_hooks(module: nn.Module, mesh: DeviceMesh, gather_input: bool, slice_output: bool,
+                 sequence: bool = False) -> list[Any]:
     """The gather of the tp group's samples before a TP block and the slice of its own after it, each left out
-    where the neighbour in the chain is TP over the same mesh (`transitions`); the hooks' handles."""
-    canonical, gathered = (Shard(0), Shard(0)), (Shard(0), Replicate())
+    where the neighbour in the chain is TP over the same mesh (`transitions`); the hooks' handles. With `sequence`
+    the block holds the group's samples split by sequence instead of whole."""
+    canonical = (Shard(0), Shard(0))
+    gathered = (Shard(0), Shard(SEQUENCE_DIM)) if sequence else (Shard(0), Replicate())
 
     def gather(_: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
         x = DTensor.from_local(args[0], mesh, canonical, run_check=False)
@@ -150,8 +183,9 @@ def transitions(stage: Stage, plan: Mapping[int, Strategy]) -> dict[int, tuple[b
     def joined(a: int, b: int) -> bool:
         first, second = plan.get(a), plan.get(b)
         return (first is not None and second is not None and first.kind == second.kind == TP
-                and first.degree == second.degree and a in held and held[b].inputs == (a,)
-                and readers.get(a) == [b] and a not in sent and not ({a, b} & set(stage.toggles)))
+                and first.degree == second.degree and first.sequence == second.sequence and a in held
+                and held[b].inputs == (a,) and readers.get(a) == [b] and a not in sent
+                and not ({a, b} & set(stage.toggles)))
 
     out = {}
     for layer in stage.layers:
@@ -184,6 +218,12 @@ def check_layer(layer: Layer, strategy: Strategy, tied: bool) -> None:
     if ways % strategy.degree:
         raise ValueError(f"layer {layer.index} ({layer.name}): tp degree {strategy.degree} must divide {ways} (the "
                          "gcd of its heads, key-value heads and MLP width)")
+    sequence = layer.sequence_parallel
+    if strategy.sequence and (not sequence or sequence % strategy.degree):
+        why = (f"tp degree {strategy.degree} must divide {sequence} (its TP ways and its sequence length)" if sequence
+               else f"{type(module).__name__} declares no sequence-parallel regions or sequence length")
+        raise ValueError(f"layer {layer.index} ({layer.name}): sequence parallelism: {why}; plan it TP without "
+                         "sequence parallelism")
 
 
 def check_model(info: ModelInfo, plan: Mapping[int, Strategy]) -> None:
@@ -199,6 +239,20 @@ def check_model(info: ModelInfo, plan: Mapping[int, Strategy]) -> None:
 
 def local(t: Tensor) -> Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
+
+
+def sum_over(groups: Mapping[int, tuple[dist.ProcessGroup, list[Tensor]]]) -> int:
+    """Sum each group's gradients in place over its ranks, one flat all-reduce per group; the bytes reduced."""
+    total = 0
+    for group, grads in groups.values():
+        if not grads:
+            continue
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+        for g, chunk in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
+            g.copy_(chunk.view_as(g))
+        total += flat.numel() * flat.element_size()
+    return total
 
 
 @dataclass(eq=False)
@@ -227,7 +281,7 @@ class Hybrid:
             strategy, module = self.plan[index], held[index].module
             if strategy.kind == TP:
                 mesh = self.tp_meshes[strategy.degree]
-                tensor_parallel_block(module, mesh)
+                tensor_parallel_block(module, mesh, strategy.sequence)
             else:
                 assert self.sdp_mesh is not None, "SDP needs the stage's dp mesh (num_replicas >= 2)"
                 mesh = self.sdp_mesh
@@ -246,7 +300,8 @@ class Hybrid:
         self.edges = transitions(stage, self.layers)
         held = {layer.index: layer for layer in stage.layers}
         for index, (gather_input, slice_output) in self.edges.items():
-            self.hooks[index] = layout_hooks(held[index].module, self.meshes[index], gather_input, slice_output)
+            self.hooks[index] = layout_hooks(held[index].module, self.meshes[index], gather_input, slice_output,
+                                             self.layers[index].sequence)
 
     def release(self, stage: Stage, leaving: Iterable[int], optimizer: torch.optim.Optimizer, info: ModelInfo,
                 device: torch.device) -> None:
@@ -312,25 +367,25 @@ class Hybrid:
 
     def reduce(self, stage: Stage) -> int:
         """Sum each TP layer's gradients over its data-parallel ranks (same tp index): one flat all-reduce per
-        (dp group); returns the bytes reduced. SDP layers were reduced by FSDP in their backward."""
-        groups: dict[int, list[Tensor]] = {}
-        handles: dict[int, dist.ProcessGroup] = {}
+        (dp group); a sequence-parallel layer's plain parameters (its norms, each rank's sum over its part of the
+        tokens) are first summed over the tp group. Returns the bytes reduced. SDP layers were reduced by FSDP in
+        their backward."""
+        over_tp: dict[int, tuple[dist.ProcessGroup, list[Tensor]]] = {}
+        over_dp: dict[int, tuple[dist.ProcessGroup, list[Tensor]]] = {}
         for layer in stage.layers:
             strategy = self.layers.get(layer.index)
-            if strategy is None or strategy.kind != TP or self.meshes[layer.index]["dp"].size() == 1:
+            if strategy is None or strategy.kind != TP:
                 continue
-            group = self.meshes[layer.index]["dp"].get_group()
-            key = id(group)
-            handles[key] = group
-            groups.setdefault(key, []).extend(local(p.grad) for p in layer.module.parameters() if p.grad is not None)
-        total = 0
-        for key, grads in groups.items():
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=handles[key])
-            for g, chunk in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
-                g.copy_(chunk.view_as(g))
-            total += flat.numel() * flat.element_size()
-        return total
+            mesh = self.meshes[layer.index]
+            if strategy.sequence:
+                group = mesh["tp"].get_group()
+                over_tp.setdefault(id(group), (group, []))[1].extend(
+                    p.grad for p in layer.module.parameters() if p.grad is not None and not isinstance(p.grad, DTensor))
+            if mesh["dp"].size() > 1:
+                group = mesh["dp"].get_group()
+                over_dp.setdefault(id(group), (group, []))[1].extend(
+                    local(p.grad) for p in layer.module.parameters() if p.grad is not None)
+        return sum_over(over_tp) + sum_over(over_dp)
 
     def full_layers(self, stage: Stage, state: Mapping[nn.Parameter, Mapping[str, Any]], keep: Iterable[int],
                     only: Iterable[int] | None = None) -> dict[int, tuple[str, dict[str, Tensor]]]:
@@ -409,6 +464,7 @@ class Hybrid:
                          for name in self.meshes[layer.index].mesh_dim_names or ()},
                 "local_elements": sum(local(p).numel() for p in params),
                 "elements": sum(p.numel() for p in params),
+                **({"sequence_parallel": True} if strategy.sequence else {}),
                 **({"gathers_input": self.edges[layer.index][0], "slices_output": self.edges[layer.index][1]}
                    if layer.index in self.edges else {})}
         return out

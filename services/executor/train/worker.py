@@ -274,7 +274,7 @@ def prepare_stage(config: WorkerConfig, device: torch.device, head: dict[str, An
     check_layers("zero2_layers", config.zero2_layers, stage.num_layers)
     check_layers("tp_layers", [t[0] for t in config.tp_layers], stage.num_layers)
     check_layers("sdp_layers", config.sdp_layers, stage.num_layers)
-    layer_strategies = hybrid.strategies(config.tp_layers, config.sdp_layers, config.num_replicas)
+    layer_strategies = hybrid.strategies(config.tp_layers, config.sdp_layers, config.num_replicas, config.sp_layers)
     # over the whole model: every rank of every stage refuses alike
     info = model_info(config.spec(), config.micro_batch_size, config.user_inputs)
     hybrid.check_model(info, layer_strategies)

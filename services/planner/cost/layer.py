@@ -209,9 +209,14 @@ def _layer_cost(
 
     tp_pass = 0.0
     if tp > 1 and ctx.tp_allreduces[index]:
-        hidden = max(pt.output_bytes, pt.boundary_bytes / (1 + len(layer.extra_inputs)))
-        tp_pass = ctx.tp_allreduces[index] * comm.allreduce(hidden, tp, scopes[Dim.TP])
-        sources.append("tp allreduce: " + comm.source("allreduce", tp, scopes[Dim.TP]))
+        hidden, sc = max(pt.output_bytes, pt.boundary_bytes / (1 + len(layer.extra_inputs))), scopes[Dim.TP]
+        if st.sequence_parallel:  # each all-reduce becomes an all-gather (sequence) and a reduce-scatter (sequence)
+            tp_pass = ctx.tp_allreduces[index] * (comm.allgather(hidden, tp, sc) + comm.reduce_scatter(hidden, tp, sc))
+            sources.append("tp allgather: " + comm.source("allgather", tp, sc))
+            sources.append("tp reduce_scatter: " + comm.source("reduce_scatter", tp, sc))
+        else:
+            tp_pass = ctx.tp_allreduces[index] * comm.allreduce(hidden, tp, sc)
+            sources.append("tp allreduce: " + comm.source("allreduce", tp, sc))
     tp_rec = tp_pass if st.checkpoint else 0.0
 
     sdp_gather = scatter = 0.0
@@ -241,10 +246,11 @@ def _layer_cost(
     bwd_overlapped = overlap_time(b_comp, sdp_gather + scatter, ctx.overlap_slowdown)
 
     stashed = pt.stashed_bytes / tp
+    boundary = pt.boundary_bytes / tp if st.sequence_parallel else pt.boundary_bytes  # SP splits it by sequence
     if st.checkpoint:
-        fwd_act, transient = pt.boundary_bytes, stashed
+        fwd_act, transient = boundary, stashed
     else:
-        fwd_act, transient = pt.boundary_bytes + stashed, 0.0
+        fwd_act, transient = boundary + stashed, 0.0
     if sdp > 1:
         transient += (params + grads) / tp * (1.0 - 1.0 / sdp)
     transient += accumulation  # one micro-batch: the layer's full gradient until its reduce-scatter
@@ -296,8 +302,9 @@ class Transform:
 NO_TRANSFORM = Transform()
 
 
-def _sample_chunks(st: LayerStrategy) -> np.ndarray:
-    """Which of the st.batch_split sample chunks each device (rank inside the block) holds."""
+def _sample_chunks(st: LayerStrategy) -> tuple[np.ndarray, np.ndarray]:
+    """Which of the st.batch_split sample chunks each device (rank inside the block) holds, and which of the tp
+    sequence parts (all of the sequence, part 0 of 1, without sequence parallelism)."""
     devices = np.arange(st.devices)
     strides: dict[Dim, int] = {}
     stride = 1
@@ -309,7 +316,8 @@ def _sample_chunks(st: LayerStrategy) -> np.ndarray:
         if dim is not Dim.TP:
             n = st.degree(dim)
             chunk = chunk * n + (devices // strides[dim]) % n
-    return chunk
+    part = (devices // strides[Dim.TP]) % st.tp if st.sequence_parallel else np.zeros(st.devices, dtype=np.int64)
+    return chunk, part
 
 
 def missing_fraction(held: LayerStrategy, needed: LayerStrategy) -> float:
@@ -358,32 +366,50 @@ def transform_cost(
 
 def transform_matrix(
     ctx: CostContext, index: int, layouts: Sequence[LayerStrategy], micro_batch_size: int,
-    offsets: tuple[int, ...] = (0,),
+    offsets: tuple[int, ...] = (0,), *, after: Sequence[LayerStrategy] | None = None,
 ) -> np.ndarray:
     """transform_cost's forward + backward seconds into layer `index` for every (previous, next) pair of
-    `layouts` (one device count), priced at once: a search over 1,024 devices asks for thousands of pairs."""
+    `layouts` (one device count), priced at once: a search over 1,024 devices asks for thousands of pairs. With
+    `after`, layer `index` runs after[b] where layer index-1 runs layouts[b] (the pair (a, b) is layouts[a] into
+    after[b]: a layer and its predecessor may differ in sequence parallelism)."""
     if index < 1:
         return np.zeros((len(layouts), len(layouts)))
-    frac = _fractions(tuple(st.layout for st in layouts))
     line = ctx.comm.line("p2p", 2, block_scope(layouts[0].devices, ctx.node_offsets(offsets),
                                                ctx.fleet.devices_per_node))
-    nbytes = frac * ctx.view.point(index - 1, micro_batch_size).output_bytes
-    seconds = np.where(nbytes > 0, line.latency_s + line.seconds_per_byte * nbytes, 0.0)
-    return seconds + seconds.T
+    out_bytes = ctx.view.point(index - 1, micro_batch_size).output_bytes
+
+    def seconds(frac: np.ndarray) -> np.ndarray:
+        nbytes = frac * out_bytes
+        return np.where(nbytes > 0, line.latency_s + line.seconds_per_byte * nbytes, 0.0)
+
+    if after is None:
+        fwd = seconds(_fractions(tuple(st.layout for st in layouts)))
+        return fwd + fwd.T
+    union = tuple(dict.fromkeys(st.layout for st in (*layouts, *after)))
+    frac = _fractions(union)
+    held, needed = [union.index(st.layout) for st in layouts], [union.index(st.layout) for st in after]
+    return seconds(frac[np.ix_(held, needed)]) + seconds(frac[np.ix_(needed, held)].T)
 
 
 @functools.lru_cache(maxsize=4096)
 def _fractions(layouts: tuple[tuple, ...]) -> np.ndarray:
     """missing_fraction of every (held, needed) pair of layouts (rows held), all pairs at once, broadcast over
     (held, needed, device): a 1,024-device search asks for thousands of pairs, and every later search on the
-    same device count asks again. A device's chunk overlaps the one it needs by the shared part of their
-    sample intervals; what it lacks is the rest of the needed chunk."""
-    sts = [LayerStrategy(*layout) for layout in layouts]
-    chunks = np.stack([_sample_chunks(st) for st in sts])
+    same device count asks again. A device holds a rectangle of (samples x sequence): its sample chunk, and all
+    of the sequence or (sequence parallelism) its tp rank's part of it. It lacks what the rectangle it needs
+    does not share with the one it holds."""
+    sts = [LayerStrategy.of_layout(layout) for layout in layouts]
+    held = [_sample_chunks(st) for st in sts]
+    chunks, parts = np.stack([c for c, _ in held]), np.stack([p for _, p in held])
     splits = np.array([st.batch_split for st in sts])[:, None]
+    ways = np.array([st.tp if st.sequence_parallel else 1 for st in sts])[:, None]
     low, high = chunks / splits, (chunks + 1) / splits
     overlap = np.maximum(0.0, np.minimum(high[:, None], high[None]) - np.maximum(low[:, None], low[None]))
-    worst = np.maximum(0.0, (1.0 / splits[None] - overlap).max(axis=2))
+    if (ways > 1).any():
+        first, last = parts / ways, (parts + 1) / ways
+        overlap = overlap * np.maximum(0.0, np.minimum(last[:, None], last[None]) - np.maximum(first[:, None],
+                                                                                              first[None]))
+    worst = np.maximum(0.0, (1.0 / (splits * ways)[None] - overlap).max(axis=2))
     out = np.where(worst < 1e-12, 0.0, worst)
     out.flags.writeable = False
     return out

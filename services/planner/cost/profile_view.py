@@ -163,6 +163,7 @@ class LayerView:
     extra_inputs: tuple[int, ...] = ()  # earlier layers other than index-1 whose outputs this one reads
     tied_with: tuple[int, ...] = ()  # layers sharing weights with this one
     tensor_parallel: int = 0  # TP degrees dividing it are runnable by the executors (LayerProfile.tensor_parallel)
+    sequence_parallel: int = 0  # ... with the sequence split too (LayerProfile.sequence_parallel)
     batch_input_bytes: int = 0
     max_micro_batch_size: int = 0
     note: str = ""
@@ -325,6 +326,7 @@ def from_profile(profile: profile_pb2.Profile) -> ModelView:
             extra_inputs=tuple(lp.extra_inputs),
             tied_with=tuple(lp.tied_with),
             tensor_parallel=lp.tensor_parallel,
+            sequence_parallel=lp.sequence_parallel,
             batch_input_bytes=lp.batch_input_bytes,
             max_micro_batch_size=lp.max_micro_batch_size,
             optimizer_step_s=lp.optimizer_step_s,

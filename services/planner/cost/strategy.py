@@ -16,6 +16,11 @@ replicates every model state; ZeRO-1 shards the optimizer states over the dp rep
 share, then the updated parameters are all-gathered); ZeRO-2 also shards the gradients (reduce-scatter
 instead of all-reduce). A flavour changes neither the sample layout nor the devices, so it is not part of
 `layout`; over a group of one (dp == 1) every flavour is plain, and it is normalised to PLAIN there.
+
+Sequence parallelism (`sequence_parallel`, Megatron-style, only with tp > 1): the layer's input and output, its
+norms and residuals are split along the sequence over the tp ranks, so its boundary activation is 1/tp per device,
+and each TP all-reduce becomes an all-gather plus a reduce-scatter (the same ring volume). Its tensors between
+layers are split differently from plain TP's (samples x sequence), so it is part of `layout`.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ class DpSharding(StrEnum):
 
 
 DEFAULT_ORDER = (Dim.DP, Dim.SDP, Dim.TP)
+SEQUENCE = "sp"  # the executor capability sequence parallelism needs (space.CAPABILITIES)
 _PROTO_DIM = {1: Dim.DP, 2: Dim.SDP, 3: Dim.TP}  # common_pb2.ParallelDim; PP and UNSPECIFIED are not layer dims
 _DIM_PROTO = {v: k for k, v in _PROTO_DIM.items()}
 _PROTO_SHARDING = {0: DpSharding.PLAIN, 1: DpSharding.ZERO1, 2: DpSharding.ZERO2}  # common_pb2.DpSharding
@@ -63,6 +69,7 @@ class LayerStrategy:
     checkpoint: bool = False  # activation checkpointing: keep the boundary, recompute in backward
     swap: bool = False  # swap the kept activations to host between forward and backward
     dp_sharding: DpSharding = DpSharding.PLAIN  # ZeRO-1/2 over the dp replicas; PLAIN whenever dp == 1
+    sequence_parallel: bool = False  # split the sequence over the tp ranks too; False whenever tp == 1
 
     def __post_init__(self) -> None:
         for name in ("dp", "sdp", "tp"):
@@ -71,6 +78,7 @@ class LayerStrategy:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         sharding = DpSharding(self.dp_sharding)  # a ValueError names a bad flavour even where dp == 1
         object.__setattr__(self, "dp_sharding", sharding if self.dp > 1 else DpSharding.PLAIN)
+        object.__setattr__(self, "sequence_parallel", bool(self.sequence_parallel) and self.tp > 1)
         dims = tuple(Dim(d) for d in self.order)
         if len(set(dims)) != len(dims):
             raise ValueError(f"order repeats a dimension: {[d.value for d in dims]}")
@@ -94,9 +102,14 @@ class LayerStrategy:
         return self.dp * self.sdp
 
     @property
-    def layout(self) -> tuple[int, int, int, tuple[Dim, ...]]:
+    def layout(self) -> tuple[int, int, int, tuple[Dim, ...], bool]:
         """What a neighbouring layer must match for a zero transformation cost (Galvatron-BMW Eq. 4)."""
-        return (self.dp, self.sdp, self.tp, self.order)
+        return (self.dp, self.sdp, self.tp, self.order, self.sequence_parallel)
+
+    @classmethod
+    def of_layout(cls, layout: tuple[int, int, int, tuple[Dim, ...], bool]) -> LayerStrategy:
+        dp, sdp, tp, order, sequence = layout
+        return cls(dp, sdp, tp, order, sequence_parallel=sequence)
 
     @property
     def sharded(self) -> bool:
@@ -108,11 +121,13 @@ class LayerStrategy:
         """Executor capabilities this strategy needs (space.CAPABILITIES names): its dims of degree > 1 and
         its DP flavour; pipeline stages always run."""
         dims = tuple(d.value for d in Dim if self.degree(d) > 1)
-        return (*dims, self.dp_sharding.value) if self.sharded else dims
+        dims = (*dims, self.dp_sharding.value) if self.sharded else dims
+        return (*dims, SEQUENCE) if self.sequence_parallel else dims
 
     def describe(self) -> str:
         dims = "x".join(f"{d.value}{self.degree(d)}" for d in self.order) or "single"
-        flags = "".join((f" +{self.dp_sharding.value}" if self.sharded else "", " +ckpt" if self.checkpoint else "",
+        flags = "".join((" +sp" if self.sequence_parallel else "",
+                         f" +{self.dp_sharding.value}" if self.sharded else "", " +ckpt" if self.checkpoint else "",
                          " +swap" if self.swap else ""))
         return dims + flags
 
@@ -126,6 +141,7 @@ class LayerStrategy:
             checkpoint=msg.checkpoint,
             swap=msg.swap_activations,
             dp_sharding=_sharding_from_proto(msg.dp_sharding),
+            sequence_parallel=msg.sequence_parallel,
         )
 
     def to_proto(self, layer_index: int, stage_index: int) -> plan_pb2.LayerStrategy:
@@ -135,6 +151,7 @@ class LayerStrategy:
             layer_index=layer_index, stage_index=stage_index, dp=self.dp, sdp=self.sdp, tp=self.tp,
             order=[_DIM_PROTO[d] for d in self.order], checkpoint=self.checkpoint, swap_activations=self.swap,
             dp_sharding=_SHARDING_PROTO[self.dp_sharding],  # type: ignore[arg-type]
+            sequence_parallel=self.sequence_parallel,
         )
 
 

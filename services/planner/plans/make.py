@@ -50,7 +50,8 @@ SCHEDULE = {
 }
 SCHEDULE_FROM_PROTO = {v: k for k, v in SCHEDULE.items()}
 DIM_NAMES = {common_pb2.PARALLEL_DIM_DP: "dp", common_pb2.PARALLEL_DIM_SDP: "sdp", common_pb2.PARALLEL_DIM_TP: "tp",
-             common_pb2.PARALLEL_DIM_ZERO1: "zero1", common_pb2.PARALLEL_DIM_ZERO2: "zero2"}
+             common_pb2.PARALLEL_DIM_ZERO1: "zero1", common_pb2.PARALLEL_DIM_ZERO2: "zero2",
+             common_pb2.PARALLEL_DIM_SP: "sp"}
 ALL_DIMS = CAPABILITIES  # the strategy space's non-pipeline dims and DP flavours: what --what-if searches
 OFFLOAD = "chunks"  # in a dims tuple: every executor runs chunk offload (PlanInputs.offload)
 HARMONY = "harmony"  # in a dims tuple: every executor runs Harmony's swap schedule (PlanInputs.harmony)
@@ -526,6 +527,11 @@ def _hybrid_note(ctx: CostContext, plan: PricedPlan, budget: int, executable_onl
             f"would peak at {_size(max(dp.peak_memory_bytes))} ({'over' if dp.out_of_memory else 'within'} the "
             f"budget) at {dp.iteration_s:.4g} s per iteration, against {_size(max(plan.peak_memory_bytes))} at "
             f"{plan.iteration_s:.4g} s.")
+    if any(st.sequence_parallel for st in plan.strategies):
+        plain_tp = price(ctx, plan.stage_bounds, [replace(st, sequence_parallel=False) for st in plan.strategies],
+                         plan.micro_batch_size, plan.num_micro_batches, plan.schedule, budget, replicas=plan.replicas)
+        text += (f" Sequence parallelism (+sp) splits those TP layers' activations by sequence: without it the plan "
+                 f"would peak at {_size(max(plain_tp.peak_memory_bytes))} at {plain_tp.iteration_s:.4g} s.")
     if executable_only:
         kept = [lv.name for lv in names if lv.tied_with or not lv.tensor_parallel]
         if kept:

@@ -58,12 +58,12 @@ import dataclasses
 import heapq
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from services.planner.cost import CostContext, LayerStrategy, dim_scopes, layer_cost
-from services.planner.cost.layer import block_scope, transform_matrix
+from services.planner.cost.layer import LayerCost, block_scope, transform_matrix
 from services.planner.cost.profile_view import LayerView
 from services.planner.search.bounds import CostBound, PeakBound
 from services.planner.search.problem import PricedPlan, to_strategy
@@ -104,6 +104,7 @@ class LayerTables:
     overlap_slowdown: float
     overlap_grad_sync: bool
     post_sync_s: np.ndarray | None = None  # (L, S) optimizer step + ZeRO parameter all-gather, once per iteration
+    sequence: np.ndarray | None = None  # (L, layouts) the layer runs that TP layout with sequence parallelism
     accumulation_bytes: np.ndarray | None = None  # (L, S) ZeRO-2: resident instead of transient past one micro-batch
     _memory: dict[bool, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
     _post: bool = field(default=False, repr=False)  # some slot has a post-sync cost (checks skip it otherwise)
@@ -220,7 +221,7 @@ def _layer_key(ctx: CostContext, index: int) -> tuple:
     optimizer step; and what `runs_on_workers` reads."""
     lv = ctx.view.layers[index]
     return (lv.table, len(lv.extra_inputs), ctx.state_bytes[index], ctx.tp_allreduces[index], lv.optimizer_step_s,
-            lv.tensor_parallel, bool(lv.tied_with))
+            lv.tensor_parallel, lv.sequence_parallel, bool(lv.tied_with))
 
 
 def runs_on_workers(layer: LayerView, st: LayerStrategy) -> bool:
@@ -229,6 +230,8 @@ def runs_on_workers(layer: LayerView, st: LayerStrategy) -> bool:
     if not executable_shape((d.value for d in st.order if st.degree(d) > 1), st.sharded):
         return False
     if st.tp > 1 and (not layer.tensor_parallel or layer.tensor_parallel % st.tp):
+        return False
+    if st.sequence_parallel and (not layer.sequence_parallel or layer.sequence_parallel % st.tp):
         return False
     return not (layer.tied_with and (st.tp > 1 or st.sdp > 1))
 
@@ -255,13 +258,19 @@ _COLUMNS = ("per_micro_batch_s", "grad_sync_s", "backward_compute_s", "recompute
 
 def layer_tables(
     ctx: CostContext, candidates: Sequence[Candidate], micro_batch_size: int, offsets: tuple[int, ...] = (0,),
-    *, executable_only: bool = False,
+    *, executable_only: bool = False, sequence: bool = False,
 ) -> LayerTables:
     """Price every layer under every candidate on the shared cost model (layer_cost, transform_matrix).
 
     `executable_only` leaves a layer's TP strategies infeasible unless its profile says the workers can split
     it, its TP and SDP strategies infeasible when it holds a tied weight (the workers keep those DP), and every
-    strategy infeasible at a micro-batch its group's devices do not divide (the workers' layout between layers)."""
+    strategy infeasible at a micro-batch its group's devices do not divide (the workers' layout between layers).
+
+    `sequence`: a layer runs each TP layout with sequence parallelism where it may (its profile, under
+    `executable_only`) and that is no slower per micro-batch than plain TP; it always holds less (its boundary
+    activation is split by the sequence), so it is the better choice there, and the search space stays the size
+    of plain TP's. Decided per (layer, layout), so transformations (which depend on the layouts on both sides)
+    are priced on what each layer runs."""
     if not candidates:
         raise ValueError("no candidate strategies")
     layouts = list(dict.fromkeys((c.dims, c.dp_sharding) for c in candidates))  # a DP flavour is a layout here
@@ -274,11 +283,14 @@ def layer_tables(
     slow, overlap = ctx.overlap_slowdown, ctx.options.overlap_grad_sync
     reps: dict[tuple, int] = {}
     layer_rep = [reps.setdefault(_layer_key(ctx, i), i) for i in range(n)]
+    seq = np.zeros((n, nl), dtype=bool)
     for i in range(n):
         if layer_rep[i] != i:
             for arr in cols.values():
                 arr[i] = arr[layer_rep[i]]
+            seq[i] = seq[layer_rep[i]]
             continue
+        decided: dict[int, bool] = {}
         for k, st in enumerate(sts):
             # A strategy whose dp x sdp does not divide the micro-batch would split samples: infeasible here.
             # The workers also split every micro-batch over the whole group between layers (train/hybrid.py).
@@ -286,6 +298,9 @@ def layer_tables(
             if st is not None and micro_batch_size % split == 0 and (
                     not executable_only or runs_on_workers(ctx.view.layers[i], st)):
                 c = layer_cost(ctx, i, st, micro_batch_size, offsets)
+                if sequence and st.tp > 1:
+                    c = _sequence_choice(ctx, i, st, c, micro_batch_size, offsets, executable_only, decided, k % nl)
+                    seq[i, k % nl] = c.strategy.sequence_parallel
                 values = (c.per_micro_batch_s, c.grad_sync_s, c.backward_compute_s, c.recompute_s, c.model_state_bytes,
                           c.forward_activation_bytes, c.backward_transient_bytes, c.update_s + c.param_gather_s,
                           c.accumulation_bytes)
@@ -294,18 +309,43 @@ def layer_tables(
     per_layout = [next(s for s in sts[a::nl] if s is not None) for a in range(nl)]
     trans = np.zeros((n, nl, nl))
     transform_rep = [0] * n
+    firsts: dict[tuple, int] = {}
     for i in range(1, n):
-        rep = transform_rep[i] = layer_rep[i - 1] + 1  # R into i depends on layer i-1's output only
-        if rep != i and rep < i:
+        # R into i depends on layer i-1's output, and on which layouts each side runs with sequence parallelism
+        rep = transform_rep[i] = firsts.setdefault((layer_rep[i - 1], seq[i - 1].tobytes(), seq[i].tobytes()), i)
+        if rep != i:
             trans[i] = trans[rep]
-            continue
-        trans[i] = transform_matrix(ctx, i, per_layout, micro_batch_size, offsets)
+        elif seq[i - 1].any() or seq[i].any():
+            trans[i] = transform_matrix(ctx, i, _with_sequence(per_layout, seq[i - 1]), micro_batch_size, offsets,
+                                        after=_with_sequence(per_layout, seq[i]))
+        else:
+            trans[i] = transform_matrix(ctx, i, per_layout, micro_batch_size, offsets)
     return LayerTables(
         strategies=tuple(sts), num_layouts=nl, layout=np.arange(len(sts)) % nl, **cols,
         transform_s=trans, layer_rep=tuple(layer_rep),
         transform_rep=tuple(transform_rep), baseline_bytes=ctx.resident_baseline_bytes,
         micro_batch_size=micro_batch_size, overlap_slowdown=slow, overlap_grad_sync=overlap,
+        sequence=seq if seq.any() else None,
     )
+
+
+def _sequence_choice(ctx: CostContext, index: int, st: LayerStrategy, plain: LayerCost, micro_batch_size: int,
+                     offsets: tuple[int, ...], executable_only: bool, decided: dict[int, bool],
+                     layout: int) -> LayerCost:
+    """`plain` (a TP strategy's cost) or its sequence-parallel twin's, one answer per layout of the layer: SP where
+    the layer may run it and its micro-batch is no slower (it never holds more)."""
+    if layout not in decided:
+        twin = replace(st, sequence_parallel=True)
+        runs = not executable_only or runs_on_workers(ctx.view.layers[index], twin)
+        decided[layout] = runs and (layer_cost(ctx, index, twin, micro_batch_size, offsets).per_micro_batch_s
+                                    <= plain.per_micro_batch_s * (1 + 1e-12))
+    if not decided[layout]:
+        return plain
+    return layer_cost(ctx, index, replace(st, sequence_parallel=True), micro_batch_size, offsets)
+
+
+def _with_sequence(layouts: Sequence[LayerStrategy], flags: np.ndarray) -> list[LayerStrategy]:
+    return [replace(st, sequence_parallel=True) if flag else st for st, flag in zip(layouts, flags, strict=True)]
 
 
 def _ceil(x: float) -> float:
@@ -533,6 +573,9 @@ class _Pass:
     def _plan(self, begin: int, end: int, slots: np.ndarray, cost: float, peak: float, exact: bool) -> StagePlan:
         t = self.s.tables
         sts = tuple(t.strategies[x] for x in slots)
+        if t.sequence is not None:
+            sts = tuple(replace(st, sequence_parallel=True) if t.sequence[begin + j, t.layout[x]] else st
+                        for j, (x, st) in enumerate(zip(slots, sts, strict=True)))
         recompute = float(t.recompute_s[np.arange(begin, end), slots].sum())
         return StagePlan(begin, end, self.s.in_flight, sts, float(cost), float(peak), exact,  # type: ignore[arg-type]
                          recompute)

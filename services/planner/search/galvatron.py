@@ -49,7 +49,7 @@ from services.planner.search.dp import (
     scope_key,
 )
 from services.planner.search.problem import PricedPlan, SearchOptions, fill_fits, price, time_floor
-from services.planner.search.space import Candidate, executable, layer_candidates, pipeline_degrees
+from services.planner.search.space import SEQUENCE, Candidate, executable, layer_candidates, pipeline_degrees
 from services.planner.sim import Schedule
 
 ENGINE, NAME = "galvatron", "Ballast"
@@ -131,7 +131,8 @@ class Planner:
         if key not in self._tables:
             offsets = ((self.num_devices // pp) * stage,)
             self._tables[key] = layer_tables(self.ctx, self.candidates(pp), micro_batch_size, offsets,
-                                             executable_only=self.options.executable_only)
+                                             executable_only=self.options.executable_only,
+                                             sequence=SEQUENCE in self.options.dims)
             self.stats.table_builds += 1
         return self._tables[key]
 

@@ -34,9 +34,11 @@ class SearchOptions:
     max_global_batch_size: int = 1024
     # Schedules to price; the first is the default (1F1B).
     schedules: tuple[Schedule, ...] = (Schedule.ONE_F_ONE_B,)
-    # Non-pipeline dims the fleet's executors can run ("dp", "sdp", "tp"), and the DP flavours they run ("zero1",
-    # "zero2": space.FLAVOURS); PP is always allowed. The default is Galvatron-BMW's space (no ZeRO-1/2).
-    dims: tuple[str, ...] = ("dp", "sdp", "tp")
+    # Non-pipeline dims the fleet's executors can run ("dp", "sdp", "tp"), the DP flavours they run ("zero1",
+    # "zero2": space.FLAVOURS), and "sp" (sequence parallelism on TP layers, used per layer where it is no slower
+    # than plain TP: dp.layer_tables); PP is always allowed. The default is Galvatron-BMW's space (no ZeRO-1/2)
+    # with sequence parallelism.
+    dims: tuple[str, ...] = ("dp", "sdp", "tp", "sp")
     # Only what Ballast's workers run (space.executable, dp.layer_tables): TP innermost with DP outside it, SDP
     # alone, TP only at degrees dividing a layer's profile `tensor_parallel`, neither on a layer holding a tied
     # weight, no ZeRO-1/2 on a TP or SDP layer.

@@ -46,7 +46,8 @@ from services.runtime.errors import InvalidArgument
 
 DIMS = ("dp", "sdp", "tp")  # non-pipeline dims a layer can nest inside its stage's group
 FLAVOURS = ("zero1", "zero2")  # DP flavours (cost.DpSharding values besides "plain"): capabilities, not dims
-CAPABILITIES = (*DIMS, *FLAVOURS)  # everything an executor may declare besides pipeline stages
+SEQUENCE = "sp"  # sequence parallelism on TP layers: a capability, not a dim (the search uses it where it is cheaper)
+CAPABILITIES = (*DIMS, *FLAVOURS, SEQUENCE)  # everything an executor may declare besides pipeline stages
 PLAIN = "plain"
 PARALLEL_DIM = {
     "dp": common_pb2.PARALLEL_DIM_DP,
@@ -55,6 +56,7 @@ PARALLEL_DIM = {
     "pp": common_pb2.PARALLEL_DIM_PP,
     "zero1": common_pb2.PARALLEL_DIM_ZERO1,
     "zero2": common_pb2.PARALLEL_DIM_ZERO2,
+    "sp": common_pb2.PARALLEL_DIM_SP,
 }
 _NAME_BY_ENUM = {v: k for k, v in PARALLEL_DIM.items()}
 
@@ -144,7 +146,7 @@ def _dim_names(dims: Iterable[str | int]) -> frozenset[str]:
             name = _NAME_BY_ENUM.get(dim) if isinstance(dim, int) and not isinstance(dim, bool) else None
         if name not in PARALLEL_DIM:
             raise InvalidSpace(f"unknown parallel dim {dim!r}", field="dims",
-                               fix="use dp, sdp, tp, pp, zero1, zero2 or ParallelDim")
+                               fix="use dp, sdp, tp, pp, zero1, zero2, sp or ParallelDim")
         names.add(name)
     return frozenset(names)
 

@@ -80,6 +80,36 @@ def test_tp2_equals_one_process():
         assert (rank["hybrid"]["2"]["gathers_input"], rank["hybrid"]["2"]["slices_output"]) == (False, True)
 
 
+def test_tp2_with_sequence_parallelism_equals_one_process():
+    """Sequence parallelism (issue 44): the two TP blocks hold their dp group's samples split by sequence between
+    them (half of the 16 tokens each), gather it into each TP region and reduce-scatter it after; the norms'
+    gradients are summed over the tp ranks."""
+    events = run([[0, 4]], 2, tp_layers=[[1, 2], [2, 2]], sp_layers=[1, 2])
+    assert losses(events) == pytest.approx(reference(2), rel=1e-5)
+    for rank in started(events):
+        for layer in ("1", "2"):
+            info = rank["hybrid"][layer]
+            assert (info["strategy"], info["mesh"], info["sequence_parallel"]) == (TP, {"dp": 1, "tp": 2}, True)
+            assert info["local_elements"] == (BLOCK - LAYER_NORMS - ROW_BIASES) // 2 + LAYER_NORMS + ROW_BIASES
+        assert (rank["hybrid"]["1"]["gathers_input"], rank["hybrid"]["1"]["slices_output"]) == (True, False)
+        assert (rank["hybrid"]["2"]["gathers_input"], rank["hybrid"]["2"]["slices_output"]) == (False, True)
+
+
+def test_sequence_parallel_norm_gradients_are_summed_over_tp_and_dp_ranks():
+    """TP2 x DP2 with sequence parallelism on one block and plain TP on the next, under SGD at a large rate: a
+    norm gradient left partial (one rank's tokens) or summed twice moves these losses by far more than 1e-5, and
+    the re-layout between the two blocks (sequence parts to whole samples) must be right."""
+    sgd = {"name": "sgd", "learning_rate": 0.5}
+    events = run([[0, 4]], 4, tp_layers=[[1, 2], [2, 2]], sp_layers=[1], optimizer=sgd)
+    with torch_threads(1):
+        expected = train_single(SPEC, DATA, SEED, MICRO * NUM_MICRO * 4, STEPS, sgd)
+    assert losses(events) == pytest.approx(expected, rel=1e-5)
+    assert abs(expected[-1] - expected[0]) > 1e-3
+    ranks = started(events)
+    assert all(r["hybrid"]["1"]["sequence_parallel"] and "sequence_parallel" not in r["hybrid"]["2"] for r in ranks)
+    assert all(r["hybrid"]["1"]["slices_output"] and r["hybrid"]["2"]["gathers_input"] for r in ranks)
+
+
 def test_sdp2_equals_one_process():
     events = run([[0, 4]], 2, sdp_layers=[1, 2])
     assert losses(events) == pytest.approx(reference(2), rel=1e-5)
@@ -154,9 +184,11 @@ def test_checkpoints_are_unsharded_and_resume_across_strategies(tmp_path):
     assert started(back)[0]["hybrid"]["1"]["strategy"] == TP
 
 
-def test_tp_and_sdp_layers_migrate_live_between_stages_keeping_the_losses():
-    """block.0 (TP2) and block.1 (SDP2) move between two stages at two boundaries: gathered whole on the source,
-    sent as any layer, split again on the target (with the gathers and slices rewired for the new neighbours)."""
+@pytest.mark.parametrize("sp_layers", [[], [1]], ids=["tp", "tp+sp"])
+def test_tp_and_sdp_layers_migrate_live_between_stages_keeping_the_losses(sp_layers):
+    """block.0 (TP2, with or without sequence parallelism) and block.1 (SDP2) move between two stages at two
+    boundaries: gathered whole on the source, sent as any layer, split again on the target (with the gathers and
+    slices rewired for the new neighbours)."""
     steps = 6
     commands = [
         {"command": "plan", "version": 1, "not_before": 2, "stage_bounds": [[0, 3], [3, 4]],
@@ -165,7 +197,7 @@ def test_tp_and_sdp_layers_migrate_live_between_stages_keeping_the_losses():
          "checkpoint_layers": [], "swap_layers": []},  # both -> stage 1
     ]
     configs = plan_configs(template([[0, 2], [2, 4]], iterations=steps, online=True, tp_layers=[[1, 2]],
-                                    sdp_layers=[2]), [[0, 2], [2, 4]], 2)
+                                    sdp_layers=[2], sp_layers=sp_layers), [[0, 2], [2, 4]], 2)
     events = run_local(configs, env=STEADY_ALLOCATOR, timeout_s=240, commands={c.rank: commands for c in configs})
     with torch_threads(1):
         expected = train_single(SPEC, DATA, SEED, MICRO * NUM_MICRO * 2, steps, ADAM)
@@ -206,6 +238,25 @@ def test_every_rank_refuses_tp_of_a_layer_it_cannot_split_before_the_rendezvous(
         check_model(model_info(dropout, MICRO), {2: Strategy(TP, 2)})
 
 
+def test_sequence_parallelism_needs_a_degree_dividing_the_tokens_and_declared_regions():
+    from services.executor.train.hybrid import Strategy, check_model
+    from services.executor.train.stage import model_info
+
+    six = model_pb2.ModelSpec()
+    six.CopyFrom(SPEC)
+    six.transformer.seq_length = 6  # 4 heads, MLP 128, 6 tokens: TP 4 ways, sequence 2 ways
+    info = model_info(six, MICRO)
+    assert [layer.sequence_parallel for layer in info.dec.layers] == [0, 2, 2, 0]
+    check_model(info, {1: Strategy(TP, 4), 2: Strategy(TP, 2, sequence=True)})
+    with pytest.raises(ValueError, match="layer 1 \\(block.0\\): sequence parallelism: tp degree 4 must divide 2 "
+                                         "\\(its TP ways and its sequence length\\); plan it TP without"):
+        check_model(info, {1: Strategy(TP, 4, sequence=True)})
+    block = info.dec.layers[1].module
+    block.sequence_parallel_regions = list  # a module declaring no regions
+    with pytest.raises(ValueError, match="Block declares no sequence-parallel regions"):
+        check_model(info, {1: Strategy(TP, 2, sequence=True)})
+
+
 def test_a_plan_command_cannot_put_a_tp_or_sdp_layer_under_zero_or_swap():
     from services.executor.train.migration import Plan, PlanInbox, Rejected
     from services.executor.train.stage import model_info
@@ -229,6 +280,9 @@ def test_strategies_name_the_field_and_the_fix():
         strategies([[1, 2]], [1], 2)
     with pytest.raises(ValueError, match="sdp_layers: sharded data parallelism needs num_replicas >= 2"):
         strategies([], [1], 1)
+    assert strategies([[1, 2]], [], 2, sp_layers=[1])[1].sequence
+    with pytest.raises(ValueError, match="sp_layers: layers \\[2\\] are not in tp_layers"):
+        strategies([[1, 2]], [], 2, sp_layers=[2])
 
 
 def test_config_refuses_what_does_not_combine_yet():
@@ -236,6 +290,8 @@ def test_config_refuses_what_does_not_combine_yet():
         template([[0, 4]], tp_layers=[[1, 2]], zero1_layers=[1], init_method=TCP).validate()
     with pytest.raises(ValueError, match="tp_layers: each entry is \\[layer_index, tp degree\\]"):
         template([[0, 4]], tp_layers=[[1]], init_method=TCP).validate()
+    with pytest.raises(ValueError, match="sp_layers: layers \\[2\\] are not TP layers"):
+        template([[0, 4]], tp_layers=[[1, 2]], sp_layers=[2], init_method=TCP).validate()
 
 
 def test_tensor_parallelism_of_a_tied_layer_is_refused():
