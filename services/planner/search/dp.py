@@ -55,6 +55,7 @@ inputs (identical blocks) share one cost-model call; an Arena recycles the table
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import math
 from collections.abc import Callable, Sequence
@@ -334,18 +335,24 @@ def _sequence_choice(ctx: CostContext, index: int, st: LayerStrategy, plain: Lay
                      layout: int) -> LayerCost:
     """`plain` (a TP strategy's cost) or its sequence-parallel twin's, one answer per layout of the layer: SP where
     the layer may run it and its micro-batch is no slower (it never holds more)."""
+    twin = sequence_twin(st)
     if layout not in decided:
-        twin = replace(st, sequence_parallel=True)
         runs = not executable_only or runs_on_workers(ctx.view.layers[index], twin)
         decided[layout] = runs and (layer_cost(ctx, index, twin, micro_batch_size, offsets).per_micro_batch_s
                                     <= plain.per_micro_batch_s * (1 + 1e-12))
     if not decided[layout]:
         return plain
-    return layer_cost(ctx, index, replace(st, sequence_parallel=True), micro_batch_size, offsets)
+    return layer_cost(ctx, index, twin, micro_batch_size, offsets)
+
+
+@functools.lru_cache(maxsize=8192)
+def sequence_twin(st: LayerStrategy) -> LayerStrategy:
+    """`st` with sequence parallelism (plans ask for the same few strategies' twins thousands of times)."""
+    return replace(st, sequence_parallel=True)
 
 
 def _with_sequence(layouts: Sequence[LayerStrategy], flags: np.ndarray) -> list[LayerStrategy]:
-    return [replace(st, sequence_parallel=True) if flag else st for st, flag in zip(layouts, flags, strict=True)]
+    return [sequence_twin(st) if flag else st for st, flag in zip(layouts, flags, strict=True)]
 
 
 def _ceil(x: float) -> float:
@@ -574,7 +581,7 @@ class _Pass:
         t = self.s.tables
         sts = tuple(t.strategies[x] for x in slots)
         if t.sequence is not None:
-            sts = tuple(replace(st, sequence_parallel=True) if t.sequence[begin + j, t.layout[x]] else st
+            sts = tuple(sequence_twin(st) if t.sequence[begin + j, t.layout[x]] else st
                         for j, (x, st) in enumerate(zip(slots, sts, strict=True)))
         recompute = float(t.recompute_s[np.arange(begin, end), slots].sum())
         return StagePlan(begin, end, self.s.in_flight, sts, float(cost), float(peak), exact,  # type: ignore[arg-type]
