@@ -5,7 +5,9 @@ plus embedding and head, hidden 4096, 32 heads, sequence 2048, vocabulary 50257,
 Fleets: 8 and 16 devices of examples/fleet-2x8xA100.yaml (NVLink 3 in a node, InfiniBand HDR between
 nodes), 64 and 1,024 devices on synthetic N/8 x 8 A100 fleets with the same links (benchmarks/planner_cases.py).
 Search options are the defaults (printed below): the throughput sweep over global batches 1, 2, 4, ..., 1024,
-1F1B, DP/SDP/TP with and without checkpointing, memory granularity 64 MiB, the device's memory as the budget.
+1F1B, DP/SDP/TP (TP with sequence parallelism where no slower) with and without checkpointing, memory granularity
+64 MiB, the device's memory as the budget. `--no-sp` searches Galvatron-BMW's space without sequence parallelism
+(what the plans recorded for the plans-kept test were searched in).
 "cold" is the first search in the process with the module-level caches emptied (the layout-change fractions
 a 1,024-device search asks for by the thousand); "best" is the best of --runs searches after it, each on a
 fresh CostContext, as a planner process answering its next request on that device count. CPU seconds. The
@@ -37,7 +39,7 @@ import planner_cases as cases  # noqa: E402
 from services.planner.cost import CostContext  # noqa: E402
 from services.planner.cost import layer as cost_layer  # noqa: E402
 from services.planner.search.galvatron import Planner  # noqa: E402
-from services.planner.search.problem import PricedPlan, SearchOptions  # noqa: E402
+from services.planner.search.problem import PricedPlan  # noqa: E402
 
 CELLS = [*[(layers, devices) for layers in cases.LAYERS for devices in cases.DEVICES], (96, 1024)]
 TARGETS_S = {(48, 64): 0.3, (96, 1024): 2.0}
@@ -50,13 +52,13 @@ def cold() -> None:
 
 
 def search(
-    layers: int, devices: int, runs: int, every: bool = False
+    layers: int, devices: int, runs: int, every: bool = False, sequence: bool = True
 ) -> tuple[float, float, Planner, PricedPlan | None]:
     """(cold CPU time, best CPU time of `runs` searches after it, the last planner, its best plan); `every`
     plans every configuration (top_k so large that the throughput bound never lets the sweep stop early), to
     show what the bound saves."""
     v, f = view(layers), fleet(devices)
-    options = SearchOptions(memory_budget_bytes=f.device.memory_bytes, top_k=10**9 if every else 5)
+    options = cases.options(devices, sequence, top_k=10**9 if every else 5)
     times, planner, plans = [], None, []
     cold()
     for _ in range(1 + runs):
@@ -82,6 +84,7 @@ def main() -> int:
     parser.add_argument("--profile", type=int, nargs=2, metavar=("L", "N"), help="cProfile one cell and stop")
     parser.add_argument("--record", action="store_true", help=f"write every case's plans to {cases.RECORD}")
     parser.add_argument("--skip-every", action="store_true", help="leave out the every-configuration column")
+    parser.add_argument("--no-sp", action="store_true", help="search without sequence parallelism")
     args = parser.parse_args()
     if args.record:
         cases.RECORD.write_text(json.dumps(cases.record(), indent=1) + "\n")
@@ -92,7 +95,7 @@ def main() -> int:
         cProfile.runctx("search(layers, devices, 0)", globals(), locals(), "/tmp/planner.prof")
         pstats.Stats("/tmp/planner.prof").sort_stats("cumulative").print_stats(40)
         return 0
-    defaults = SearchOptions(memory_budget_bytes=0)
+    defaults = cases.options(8, not args.no_sp)
     print(f"Python {platform.python_version()}, {platform.machine()}; cold and best of {args.runs} runs, CPU "
           "seconds.")
     print(f"Batch ladder 1..{defaults.max_global_batch_size} (powers of two), memory granularity "
@@ -103,12 +106,12 @@ def main() -> int:
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     times = {}
     for layers, devices in CELLS:
-        first, seconds, planner, best = search(layers, devices, args.runs)
+        first, seconds, planner, best = search(layers, devices, args.runs, sequence=not args.no_sp)
         times[(layers, devices)] = (first, seconds)
         st = planner.stats
         every = "skipped"
         if not args.skip_every:
-            _, all_s, all_planner, all_best = search(layers, devices, 0, every=True)
+            _, all_s, all_planner, all_best = search(layers, devices, 0, every=True, sequence=not args.no_sp)
             same = "" if best is None or all_best is None or all_best.throughput <= best.throughput * (1 + 1e-9) \
                 else " (better plan found!)"
             every = f"{all_s:.2f}, {all_planner.stats.configurations}{same}"
