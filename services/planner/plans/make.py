@@ -89,6 +89,7 @@ class PlanInputs:
     # Every executor runs Harmony's swap schedule (PARALLEL_DIM_HARMONY): such a model may also be planned as a
     # wrap-around pipeline over one server's devices; the faster of the two wins.
     harmony: bool = False
+    exact_stages: bool = True  # SearchOptions.exact_stages: scaling curves keep the budget sweep's stage plans
 
 
 @dataclass(frozen=True)
@@ -306,6 +307,7 @@ def _options(inputs: PlanInputs, budget: int) -> SearchOptions:
         top_k=inputs.top_k,
         pipeline_stages=inputs.pipeline_stages,
         micro_batches=inputs.micro_batches,
+        exact_stages=inputs.exact_stages,
     )
 
 

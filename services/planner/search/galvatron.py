@@ -154,7 +154,8 @@ class Planner:
                 if key not in solvers:
                     solvers[key] = StageSolver(tables, num_micro_batches=num_micro_batches, in_flight=n,
                                                budget_bytes=budget, granularity_bytes=gran,
-                                               enumerate_limit=self.enumerate_limit, arena=self._arena)
+                                               enumerate_limit=self.enumerate_limit if self.options.exact_stages
+                                               else 0, arena=self._arena)
                 by_stage[stage] = solvers[key]
             return by_stage[stage]
 

@@ -56,6 +56,10 @@ class SearchOptions:
     pipeline_stages: int = 0
     # Only plans with this many micro-batches per replica (0: any; the Varuna engine plans it).
     micro_batches: int = 0
+    # Prove small stages' strategies optimal by enumeration (dp.ENUMERATE_LIMIT) after the budget sweep; False keeps
+    # the sweep's answer. Scaling curves turn it off: they need each count's throughput, and on the benchmark's
+    # models the sweep's curves equal the proved ones at a quarter of the time (BENCHMARKS.md, issue 44).
+    exact_stages: bool = True
     cost: CostOptions = field(default_factory=CostOptions)
 
 

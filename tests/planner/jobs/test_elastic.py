@@ -162,6 +162,27 @@ def test_the_planner_prices_a_zoo_model_on_every_count_whole_nodes_or_not(tiny_o
     assert curve.model == "gpt-tiny" and curve.global_batch_size == 64
 
 
+def test_curves_keep_the_budget_sweeps_stage_plans(tiny_on_a100, monkeypatch):
+    """A curve needs each count's throughput: its searches skip the exact enumeration of small stages (the
+    sweep's answer), which on the benchmark's six models gives the same curves at a quarter of the time."""
+    from services.planner.plans import make
+
+    profile, template = tiny_on_a100
+    seen: list[bool] = []
+    search = make.galvatron.search
+
+    def spy(ctx, devices, options, **kw):
+        seen.append(options.exact_stages)
+        return search(ctx, devices, options, **kw)
+
+    monkeypatch.setattr(make.galvatron, "search", spy)
+    curve = planner_curve(profile, template, 64, (4, 8), model="gpt-tiny")
+    assert seen and not any(seen)
+    exact = {n: make.make_plan(profile, fleet_of(template, n), PlanInputs(
+        global_batch_size=64, max_global_batch_size=64, top_k=1)).prediction.throughput_samples_per_s for n in (4, 8)}
+    assert curve.throughput == exact
+
+
 @pytest.mark.parametrize(("devices", "per_node", "shape"), [
     (6, 8, (1, 6)), (8, 8, (1, 8)), (16, 8, (2, 8)), (12, 8, (3, 4)), (20, 8, (5, 4)), (13, 8, (13, 1)),
     (24, 16, (3, 8)),
