@@ -29,14 +29,16 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         print(json.dumps(MessageToDict(both, preserving_proto_field_name=True)))
         return 0
     inspection, data = both.model, both.data
-    table = Table("#", "layer", "kind", "parameters", "tp ways", "tied to", "reads", "output (batch 2)")
+    table = Table("#", "layer", "kind", "parameters", "tp ways", "sp ways", "tied to", "reads", "output (batch 2)")
     for layer in inspection.layers:
         reads = [f"#{i}" for i in layer.inputs] + list(layer.batch_keys)
         table.add_row(str(layer.index), layer.name, layer.kind, f"{layer.parameter_count:,}",
-                      str(layer.tensor_parallel or "-"), ", ".join(f"#{i}" for i in layer.tied_with) or "-",
+                      str(layer.tensor_parallel or "-"), str(layer.sequence_parallel or "-"),
+                      ", ".join(f"#{i}" for i in layer.tied_with) or "-",
                       ", ".join(reads), "loss" if not layer.output_shape else "x".join(map(str, layer.output_shape)))
     console.print(table)
-    console.print("tp ways: tensor-parallel degrees dividing it can split the layer (- : DP or SDP only)")
+    console.print("tp ways: tensor-parallel degrees dividing it can split the layer (- : DP or SDP only); sp ways: "
+                  "those dividing it can also split its sequence (sequence parallelism)")
     code = f"; built by {inspection.code_version}" if inspection.code_version else ""
     console.print(f"{len(inspection.layers)} layers, {inspection.parameter_count:,} parameters{code}: "
                   "the model keeps Ballast's rules (docs/models.md)")
