@@ -77,9 +77,12 @@ def test_tied_weights_and_tensor_parallel_splits_are_declared():
     assert [s.layers for s in tied.shared] == [(0, 3)]
     assert layers(hf_spec("llama", dropout=0.1))[1] == [0, 0, 0, 0]  # tp ranks would draw different masks
     assert layers(hf_spec("bert"))[1] == [0, 4, 4, 0] and layers(hf_spec("vit"))[1] == [0, 4, 4, 0]
-    # their blocks call attention with keyword arguments and build masks and rotary tables from the hidden
-    # states' length: they declare no sequence-parallel regions, so the planner never asks for it
-    assert [layer.sequence_parallel for layer in llama.layers] == [0, 0, 0, 0]
+    # Llama's blocks split their 16 tokens too (gcd with their TP ways); BERT's and ViT's add the residual inside a
+    # row-parallel region's module, so they name no regions
+    assert [layer.sequence_parallel for layer in llama.layers] == [0, 2, 2, 0]
+    assert llama.layers[1].module.sequence_parallel_regions() == {"block.self_attn": "hidden_states", "block.mlp": 0}
+    assert all(layer.sequence_parallel == 0 for arch in ("bert", "vit", "gpt2")
+               for layer in build_model(hf_spec(arch), device="meta").decompose().layers)
 
 
 def test_the_specs_dropout_is_every_dropout_of_the_config():

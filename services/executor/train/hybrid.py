@@ -28,8 +28,9 @@ run on that part, each TP region's input is all-gathered along the sequence (`Pr
 Replicate, whose backward reduce-scatters the region's partial input gradients), and each row-parallel linear
 reduce-scatters its output along the sequence (Shard(1)) instead of all-reducing it. The norms' parameters stay
 plain, so their gradients (partial: each rank saw its part of the tokens) are summed over the tp group too
-(`reduce`). A layer's module declares its regions (`sequence_parallel_regions()`, submodules called with the
-hidden states as their one positional argument) and the degrees that split its sequence
+(`reduce`). A layer's module declares its regions (`sequence_parallel_regions()`: submodules called with the
+hidden states as their one positional argument, or a mapping to the keyword that holds them), optionally
+`prepare_sequence_parallel(parts)` (told its number of sequence parts), and the degrees that split its sequence
 (`sequence_parallel_ways()`: the zoo's Block gives gcd(its TP ways, its tokens)). Gloo has no all-to-all, so the
 re-layout between a sequence-parallel layer and its plain neighbours is an all-gather and a local slice there.
 
@@ -132,9 +133,28 @@ def tensor_parallel_block(module: nn.Module, mesh: DeviceMesh, sequence: bool = 
         path: RowwiseParallel(output_layouts=split) if sequence and style == "rowwise" else STYLES[style]()
         for path, style in module.tensor_parallel_plan().items()}
     if sequence:  # a region's input, split by sequence, is gathered whole (a DTensor: its backward reduce-scatters)
-        plan.update({path: PrepareModuleInput(input_layouts=(split,), desired_input_layouts=(Replicate(),))
-                     for path in module.sequence_parallel_regions()})
+        plan.update({path: gather_region(arg) for path, arg in regions(module).items()})
+        split_sequence = getattr(module, "prepare_sequence_parallel", None)
+        if callable(split_sequence):  # e.g. a wrapper that builds masks and positions from the sequence's length
+            split_sequence(mesh["tp"].size())
     parallelize_module(module, mesh["tp"], plan)
+
+
+def regions(module: nn.Module) -> dict[str, str | int]:
+    """The module's TP regions -> the argument holding their hidden states: `sequence_parallel_regions()` gives a
+    list of paths (their one positional argument) or a mapping to a keyword name or a position."""
+    declared = module.sequence_parallel_regions()
+    return dict(declared) if isinstance(declared, Mapping) else dict.fromkeys(declared, 0)
+
+
+def gather_region(arg: str | int) -> PrepareModuleInput:
+    split, whole = Shard(SEQUENCE_DIM), Replicate()
+    if isinstance(arg, str):
+        return PrepareModuleInput(input_kwarg_layouts={arg: split}, desired_input_kwarg_layouts={arg: whole})
+    if arg != 0:
+        raise ValueError(f"a sequence-parallel region's hidden states must be its first positional argument or a "
+                         f"keyword, got position {arg}")
+    return PrepareModuleInput(input_layouts=(split,), desired_input_layouts=(whole,))
 
 
 def rows(module: nn.Module, name: str, value: Tensor, sharded: bool) -> Tensor:

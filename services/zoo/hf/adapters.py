@@ -14,6 +14,12 @@ the degrees that divide its heads, key-value heads and MLP width (`tensor_parall
 attention modules read their head count off the projection's output (`view(..., -1, head_dim)`), so a shard runs
 its own heads; grouped-query attention keeps its query-to-key-value ratio when the degree divides both. GPT-2's
 blocks use fused Conv1D projections, which torch's tensor parallelism does not split: they run DP or SDP.
+
+Sequence parallelism: Llama-family blocks name their TP regions (`self_attn`, called with the hidden states as a
+keyword, and `mlp`) and split their sequence at degrees dividing gcd(TP ways, tokens). Under it a block holds its
+part of the sequence, so the wrapper builds the mask and the rotary table for the whole sequence (the
+executor says how many parts, `prepare_sequence_parallel`). BERT's and ViT's blocks add the residual inside a
+row-parallel region's module, so they run TP without it.
 """
 
 from __future__ import annotations
@@ -49,22 +55,39 @@ class Block(nn.Module):
 
     def __init__(self, block: nn.Module, config: PretrainedConfig, mask: Callable[..., Tensor | None] | None,
                  rotary: nn.Module | None = None, tp_plan: dict[str, str] | None = None,
-                 tp_sizes: tuple[int, ...] = ()) -> None:
+                 tp_sizes: tuple[int, ...] = (), sp_regions: dict[str, str | int] | None = None) -> None:
         super().__init__()
         self.block = block
         self.rotary = rotary
         self.config, self.mask = config, mask  # plain attributes: neither is a module, parameter or buffer
         self._tp_plan, self._tp_sizes = dict(tp_plan or {}), tp_sizes
+        self._sp_regions = {f"block.{path}": arg for path, arg in (sp_regions or {}).items()}
+        self.tokens = 0  # the sequence length (HuggingFace.cut sets it for text tasks)
+        self._sequence_parts = 1  # > 1 under sequence parallelism: this block holds 1/parts of the sequence
 
     def forward(self, x: Tensor) -> Tensor:
+        # the whole sequence's shape (a view, no copy) for what is built from its length
+        whole = x if self._sequence_parts == 1 else x[:, :1].expand(x.shape[0], x.shape[1] * self._sequence_parts,
+                                                                       *x.shape[2:])
         kwargs = {}
         if self.mask is not None:  # no position_ids: they only serve to find packed sequences, which arange has none of
-            kwargs["attention_mask"] = self.mask(config=self.config, inputs_embeds=x, attention_mask=None, cache=None)
+            kwargs["attention_mask"] = self.mask(config=self.config, inputs_embeds=whole, attention_mask=None,
+                                                 cache=None)
         if self.rotary is not None:
-            pos = positions(x)
+            pos = positions(whole)
             kwargs["position_ids"] = pos
-            kwargs["position_embeddings"] = self.rotary(x, position_ids=pos)
+            kwargs["position_embeddings"] = self.rotary(whole, position_ids=pos)
         return self.block(x, **kwargs)
+
+    def sequence_parallel_regions(self) -> dict[str, str | int]:
+        """TP region -> the argument holding its hidden states (a keyword name or a position)."""
+        return dict(self._sp_regions)
+
+    def sequence_parallel_ways(self) -> int:
+        return math.gcd(self.tensor_parallel_ways(), self.tokens) if self._sp_regions and self.tokens else 0
+
+    def prepare_sequence_parallel(self, parts: int) -> None:
+        self._sequence_parts = parts
 
     def tensor_parallel_plan(self) -> dict[str, str]:
         """Submodule path (from this wrapper) -> "colwise" | "rowwise" (hybrid.tensor_parallel_block)."""
@@ -154,7 +177,8 @@ def llama(model: nn.Module, config: PretrainedConfig) -> list[Layer]:
                    else getattr(config, "sliding_window", None) is not None and config.model_type == "mistral")
         return create_sliding_window_causal_mask if sliding else create_causal_mask
 
-    blocks = [Block(b, config, mask(i), rotary=base.rotary_emb, tp_plan=plan, tp_sizes=sizes)
+    regions = {"self_attn": "hidden_states", "mlp": 0} if {"self_attn.o_proj", "mlp.down_proj"} <= set(plan) else {}
+    blocks = [Block(b, config, mask(i), rotary=base.rotary_emb, tp_plan=plan, tp_sizes=sizes, sp_regions=regions)
               for i, b in enumerate(base.layers)]
     return _chain(Embed(base.embed_tokens), ("input_ids",), blocks, Head(base.norm, model.lm_head))
 

@@ -22,7 +22,7 @@ from services.specs.model import HF_TEXT_TASKS
 from services.specs.user_inputs import UserInputs
 from services.zoo.base import CutModel
 from services.zoo.graph import Layer
-from services.zoo.hf.adapters import ADAPTERS
+from services.zoo.hf.adapters import ADAPTERS, Block
 from services.zoo.hf.config import FIELD, hf_config
 
 T = model_pb2.HFTask
@@ -45,7 +45,11 @@ class HuggingFace(CutModel):
             self.load_weights(user_inputs.directory(spec.hf.weights_dir, f"{FIELD}.weights_dir"))
 
     def cut(self) -> list[Layer]:
-        return ADAPTERS[self.config.model_type](self.hf, self.config)
+        layers = ADAPTERS[self.config.model_type](self.hf, self.config)
+        for layer in layers:  # a text block's sequence length: sequence parallelism splits it
+            if isinstance(layer.module, Block) and self.spec.hf.task in HF_TEXT_TASKS:
+                layer.module.tokens = self.spec.hf.seq_length
+        return layers
 
     def load_weights(self, directory: str) -> None:
         """The weights of a safetensors directory (save_pretrained's layout), every parameter accounted for."""

@@ -42,14 +42,18 @@ def reference(spec: model_pb2.ModelSpec, replicas: int, steps: int,
                             user_inputs=user_inputs)
 
 
-def test_a_hugging_face_llama_runs_tensor_parallel_to_the_single_process_losses():
+@pytest.mark.parametrize("sequence", [False, True], ids=["tp2", "tp2+sp"])
+def test_a_hugging_face_llama_runs_tensor_parallel_to_the_single_process_losses(sequence):
     """Both Llama blocks TP 2 over one stage's two ranks: q/k/v and gate/up column-parallel, o and down
-    row-parallel, 4 query and 2 key-value heads split 2 and 1 per rank (grouped-query ratio kept)."""
-    spec = hf_spec("llama")
-    events = run(spec, [[0, 4]], 2, 4, online=False, tp_layers=[[1, 2], [2, 2]])
+    row-parallel, 4 query and 2 key-value heads split 2 and 1 per rank (grouped-query ratio kept). With sequence
+    parallelism each rank holds 8 of the 16 tokens between the regions; the rotary table and the causal mask are
+    built for all 16 (initialised at std 0.2, a wrong position moves the loss well past 1e-5)."""
+    spec = hf_spec("llama", initializer_range=0.2)
+    events = run(spec, [[0, 4]], 2, 4, online=False, tp_layers=[[1, 2], [2, 2]], sp_layers=[1, 2] if sequence else [])
     started = of(events[0], "started")[0]
     block = started["hybrid"]["1"]
     assert (block["strategy"], block["degree"], block["mesh"]) == ("tp", 2, {"dp": 1, "tp": 2})
+    assert block.get("sequence_parallel", False) is sequence
     norms = 2 * 32  # the block's two RMSNorm weights stay whole on every rank
     assert block["local_elements"] == (block["elements"] - norms) // 2 + norms
     assert losses(events) == pytest.approx(reference(spec, 2, 4), rel=1e-5)
