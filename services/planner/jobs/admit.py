@@ -38,6 +38,7 @@ from services.specs import policy as fleet_policy
 
 S = job_pb2.JobState
 PLANS_PER_CALL, PLANS_PAGE = 1000, 100  # plans asked for by id per ListPlans call, and per reply page
+PLANS_KEPT = 4096  # plans held for jobs that no longer wait or hold devices before the cache drops them
 MAX_CLASSES = 1024  # priority classes resolved per policy version, kept; past it the cache starts again
 USAGE_HALF_LIVES = 4  # leases older than this many half-lives weigh < 7%: left out of fair share
 HOUR_S = 3600.0
@@ -255,7 +256,19 @@ class Reader:
             snap.usage = adm.counted_usage(book.intervals.items(), now, half)
             self._waiting(snap, fleet)
             self._holdings(snap, draining, progress or {})
+            self._prune()
         return snap
+
+    def _prune(self) -> None:
+        """Drop the plans (and their shapes) of jobs that no longer wait or hold devices once more than
+        PLANS_KEPT of them are held: a planner that runs for months reads every job's plan once, and would
+        otherwise keep them all."""
+        in_use = {job.plan_id for job in self.jobs.rows.values()}
+        with self._lock:
+            if len(self._plans) - len(in_use) <= PLANS_KEPT:
+                return
+            self._plans = {plan_id: plan for plan_id, plan in self._plans.items() if plan_id in in_use}
+            self._shapes = {plan_id: shape for plan_id, shape in self._shapes.items() if plan_id in in_use}
 
     def _note(self, delta: Delta[job_pb2.Job]) -> None:
         """Mark what a refresh of the jobs changed as due for rebuilding before anything else can fail: a pass

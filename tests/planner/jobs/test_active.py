@@ -107,6 +107,27 @@ def test_a_kept_reader_sees_what_a_new_reader_reads_whole(store: Store, resync: 
         assert kept.jobs.reads["changed"] == 39
 
 
+def test_plans_of_ended_jobs_leave_the_readers_cache(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past PLANS_KEPT plans of jobs no longer waiting or running, the kept reader drops them (a long-lived
+    planner reads every job's plan once); its snapshots still equal a fresh reader's."""
+    from services.planner.jobs import admit
+
+    monkeypatch.setattr(admit, "PLANS_KEPT", 0)
+    world = World(store, random.Random(2))
+    kept = Reader(store.as_(store.admin), clock=lambda: 0.0)
+    connected = {h.id for h in world.hosts}
+    for _ in range(40):
+        world.step()
+        now = store.clock().timestamp()
+        mine = kept.snapshot(connected, set(), now=now)
+        assert seen(mine) == seen(Reader(store.as_(store.admin)).snapshot(connected, set(), now=now))
+        in_use = {job.plan_id for job in kept.jobs.rows.values()}
+        assert set(kept._plans) <= in_use and set(kept._shapes) <= in_use
+    ended = [job for state in (S.JOB_STATE_SUCCEEDED, S.JOB_STATE_FAILED, S.JOB_STATE_CANCELLED)
+             for job in world.admin.list_jobs(store_pb2.ListJobsRequest(state=state)).jobs]
+    assert ended and not {job.plan_id for job in ended} & set(kept._plans)  # their plans were dropped
+
+
 def test_the_lease_book_counts_what_a_whole_read_counts_and_ages_out_what_fair_share_forgets(store: Store) -> None:
     """With a 1 s half-life fair share looks back 4 s: leases ended before that leave the book as they age."""
     world = World(store, random.Random(3))
