@@ -35,11 +35,14 @@ from services.store.sql import (
     single_statement,
 )
 
-# Narrow the conftest fixture to one backend for backend-specific tests (no skips to explain).
+# Narrow the database fixture to one backend for backend-specific tests (no skips to explain).
 POSTGRES_ONLY = pytest.mark.parametrize(
+    "database_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
+)
+SQLITE_ONLY = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+POSTGRES_EMPTY = pytest.mark.parametrize(
     "empty_database_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
 )
-SQLITE_ONLY = pytest.mark.parametrize("empty_database_url", ["sqlite"], indirect=True)
 
 NOW = datetime(2026, 5, 10, 12, 30, tzinfo=UTC)
 JOB_IDS = ["job-1", "job-2", "job-3"]
@@ -110,15 +113,21 @@ def _seed(engine: sa.Engine) -> None:
         )
 
 
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def database_url(request, tmp_path: Path, migrated_databases) -> Iterator[str]:
+    """A migrated database no other test wrote to (tests/migrated.py: migrated once per test process)."""
+    with migrated_databases.clean(request.param, tmp_path) as url:
+        yield url
+
+
 @pytest.fixture
-def store(empty_database_url: str) -> Iterator[Store]:
-    schema.upgrade(empty_database_url)
-    engine = create_engine(empty_database_url)
+def store(database_url: str) -> Iterator[Store]:
+    engine = create_engine(database_url)
     _seed(engine)
     is_pg = engine.dialect.name == "postgresql"
-    query = create_engine(readonly_url(empty_database_url)) if is_pg else engine
+    query = create_engine(readonly_url(database_url)) if is_pg else engine
     try:
-        yield Store(url=empty_database_url, engine=engine, sql=query)
+        yield Store(url=database_url, engine=engine, sql=query)
     finally:
         query.dispose()
         engine.dispose()
@@ -570,7 +579,7 @@ def test_huge_values_are_refused_not_materialized(store: Store) -> None:
     assert run_readonly_query(store.sql, "SELECT 1").rows == [[1]]
 
 
-@POSTGRES_ONLY
+@POSTGRES_EMPTY
 def test_postgres_non_superuser_service_account(empty_database_url: str) -> None:
     """A service account that is not a superuser migrates; queries go through the read-only login, and the
     owner account itself is refused (it could write)."""
