@@ -112,6 +112,14 @@ def migrated_databases(tmp_path_factory):
     databases.close()
 
 
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def database_url(request, tmp_path, migrated_databases) -> Iterator[str]:
+    """A migrated database on each backend that no other test wrote to (migrated once per test process); narrow it
+    with `pytest.mark.parametrize("database_url", [...], indirect=True)`."""
+    with migrated_databases.clean(request.param, tmp_path) as url:
+        yield url
+
+
 @pytest.fixture
 def store(store_backend, tmp_path, migrated_databases):
     """A migrated store with an admin and tenants team-a, team-b, on `store_backend` (tests/store_fixtures.py),

@@ -21,7 +21,6 @@ from services.runtime import store_client
 from services.runtime.errors import FailedPrecondition, Unauthenticated
 from services.runtime.server import Server, ServerSpec
 from services.runtime.store_client import READ_ONLY, READER_SERVES, RemoteStore, remote_stores
-from services.store import schema
 from services.store.db import create_engine
 from services.store.service import READER_TTL_S, build_server
 from tests.harness import make_settings, wait_for
@@ -40,10 +39,9 @@ class Pair:
 
 
 @pytest.fixture
-def pair(empty_database_url: str, tmp_path: Path) -> Iterator[Pair]:
-    schema.upgrade(empty_database_url)
-    settings = make_settings(tmp_path, token=ADMIN_TOKEN, database_url=empty_database_url)
-    engines = [create_engine(empty_database_url), create_engine(empty_database_url)]
+def pair(database_url: str, tmp_path: Path) -> Iterator[Pair]:
+    settings = make_settings(tmp_path, token=ADMIN_TOKEN, database_url=database_url)
+    engines = [create_engine(database_url), create_engine(database_url)]
     store = build_server(settings, engines[0], "127.0.0.1:0").start()
     settings = dataclasses.replace(settings, store_port=store.port)
     reader = build_server(settings, engines[1], "127.0.0.1:0", read_only=True).start()

@@ -113,13 +113,6 @@ def _seed(engine: sa.Engine) -> None:
         )
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def database_url(request, tmp_path: Path, migrated_databases) -> Iterator[str]:
-    """A migrated database no other test wrote to (tests/migrated.py: migrated once per test process)."""
-    with migrated_databases.clean(request.param, tmp_path) as url:
-        yield url
-
-
 @pytest.fixture
 def store(database_url: str) -> Iterator[Store]:
     engine = create_engine(database_url)
