@@ -152,10 +152,13 @@ def test_pp2_with_tp2_in_one_stage_and_dp2_in_the_other():
     assert all(r["hybrid"] == {} for r in ranks[2:])  # stage 1: plain DP over its two ranks
 
 
-def test_checkpointed_tp_and_sdp_layers_equal_one_process():
-    """A plan mixing TP (layer 1) and SDP (layer 2) on the first of two stages, both recomputed in backward
-    (activation checkpointing; the last stage's micro-batches are never recomputed under 1F1B)."""
-    events = run([[0, 3], [3, 4]], 2, tp_layers=[[1, 2]], sdp_layers=[2], checkpoint_layers=[1, 2])
+@pytest.mark.parametrize("sp_layers", [[], [1]], ids=["tp", "tp+sp"])
+def test_checkpointed_tp_and_sdp_layers_equal_one_process(sp_layers):
+    """A plan mixing TP (layer 1, with or without sequence parallelism: the recompute gathers and reduce-scatters
+    again) and SDP (layer 2) on the first of two stages, both recomputed in backward (activation checkpointing;
+    the last stage's micro-batches are never recomputed under 1F1B)."""
+    events = run([[0, 3], [3, 4]], 2, tp_layers=[[1, 2]], sdp_layers=[2], checkpoint_layers=[1, 2],
+                 sp_layers=sp_layers)
     assert losses(events) == pytest.approx(reference(2), rel=1e-5)
     ranks = started(events)
     assert [r["hybrid"]["1"]["strategy"] for r in ranks[:2]] == [TP, TP]
