@@ -163,7 +163,8 @@ class Block(nn.Module):
 
     def sequence_parallel_ways(self) -> int:
         """TP degrees dividing this can also split the block's sequence (its tokens; 0 when not known)."""
-        return math.gcd(self.tensor_parallel_ways(), self.tokens) if self.tokens else 0
+        ways = self.tensor_parallel_ways()
+        return math.gcd(ways, self.tokens) if ways and self.tokens else 0
 
     def sequence_parallel_regions(self) -> list[str]:
         """The TP regions: submodules whose input is gathered along the sequence under sequence parallelism (what

@@ -13,7 +13,7 @@ operator's model directories (BALLAST_MODEL_PATH). zoo.contract checks the rest 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from torch import Tensor, nn
 
@@ -87,9 +87,19 @@ class Segment(nn.Module):
         ways = self._declared("sequence_parallel_ways")
         return int(ways()) if ways and self.tensor_parallel_plan() else 0
 
-    def sequence_parallel_regions(self) -> list[str]:
+    def sequence_parallel_regions(self) -> dict[str, str | int]:
+        """The child's regions (a list of paths, or paths -> the argument holding their hidden states)."""
         regions = self._declared("sequence_parallel_regions")
-        return [f"parts.0.{path}" for path in regions()] if regions else []
+        if not regions:
+            return {}
+        declared = regions()
+        items = declared.items() if isinstance(declared, Mapping) else ((path, 0) for path in declared)
+        return {f"parts.0.{path}": arg for path, arg in items}
+
+    def prepare_sequence_parallel(self, parts: int) -> None:
+        prepare = self._declared("prepare_sequence_parallel")
+        if prepare:
+            prepare(parts)
 
     def prepare_tensor_parallel(self) -> None:
         prepare = self._declared("prepare_tensor_parallel")

@@ -46,7 +46,7 @@ class Layer:
         module declares it through `sequence_parallel_ways` and its TP regions (`sequence_parallel_regions`)."""
         ways = getattr(self.module, "sequence_parallel_ways", None)
         regions = getattr(self.module, "sequence_parallel_regions", None)
-        if not (callable(ways) and callable(regions) and regions()):
+        if not (callable(ways) and callable(regions) and regions() and self.tensor_parallel):
             return 0
         return math.gcd(int(ways()), self.tensor_parallel)
 

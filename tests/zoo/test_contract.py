@@ -101,3 +101,46 @@ def test_a_hugging_face_model_is_listed_with_its_splits_and_ties():
     assert [x.name for x in inspection.layers] == ["embed", "block.0", "block.1", "head"]
     assert list(inspection.layers[0].tied_with) == [3] and list(inspection.layers[1].output_shape) == [2, 16, 32]
     assert [x.tensor_parallel for x in inspect_model(hf_spec("llama"), UserInputs()).layers] == [0, 2, 2, 0]
+
+
+def test_a_segment_passes_its_childs_sequence_parallel_protocol_on():
+    """A user's block that declares keyword regions and wants its sequence parts told (train/hybrid.py) keeps
+    both through the segment Ballast wraps it in; a block that cannot be TP reports no SP ways either."""
+    import torch
+    from torch import nn
+
+    from services.zoo.base import Block
+    from services.zoo.custom import Segment
+    from services.zoo.graph import Layer
+
+    class Keyworded(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attn, self.parts = nn.Linear(4, 4), 1
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.attn(x)
+
+        def tensor_parallel_plan(self) -> dict[str, str]:
+            return {"attn": "colwise"}
+
+        def tensor_parallel_ways(self) -> int:
+            return 4
+
+        def sequence_parallel_regions(self) -> dict[str, str | int]:
+            return {"attn": "hidden_states"}
+
+        def sequence_parallel_ways(self) -> int:
+            return 2
+
+        def prepare_sequence_parallel(self, parts: int) -> None:
+            self.parts = parts
+
+    child = Keyworded()
+    segment = Segment([child], None)
+    assert segment.sequence_parallel_regions() == {"parts.0.attn": "hidden_states"}
+    segment.prepare_sequence_parallel(2)
+    assert child.parts == 2
+    assert Layer(1, "block", "segment", segment, (0,)).sequence_parallel == 2
+    dropout = Block(32, 4, 128, 0.1, pre_norm=True, tokens=16)  # no TP with dropout: no SP ways either
+    assert Layer(1, "block.0", "block", dropout, (0,)).sequence_parallel == 0

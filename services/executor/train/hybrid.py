@@ -164,16 +164,24 @@ def rows(module: nn.Module, name: str, value: Tensor, sharded: bool) -> Tensor:
     return reorder(name, value, sharded) if callable(reorder) else value
 
 
+def held_layout(sequence: bool) -> tuple[Shard | Replicate, Shard | Replicate]:
+    """A TP layer's samples over its (dp, tp) mesh: the group's samples whole, or split by sequence."""
+    return (Shard(0), Shard(SEQUENCE_DIM)) if sequence else (Shard(0), Replicate())
+
+
 def layout_hooks(module: nn.Module, mesh: DeviceMesh, gather_input: bool, slice_output: bool,
-                 sequence: bool = False) -> list[Any]:
+                 sequence: bool = False, arrives: bool | None = None) -> list[Any]:
     """The gather of the tp group's samples before a TP block and the slice of its own after it, each left out
     where the neighbour in the chain is TP over the same mesh (`transitions`); the hooks' handles. With `sequence`
-    the block holds the group's samples split by sequence instead of whole."""
+    the block holds the group's samples split by sequence instead of whole. `arrives`: the input comes from a
+    joined TP neighbour holding them split by sequence (True) or whole (False), and is turned into this block's
+    layout directly (whole -> split is a local slice; split -> whole an all-gather), as the cost model prices it."""
     canonical = (Shard(0), Shard(0))
-    gathered = (Shard(0), Shard(SEQUENCE_DIM)) if sequence else (Shard(0), Replicate())
+    gathered = held_layout(sequence)
+    source = canonical if gather_input or arrives is None else held_layout(arrives)
 
     def gather(_: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        x = DTensor.from_local(args[0], mesh, canonical, run_check=False)
+        x = DTensor.from_local(args[0], mesh, source, run_check=False)
         return (x.redistribute(mesh, gathered).to_local(), *args[1:])
 
     def slice_back(_: nn.Module, args: tuple[Any, ...], output: Tensor) -> Tensor:
@@ -181,7 +189,7 @@ def layout_hooks(module: nn.Module, mesh: DeviceMesh, gather_input: bool, slice_
         return y.redistribute(mesh, canonical).to_local()
 
     handles = []
-    if gather_input:
+    if gather_input or (arrives is not None and arrives != sequence):
         handles.append(module.register_forward_pre_hook(gather))
     if slice_output:
         handles.append(module.register_forward_hook(slice_back))
@@ -193,7 +201,8 @@ def transitions(stage: Stage, plan: Mapping[int, Strategy]) -> dict[int, tuple[b
     gathered samples between them, as the cost model prices it (Galvatron-BMW Eq. 4: a transformation only where
     the sample layout changes): layer b skips the gather and its predecessor a the slice when b reads only a's
     output, nothing else reads it, it does not cross to the next stage, and neither layer is ever toggled off (an
-    inactive layer passes its input through, whatever its layout)."""
+    inactive layer passes its input through, whatever its layout). Joined layers that differ in sequence
+    parallelism re-lay the samples between them directly (`arrivals`)."""
     readers: dict[int, list[int]] = {}
     for layer in stage.layers:
         for i in layer.inputs:
@@ -203,7 +212,7 @@ def transitions(stage: Stage, plan: Mapping[int, Strategy]) -> dict[int, tuple[b
     def joined(a: int, b: int) -> bool:
         first, second = plan.get(a), plan.get(b)
         return (first is not None and second is not None and first.kind == second.kind == TP
-                and first.degree == second.degree and first.sequence == second.sequence and a in held
+                and first.degree == second.degree and a in held
                 and held[b].inputs == (a,) and readers.get(a) == [b] and a not in sent
                 and not ({a, b} & set(stage.toggles)))
 
@@ -320,8 +329,10 @@ class Hybrid:
         self.edges = transitions(stage, self.layers)
         held = {layer.index: layer for layer in stage.layers}
         for index, (gather_input, slice_output) in self.edges.items():
+            # joined to its TP predecessor: the input arrives in that layer's layout (whole or split by sequence)
+            arrives = None if gather_input else self.layers[held[index].inputs[0]].sequence
             self.hooks[index] = layout_hooks(held[index].module, self.meshes[index], gather_input, slice_output,
-                                             self.layers[index].sequence)
+                                             self.layers[index].sequence, arrives)
 
     def release(self, stage: Stage, leaving: Iterable[int], optimizer: torch.optim.Optimizer, info: ModelInfo,
                 device: torch.device) -> None:
@@ -486,5 +497,7 @@ class Hybrid:
                 "elements": sum(p.numel() for p in params),
                 **({"sequence_parallel": True} if strategy.sequence else {}),
                 **({"gathers_input": self.edges[layer.index][0], "slices_output": self.edges[layer.index][1]}
-                   if layer.index in self.edges else {})}
+                   if layer.index in self.edges else {}),
+                **({"relays_input": True} if layer.index in self.edges and not self.edges[layer.index][0]
+                   and self.layers[layer.inputs[0]].sequence != strategy.sequence else {})}
         return out

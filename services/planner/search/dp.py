@@ -227,7 +227,8 @@ def _layer_key(ctx: CostContext, index: int) -> tuple:
 
 def runs_on_workers(layer: LayerView, st: LayerStrategy) -> bool:
     """Whether Ballast's workers can run `layer` under `st` (train/hybrid.py): the shape (SDP alone, TP innermost
-    with DP outside it), TP only where the profile says the layer splits, no TP or SDP on a tied weight."""
+    with DP outside it), TP only where the profile says the layer splits (and its sequence, for SP), no TP or SDP
+    on a tied weight."""
     if not executable_shape((d.value for d in st.order if st.degree(d) > 1), st.sharded):
         return False
     if st.tp > 1 and (not layer.tensor_parallel or layer.tensor_parallel % st.tp):
@@ -268,10 +269,12 @@ def layer_tables(
     strategy infeasible at a micro-batch its group's devices do not divide (the workers' layout between layers).
 
     `sequence`: a layer runs each TP layout with sequence parallelism where it may (its profile, under
-    `executable_only`) and that is no slower per micro-batch than plain TP; it always holds less (its boundary
-    activation is split by the sequence), so it is the better choice there, and the search space stays the size
-    of plain TP's. Decided per (layer, layout), so transformations (which depend on the layouts on both sides)
-    are priced on what each layer runs."""
+    `executable_only`) and that is no slower per micro-batch than plain TP. It always holds less (its boundary
+    activation is split by the sequence) and, on fleet links, costs the same; the search space stays the size of
+    plain TP's. The choice looks at the layer alone, not at its neighbours' re-layouts nor at a budget only plain
+    TP's slower twin would meet: with measured collective fits where SP is slower, or TP neighbours that differ in
+    it, a plan may be a little off the best. Decided per (layer, layout), so transformations (which depend on the
+    layouts on both sides) are priced on what each layer runs."""
     if not candidates:
         raise ValueError("no candidate strategies")
     layouts = list(dict.fromkeys((c.dims, c.dp_sharding) for c in candidates))  # a DP flavour is a layout here

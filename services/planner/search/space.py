@@ -46,7 +46,7 @@ from services.runtime.errors import InvalidArgument
 
 DIMS = ("dp", "sdp", "tp")  # non-pipeline dims a layer can nest inside its stage's group
 FLAVOURS = ("zero1", "zero2")  # DP flavours (cost.DpSharding values besides "plain"): capabilities, not dims
-SEQUENCE = "sp"  # sequence parallelism on TP layers: a capability, not a dim (the search uses it where it is cheaper)
+SEQUENCE = "sp"  # sequence parallelism on TP layers: a capability, not a dim (the search uses it where no slower)
 CAPABILITIES = (*DIMS, *FLAVOURS, SEQUENCE)  # everything an executor may declare besides pipeline stages
 PLAIN = "plain"
 PARALLEL_DIM = {

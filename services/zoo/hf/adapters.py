@@ -84,7 +84,8 @@ class Block(nn.Module):
         return dict(self._sp_regions)
 
     def sequence_parallel_ways(self) -> int:
-        return math.gcd(self.tensor_parallel_ways(), self.tokens) if self._sp_regions and self.tokens else 0
+        ways = self.tensor_parallel_ways()
+        return math.gcd(ways, self.tokens) if ways and self._sp_regions and self.tokens else 0
 
     def prepare_sequence_parallel(self, parts: int) -> None:
         self._sequence_parts = parts
