@@ -234,6 +234,8 @@ def analytical_profile(
     _check_spec(spec, "target")
     el = _element_bytes(dtype)
     mixed = el < 4
+    # the workers split no layer with dropout tensor-parallel (the tp ranks would draw different masks)
+    splits = not (isinstance(model, model_pb2.ModelSpec) and model.dropout > 0)
 
     out = profile_pb2.Profile(
         model_id=model_id, model_signature=model_signature, device=spec, dtype=dtype, projected=True,
@@ -246,8 +248,9 @@ def analytical_profile(
             index=index, name=cost.name, kind=cost.kind, parameter_count=cost.parameter_count,
             parameter_bytes=cost.parameter_count * el, gradient_bytes=cost.parameter_count * el,
             optimizer_state_bytes=cost.parameter_count * (12 if mixed else 8),
-            extra_inputs=cost.extra_inputs, tied_with=cost.tied_with, tensor_parallel=cost.tensor_parallel,
-            sequence_parallel=cost.sequence_parallel,
+            extra_inputs=cost.extra_inputs, tied_with=cost.tied_with,
+            tensor_parallel=cost.tensor_parallel if splits else 0,
+            sequence_parallel=cost.sequence_parallel if splits else 0,
         )
         for mb in sorted(set(micro_batch_sizes)):
             fwd = roofline_s(cost.flops("forward", mb), cost.bytes_moved("forward", mb, el), spec) / efficiency

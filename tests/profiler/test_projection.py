@@ -276,6 +276,13 @@ def test_analytical_profile_from_a_gpt_spec_orders_devices_sensibly() -> None:
     head_norm = 2 * spec.transformer.hidden_size  # the tied head's own parameters; its weight is the embedding's
     total = sum(layer.parameter_count for layer in layers[:-1]) + head_norm
     assert total == pytest.approx(15.4e9, rel=0.01)  # Galvatron-BMW Table I
+    assert [(layer.tensor_parallel, layer.sequence_parallel) for layer in layers[1:3]] == [(40, 8)] * 2  # 2,048 tokens
+    assert all(layer.tensor_parallel for layer in layers[1:-1])
+    dropout = type(spec)()
+    dropout.CopyFrom(spec)
+    dropout.dropout = 0.1  # the workers split no layer with dropout: the profile offers neither TP nor SP
+    assert not any(layer.tensor_parallel or layer.sequence_parallel
+                   for layer in analytical_profile(dropout, "H100", "fp16", (1,)).layers)
 
 
 def test_analytical_profile_rejects_what_it_cannot_cost() -> None:
