@@ -147,6 +147,7 @@ def check_drain_and_resume(tmp_path: Path, replicas: int) -> None:
     assert losses(resumed) == pytest.approx(uninterrupted[done:], rel=1e-5)
 
 
+@pytest.mark.slow  # two runs of two worker processes: over the everyday suite's budget on a loaded 2-core machine
 def test_two_stages_drain_together_and_resume_with_the_uninterrupted_losses(tmp_path):
     check_drain_and_resume(tmp_path, replicas=1)
 

@@ -42,6 +42,7 @@ def reference(spec: model_pb2.ModelSpec, replicas: int, steps: int,
                             user_inputs=user_inputs)
 
 
+@pytest.mark.slow  # worker processes importing transformers: over the everyday suite's budget under load
 @pytest.mark.parametrize("sequence", [False, True], ids=["tp2", "tp2+sp"])
 def test_a_hugging_face_llama_runs_tensor_parallel_to_the_single_process_losses(sequence):
     """Both Llama blocks TP 2 over one stage's two ranks: q/k/v and gate/up column-parallel, o and down
