@@ -13,7 +13,7 @@ operator's model directories (BALLAST_MODEL_PATH). zoo.contract checks the rest 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 from torch import Tensor, nn
 
@@ -21,7 +21,7 @@ from ballast.v1 import model_pb2
 from services.runtime.errors import InvalidArgument
 from services.specs.user_inputs import MODEL_PATH_FIX, UserInputs
 from services.zoo.base import CutModel, struct_values, sum_cross_entropy
-from services.zoo.graph import Layer, LayerList
+from services.zoo.graph import Layer, LayerList, sequence_regions
 
 FIELD = "spec.custom"
 
@@ -89,12 +89,9 @@ class Segment(nn.Module):
 
     def sequence_parallel_regions(self) -> dict[str, str | int]:
         """The child's regions (a list of paths, or paths -> the argument holding their hidden states)."""
-        regions = self._declared("sequence_parallel_regions")
-        if not regions:
+        if not self._declared("sequence_parallel_regions"):
             return {}
-        declared = regions()
-        items = declared.items() if isinstance(declared, Mapping) else ((path, 0) for path in declared)
-        return {f"parts.0.{path}": arg for path, arg in items}
+        return {f"parts.0.{path}": arg for path, arg in sequence_regions(self.parts[0]).items()}
 
     def prepare_sequence_parallel(self, parts: int) -> None:
         prepare = self._declared("prepare_sequence_parallel")

@@ -21,6 +21,17 @@ from services.runtime.errors import InvalidArgument
 Inputs = Mapping[str, Tensor]
 
 
+def sequence_regions(module: nn.Module) -> dict[str, str | int]:
+    """A module's sequence-parallel TP regions -> the argument holding their hidden states: its
+    `sequence_parallel_regions()` gives a list of paths (their one positional argument) or a mapping to a keyword
+    name or a position; {} when it declares none."""
+    declared = getattr(module, "sequence_parallel_regions", None)
+    if not callable(declared):
+        return {}
+    regions = declared()
+    return dict(regions) if isinstance(regions, Mapping) else dict.fromkeys(regions, 0)
+
+
 @dataclass(eq=False)
 class Layer:
     """One schedulable layer: `module(*(outputs[i] for i in inputs), *(batch[k] for k in batch_keys))`."""
@@ -45,8 +56,7 @@ class Layer:
         """TP degrees dividing this can also split the layer along the sequence (sequence parallelism); 0 none. A
         module declares it through `sequence_parallel_ways` and its TP regions (`sequence_parallel_regions`)."""
         ways = getattr(self.module, "sequence_parallel_ways", None)
-        regions = getattr(self.module, "sequence_parallel_regions", None)
-        if not (callable(ways) and callable(regions) and regions() and self.tensor_parallel):
+        if not (callable(ways) and sequence_regions(self.module) and self.tensor_parallel):
             return 0
         return math.gcd(int(ways()), self.tensor_parallel)
 

@@ -73,7 +73,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, parallelize_module
 
 from services.executor.train.stage import ModelInfo, Stage, make_optimizer
-from services.zoo.graph import Layer
+from services.zoo.graph import Layer, sequence_regions
 
 TP, SDP = "tp", "sdp"
 
@@ -133,18 +133,11 @@ def tensor_parallel_block(module: nn.Module, mesh: DeviceMesh, sequence: bool = 
         path: RowwiseParallel(output_layouts=split) if sequence and style == "rowwise" else STYLES[style]()
         for path, style in module.tensor_parallel_plan().items()}
     if sequence:  # a region's input, split by sequence, is gathered whole (a DTensor: its backward reduce-scatters)
-        plan.update({path: gather_region(arg) for path, arg in regions(module).items()})
+        plan.update({path: gather_region(arg) for path, arg in sequence_regions(module).items()})
         split_sequence = getattr(module, "prepare_sequence_parallel", None)
         if callable(split_sequence):  # e.g. a wrapper that builds masks and positions from the sequence's length
             split_sequence(mesh["tp"].size())
     parallelize_module(module, mesh["tp"], plan)
-
-
-def regions(module: nn.Module) -> dict[str, str | int]:
-    """The module's TP regions -> the argument holding their hidden states: `sequence_parallel_regions()` gives a
-    list of paths (their one positional argument) or a mapping to a keyword name or a position."""
-    declared = module.sequence_parallel_regions()
-    return dict(declared) if isinstance(declared, Mapping) else dict.fromkeys(declared, 0)
 
 
 def gather_region(arg: str | int) -> PrepareModuleInput:
